@@ -1,0 +1,161 @@
+//! The `Memcached` custom resource, `cache.example.com/v1alpha1`.
+//!
+//! The CRD in `config/crd/bases/` is generated from these types (`memcached-operator crd`), so the
+//! doc comments below are what `kubectl explain memcached.spec` shows.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Largest `spec.size` accepted at admission.
+pub const MAX_SIZE: i32 = 1000;
+/// memcached's default item memory (`-m`), in MiB.
+pub const DEFAULT_MAX_MEMORY_MIB: i32 = 64;
+/// memcached's well-known port.
+pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
+
+/// Desired state of a Memcached cluster.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "cache.example.com",
+    version = "v1alpha1",
+    kind = "Memcached",
+    plural = "memcacheds",
+    shortname = "mc",
+    namespaced,
+    status = "MemcachedStatus",
+    derive = "PartialEq",
+    doc = "Memcached runs a set of memcached pods behind a headless Service.",
+    scale(
+        spec_replicas_path = ".spec.size",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size", description = "Desired number of memcached pods"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas", description = "Memcached pods that are Ready"),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status",
+        description = "True when all desired pods are Ready"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new(
+    "!has(self.resources) || !has(self.resources.limits) || !('memory' in self.resources.limits) || \
+     quantity(string(self.resources.limits.memory)).isGreaterThan(quantity(string(self.maxMemoryMiB) + 'Mi'))"
+).message("resources.limits.memory must be greater than maxMemoryMiB, or memcached is OOM-killed once its cache fills").field_path(".resources.limits.memory"))]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedSpec {
+    /// Number of memcached pods. 0 scales the cluster down without deleting it.
+    #[schemars(range(min = 0, max = 1000))]
+    pub size: i32,
+
+    /// Container image for memcached. Defaults to the operator's RELATED_IMAGE_MEMCACHED setting
+    /// (a pinned memcached 1.6 alpine image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// TCP port memcached listens on, and the port of the headless Service.
+    #[serde(default = "default_container_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub container_port: i32,
+
+    /// Memory memcached may use for items, in MiB (memcached's -m flag).
+    #[serde(default = "default_max_memory_mib", rename = "maxMemoryMiB")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_memory_mib: i32,
+
+    /// Compute resources for the memcached container. When memory limits are set they must exceed
+    /// maxMemoryMiB, leaving room for connection buffers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+fn default_container_port() -> i32 {
+    DEFAULT_CONTAINER_PORT
+}
+
+fn default_max_memory_mib() -> i32 {
+    DEFAULT_MAX_MEMORY_MIB
+}
+
+/// Observed state of a Memcached cluster.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedStatus {
+    /// Names of the memcached pods, sorted.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+
+    /// Pods the Deployment currently runs (the scale subresource reads this).
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Pods that are Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Label selector of the memcached pods, for the scale subresource and autoscalers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
+    /// The metadata.generation this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Available: all desired pods are Ready. Progressing: the cluster is moving towards spec.
+    /// Degraded: the operator cannot make the cluster match spec (see reason and message).
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The CRD as YAML, as committed in `config/crd/bases/`.
+pub fn crd_yaml() -> String {
+    let yaml = serde_yaml::to_string(&Memcached::crd()).expect("CRD serialises");
+    format!("---\n{yaml}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_crd_matches_the_rust_types() {
+        let committed = include_str!("../config/crd/bases/cache.example.com_memcacheds.yaml");
+        assert!(
+            committed == crd_yaml(),
+            "config/crd/bases/cache.example.com_memcacheds.yaml is stale: run `make manifests` and commit"
+        );
+    }
+
+    #[test]
+    fn defaults_fill_optional_fields() {
+        let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({"size": 3})).unwrap();
+        assert_eq!(spec.container_port, 11211);
+        assert_eq!(spec.max_memory_mib, 64);
+        assert_eq!(spec.image, None);
+    }
+
+    #[test]
+    fn crd_has_scale_and_status_subresources_and_columns() {
+        let crd = serde_json::to_value(Memcached::crd()).unwrap();
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["subresources"]["scale"]["specReplicasPath"], ".spec.size");
+        assert_eq!(version["subresources"]["scale"]["labelSelectorPath"], ".status.selector");
+        assert!(version["subresources"]["status"].is_object());
+        let columns: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
+        let size = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"];
+        assert_eq!(size["minimum"].as_f64(), Some(0.0));
+        assert_eq!(size["maximum"].as_f64(), Some(f64::from(MAX_SIZE)));
+    }
+}

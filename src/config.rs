@@ -1,0 +1,177 @@
+//! Command-line flags and environment, with controller-runtime's names so manifests look familiar.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::controller::Scope;
+
+#[derive(Parser, Debug)]
+#[command(name = "memcached-operator", version, about = "Kubernetes operator for Memcached")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the Memcached CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(Parser, Debug, Clone)]
+pub struct RunArgs {
+    /// Address of the /metrics endpoint, e.g. ":8080" or "127.0.0.1:8080"; "0" disables it.
+    #[arg(long, default_value = ":8080", value_parser = parse_bind_address)]
+    pub metrics_bind_address: BindAddress,
+
+    /// Address of the /healthz and /readyz endpoints; "0" disables them.
+    #[arg(long, default_value = ":8081", value_parser = parse_bind_address)]
+    pub health_probe_bind_address: BindAddress,
+
+    /// Take a Lease before reconciling, so only one replica acts at a time.
+    #[arg(long, default_value_t = false)]
+    pub leader_elect: bool,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, default_value = "memcached-operator-lock")]
+    pub leader_election_id: String,
+
+    /// Namespace of the Lease. Default: POD_NAMESPACE, else the in-cluster service account's namespace.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// How long a Lease is valid without renewal; followers wait this long after a crash.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// The leader stops (and exits) if it cannot renew within this time.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+
+    /// How often to try to acquire or renew the Lease.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_election_retry_period: Duration,
+
+    /// Reconciles that may run at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub max_concurrent_reconciles: u16,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Serve /metrics over HTTPS to callers authorised by TokenReview and SubjectAccessReview.
+    #[arg(long, default_value_t = false)]
+    pub metrics_secure: bool,
+
+    /// Namespaces to watch: empty for all, one name, or a comma-separated list (OLM sets this from
+    /// the OperatorGroup's target namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE", default_value = "", value_parser = parse_watch_namespace)]
+    pub watch_namespace: Scope,
+
+    /// memcached image for Memcacheds that set no spec.image.
+    #[arg(long, env = "RELATED_IMAGE_MEMCACHED", default_value = crate::resources::FALLBACK_MEMCACHED_IMAGE)]
+    pub memcached_image: String,
+
+    /// This process's identity in Leases and Events. Default: POD_NAME, else the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// A listen address, or none when the endpoint is disabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindAddress(pub Option<SocketAddr>);
+
+/// Go-style bind addresses: ":8080" listens on all interfaces, "0" disables.
+fn parse_bind_address(s: &str) -> Result<BindAddress, String> {
+    let addr = match s {
+        "0" | "" => return Ok(BindAddress(None)),
+        s if s.starts_with(':') => format!("0.0.0.0{s}").parse().map_err(|e| format!("{s:?}: {e}")),
+        s => s.parse().map_err(|e| format!("{s:?} is not host:port ({e})")),
+    };
+    addr.map(|a| BindAddress(Some(a)))
+}
+
+/// Parses WATCH_NAMESPACE into the OLM install modes: all, own/single, or multi namespace.
+pub fn parse_watch_namespace(s: &str) -> Result<Scope, String> {
+    let names: Vec<&str> = s.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Ok(Scope::All);
+    }
+    let mut namespaces = Vec::new();
+    for name in names {
+        if !is_dns1123_label(name) {
+            return Err(format!(
+                "{name:?} is not a valid namespace name (lowercase letters, digits and '-', at most 63)"
+            ));
+        }
+        if !namespaces.iter().any(|n| n == name) {
+            namespaces.push(name.to_string());
+        }
+    }
+    Ok(Scope::Namespaces(namespaces))
+}
+
+fn is_dns1123_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_namespace_covers_the_olm_install_modes() {
+        assert_eq!(parse_watch_namespace(""), Ok(Scope::All));
+        assert_eq!(parse_watch_namespace("team-a"), Ok(Scope::Namespaces(vec!["team-a".into()])));
+        assert_eq!(
+            parse_watch_namespace("a, b,a,"),
+            Ok(Scope::Namespaces(vec!["a".into(), "b".into()]))
+        );
+        let err = parse_watch_namespace("ok,Bad_NS").unwrap_err();
+        assert!(err.contains("\"Bad_NS\""), "{err}");
+    }
+
+    #[test]
+    fn bind_addresses_follow_controller_runtime() {
+        assert_eq!(parse_bind_address(":8080"), Ok(BindAddress(Some("0.0.0.0:8080".parse().unwrap()))));
+        assert_eq!(parse_bind_address("127.0.0.1:9"), Ok(BindAddress(Some("127.0.0.1:9".parse().unwrap()))));
+        assert_eq!(parse_bind_address("0"), Ok(BindAddress(None)));
+        assert!(parse_bind_address("nonsense").is_err());
+    }
+
+    #[test]
+    fn defaults_match_controller_runtime() {
+        let cli = Cli::try_parse_from(["memcached-operator"]).unwrap();
+        let r = cli.run;
+        assert_eq!(r.leader_election_lease_duration, Duration::from_secs(15));
+        assert_eq!(r.leader_election_renew_deadline, Duration::from_secs(10));
+        assert_eq!(r.leader_election_retry_period, Duration::from_secs(2));
+        assert!(!r.leader_elect);
+        assert_eq!(r.metrics_bind_address, BindAddress(Some("0.0.0.0:8080".parse().unwrap())));
+    }
+
+    #[test]
+    fn bad_flag_values_are_usage_errors() {
+        let err = Cli::try_parse_from(["memcached-operator", "--watch-namespace", "UPPER"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("UPPER"));
+        let err = Cli::try_parse_from(["memcached-operator", "--max-concurrent-reconciles", "0"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

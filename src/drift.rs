@@ -1,0 +1,98 @@
+//! Does an object already hold what we would apply? Lets a no-op reconcile make no write at all.
+//!
+//! Server-side apply of an unchanged object is harmless but still a write request; at thousands of
+//! CRs and every resync that is load on the API server for nothing. The API server adds defaults
+//! and other managers' fields, so "already applied" means: every field we set is present with the
+//! same value.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// True when applying `desired` over `actual` could change `actual`.
+pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool {
+    match (serde_json::to_value(desired), serde_json::to_value(actual)) {
+        (Ok(desired), Ok(actual)) => !contains(&actual, &desired),
+        // Cannot tell: applying is always safe.
+        _ => true,
+    }
+}
+
+/// `actual` holds every field of `desired` with an equal value.
+///
+/// Arrays of objects (containers, ports, owner references) are merged by key on the server, so
+/// extra items that another manager added do not make us re-apply; our items must match in place.
+/// Arrays of scalars (args, command, finalizers) are atomic and must match exactly.
+fn contains(actual: &Value, desired: &Value) -> bool {
+    match (actual, desired) {
+        (Value::Object(a), Value::Object(d)) => d.iter().all(|(key, dv)| match a.get(key) {
+            Some(av) => contains(av, dv),
+            None => is_empty(dv),
+        }),
+        (Value::Array(a), Value::Array(d)) => {
+            let objects = d.iter().all(Value::is_object);
+            if objects {
+                a.len() >= d.len() && d.iter().zip(a).all(|(dv, av)| contains(av, dv))
+            } else {
+                a == d
+            }
+        }
+        (a, d) => a == d,
+    }
+}
+
+/// The API server drops empty maps and lists, so their absence is no difference.
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Null => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_defaults_and_foreign_fields_are_no_drift() {
+        let desired = json!({"spec": {"replicas": 3, "template": {"containers": [{"name": "m", "args": ["-m", "64"]}]}}});
+        let actual = json!({
+            "metadata": {"resourceVersion": "7", "annotations": {"deployment.kubernetes.io/revision": "1"}},
+            "spec": {"replicas": 3, "progressDeadlineSeconds": 600,
+                     "template": {"containers": [
+                        {"name": "m", "args": ["-m", "64"], "terminationMessagePath": "/dev/termination-log"},
+                        {"name": "sidecar"}]}}
+        });
+        assert!(!needs_apply(&desired, &actual));
+    }
+
+    #[test]
+    fn changed_scalar_is_drift() {
+        let desired = json!({"spec": {"replicas": 3}});
+        assert!(needs_apply(&desired, &json!({"spec": {"replicas": 5}})));
+        assert!(needs_apply(&desired, &json!({"spec": {}})));
+    }
+
+    #[test]
+    fn scalar_arrays_are_atomic() {
+        let desired = json!({"args": ["-m", "64"]});
+        assert!(needs_apply(&desired, &json!({"args": ["-m", "64", "-vv"]})));
+        assert!(needs_apply(&desired, &json!({"args": ["-m", "128"]})));
+        assert!(!needs_apply(&desired, &json!({"args": ["-m", "64"]})));
+    }
+
+    #[test]
+    fn missing_or_changed_object_item_is_drift() {
+        let desired = json!({"containers": [{"name": "m", "image": "a"}]});
+        assert!(needs_apply(&desired, &json!({"containers": []})));
+        assert!(needs_apply(&desired, &json!({"containers": [{"name": "m", "image": "b"}]})));
+    }
+
+    #[test]
+    fn empty_desired_maps_match_absent_fields() {
+        let desired = json!({"spec": {"resources": {}}});
+        assert!(!needs_apply(&desired, &json!({"spec": {}})));
+    }
+}

@@ -1,0 +1,223 @@
+//! Prometheus metrics under controller-runtime's names and buckets, so dashboards and alerts
+//! written for Go operators work unchanged.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Value of the `controller` label.
+pub const CONTROLLER: &str = "memcached";
+
+/// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets.
+const RECONCILE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
+    1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// Result label of `controller_runtime_reconcile_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    Error,
+    Requeue,
+    RequeueAfter,
+}
+
+impl ReconcileResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error => "error",
+            ReconcileResult::Requeue => "requeue",
+            ReconcileResult::RequeueAfter => "requeue_after",
+        }
+    }
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    reconcile_total: IntCounterVec,
+    reconcile_errors: IntCounterVec,
+    reconcile_errors_by_reason: IntCounterVec,
+    reconcile_time: HistogramVec,
+    active_workers: IntGaugeVec,
+    max_concurrent: IntGaugeVec,
+    leader: IntGaugeVec,
+    pub invalid_objects: IntGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconcile_total = IntCounterVec::new(
+            Opts::new("controller_runtime_reconcile_total", "Total number of reconciliations per controller"),
+            &["controller", "result"],
+        )
+        .unwrap();
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new("controller_runtime_reconcile_errors_total", "Total number of reconciliation errors per controller"),
+            &["controller"],
+        )
+        .unwrap();
+        let reconcile_errors_by_reason = IntCounterVec::new(
+            Opts::new("memcached_operator_reconcile_errors_total", "Reconciliation errors by reason"),
+            &["controller", "reason"],
+        )
+        .unwrap();
+        let reconcile_time = HistogramVec::new(
+            HistogramOpts::new("controller_runtime_reconcile_time_seconds", "Length of time per reconciliation per controller")
+                .buckets(RECONCILE_BUCKETS.to_vec()),
+            &["controller"],
+        )
+        .unwrap();
+        let active_workers = IntGaugeVec::new(
+            Opts::new("controller_runtime_active_workers", "Number of currently used workers per controller"),
+            &["controller"],
+        )
+        .unwrap();
+        let max_concurrent = IntGaugeVec::new(
+            Opts::new("controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent reconciles per controller"),
+            &["controller"],
+        )
+        .unwrap();
+        let leader = IntGaugeVec::new(
+            Opts::new("leader_election_master_status", "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease."),
+            &["name"],
+        )
+        .unwrap();
+        let invalid_objects = IntGauge::new(
+            "memcached_operator_invalid_objects",
+            "Memcached objects skipped because they could not be parsed",
+        )
+        .unwrap();
+        for c in [
+            Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_errors.clone()),
+            Box::new(reconcile_errors_by_reason.clone()),
+            Box::new(reconcile_time.clone()),
+            Box::new(active_workers.clone()),
+            Box::new(max_concurrent.clone()),
+            Box::new(leader.clone()),
+            Box::new(invalid_objects.clone()),
+        ] {
+            registry.register(c).unwrap();
+        }
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .unwrap();
+        // Series appear at 0 from the start, as in controller-runtime.
+        for result in ["success", "error", "requeue", "requeue_after"] {
+            reconcile_total.with_label_values(&[CONTROLLER, result]);
+        }
+        reconcile_errors.with_label_values(&[CONTROLLER]);
+        active_workers.with_label_values(&[CONTROLLER]);
+        Self {
+            registry,
+            reconcile_total,
+            reconcile_errors,
+            reconcile_errors_by_reason,
+            reconcile_time,
+            active_workers,
+            max_concurrent,
+            leader,
+            invalid_objects,
+        }
+    }
+
+    pub fn set_max_concurrent_reconciles(&self, n: u16) {
+        self.max_concurrent.with_label_values(&[CONTROLLER]).set(i64::from(n));
+    }
+
+    pub fn set_leader(&self, lease: &str, leading: bool) {
+        self.leader.with_label_values(&[lease]).set(i64::from(leading));
+    }
+
+    /// Marks a reconcile as running until the returned guard is dropped.
+    pub fn start_reconcile(&self) -> ReconcileGuard<'_> {
+        self.active_workers.with_label_values(&[CONTROLLER]).inc();
+        ReconcileGuard { metrics: self, started: std::time::Instant::now() }
+    }
+
+    fn finish(&self, started: std::time::Instant) {
+        self.active_workers.with_label_values(&[CONTROLLER]).dec();
+        self.reconcile_time.with_label_values(&[CONTROLLER]).observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn record(&self, result: ReconcileResult, error_reason: Option<&str>) {
+        self.reconcile_total.with_label_values(&[CONTROLLER, result.label()]).inc();
+        if let Some(reason) = error_reason {
+            self.reconcile_errors.with_label_values(&[CONTROLLER]).inc();
+            self.reconcile_errors_by_reason.with_label_values(&[CONTROLLER, reason]).inc();
+        }
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+pub struct ReconcileGuard<'a> {
+    metrics: &'a Metrics,
+    started: std::time::Instant,
+}
+
+impl Drop for ReconcileGuard<'_> {
+    fn drop(&mut self) {
+        self.metrics.finish(self.started);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_controller_runtime_names_and_labels() {
+        let m = Metrics::new();
+        m.set_max_concurrent_reconciles(4);
+        m.set_leader("memcached-operator-lock", true);
+        {
+            let _g = m.start_reconcile();
+            m.record(ReconcileResult::Success, None);
+        }
+        m.record(ReconcileResult::Error, Some("apply"));
+        let text = m.render();
+        for line in [
+            r#"controller_runtime_reconcile_total{controller="memcached",result="success"} 1"#,
+            r#"controller_runtime_reconcile_total{controller="memcached",result="error"} 1"#,
+            r#"controller_runtime_reconcile_total{controller="memcached",result="requeue_after"} 0"#,
+            r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#,
+            r#"memcached_operator_reconcile_errors_total{controller="memcached",reason="apply"} 1"#,
+            r#"controller_runtime_reconcile_time_seconds_count{controller="memcached"} 1"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{controller="memcached",le="0.005"}"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{controller="memcached",le="60"}"#,
+            r#"controller_runtime_active_workers{controller="memcached"} 0"#,
+            r#"controller_runtime_max_concurrent_reconciles{controller="memcached"} 4"#,
+            r#"leader_election_master_status{name="memcached-operator-lock"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        #[cfg(target_os = "linux")]
+        assert!(text.contains("process_resident_memory_bytes"));
+    }
+
+    #[test]
+    fn active_workers_counts_running_reconciles() {
+        let m = Metrics::new();
+        let a = m.start_reconcile();
+        let _b = m.start_reconcile();
+        assert!(m.render().contains(r#"controller_runtime_active_workers{controller="memcached"} 2"#));
+        drop(a);
+        assert!(m.render().contains(r#"controller_runtime_active_workers{controller="memcached"} 1"#));
+    }
+}

@@ -1,0 +1,236 @@
+//! Status of a Memcached computed from what the controller observed. Pure: no API calls, and the
+//! clock is passed in, so every condition transition is unit-tested.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+use crate::api::{Memcached, MemcachedStatus};
+use crate::resources::selector_string;
+
+pub const AVAILABLE: &str = "Available";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+/// Reason of Degraded=True when an object of our name belongs to someone else.
+pub const RESOURCE_EXISTS: &str = "ResourceExists";
+
+/// What the controller saw of the cluster for one Memcached.
+#[derive(Debug, Default)]
+pub struct Observed<'a> {
+    /// The Deployment this Memcached controls, if any.
+    pub deployment: Option<&'a Deployment>,
+    /// Names of its pods that are not being deleted.
+    pub pods: Vec<String>,
+    /// Set when a Deployment or Service of our name is not controlled by this Memcached.
+    pub conflict: Option<String>,
+}
+
+/// The status a Memcached should have. Conditions keep their lastTransitionTime while their
+/// status stays the same, so recomputing an unchanged status yields an equal value.
+pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> MemcachedStatus {
+    let size = mc.spec.size;
+    let generation = mc.metadata.generation;
+    let deploy_status = observed.deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    let replicas = deploy_status.replicas.unwrap_or(0);
+    let ready = deploy_status.ready_replicas.unwrap_or(0);
+    let updated = deploy_status.updated_replicas.unwrap_or(0);
+    let deploy_observed_spec = observed.deployment.is_some_and(|d| {
+        d.metadata.generation.is_some() && deploy_status.observed_generation >= d.metadata.generation
+    });
+
+    let (available, progressing, degraded) = if let Some(message) = &observed.conflict {
+        (
+            cond(AVAILABLE, false, RESOURCE_EXISTS, "the operator does not manage the pods"),
+            cond(PROGRESSING, false, RESOURCE_EXISTS, message),
+            cond(DEGRADED, true, RESOURCE_EXISTS, message),
+        )
+    } else {
+        let all_ready = observed.deployment.is_some() && ready == size;
+        let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
+        let available = if all_ready {
+            cond(AVAILABLE, true, "AllPodsReady", &format!("{ready}/{size} pods are ready"))
+        } else {
+            cond(AVAILABLE, false, "PodsNotReady", &format!("{ready}/{size} pods are ready"))
+        };
+        let progressing = if converged {
+            cond(PROGRESSING, false, "Converged", &format!("{size} pods match the spec"))
+        } else if observed.deployment.is_none() {
+            cond(PROGRESSING, true, "Creating", "creating the Deployment")
+        } else {
+            let message = format!("{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running");
+            cond(PROGRESSING, true, "Reconciling", &message)
+        };
+        (available, progressing, deployment_degraded(observed.deployment))
+    };
+
+    let conditions = [available, progressing, degraded]
+        .into_iter()
+        .map(|mut c| {
+            c.observed_generation = generation;
+            keep_transition_time(mc, c, now)
+        })
+        .collect();
+
+    let mut pods = observed.pods.clone();
+    pods.sort();
+    MemcachedStatus {
+        nodes: pods,
+        replicas,
+        ready_replicas: ready,
+        selector: Some(selector_string(mc)),
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+/// Degraded mirrors the Deployment's own failure signals (quota, admission, stuck rollout).
+fn deployment_degraded(deployment: Option<&Deployment>) -> Condition {
+    let failing = deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            (c.type_ == "ReplicaFailure" && c.status == "True")
+                || (c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+        });
+    match failing {
+        Some(c) => cond(
+            DEGRADED,
+            true,
+            c.reason.as_deref().unwrap_or(&c.type_),
+            c.message.as_deref().unwrap_or_default(),
+        ),
+        None => cond(DEGRADED, false, "AsExpected", "the Deployment reports no failure"),
+    }
+}
+
+fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time: Time(Default::default()),
+        observed_generation: None,
+    }
+}
+
+fn keep_transition_time(mc: &Memcached, mut new: Condition, now: &Time) -> Condition {
+    let previous = mc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == new.type_));
+    new.last_transition_time = match previous {
+        Some(p) if p.status == new.status => p.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    new
+}
+
+/// The named condition's status, for callers that only need True/False.
+pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
+    status.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Short description of the object for messages: `Deployment default/cache`.
+pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
+    format!(
+        "{kind} {}/{} already exists and is not controlled by this Memcached; remove it or rename the Memcached",
+        mc.namespace().unwrap_or_default(),
+        mc.name_any()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{deployment_with_status, memcached, time};
+
+    fn find<'a>(s: &'a MemcachedStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn new_cr_without_deployment_is_progressing_and_unavailable() {
+        let mc = memcached("cache", 3);
+        let s = desired_status(&mc, &Observed::default(), &time(0));
+        assert_eq!(find(&s, AVAILABLE).status, "False");
+        assert_eq!(find(&s, PROGRESSING).status, "True");
+        assert_eq!(find(&s, PROGRESSING).reason, "Creating");
+        assert_eq!(find(&s, DEGRADED).status, "False");
+        assert_eq!(s.observed_generation, Some(1));
+        assert_eq!(s.selector.as_deref(), Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached"));
+    }
+
+    #[test]
+    fn available_only_when_size_pods_are_ready() {
+        let mc = memcached("cache", 3);
+        let partly = deployment_with_status(&mc, 3, 2);
+        let s = desired_status(&mc, &Observed { deployment: Some(&partly), ..Default::default() }, &time(0));
+        assert_eq!(find(&s, AVAILABLE).status, "False");
+        assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
+        assert_eq!(find(&s, PROGRESSING).status, "True");
+
+        let full = deployment_with_status(&mc, 3, 3);
+        let pods = vec!["cache-b".to_string(), "cache-a".to_string(), "cache-c".to_string()];
+        let s = desired_status(&mc, &Observed { deployment: Some(&full), pods, ..Default::default() }, &time(0));
+        assert!(condition_is_true(&s, AVAILABLE));
+        assert_eq!(find(&s, PROGRESSING).status, "False");
+        assert_eq!(s.nodes, ["cache-a", "cache-b", "cache-c"]);
+        assert_eq!((s.replicas, s.ready_replicas), (3, 3));
+    }
+
+    #[test]
+    fn scaled_to_zero_is_available() {
+        let mc = memcached("cache", 0);
+        let d = deployment_with_status(&mc, 0, 0);
+        let s = desired_status(&mc, &Observed { deployment: Some(&d), ..Default::default() }, &time(0));
+        assert!(condition_is_true(&s, AVAILABLE));
+        assert!(s.nodes.is_empty());
+    }
+
+    #[test]
+    fn conflict_is_degraded_with_resource_exists() {
+        let mc = memcached("cache", 1);
+        let observed = Observed { conflict: Some(conflict_message("Deployment", &mc)), ..Default::default() };
+        let s = desired_status(&mc, &observed, &time(0));
+        let degraded = find(&s, DEGRADED);
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", RESOURCE_EXISTS));
+        assert!(degraded.message.contains("Deployment default/cache"));
+        assert_eq!(find(&s, AVAILABLE).status, "False");
+    }
+
+    #[test]
+    fn stuck_rollout_is_degraded() {
+        let mc = memcached("cache", 1);
+        let mut d = deployment_with_status(&mc, 1, 0);
+        d.status.as_mut().unwrap().conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some("exceeded quota".into()),
+            ..Default::default()
+        }]);
+        let s = desired_status(&mc, &Observed { deployment: Some(&d), ..Default::default() }, &time(0));
+        assert_eq!(find(&s, DEGRADED).reason, "FailedCreate");
+        assert_eq!(find(&s, DEGRADED).message, "exceeded quota");
+    }
+
+    #[test]
+    fn unchanged_conditions_keep_their_transition_time() {
+        let mut mc = memcached("cache", 1);
+        let d = deployment_with_status(&mc, 1, 1);
+        let observed = Observed { deployment: Some(&d), ..Default::default() };
+        let first = desired_status(&mc, &observed, &time(100));
+        mc.status = Some(first.clone());
+        let again = desired_status(&mc, &observed, &time(200));
+        assert_eq!(first, again, "recomputing an unchanged status must be a no-op");
+
+        // A real transition takes the new time; the others keep theirs.
+        mc.spec.size = 2;
+        let scaled = desired_status(&mc, &observed, &time(300));
+        assert_eq!(find(&scaled, AVAILABLE).last_transition_time, time(300));
+        assert_eq!(find(&scaled, DEGRADED).last_transition_time, time(100));
+    }
+}
