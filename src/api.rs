@@ -3,6 +3,9 @@
 //! The CRD in `config/crd/bases/` is generated from these types (`memcached-operator crd`), so the
 //! doc comments below are what `kubectl explain memcached.spec` shows.
 
+// Several printcolumn(...) share argument names, which clippy takes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -32,15 +35,29 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size", description = "Desired number of memcached pods"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas", description = "Memcached pods that are Ready"),
+    printcolumn(
+        name = "Size",
+        type_ = "integer",
+        json_path = ".spec.size",
+        description = "Desired number of memcached pods"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Memcached pods that are Ready"
+    ),
     printcolumn(
         name = "Available",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Available\")].status",
         description = "True when all desired pods are Ready"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(validation = Rule::new(
     "!has(self.resources) || !has(self.resources.limits) || !('memory' in self.resources.limits) || \
@@ -144,8 +161,14 @@ mod tests {
     fn crd_has_scale_and_status_subresources_and_columns() {
         let crd = serde_json::to_value(Memcached::crd()).unwrap();
         let version = &crd["spec"]["versions"][0];
-        assert_eq!(version["subresources"]["scale"]["specReplicasPath"], ".spec.size");
-        assert_eq!(version["subresources"]["scale"]["labelSelectorPath"], ".status.selector");
+        assert_eq!(
+            version["subresources"]["scale"]["specReplicasPath"],
+            ".spec.size"
+        );
+        assert_eq!(
+            version["subresources"]["scale"]["labelSelectorPath"],
+            ".status.selector"
+        );
         assert!(version["subresources"]["status"].is_object());
         let columns: Vec<&str> = version["additionalPrinterColumns"]
             .as_array()
@@ -154,7 +177,8 @@ mod tests {
             .map(|c| c["name"].as_str().unwrap())
             .collect();
         assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
-        let size = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"];
+        let size =
+            &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"];
         assert_eq!(size["minimum"].as_f64(), Some(0.0));
         assert_eq!(size["maximum"].as_f64(), Some(f64::from(MAX_SIZE)));
     }

@@ -17,7 +17,9 @@ const JITTER: f64 = 0.1;
 pub fn delay(failures: u32, jitter: f64) -> Duration {
     let exponent = failures.saturating_sub(1).min(31);
     let nominal = BASE_DELAY.saturating_mul(1u32 << exponent).min(MAX_DELAY);
-    nominal.mul_f64(1.0 + jitter.clamp(-JITTER, JITTER)).min(MAX_DELAY)
+    nominal
+        .mul_f64(1.0 + jitter.clamp(-JITTER, JITTER))
+        .min(MAX_DELAY)
 }
 
 /// Failure counts per object; reset when the object reconciles successfully.
@@ -27,7 +29,9 @@ pub struct Backoff<K> {
 
 impl<K: Hash + Eq> Default for Backoff<K> {
     fn default() -> Self {
-        Self { failures: Mutex::new(HashMap::new()) }
+        Self {
+            failures: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -41,11 +45,19 @@ impl<K: Hash + Eq> Backoff<K> {
     }
 
     pub fn reset(&self, key: &K) {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 
     pub fn failures(&self, key: &K) -> u32 {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied().unwrap_or(0)
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -58,7 +70,10 @@ mod tests {
         assert_eq!(delay(1, 0.0), Duration::from_millis(5));
         assert_eq!(delay(2, 0.0), Duration::from_millis(10));
         assert_eq!(delay(11, 0.0), Duration::from_millis(5120));
-        assert_eq!(delay(19, 0.0), Duration::from_millis(1_310_720).min(MAX_DELAY));
+        assert_eq!(
+            delay(19, 0.0),
+            Duration::from_millis(1_310_720).min(MAX_DELAY)
+        );
         assert_eq!(delay(40, 0.0), MAX_DELAY);
         assert_eq!(delay(u32::MAX, 0.5), MAX_DELAY);
     }
@@ -67,7 +82,11 @@ mod tests {
     fn jitter_stays_within_ten_percent() {
         assert_eq!(delay(3, 0.1), Duration::from_millis(22));
         assert_eq!(delay(3, -0.1), Duration::from_millis(18));
-        assert_eq!(delay(3, 5.0), Duration::from_millis(22), "jitter is clamped");
+        assert_eq!(
+            delay(3, 5.0),
+            Duration::from_millis(22),
+            "jitter is clamped"
+        );
     }
 
     #[test]

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::controller::Scope;
 
 #[derive(Parser, Debug)]
-#[command(name = "memcached-operator", version, about = "Kubernetes operator for Memcached")]
+#[command(
+    name = "memcached-operator",
+    version,
+    about = "Kubernetes operator for Memcached"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -96,15 +100,23 @@ pub struct BindAddress(pub Option<SocketAddr>);
 fn parse_bind_address(s: &str) -> Result<BindAddress, String> {
     let addr = match s {
         "0" | "" => return Ok(BindAddress(None)),
-        s if s.starts_with(':') => format!("0.0.0.0{s}").parse().map_err(|e| format!("{s:?}: {e}")),
-        s => s.parse().map_err(|e| format!("{s:?} is not host:port ({e})")),
+        s if s.starts_with(':') => format!("0.0.0.0{s}")
+            .parse()
+            .map_err(|e| format!("{s:?}: {e}")),
+        s => s
+            .parse()
+            .map_err(|e| format!("{s:?} is not host:port ({e})")),
     };
     addr.map(|a| BindAddress(Some(a)))
 }
 
 /// Parses WATCH_NAMESPACE into the OLM install modes: all, own/single, or multi namespace.
 pub fn parse_watch_namespace(s: &str) -> Result<Scope, String> {
-    let names: Vec<&str> = s.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    let names: Vec<&str> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
     if names.is_empty() {
         return Ok(Scope::All);
     }
@@ -126,7 +138,9 @@ fn is_dns1123_label(s: &str) -> bool {
     let bytes = s.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
-        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         && bytes[0] != b'-'
         && bytes[bytes.len() - 1] != b'-'
 }
@@ -138,7 +152,10 @@ mod tests {
     #[test]
     fn watch_namespace_covers_the_olm_install_modes() {
         assert_eq!(parse_watch_namespace(""), Ok(Scope::All));
-        assert_eq!(parse_watch_namespace("team-a"), Ok(Scope::Namespaces(vec!["team-a".into()])));
+        assert_eq!(
+            parse_watch_namespace("team-a"),
+            Ok(Scope::Namespaces(vec!["team-a".into()]))
+        );
         assert_eq!(
             parse_watch_namespace("a, b,a,"),
             Ok(Scope::Namespaces(vec!["a".into(), "b".into()]))
@@ -149,8 +166,14 @@ mod tests {
 
     #[test]
     fn bind_addresses_follow_controller_runtime() {
-        assert_eq!(parse_bind_address(":8080"), Ok(BindAddress(Some("0.0.0.0:8080".parse().unwrap()))));
-        assert_eq!(parse_bind_address("127.0.0.1:9"), Ok(BindAddress(Some("127.0.0.1:9".parse().unwrap()))));
+        assert_eq!(
+            parse_bind_address(":8080"),
+            Ok(BindAddress(Some("0.0.0.0:8080".parse().unwrap())))
+        );
+        assert_eq!(
+            parse_bind_address("127.0.0.1:9"),
+            Ok(BindAddress(Some("127.0.0.1:9".parse().unwrap())))
+        );
         assert_eq!(parse_bind_address("0"), Ok(BindAddress(None)));
         assert!(parse_bind_address("nonsense").is_err());
     }
@@ -163,15 +186,20 @@ mod tests {
         assert_eq!(r.leader_election_renew_deadline, Duration::from_secs(10));
         assert_eq!(r.leader_election_retry_period, Duration::from_secs(2));
         assert!(!r.leader_elect);
-        assert_eq!(r.metrics_bind_address, BindAddress(Some("0.0.0.0:8080".parse().unwrap())));
+        assert_eq!(
+            r.metrics_bind_address,
+            BindAddress(Some("0.0.0.0:8080".parse().unwrap()))
+        );
     }
 
     #[test]
     fn bad_flag_values_are_usage_errors() {
-        let err = Cli::try_parse_from(["memcached-operator", "--watch-namespace", "UPPER"]).unwrap_err();
+        let err =
+            Cli::try_parse_from(["memcached-operator", "--watch-namespace", "UPPER"]).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("UPPER"));
-        let err = Cli::try_parse_from(["memcached-operator", "--max-concurrent-reconciles", "0"]).unwrap_err();
+        let err = Cli::try_parse_from(["memcached-operator", "--max-concurrent-reconciles", "0"])
+            .unwrap_err();
         assert_eq!(err.exit_code(), 2);
     }
 }

@@ -8,7 +8,7 @@ use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams, PartialObjectMeta};
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -56,7 +56,7 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
     pub pods: Store<PartialObjectMeta<Pod>>,
-    pub recorder: Recorder,
+    pub reporter: Reporter,
     pub default_image: String,
     pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     pub metrics: Arc<Metrics>,
@@ -78,7 +78,9 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action> 
             };
             ctx.metrics.record(label, None);
         }
-        Err(e) => ctx.metrics.record(ReconcileResult::Error, Some(e.metric_label())),
+        Err(e) => ctx
+            .metrics
+            .record(ReconcileResult::Error, Some(e.metric_label())),
     }
     result
 }
@@ -97,11 +99,16 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     // else is written for it until they are gone.
     let existing_deployment = lookup(&deployments, &ctx.deployments, mc).await?;
     let existing_service = lookup(&services, &ctx.services, mc).await?;
-    let conflict = [("Deployment", existing_deployment.as_ref().map(|d| &d.metadata)),
-                    ("Service", existing_service.as_ref().map(|s| &s.metadata))]
-        .into_iter()
-        .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)))
-        .map(|(kind, _)| status::conflict_message(kind, mc));
+    let conflict = [
+        (
+            "Deployment",
+            existing_deployment.as_ref().map(|d| &d.metadata),
+        ),
+        ("Service", existing_service.as_ref().map(|s| &s.metadata)),
+    ]
+    .into_iter()
+    .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)))
+    .map(|(kind, _)| status::conflict_message(kind, mc));
 
     let deployment = match &conflict {
         Some(_) => None,
@@ -121,11 +128,12 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
         pods: pod_names(&ctx.pods, mc),
         conflict: conflict.clone(),
     };
-    let new_status = status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
+    let new_status =
+        status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     let was_degraded_by_conflict = mc.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == status::DEGRADED && c.reason == status::RESOURCE_EXISTS && c.status == "True")
+        s.conditions.iter().any(|c| {
+            c.type_ == status::DEGRADED && c.reason == status::RESOURCE_EXISTS && c.status == "True"
+        })
     });
     if mc.status.as_ref() != Some(&new_status) {
         patch_status(ctx, mc, &new_status).await?;
@@ -133,7 +141,16 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     match conflict {
         Some(message) => {
             if !was_degraded_by_conflict {
-                publish(ctx, mc, EventType::Warning, status::RESOURCE_EXISTS, "Reconcile", message).await;
+                publish(
+                    ctx,
+                    mc,
+                    None,
+                    EventType::Warning,
+                    status::RESOURCE_EXISTS,
+                    "Reconcile",
+                    message,
+                )
+                .await;
             }
             Ok(Action::requeue(CONFLICT_RECHECK))
         }
@@ -143,10 +160,14 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
 
 /// Failed reconciles retry with per-object exponential backoff.
 pub fn error_policy(mc: Arc<Memcached>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next_delay(ObjectRef::from_obj(&*mc));
+    Action::requeue(retry_delay(&mc, error, &ctx))
+}
+
+fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
+    let delay = ctx.backoff.next_delay(ObjectRef::from_obj(mc));
     warn!(memcached = %mc.name_any(), namespace = mc.namespace().unwrap_or_default(), error = %error,
           reason = error.metric_label(), retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    delay
 }
 
 /// The owned object of the Memcached's name: from the cache of labelled objects, else from the
@@ -156,17 +177,29 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     let name = mc.name_any();
-    if let Some(cached) = cache.get(&ObjectRef::new(&name).within(&mc.namespace().unwrap_or_default())) {
+    if let Some(cached) =
+        cache.get(&ObjectRef::new(&name).within(&mc.namespace().unwrap_or_default()))
+    {
         return Ok(Some(cached));
     }
     match api.get_opt(&name).await {
         Ok(found) => Ok(found.map(Arc::new)),
-        Err(source) => Err(Error::Read { kind: K::kind(&()).into_owned(), name, source }),
+        Err(source) => Err(Error::Read {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        }),
     }
 }
 
 /// Applies `desired` unless `existing` already holds it; returns the object as it now is.
-async fn ensure<K>(ctx: &Context, mc: &Memcached, api: &Api<K>, existing: Option<Arc<K>>, desired: K) -> Result<Arc<K>>
+async fn ensure<K>(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<K>,
+    existing: Option<Arc<K>>,
+    desired: K,
+) -> Result<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
 {
@@ -178,37 +211,74 @@ where
     let kind = K::kind(&());
     let name = desired.name_any();
     let applied = api
-        .patch(&name, &PatchParams::apply(MANAGER_NAME).force(), &Patch::Apply(&desired))
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(&desired),
+        )
         .await
-        .map_err(|source| Error::Apply { kind: kind.clone().into_owned(), name: name.clone(), source })?;
+        .map_err(|source| Error::Apply {
+            kind: kind.clone().into_owned(),
+            name: name.clone(),
+            source,
+        })?;
     let (reason, note) = change_note(&kind, existing.as_deref(), &applied, mc);
     info!(kind = %kind, name = %name, reason, "{note}");
-    publish(ctx, mc, EventType::Normal, reason, "Apply", note).await;
+    publish(
+        ctx,
+        mc,
+        Some(applied.object_ref(&())),
+        EventType::Normal,
+        reason,
+        "Apply",
+        note,
+    )
+    .await;
     Ok(Arc::new(applied))
 }
 
 /// Event reason and text for an apply: created, scaled, or drift restored.
-fn change_note<K: Resource + Serialize>(kind: &str, before: Option<&K>, after: &K, mc: &Memcached) -> (&'static str, String) {
+fn change_note<K: Resource + Serialize>(
+    kind: &str,
+    before: Option<&K>,
+    after: &K,
+    mc: &Memcached,
+) -> (&'static str, String) {
     let name = after.name_any();
     let Some(before) = before else {
         return ("Created", format!("Created {kind} {name}"));
     };
-    let replicas = |o: &K| serde_json::to_value(o).ok().and_then(|v| v["spec"]["replicas"].as_i64());
+    let replicas = |o: &K| {
+        serde_json::to_value(o)
+            .ok()
+            .and_then(|v| v["spec"]["replicas"].as_i64())
+    };
     match (replicas(before), replicas(after)) {
-        (Some(old), Some(new)) if old != new && new == i64::from(mc.spec.size) && mc_size_changed(mc, old) => {
-            ("Scaled", format!("Scaled {kind} {name} from {old} to {new} replicas"))
+        (Some(old), Some(new))
+            if old != new && new == i64::from(mc.spec.size) && mc_size_changed(mc, old) =>
+        {
+            (
+                "Scaled",
+                format!("Scaled {kind} {name} from {old} to {new} replicas"),
+            )
         }
-        (Some(old), Some(new)) if old != new => {
-            ("DriftRestored", format!("Restored {kind} {name} to {new} replicas (was changed to {old})"))
-        }
-        _ => ("Updated", format!("Updated {kind} {name} to match the Memcached spec")),
+        (Some(old), Some(new)) if old != new => (
+            "DriftRestored",
+            format!("Restored {kind} {name} to {new} replicas (was changed to {old})"),
+        ),
+        _ => (
+            "Updated",
+            format!("Updated {kind} {name} to match the Memcached spec"),
+        ),
     }
 }
 
 /// Whether `old` replicas is what the Memcached last asked for, so a difference means the user
 /// changed `spec.size` rather than someone scaling the Deployment behind our back.
 fn mc_size_changed(mc: &Memcached, old: i64) -> bool {
-    mc.status.as_ref().is_none_or(|s| i64::from(s.replicas) == old)
+    mc.status
+        .as_ref()
+        .is_none_or(|s| i64::from(s.replicas) == old)
 }
 
 /// Names of the Memcached's pods, from the metadata-only pod cache.
@@ -224,36 +294,60 @@ fn pod_names(pods: &Store<PartialObjectMeta<Pod>>, mc: &Memcached) -> Vec<String
 }
 
 async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
-    let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let api: Api<Memcached> =
+        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let patch = serde_json::json!({
         "apiVersion": Memcached::api_version(&()),
         "kind": Memcached::kind(&()),
         "status": status,
     });
-    api.patch_status(&mc.name_any(), &PatchParams::apply(MANAGER_NAME).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(|source| Error::Status { name: mc.name_any(), source })?;
+    api.patch_status(
+        &mc.name_any(),
+        &PatchParams::apply(MANAGER_NAME).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: mc.name_any(),
+        source,
+    })?;
     Ok(())
 }
 
-/// Events are best-effort: failing to record one must not fail the reconcile.
-async fn publish(ctx: &Context, mc: &Memcached, type_: EventType, reason: &str, action: &str, note: String) {
+/// Records an event on the Memcached, `related` to the owned object it concerns. Best-effort:
+/// failing to record one must not fail the reconcile.
+///
+/// A fresh Recorder each time: kube's Recorder folds events with the same reason into one series
+/// whatever their note, so "Scaled from 3 to 5" then "from 5 to 2" would show the first text
+/// twice. We only record real changes, so there is no flood to fold.
+async fn publish(
+    ctx: &Context,
+    mc: &Memcached,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.to_string(),
         note: Some(note),
         action: action.to_string(),
-        secondary: None,
+        secondary: related,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &mc.object_ref(&())).await {
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    if let Err(error) = recorder.publish(&event, &mc.object_ref(&())).await {
         warn!(%error, reason, "could not record event");
     }
 }
 
-
 /// Turns a watch event of raw objects into one of Memcacheds, dropping objects that do not parse
 /// so that one malformed object cannot break the watch for all the others.
-pub fn parse_event(event: watcher::Event<DynamicObject>, invalid: &prometheus::IntGauge) -> Option<watcher::Event<Memcached>> {
+pub fn parse_event(
+    event: watcher::Event<DynamicObject>,
+    invalid: &prometheus::IntGauge,
+) -> Option<watcher::Event<Memcached>> {
     let parse = |obj: DynamicObject| {
         let name = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
         match obj.try_parse::<Memcached>() {
@@ -279,10 +373,17 @@ pub fn parse_event(event: watcher::Event<DynamicObject>, invalid: &prometheus::I
 
 /// Runs the controller until `shutdown` is cancelled, then lets in-flight reconciles finish.
 /// One controller a watched namespace (or one for all), sharing the metrics and backoff.
-pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
     metrics.set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
-    let reporter = Reporter { controller: MANAGER_NAME.into(), instance: Some(settings.instance.clone()) };
-    let recorder = Recorder::new(client.clone(), reporter);
+    let reporter = Reporter {
+        controller: MANAGER_NAME.into(),
+        instance: Some(settings.instance.clone()),
+    };
     let backoff = Arc::new(Backoff::default());
     let namespaces: Vec<Option<String>> = match &settings.scope {
         Scope::All => vec![None],
@@ -291,25 +392,33 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, shut
     let controllers = namespaces.into_iter().map(|ns| {
         let ctx = ContextParts {
             client: client.clone(),
-            recorder: recorder.clone(),
+            reporter: reporter.clone(),
             default_image: settings.default_image.clone(),
             backoff: backoff.clone(),
             metrics: metrics.clone(),
         };
-        run_scope(ctx, ns, settings.max_concurrent_reconciles, shutdown.clone())
+        run_scope(
+            ctx,
+            ns,
+            settings.max_concurrent_reconciles,
+            shutdown.clone(),
+        )
     });
     future::join_all(controllers).await;
 }
 
 struct ContextParts {
     client: Client,
-    recorder: Recorder,
+    reporter: Reporter,
     default_image: String,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     metrics: Arc<Metrics>,
 }
 
-fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>>(client: &Client, ns: Option<&str>) -> Api<K> {
+fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>>(
+    client: &Client,
+    ns: Option<&str>,
+) -> Api<K> {
     match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -317,21 +426,40 @@ fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceSco
 }
 
 /// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
-fn owned_stream<K>(api: Api<K>) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+fn owned_stream<K>(
+    api: Api<K>,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().labels(&resources::managed_by_selector()).any_semantic();
-    let stream = watcher(api, config).default_backoff().reflect(writer).applied_objects();
+    let config = watcher::Config::default()
+        .labels(&resources::managed_by_selector())
+        .any_semantic();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
     (reader, stream)
 }
 
-async fn run_scope(parts: ContextParts, ns: Option<String>, concurrency: u16, shutdown: CancellationToken) {
+async fn run_scope(
+    parts: ContextParts,
+    ns: Option<String>,
+    concurrency: u16,
+    shutdown: CancellationToken,
+) {
     let client = &parts.client;
     let ns = ns.as_deref();
 
-    let gvk = GroupVersionKind::gvk(&Memcached::group(&()), &Memcached::version(&()), &Memcached::kind(&()));
+    let gvk = GroupVersionKind::gvk(
+        &Memcached::group(&()),
+        &Memcached::version(&()),
+        &Memcached::kind(&()),
+    );
     let ar = ApiResource::from_gvk_with_plural(&gvk, &Memcached::plural(&()));
     let raw: Api<DynamicObject> = match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
@@ -350,7 +478,9 @@ async fn run_scope(parts: ContextParts, ns: Option<String>, concurrency: u16, sh
     let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns));
     let (services, service_events) = owned_stream::<Service>(api_in(client, ns));
     let (pod_reader, pod_writer) = reflector::store();
-    let pod_config = watcher::Config::default().labels(&resources::managed_by_selector()).any_semantic();
+    let pod_config = watcher::Config::default()
+        .labels(&resources::managed_by_selector())
+        .any_semantic();
     let pod_events = watcher(api_in::<PartialObjectMeta<Pod>>(client, ns), pod_config)
         .default_backoff()
         .reflect(pod_writer)
@@ -361,7 +491,7 @@ async fn run_scope(parts: ContextParts, ns: Option<String>, concurrency: u16, sh
         deployments,
         services,
         pods: pod_reader,
-        recorder: parts.recorder,
+        reporter: parts.reporter,
         default_image: parts.default_image,
         backoff: parts.backoff,
         metrics: parts.metrics,
@@ -380,7 +510,11 @@ async fn run_scope(parts: ContextParts, ns: Option<String>, concurrency: u16, sh
         .graceful_shutdown_on(async move { shutdown_signal.cancelled().await })
         .run(
             |mc, ctx| {
-                let span = info_span!("reconcile", namespace = field::Empty, memcached = field::Empty);
+                let span = info_span!(
+                    "reconcile",
+                    namespace = field::Empty,
+                    memcached = field::Empty
+                );
                 span.record("namespace", mc.namespace().unwrap_or_default());
                 span.record("memcached", mc.name_any());
                 reconcile(mc, ctx).instrument(span)
@@ -396,4 +530,269 @@ async fn run_scope(parts: ContextParts, ns: Option<String>, concurrency: u16, sh
         })
         .await;
     info!(scope, "controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::apiserver::{self, ApiServer};
+    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::status::{AVAILABLE, DEGRADED, RESOURCE_EXISTS};
+
+    const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+    const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
+    const STATUS: &str =
+        "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+    /// Runs a reconcile against a scripted API server; the script must consume every request.
+    async fn scenario<F>(
+        mc: Memcached,
+        ctx: Arc<Context>,
+        api: ApiServer,
+        script: impl FnOnce(ApiServer) -> F,
+    ) -> Result<Action>
+    where
+        F: Future<Output = ApiServer> + Send + 'static,
+    {
+        let server = tokio::spawn(script(api));
+        let result = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mc), ctx))
+            .await
+            .expect("reconcile sent a request the script did not expect");
+        server.await.expect("the script's assertions hold");
+        result
+    }
+
+    fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
+        let c = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap();
+        (
+            c["status"].as_str().unwrap().into(),
+            c["reason"].as_str().unwrap().into(),
+        )
+    }
+
+    #[tokio::test]
+    async fn new_cr_gets_deployment_service_events_and_status() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 3);
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            api.not_found(DEPLOYMENT).await;
+            api.not_found(SERVICE).await;
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert!(
+                apply
+                    .path_and_query
+                    .contains("fieldManager=memcached-operator")
+            );
+            assert!(apply.path_and_query.contains("force=true"));
+            assert_eq!(apply.body["spec"]["replicas"], 3);
+            assert_eq!(
+                apply.body["metadata"]["ownerReferences"][0]["uid"],
+                "uid-cache"
+            );
+            let created = api.echo("POST", EVENTS).await;
+            assert_eq!(created.body["reason"], "Created");
+            assert_eq!(created.body["note"], "Created Deployment cache");
+            assert_eq!(created.body["related"]["kind"], "Deployment");
+            let svc = api.echo("PATCH", SERVICE).await;
+            assert_eq!(svc.body["spec"]["clusterIP"], "None");
+            let created = api.echo("POST", EVENTS).await;
+            assert_eq!(created.body["note"], "Created Service cache");
+            let status = api.echo_status(STATUS, &mc).await;
+            assert_eq!(condition(&status.body, AVAILABLE).0, "False");
+            assert_eq!(status.body["status"]["observedGeneration"], 1);
+            api
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::await_change());
+    }
+
+    #[tokio::test]
+    async fn converged_cr_makes_no_requests() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        let deployment = deployment_with_status(&mc, 3, 3);
+        caches.add_deployment(deployment.clone());
+        caches.add_service(resources::service(&mc));
+        // The status the operator wrote last time, with the default image it uses.
+        let mut d = deployment;
+        d.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("memcached:test".into());
+        caches.add_deployment(d.clone());
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Default::default()
+        };
+        mc.status = Some(status::desired_status(
+            &mc,
+            &observed,
+            &crate::fixtures::time(0),
+        ));
+
+        let action = scenario(mc, ctx, api, |api| async move { api })
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+    }
+
+    #[tokio::test]
+    async fn size_change_scales_the_deployment() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        let mut d = deployment_with_status(&mc, 3, 3);
+        d.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("memcached:test".into());
+        caches.add_deployment(d.clone());
+        caches.add_service(resources::service(&mc));
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Default::default()
+        };
+        mc.status = Some(status::desired_status(
+            &mc,
+            &observed,
+            &crate::fixtures::time(0),
+        ));
+        mc.spec.size = 5;
+        mc.metadata.generation = Some(2);
+
+        scenario(mc.clone(), ctx, api, |mut api| async move {
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert_eq!(apply.body["spec"]["replicas"], 5);
+            let event = api.echo("POST", EVENTS).await;
+            assert_eq!(event.body["reason"], "Scaled");
+            assert_eq!(
+                event.body["note"],
+                "Scaled Deployment cache from 3 to 5 replicas"
+            );
+            let status = api.echo_status(STATUS, &mc).await;
+            assert_eq!(status.body["status"]["observedGeneration"], 2);
+            assert_eq!(condition(&status.body, AVAILABLE).0, "False");
+            api
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn foreign_deployment_is_left_untouched_with_a_warning() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        let mut foreign = resources::deployment(&mc, "someone/else");
+        foreign.metadata.owner_references = None;
+        foreign.metadata.labels = None;
+        let foreign = serde_json::to_value(&foreign).unwrap();
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| foreign)
+                .await;
+            api.not_found(SERVICE).await;
+            let status = api.echo_status(STATUS, &mc).await;
+            assert_eq!(
+                condition(&status.body, DEGRADED),
+                ("True".into(), RESOURCE_EXISTS.into())
+            );
+            let event = api.echo("POST", EVENTS).await;
+            assert_eq!(
+                (event.body["type"].as_str(), event.body["reason"].as_str()),
+                (Some("Warning"), Some(RESOURCE_EXISTS))
+            );
+            api
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+    }
+
+    #[tokio::test]
+    async fn api_error_backs_off_per_object() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
+        let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+            api.not_found(DEPLOYMENT).await;
+            api.not_found(SERVICE).await;
+            api.expect(
+                "PATCH",
+                DEPLOYMENT,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                server_error,
+            )
+            .await;
+            api
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.metric_label(), "apply");
+
+        let delays: Vec<Duration> = (0..3).map(|_| retry_delay(&mc, &err, &ctx)).collect();
+        let ms: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        assert!(
+            (4.5..=5.5).contains(&ms[0])
+                && (9.0..=11.0).contains(&ms[1])
+                && (18.0..=22.0).contains(&ms[2]),
+            "{ms:?}"
+        );
+        let other = memcached("other", 1);
+        assert!(
+            retry_delay(&other, &err, &ctx) <= Duration::from_micros(5500),
+            "backoff is per object"
+        );
+        assert!(
+            ctx.metrics
+                .render()
+                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
+        );
+    }
+
+    #[test]
+    fn malformed_memcached_is_skipped_without_breaking_the_watch() {
+        let invalid = prometheus::IntGauge::new("x", "x").unwrap();
+        let good: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "good", "namespace": "default"}, "spec": {"size": 1}
+        }))
+        .unwrap();
+        let bad: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "bad", "namespace": "default"}, "spec": {"size": "three"}
+        }))
+        .unwrap();
+        assert!(parse_event(watcher::Event::InitApply(bad.clone()), &invalid).is_none());
+        assert!(parse_event(watcher::Event::Apply(bad), &invalid).is_none());
+        assert_eq!(invalid.get(), 2);
+        match parse_event(watcher::Event::Apply(good), &invalid) {
+            Some(watcher::Event::Apply(mc)) => assert_eq!(mc.spec.size, 1),
+            other => panic!("good object lost: {other:?}"),
+        }
+        assert!(matches!(
+            parse_event(watcher::Event::Init, &invalid),
+            Some(watcher::Event::Init)
+        ));
+        assert_eq!(invalid.get(), 0, "a relist recounts invalid objects");
+    }
 }

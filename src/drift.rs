@@ -87,7 +87,10 @@ mod tests {
     fn missing_or_changed_object_item_is_drift() {
         let desired = json!({"containers": [{"name": "m", "image": "a"}]});
         assert!(needs_apply(&desired, &json!({"containers": []})));
-        assert!(needs_apply(&desired, &json!({"containers": [{"name": "m", "image": "b"}]})));
+        assert!(needs_apply(
+            &desired,
+            &json!({"containers": [{"name": "m", "image": "b"}]})
+        ));
     }
 
     #[test]

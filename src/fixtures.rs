@@ -37,3 +37,155 @@ pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Depl
 pub fn time(secs: i64) -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
 }
+
+/// A scripted API server for scenario tests: each `expect` answers the next request, asserting
+/// its method and path. A reconcile that sends a request nobody scripted waits for an answer
+/// forever, which the scenario's timeout turns into a failure.
+pub mod apiserver {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::{Request, Response, StatusCode};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use kube::Client;
+    use kube::api::PartialObjectMeta;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+    use serde_json::{Value, json};
+    use tower_test::mock::{self, Handle};
+
+    use crate::backoff::Backoff;
+    use crate::controller::Context;
+    use crate::metrics::Metrics;
+
+    pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
+
+    /// Caches the test fills before reconciling, as the watches would.
+    pub struct Caches {
+        pub deployments: Writer<Deployment>,
+        pub services: Writer<Service>,
+        pub pods: Writer<PartialObjectMeta<Pod>>,
+    }
+
+    impl Caches {
+        pub fn add_deployment(&mut self, d: Deployment) {
+            self.deployments
+                .apply_watcher_event(&watcher::Event::Apply(d));
+        }
+        pub fn add_service(&mut self, s: Service) {
+            self.services.apply_watcher_event(&watcher::Event::Apply(s));
+        }
+    }
+
+    pub fn context() -> (Arc<Context>, ApiServer, Caches) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (deployments, dw) = reflector::store();
+        let (services, sw) = reflector::store();
+        let (pods, pw) = reflector::store();
+        let ctx = Context {
+            client,
+            deployments,
+            services,
+            pods,
+            reporter: Reporter {
+                controller: "memcached-operator".into(),
+                instance: Some("test".into()),
+            },
+            default_image: "memcached:test".into(),
+            backoff: Arc::new(Backoff::default()),
+            metrics: Arc::new(Metrics::new()),
+        };
+        (
+            Arc::new(ctx),
+            ApiServer(handle),
+            Caches {
+                deployments: dw,
+                services: sw,
+                pods: pw,
+            },
+        )
+    }
+
+    /// A request as the scripted server saw it.
+    pub struct Seen {
+        pub method: String,
+        pub path_and_query: String,
+        pub body: Value,
+    }
+
+    impl ApiServer {
+        /// Answers the next request with `status` and `reply(body)`; returns what was sent.
+        pub async fn expect(
+            &mut self,
+            method: &str,
+            path: &str,
+            status: StatusCode,
+            reply: impl FnOnce(&Value) -> Value,
+        ) -> Seen {
+            let (request, send) =
+                tokio::time::timeout(Duration::from_secs(5), self.0.next_request())
+                    .await
+                    .unwrap_or_else(|_| panic!("no request arrived; expected {method} {path}"))
+                    .expect("client dropped");
+            let seen_method = request.method().to_string();
+            let path_and_query = request.uri().path_and_query().unwrap().to_string();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
+            assert_eq!(
+                (
+                    seen_method.as_str(),
+                    path_and_query.split('?').next().unwrap()
+                ),
+                (method, path),
+                "unexpected request (body: {body})"
+            );
+            let response = reply(&body);
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
+                    .unwrap(),
+            );
+            Seen {
+                method: seen_method,
+                path_and_query,
+                body,
+            }
+        }
+
+        /// Answers with 200 and the request body, as an apply or create of a new object would.
+        pub async fn echo(&mut self, method: &str, path: &str) -> Seen {
+            self.expect(method, path, StatusCode::OK, |b| {
+                let mut b = b.clone();
+                b["metadata"]["resourceVersion"] = json!("100");
+                b
+            })
+            .await
+        }
+
+        /// Answers a status apply with the Memcached carrying the sent status.
+        pub async fn echo_status(&mut self, path: &str, mc: &crate::api::Memcached) -> Seen {
+            let mut object = serde_json::to_value(mc).unwrap();
+            self.expect("PATCH", path, StatusCode::OK, move |b| {
+                object["status"] = b["status"].clone();
+                object
+            })
+            .await
+        }
+
+        pub async fn not_found(&mut self, path: &str) -> Seen {
+            self.expect("GET", path, StatusCode::NOT_FOUND, |_| {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})
+            })
+            .await
+        }
+    }
+}

@@ -5,13 +5,13 @@ pub mod backoff;
 pub mod config;
 pub mod controller;
 pub mod drift;
-pub mod manager;
-pub mod shutdown;
-pub mod telemetry;
 pub mod error;
+pub mod manager;
 pub mod metrics;
 pub mod resources;
+pub mod shutdown;
 pub mod status;
+pub mod telemetry;
 
 #[cfg(test)]
 pub mod fixtures;

@@ -14,7 +14,10 @@ use crate::metrics::Metrics;
 
 pub fn main(args: RunArgs) -> ExitCode {
     crate::telemetry::init(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             error!(error = %e, "cannot start the async runtime");

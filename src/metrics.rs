@@ -2,7 +2,8 @@
 //! written for Go operators work unchanged.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Value of the `controller` label.
@@ -10,8 +11,9 @@ pub const CONTROLLER: &str = "memcached";
 
 /// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets.
 const RECONCILE_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
-    1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
 ];
 
 /// Result label of `controller_runtime_reconcile_total`.
@@ -56,33 +58,51 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let reconcile_total = IntCounterVec::new(
-            Opts::new("controller_runtime_reconcile_total", "Total number of reconciliations per controller"),
+            Opts::new(
+                "controller_runtime_reconcile_total",
+                "Total number of reconciliations per controller",
+            ),
             &["controller", "result"],
         )
         .unwrap();
         let reconcile_errors = IntCounterVec::new(
-            Opts::new("controller_runtime_reconcile_errors_total", "Total number of reconciliation errors per controller"),
+            Opts::new(
+                "controller_runtime_reconcile_errors_total",
+                "Total number of reconciliation errors per controller",
+            ),
             &["controller"],
         )
         .unwrap();
         let reconcile_errors_by_reason = IntCounterVec::new(
-            Opts::new("memcached_operator_reconcile_errors_total", "Reconciliation errors by reason"),
+            Opts::new(
+                "memcached_operator_reconcile_errors_total",
+                "Reconciliation errors by reason",
+            ),
             &["controller", "reason"],
         )
         .unwrap();
         let reconcile_time = HistogramVec::new(
-            HistogramOpts::new("controller_runtime_reconcile_time_seconds", "Length of time per reconciliation per controller")
-                .buckets(RECONCILE_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "controller_runtime_reconcile_time_seconds",
+                "Length of time per reconciliation per controller",
+            )
+            .buckets(RECONCILE_BUCKETS.to_vec()),
             &["controller"],
         )
         .unwrap();
         let active_workers = IntGaugeVec::new(
-            Opts::new("controller_runtime_active_workers", "Number of currently used workers per controller"),
+            Opts::new(
+                "controller_runtime_active_workers",
+                "Number of currently used workers per controller",
+            ),
             &["controller"],
         )
         .unwrap();
         let max_concurrent = IntGaugeVec::new(
-            Opts::new("controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent reconciles per controller"),
+            Opts::new(
+                "controller_runtime_max_concurrent_reconciles",
+                "Maximum number of concurrent reconciles per controller",
+            ),
             &["controller"],
         )
         .unwrap();
@@ -110,7 +130,9 @@ impl Metrics {
         }
         #[cfg(target_os = "linux")]
         registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
             .unwrap();
         // Series appear at 0 from the start, as in controller-runtime.
         for result in ["success", "error", "requeue", "requeue_after"] {
@@ -132,36 +154,51 @@ impl Metrics {
     }
 
     pub fn set_max_concurrent_reconciles(&self, n: u16) {
-        self.max_concurrent.with_label_values(&[CONTROLLER]).set(i64::from(n));
+        self.max_concurrent
+            .with_label_values(&[CONTROLLER])
+            .set(i64::from(n));
     }
 
     pub fn set_leader(&self, lease: &str, leading: bool) {
-        self.leader.with_label_values(&[lease]).set(i64::from(leading));
+        self.leader
+            .with_label_values(&[lease])
+            .set(i64::from(leading));
     }
 
     /// Marks a reconcile as running until the returned guard is dropped.
     pub fn start_reconcile(&self) -> ReconcileGuard<'_> {
         self.active_workers.with_label_values(&[CONTROLLER]).inc();
-        ReconcileGuard { metrics: self, started: std::time::Instant::now() }
+        ReconcileGuard {
+            metrics: self,
+            started: std::time::Instant::now(),
+        }
     }
 
     fn finish(&self, started: std::time::Instant) {
         self.active_workers.with_label_values(&[CONTROLLER]).dec();
-        self.reconcile_time.with_label_values(&[CONTROLLER]).observe(started.elapsed().as_secs_f64());
+        self.reconcile_time
+            .with_label_values(&[CONTROLLER])
+            .observe(started.elapsed().as_secs_f64());
     }
 
     pub fn record(&self, result: ReconcileResult, error_reason: Option<&str>) {
-        self.reconcile_total.with_label_values(&[CONTROLLER, result.label()]).inc();
+        self.reconcile_total
+            .with_label_values(&[CONTROLLER, result.label()])
+            .inc();
         if let Some(reason) = error_reason {
             self.reconcile_errors.with_label_values(&[CONTROLLER]).inc();
-            self.reconcile_errors_by_reason.with_label_values(&[CONTROLLER, reason]).inc();
+            self.reconcile_errors_by_reason
+                .with_label_values(&[CONTROLLER, reason])
+                .inc();
         }
     }
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
 }
@@ -216,8 +253,14 @@ mod tests {
         let m = Metrics::new();
         let a = m.start_reconcile();
         let _b = m.start_reconcile();
-        assert!(m.render().contains(r#"controller_runtime_active_workers{controller="memcached"} 2"#));
+        assert!(
+            m.render()
+                .contains(r#"controller_runtime_active_workers{controller="memcached"} 2"#)
+        );
         drop(a);
-        assert!(m.render().contains(r#"controller_runtime_active_workers{controller="memcached"} 1"#));
+        assert!(
+            m.render()
+                .contains(r#"controller_runtime_active_workers{controller="memcached"} 1"#)
+        );
     }
 }

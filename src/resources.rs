@@ -210,7 +210,10 @@ mod tests {
         assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
         assert!(is_controlled_by(&d.metadata, &mc));
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.block_owner_deletion), ("Memcached", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.block_owner_deletion),
+            ("Memcached", Some(true))
+        );
 
         let c = &spec.template.spec.as_ref().unwrap().containers[0];
         assert_eq!(c.image.as_deref(), Some("memcached:test"));
@@ -232,7 +235,10 @@ mod tests {
         for (k, v) in spec.selector.match_labels.unwrap() {
             assert_eq!(pod_labels.get(&k), Some(&v));
         }
-        assert_eq!(pod_labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(MANAGER_NAME));
+        assert_eq!(
+            pod_labels.get(LABEL_MANAGED_BY).map(String::as_str),
+            Some(MANAGER_NAME)
+        );
         assert_eq!(
             selector_string(&mc),
             "app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached"

@@ -6,7 +6,10 @@ use tracing::info;
 
 /// Cancels `token` on the first SIGTERM or SIGINT.
 pub async fn on_signal(token: CancellationToken) {
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         return;
     };
     let name = tokio::select! {
@@ -22,7 +25,11 @@ pub async fn on_signal(token: CancellationToken) {
 pub fn identity(given: Option<&str>) -> String {
     given
         .map(str::to_string)
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "memcached-operator".to_string())
 }

@@ -30,17 +30,26 @@ pub struct Observed<'a> {
 pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> MemcachedStatus {
     let size = mc.spec.size;
     let generation = mc.metadata.generation;
-    let deploy_status = observed.deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    let deploy_status = observed
+        .deployment
+        .and_then(|d| d.status.clone())
+        .unwrap_or_default();
     let replicas = deploy_status.replicas.unwrap_or(0);
     let ready = deploy_status.ready_replicas.unwrap_or(0);
     let updated = deploy_status.updated_replicas.unwrap_or(0);
     let deploy_observed_spec = observed.deployment.is_some_and(|d| {
-        d.metadata.generation.is_some() && deploy_status.observed_generation >= d.metadata.generation
+        d.metadata.generation.is_some()
+            && deploy_status.observed_generation >= d.metadata.generation
     });
 
     let (available, progressing, degraded) = if let Some(message) = &observed.conflict {
         (
-            cond(AVAILABLE, false, RESOURCE_EXISTS, "the operator does not manage the pods"),
+            cond(
+                AVAILABLE,
+                false,
+                RESOURCE_EXISTS,
+                "the operator does not manage the pods",
+            ),
             cond(PROGRESSING, false, RESOURCE_EXISTS, message),
             cond(DEGRADED, true, RESOURCE_EXISTS, message),
         )
@@ -48,19 +57,39 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
         let all_ready = observed.deployment.is_some() && ready == size;
         let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
         let available = if all_ready {
-            cond(AVAILABLE, true, "AllPodsReady", &format!("{ready}/{size} pods are ready"))
+            cond(
+                AVAILABLE,
+                true,
+                "AllPodsReady",
+                &format!("{ready}/{size} pods are ready"),
+            )
         } else {
-            cond(AVAILABLE, false, "PodsNotReady", &format!("{ready}/{size} pods are ready"))
+            cond(
+                AVAILABLE,
+                false,
+                "PodsNotReady",
+                &format!("{ready}/{size} pods are ready"),
+            )
         };
         let progressing = if converged {
-            cond(PROGRESSING, false, "Converged", &format!("{size} pods match the spec"))
+            cond(
+                PROGRESSING,
+                false,
+                "Converged",
+                &format!("{size} pods match the spec"),
+            )
         } else if observed.deployment.is_none() {
             cond(PROGRESSING, true, "Creating", "creating the Deployment")
         } else {
-            let message = format!("{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running");
+            let message =
+                format!("{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running");
             cond(PROGRESSING, true, "Reconciling", &message)
         };
-        (available, progressing, deployment_degraded(observed.deployment))
+        (
+            available,
+            progressing,
+            deployment_degraded(observed.deployment),
+        )
     };
 
     let conditions = [available, progressing, degraded]
@@ -92,7 +121,8 @@ fn deployment_degraded(deployment: Option<&Deployment>) -> Condition {
         .flatten()
         .find(|c| {
             (c.type_ == "ReplicaFailure" && c.status == "True")
-                || (c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+                || (c.type_ == "Progressing"
+                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
         });
     match failing {
         Some(c) => cond(
@@ -101,7 +131,12 @@ fn deployment_degraded(deployment: Option<&Deployment>) -> Condition {
             c.reason.as_deref().unwrap_or(&c.type_),
             c.message.as_deref().unwrap_or_default(),
         ),
-        None => cond(DEGRADED, false, "AsExpected", "the Deployment reports no failure"),
+        None => cond(
+            DEGRADED,
+            false,
+            "AsExpected",
+            "the Deployment reports no failure",
+        ),
     }
 }
 
@@ -130,7 +165,10 @@ fn keep_transition_time(mc: &Memcached, mut new: Condition, now: &Time) -> Condi
 
 /// The named condition's status, for callers that only need True/False.
 pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
-    status.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// Short description of the object for messages: `Deployment default/cache`.
@@ -160,21 +198,43 @@ mod tests {
         assert_eq!(find(&s, PROGRESSING).reason, "Creating");
         assert_eq!(find(&s, DEGRADED).status, "False");
         assert_eq!(s.observed_generation, Some(1));
-        assert_eq!(s.selector.as_deref(), Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached"));
+        assert_eq!(
+            s.selector.as_deref(),
+            Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached")
+        );
     }
 
     #[test]
     fn available_only_when_size_pods_are_ready() {
         let mc = memcached("cache", 3);
         let partly = deployment_with_status(&mc, 3, 2);
-        let s = desired_status(&mc, &Observed { deployment: Some(&partly), ..Default::default() }, &time(0));
+        let s = desired_status(
+            &mc,
+            &Observed {
+                deployment: Some(&partly),
+                ..Default::default()
+            },
+            &time(0),
+        );
         assert_eq!(find(&s, AVAILABLE).status, "False");
         assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
 
         let full = deployment_with_status(&mc, 3, 3);
-        let pods = vec!["cache-b".to_string(), "cache-a".to_string(), "cache-c".to_string()];
-        let s = desired_status(&mc, &Observed { deployment: Some(&full), pods, ..Default::default() }, &time(0));
+        let pods = vec![
+            "cache-b".to_string(),
+            "cache-a".to_string(),
+            "cache-c".to_string(),
+        ];
+        let s = desired_status(
+            &mc,
+            &Observed {
+                deployment: Some(&full),
+                pods,
+                ..Default::default()
+            },
+            &time(0),
+        );
         assert!(condition_is_true(&s, AVAILABLE));
         assert_eq!(find(&s, PROGRESSING).status, "False");
         assert_eq!(s.nodes, ["cache-a", "cache-b", "cache-c"]);
@@ -185,7 +245,14 @@ mod tests {
     fn scaled_to_zero_is_available() {
         let mc = memcached("cache", 0);
         let d = deployment_with_status(&mc, 0, 0);
-        let s = desired_status(&mc, &Observed { deployment: Some(&d), ..Default::default() }, &time(0));
+        let s = desired_status(
+            &mc,
+            &Observed {
+                deployment: Some(&d),
+                ..Default::default()
+            },
+            &time(0),
+        );
         assert!(condition_is_true(&s, AVAILABLE));
         assert!(s.nodes.is_empty());
     }
@@ -193,10 +260,16 @@ mod tests {
     #[test]
     fn conflict_is_degraded_with_resource_exists() {
         let mc = memcached("cache", 1);
-        let observed = Observed { conflict: Some(conflict_message("Deployment", &mc)), ..Default::default() };
+        let observed = Observed {
+            conflict: Some(conflict_message("Deployment", &mc)),
+            ..Default::default()
+        };
         let s = desired_status(&mc, &observed, &time(0));
         let degraded = find(&s, DEGRADED);
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", RESOURCE_EXISTS));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", RESOURCE_EXISTS)
+        );
         assert!(degraded.message.contains("Deployment default/cache"));
         assert_eq!(find(&s, AVAILABLE).status, "False");
     }
@@ -205,14 +278,22 @@ mod tests {
     fn stuck_rollout_is_degraded() {
         let mc = memcached("cache", 1);
         let mut d = deployment_with_status(&mc, 1, 0);
-        d.status.as_mut().unwrap().conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
-            type_: "ReplicaFailure".into(),
-            status: "True".into(),
-            reason: Some("FailedCreate".into()),
-            message: Some("exceeded quota".into()),
-            ..Default::default()
-        }]);
-        let s = desired_status(&mc, &Observed { deployment: Some(&d), ..Default::default() }, &time(0));
+        d.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+                type_: "ReplicaFailure".into(),
+                status: "True".into(),
+                reason: Some("FailedCreate".into()),
+                message: Some("exceeded quota".into()),
+                ..Default::default()
+            }]);
+        let s = desired_status(
+            &mc,
+            &Observed {
+                deployment: Some(&d),
+                ..Default::default()
+            },
+            &time(0),
+        );
         assert_eq!(find(&s, DEGRADED).reason, "FailedCreate");
         assert_eq!(find(&s, DEGRADED).message, "exceeded quota");
     }
@@ -221,11 +302,17 @@ mod tests {
     fn unchanged_conditions_keep_their_transition_time() {
         let mut mc = memcached("cache", 1);
         let d = deployment_with_status(&mc, 1, 1);
-        let observed = Observed { deployment: Some(&d), ..Default::default() };
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Default::default()
+        };
         let first = desired_status(&mc, &observed, &time(100));
         mc.status = Some(first.clone());
         let again = desired_status(&mc, &observed, &time(200));
-        assert_eq!(first, again, "recomputing an unchanged status must be a no-op");
+        assert_eq!(
+            first, again,
+            "recomputing an unchanged status must be a no-op"
+        );
 
         // A real transition takes the new time; the others keep theirs.
         mc.spec.size = 2;
