@@ -68,9 +68,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Serve /metrics over HTTPS to callers authorised by TokenReview and SubjectAccessReview.
-    #[arg(long, default_value_t = false)]
-    pub metrics_secure: bool,
+    /// How long a shutdown waits for running reconciles before exiting anyway.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub graceful_shutdown_timeout: Duration,
 
     /// Namespaces to watch: empty for all, one name, or a comma-separated list (OLM sets this from
     /// the OperatorGroup's target namespaces).

@@ -377,6 +377,7 @@ pub async fn run(
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
+    health: Arc<crate::health::Health>,
     shutdown: CancellationToken,
 ) {
     metrics.set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
@@ -389,6 +390,7 @@ pub async fn run(
         Scope::All => vec![None],
         Scope::Namespaces(list) => list.iter().cloned().map(Some).collect(),
     };
+    health.controller_starting(namespaces.len());
     let controllers = namespaces.into_iter().map(|ns| {
         let ctx = ContextParts {
             client: client.clone(),
@@ -396,6 +398,7 @@ pub async fn run(
             default_image: settings.default_image.clone(),
             backoff: backoff.clone(),
             metrics: metrics.clone(),
+            health: health.clone(),
         };
         run_scope(
             ctx,
@@ -413,6 +416,7 @@ struct ContextParts {
     default_image: String,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     metrics: Arc<Metrics>,
+    health: Arc<crate::health::Health>,
 }
 
 fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>>(
@@ -486,6 +490,25 @@ async fn run_scope(
         .reflect(pod_writer)
         .touched_objects();
 
+    let (mc_cache, deploy_cache, svc_cache, pod_cache) = (
+        mc_reader.clone(),
+        deployments.clone(),
+        services.clone(),
+        pod_reader.clone(),
+    );
+    let health = parts.health.clone();
+    tokio::spawn(async move {
+        let synced = futures::join!(
+            mc_cache.wait_until_ready(),
+            deploy_cache.wait_until_ready(),
+            svc_cache.wait_until_ready(),
+            pod_cache.wait_until_ready()
+        );
+        if let (Ok(()), Ok(()), Ok(()), Ok(())) = synced {
+            info!("caches synced");
+            health.scope_synced();
+        }
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         deployments,

@@ -1,11 +1,14 @@
 //! memcached-operator: a Kubernetes operator for Memcached.
 
+pub mod admin;
 pub mod api;
 pub mod backoff;
 pub mod config;
 pub mod controller;
 pub mod drift;
 pub mod error;
+pub mod health;
+pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod resources;

@@ -1,16 +1,22 @@
-//! The manager process: wires telemetry, the admin server, leader election and the controller,
-//! and shuts them down in order.
+//! The manager process: wires telemetry, the admin endpoints, leader election and the
+//! controller, and shuts them down in order: stop taking work, drain running reconciles (bounded),
+//! release the lease, exit.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use kube::Client;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
+use crate::admin::{self, Endpoints};
 use crate::config::RunArgs;
 use crate::controller::{self, Settings};
+use crate::health::Health;
+use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
+
+const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 pub fn main(args: RunArgs) -> ExitCode {
     crate::telemetry::init(args.log_format);
@@ -24,7 +30,10 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(args))
+    let code = runtime.block_on(run(args));
+    // Reconciles still running after a lost lease are abandoned here, not awaited.
+    runtime.shutdown_background();
+    code
 }
 
 async fn run(args: RunArgs) -> ExitCode {
@@ -35,18 +44,131 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let identity = crate::shutdown::identity(args.identity.as_deref());
     let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
     let shutdown = CancellationToken::new();
     tokio::spawn(crate::shutdown::on_signal(shutdown.clone()));
+
+    // Endpoints outlive the controller so /metrics and probes answer during the drain.
+    let endpoints_stop = CancellationToken::new();
+    let state = Arc::new(admin::State {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        client: client.clone(),
+    });
+    for (addr, endpoints) in [
+        (args.metrics_bind_address.0, Endpoints::Metrics),
+        (args.health_probe_bind_address.0, Endpoints::Health),
+    ] {
+        let Some(addr) = addr else { continue };
+        if let Err(e) = admin::bind(addr, endpoints, state.clone(), endpoints_stop.clone()).await {
+            error!(%addr, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    }
 
     let settings = Settings {
         scope: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         default_image: args.memcached_image.clone(),
-        instance: crate::shutdown::identity(args.identity.as_deref()),
+        instance: identity.clone(),
     };
-    info!(scope = ?settings.scope, image = %settings.default_image, "starting controller");
-    controller::run(client, settings, metrics, shutdown).await;
+    let code = if args.leader_elect {
+        let Some(namespace) = args
+            .leader_election_namespace
+            .clone()
+            .or_else(in_cluster_namespace)
+        else {
+            error!(
+                "--leader-elect needs --leader-election-namespace (or POD_NAMESPACE) when run outside a cluster"
+            );
+            return ExitCode::from(2);
+        };
+        let config = LeaseConfig {
+            name: args.leader_election_id.clone(),
+            namespace,
+            identity,
+            lease_duration: args.leader_election_lease_duration,
+            renew_deadline: args.leader_election_renew_deadline,
+            retry_period: args.leader_election_retry_period,
+        };
+        run_as_leader(client, config, settings, metrics, health, shutdown, &args).await
+    } else {
+        let controller = controller::run(client, settings, metrics, health, shutdown.clone());
+        drain(controller, &shutdown, &args).await;
+        ExitCode::SUCCESS
+    };
+    endpoints_stop.cancel();
     info!("stopped");
-    ExitCode::SUCCESS
+    code
+}
+
+async fn run_as_leader(
+    client: Client,
+    config: LeaseConfig,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    args: &RunArgs,
+) -> ExitCode {
+    let lease = config.name.clone();
+    metrics.set_leader(&lease, false);
+    let mut elector = LeaderElector::new(client.clone(), config);
+    if !elector.acquire(&shutdown).await {
+        return ExitCode::SUCCESS;
+    }
+    metrics.set_leader(&lease, true);
+    health.set_leading(true);
+
+    let stop_controller = CancellationToken::new();
+    let controller = controller::run(
+        client,
+        settings,
+        metrics.clone(),
+        health,
+        stop_controller.clone(),
+    );
+    tokio::pin!(controller);
+    let outcome = tokio::select! {
+        held = elector.hold(&shutdown) => held,
+        _ = &mut controller => Ok(()),
+    };
+    metrics.set_leader(&lease, false);
+    match outcome {
+        Ok(()) => {
+            stop_controller.cancel();
+            drain(controller, &stop_controller, args).await;
+            elector.release().await;
+            ExitCode::SUCCESS
+        }
+        Err(lost) => {
+            // Another process may lead now: stop acting at once, and let the restart make us a follower.
+            error!(error = %lost, "lost leadership; exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits for the controller to finish after `stop`, for at most the graceful shutdown timeout.
+async fn drain(controller: impl Future<Output = ()>, stop: &CancellationToken, args: &RunArgs) {
+    tokio::pin!(controller);
+    tokio::select! {
+        _ = &mut controller => return,
+        _ = stop.cancelled() => {}
+    }
+    if tokio::time::timeout(args.graceful_shutdown_timeout, controller)
+        .await
+        .is_err()
+    {
+        warn!(timeout = ?args.graceful_shutdown_timeout, "reconciles still running at shutdown timeout");
+    }
+}
+
+fn in_cluster_namespace() -> Option<String> {
+    std::fs::read_to_string(IN_CLUSTER_NAMESPACE)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }

@@ -1,0 +1,96 @@
+//! Liveness and readiness state behind /healthz and /readyz.
+//!
+//! Readiness never waits for leadership: with a single replica, a rolling update would deadlock
+//! if the new pod had to lead before it counted as ready while the old one held the lease.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kube::Client;
+
+#[derive(Default)]
+pub struct Health {
+    leading: AtomicBool,
+    /// Watch scopes whose caches have not synced yet (set when the controller starts).
+    scopes_pending: AtomicUsize,
+    controller_started: AtomicBool,
+}
+
+/// Why /readyz answers 503.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotReady {
+    ApiUnreachable(String),
+    CachesNotSynced,
+}
+
+impl Health {
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::SeqCst);
+    }
+
+    pub fn controller_starting(&self, scopes: usize) {
+        self.scopes_pending.store(scopes, Ordering::SeqCst);
+        self.controller_started.store(true, Ordering::SeqCst);
+    }
+
+    pub fn scope_synced(&self) {
+        let _ = self
+            .scopes_pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// Readiness given whether the API server answered: a follower only needs the API server;
+    /// the leader also needs its caches synced, so it does not act on a partial view.
+    pub fn readiness(&self, api: Result<(), String>) -> Result<(), NotReady> {
+        api.map_err(NotReady::ApiUnreachable)?;
+        let reconciling =
+            self.leading.load(Ordering::SeqCst) || self.controller_started.load(Ordering::SeqCst);
+        if reconciling && self.scopes_pending.load(Ordering::SeqCst) > 0 {
+            return Err(NotReady::CachesNotSynced);
+        }
+        Ok(())
+    }
+
+    pub async fn check(&self, client: &Client) -> Result<(), NotReady> {
+        let api =
+            match tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer within 2s".to_string()),
+            };
+        self.readiness(api)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follower_is_ready_when_the_api_answers() {
+        let h = Health::default();
+        assert_eq!(h.readiness(Ok(())), Ok(()));
+        assert!(matches!(
+            h.readiness(Err("refused".into())),
+            Err(NotReady::ApiUnreachable(_))
+        ));
+    }
+
+    #[test]
+    fn reconciling_process_is_ready_once_every_scope_synced() {
+        let h = Health::default();
+        h.set_leading(true);
+        h.controller_starting(2);
+        assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
+        h.scope_synced();
+        assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
+        h.scope_synced();
+        assert_eq!(h.readiness(Ok(())), Ok(()));
+        h.scope_synced();
+        assert_eq!(
+            h.readiness(Ok(())),
+            Ok(()),
+            "extra sync signals do not wrap around"
+        );
+    }
+}
