@@ -254,14 +254,10 @@ fn change_note<K: Resource + Serialize>(
             .and_then(|v| v["spec"]["replicas"].as_i64())
     };
     match (replicas(before), replicas(after)) {
-        (Some(old), Some(new))
-            if old != new && new == i64::from(mc.spec.size) && mc_size_changed(mc, old) =>
-        {
-            (
-                "Scaled",
-                format!("Scaled {kind} {name} from {old} to {new} replicas"),
-            )
-        }
+        (Some(old), Some(new)) if old != new && spec_changed(mc) => (
+            "Scaled",
+            format!("Scaled {kind} {name} from {old} to {new} replicas"),
+        ),
         (Some(old), Some(new)) if old != new => (
             "DriftRestored",
             format!("Restored {kind} {name} to {new} replicas (was changed to {old})"),
@@ -273,12 +269,10 @@ fn change_note<K: Resource + Serialize>(
     }
 }
 
-/// Whether `old` replicas is what the Memcached last asked for, so a difference means the user
-/// changed `spec.size` rather than someone scaling the Deployment behind our back.
-fn mc_size_changed(mc: &Memcached, old: i64) -> bool {
-    mc.status
-        .as_ref()
-        .is_none_or(|s| i64::from(s.replicas) == old)
+/// Whether the spec changed since the last status was written: then a replica difference is the
+/// user's new size, not someone scaling the Deployment behind our back.
+fn spec_changed(mc: &Memcached) -> bool {
+    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
 }
 
 /// Names of the Memcached's pods, from the metadata-only pod cache.

@@ -1,0 +1,585 @@
+//! End-to-end tests on the local control plane (`make test-e2e`): real API server, admission,
+//! RBAC, garbage collector, scheduler and kwok nodes; the operator runs as its own ServiceAccount.
+
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{Operator, OperatorOptions, Rbac, admin, apply, kubectl, namespace, wait_for};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::{Memcached, MemcachedSpec};
+
+const CONVERGE: Duration = Duration::from_secs(60);
+
+fn memcached(name: &str, size: i32) -> Memcached {
+    let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({ "size": size })).unwrap();
+    Memcached::new(name, spec)
+}
+
+async fn create(client: &Client, ns: &str, mc: &Memcached) -> Memcached {
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), mc)
+        .await
+        .expect("create Memcached")
+}
+
+async fn set_size(client: &Client, ns: &str, name: &str, size: i32) {
+    let patch = serde_json::json!({"spec": {"size": size}});
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("patch size");
+}
+
+fn condition(mc: &Memcached, type_: &str) -> Option<(String, String)> {
+    mc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits until the Memcached reports `size` ready pods, Available=True, for the current
+/// generation, and its status.nodes are exactly the Running pods. Returns the pod names.
+async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) -> Vec<String> {
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("app.kubernetes.io/instance={name}");
+    wait_for(
+        &format!("{ns}/{name} converged at size {size}"),
+        CONVERGE,
+        || async {
+            let mc = mcs.get(name).await.ok()?;
+            let status = mc.status.as_ref()?;
+            let available = condition(&mc, "Available")? == ("True".into(), "AllPodsReady".into());
+            if !available
+                || status.ready_replicas != size
+                || status.observed_generation != mc.metadata.generation
+            {
+                return None;
+            }
+            let mut running: Vec<String> = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .map(|p| p.name_any())
+                .collect();
+            running.sort();
+            (status.nodes == running && running.len() == size as usize).then_some(running)
+        },
+    )
+    .await
+}
+
+async fn deployment_replicas(client: &Client, ns: &str, name: &str) -> Option<i32> {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??
+        .spec?
+        .replicas
+}
+
+async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+#[tokio::test]
+async fn memcached_is_created_scaled_and_reported() {
+    let client = admin().await;
+    let ns = namespace(&client, "lifecycle").await;
+    let op = Operator::start(&client, OperatorOptions::default()).await;
+
+    create(&client, &ns, &memcached("cache", 3)).await;
+    let pods = wait_converged(&client, &ns, "cache", 3).await;
+    assert!(pods.iter().all(|p| p.starts_with("cache-")), "{pods:?}");
+
+    // Owned Deployment and headless Service, with the restricted security profile.
+    let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.uid.as_str(), owner.controller),
+        (mc.uid().unwrap().as_str(), Some(true))
+    );
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    let pod_spec = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod_spec
+            .security_context
+            .unwrap()
+            .seccomp_profile
+            .unwrap()
+            .type_,
+        "RuntimeDefault"
+    );
+    let svc = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    assert!(svc.metadata.owner_references.unwrap()[0].controller == Some(true));
+
+    // What a user types.
+    let (ok, out) = kubectl(&[
+        "wait",
+        "-n",
+        &ns,
+        "--for=condition=Available",
+        "memcached/cache",
+        "--timeout=30s",
+    ])
+    .await;
+    assert!(ok, "kubectl wait: {out}");
+    let (ok, out) = kubectl(&["get", "mc", "-n", &ns]).await;
+    assert!(
+        ok && out.contains("SIZE") && out.contains("READY") && out.contains("AVAILABLE"),
+        "{out}"
+    );
+
+    for size in [5, 1, 0] {
+        set_size(&client, &ns, "cache", size).await;
+        wait_converged(&client, &ns, "cache", size).await;
+        assert_eq!(deployment_replicas(&client, &ns, "cache").await, Some(size));
+    }
+
+    // The scale subresource: kubectl scale and autoscalers.
+    let (ok, out) = kubectl(&["scale", "-n", &ns, "memcached/cache", "--replicas=2"]).await;
+    assert!(ok, "kubectl scale: {out}");
+    wait_converged(&client, &ns, "cache", 2).await;
+    let (ok, out) = kubectl(&[
+        "get",
+        "--raw",
+        &format!("/apis/cache.example.com/v1alpha1/namespaces/{ns}/memcacheds/cache/scale"),
+    ])
+    .await;
+    assert!(ok, "{out}");
+    let scale: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(scale["status"]["replicas"], 2);
+    assert_eq!(
+        scale["status"]["selector"],
+        "app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached"
+    );
+
+    // Events on real changes.
+    let reasons: Vec<String> = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "Created"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "Scaled"), "{reasons:?}");
+
+    // Endpoints.
+    assert_eq!(op.get_health("/healthz").await, Some(200));
+    assert_eq!(op.get_health("/readyz").await, Some(200));
+    assert!(op.reconciles().await >= 5.0, "{}", op.metrics().await);
+    assert!(
+        op.metrics()
+            .await
+            .contains("controller_runtime_reconcile_time_seconds_bucket")
+    );
+}
+
+#[tokio::test]
+async fn converged_memcached_makes_no_writes() {
+    let client = admin().await;
+    let ns = namespace(&client, "noop").await;
+    let op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &memcached("quiet", 2)).await;
+    wait_converged(&client, &ns, "quiet", 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("quiet")
+        .await
+        .unwrap();
+    let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .get("quiet")
+        .await
+        .unwrap();
+    let before = op.reconciles().await;
+
+    // Touching a pod's labels triggers a reconcile; with nothing to change it must write nothing.
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=quiet"))
+        .await
+        .unwrap()
+        .items[0]
+        .name_any();
+    let patch = serde_json::json!({"metadata": {"labels": {"touched": "yes"}}});
+    pods.patch(
+        &pod,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "a reconcile after the pod change",
+        Duration::from_secs(20),
+        || async { (op.reconciles().await > before).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let d2 = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("quiet")
+        .await
+        .unwrap();
+    let mc2 = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .get("quiet")
+        .await
+        .unwrap();
+    assert_eq!(
+        d.resource_version(),
+        d2.resource_version(),
+        "Deployment was written by a no-op reconcile"
+    );
+    assert_eq!(
+        mc.resource_version(),
+        mc2.resource_version(),
+        "status was written by a no-op reconcile"
+    );
+}
+
+#[tokio::test]
+async fn drift_is_put_back() {
+    let client = admin().await;
+    let ns = namespace(&client, "drift").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &memcached("cache", 2)).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+
+    let (ok, out) = kubectl(&["scale", "-n", &ns, "deployment/cache", "--replicas=4"]).await;
+    assert!(ok, "{out}");
+    wait_for(
+        "replicas restored to 2",
+        Duration::from_secs(20),
+        || async { (deployment_replicas(&client, &ns, "cache").await == Some(2)).then_some(()) },
+    )
+    .await;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let old_uid = deployments.get("cache").await.unwrap().uid();
+    deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("Deployment recreated", Duration::from_secs(20), || async {
+        let d = deployments.get_opt("cache").await.ok()??;
+        (d.uid() != old_uid && d.metadata.deletion_timestamp.is_none()).then_some(())
+    })
+    .await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    let reasons: Vec<String> = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "DriftRestored"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn foreign_deployment_is_left_alone() {
+    let client = admin().await;
+    let ns = namespace(&client, "foreign").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+
+    let foreign: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "cache", "namespace": ns, "labels": {"team": "other"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "theirs"}},
+                 "template": {"metadata": {"labels": {"app": "theirs"}},
+                              "spec": {"containers": [{"name": "c", "image": "theirs:1"}]}}}
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let before = apply(&deployments, &foreign).await;
+
+    create(&client, &ns, &memcached("cache", 3)).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "Degraded=True ResourceExists",
+        Duration::from_secs(30),
+        || async {
+            let mc = mcs.get("cache").await.ok()?;
+            (condition(&mc, "Degraded")? == ("True".into(), "ResourceExists".into())).then_some(())
+        },
+    )
+    .await;
+    let warning = wait_for("a Warning event", Duration::from_secs(10), || async {
+        events_for(&client, &ns, "cache")
+            .await
+            .into_iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("ResourceExists")
+            })
+    })
+    .await;
+    assert!(
+        warning.note.unwrap().contains("Deployment"),
+        "the event names what is in the way"
+    );
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = deployments.get("cache").await.unwrap();
+    assert_eq!(
+        before.resource_version(),
+        after.resource_version(),
+        "foreign Deployment was modified"
+    );
+    assert!(after.metadata.owner_references.is_none());
+    assert!(
+        Api::<Service>::namespaced(client.clone(), &ns)
+            .get_opt("cache")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing else is created"
+    );
+
+    // Once the obstacle is gone the Memcached converges.
+    deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_converged(&client, &ns, "cache", 3).await;
+}
+
+#[tokio::test]
+async fn deleting_a_memcached_garbage_collects_what_it_owns() {
+    let client = admin().await;
+    let ns = namespace(&client, "gc").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &memcached("cache", 2)).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "Deployment, Service and pods garbage-collected",
+        Duration::from_secs(60),
+        || async {
+            let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+                .get_opt("cache")
+                .await
+                .ok()?;
+            let s = Api::<Service>::namespaced(client.clone(), &ns)
+                .get_opt("cache")
+                .await
+                .ok()?;
+            let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+                .await
+                .ok()?;
+            (d.is_none() && s.is_none() && pods.items.is_empty()).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn invalid_memcacheds_are_refused_naming_the_field() {
+    let client = admin().await;
+    let ns = namespace(&client, "invalid").await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let raw: Api<kube::core::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::discovery::ApiResource::erase::<Memcached>(&()),
+    );
+    let cases = [
+        (serde_json::json!({"size": -1}), "spec.size"),
+        (serde_json::json!({"size": 1001}), "spec.size"),
+        (serde_json::json!({"size": "three"}), "spec.size"),
+        (serde_json::json!({}), "spec.size"),
+        (
+            serde_json::json!({"size": 1, "containerPort": 70000}),
+            "spec.containerPort",
+        ),
+        (
+            serde_json::json!({"size": 1, "maxMemoryMiB": 128, "resources": {"limits": {"memory": "64Mi"}}}),
+            "spec.resources.limits.memory",
+        ),
+    ];
+    for (i, (spec, field)) in cases.into_iter().enumerate() {
+        let obj: kube::core::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": format!("bad-{i}")}, "spec": spec,
+        }))
+        .unwrap();
+        let err = raw
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect_err(&format!("{spec} must be refused"));
+        let kube::Error::Api(status) = err else {
+            panic!("{err}")
+        };
+        assert_eq!(status.code, 422, "{status:?}");
+        assert!(
+            status.message.contains(field),
+            "message for {spec} does not name {field}: {}",
+            status.message
+        );
+    }
+    assert!(
+        mcs.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nothing was stored"
+    );
+
+    let (ok, out) = kubectl(&["explain", "memcached.spec.size"]).await;
+    assert!(ok && out.contains("Number of memcached pods"), "{out}");
+}
+
+#[tokio::test]
+async fn watch_namespace_limits_the_operator_to_its_namespaces() {
+    let client = admin().await;
+    let watched = namespace(&client, "watched").await;
+    let other = namespace(&client, "ignored").await;
+    // Namespaced RBAC only, as OLM grants for OwnNamespace/SingleNamespace installs.
+    let options = OperatorOptions {
+        rbac: Rbac::Namespaces(vec![watched.clone()]),
+        watch_namespace: Some(watched.clone()),
+        ..Default::default()
+    };
+    let op = Operator::start(&client, options).await;
+    create(&client, &other, &memcached("cache", 1)).await;
+    create(&client, &watched, &memcached("cache", 1)).await;
+    wait_converged(&client, &watched, "cache", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        deployment_replicas(&client, &other, "cache").await,
+        None,
+        "a Memcached outside WATCH_NAMESPACE was reconciled"
+    );
+    assert_eq!(op.get_health("/readyz").await, Some(200));
+    let log = op.log_text();
+    assert!(
+        !log.contains("forbidden"),
+        "namespaced RBAC was not enough:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn one_leader_reconciles_and_hands_over() {
+    let client = admin().await;
+    let ns = namespace(&client, "leader").await;
+    let lease = format!("lock-{ns}");
+    let options = OperatorOptions {
+        leader_elect: true,
+        lease: lease.clone(),
+        ..Default::default()
+    };
+    let mut first = Operator::start(&client, options).await;
+    let options = OperatorOptions {
+        leader_elect: true,
+        lease: lease.clone(),
+        ..Default::default()
+    };
+    let second = Operator::replica(&first, &options).await;
+
+    wait_for("a leader", Duration::from_secs(20), || async {
+        first.is_leader(&lease).await.then_some(())
+    })
+    .await;
+    create(&client, &ns, &memcached("a", 1)).await;
+    wait_converged(&client, &ns, "a", 1).await;
+    assert!(!second.is_leader(&lease).await);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), harness::OPERATOR_NAMESPACE);
+    let holder = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some(first.identity.as_str()));
+    assert_eq!(second.reconciles().await, 0.0, "the follower reconciled");
+    assert_eq!(
+        second.get_health("/readyz").await,
+        Some(200),
+        "followers are ready"
+    );
+    assert_eq!(first.get_health("/readyz").await, Some(200));
+
+    // SIGKILL: the lease must expire before the follower takes over.
+    let killed = Instant::now();
+    first.signal("KILL");
+    first.wait().await;
+    create(&client, &ns, &memcached("b", 1)).await;
+    wait_for(
+        "the follower to take over",
+        Duration::from_secs(40),
+        || async { second.is_leader(&lease).await.then_some(()) },
+    )
+    .await;
+    wait_converged(&client, &ns, "b", 1).await;
+    let kill_gap = killed.elapsed();
+
+    // SIGTERM: the leader drains, releases the lease, and a follower takes over at once.
+    let options = OperatorOptions {
+        leader_elect: true,
+        lease: lease.clone(),
+        ..Default::default()
+    };
+    let third = Operator::replica(&second, &options).await;
+    let mut second = second;
+    let termed = Instant::now();
+    second.signal("TERM");
+    wait_for(
+        "the third process to lead",
+        Duration::from_secs(20),
+        || async { third.is_leader(&lease).await.then_some(()) },
+    )
+    .await;
+    let term_gap = termed.elapsed();
+    assert_eq!(second.wait().await, Some(0), "a graceful shutdown exits 0");
+    create(&client, &ns, &memcached("c", 1)).await;
+    wait_converged(&client, &ns, "c", 1).await;
+
+    println!(
+        "leader handover: SIGKILL -> new leader reconciled in {kill_gap:?}; SIGTERM -> new leader in {term_gap:?}"
+    );
+    // Without expiry (15 s lease) no takeover can happen earlier; with release, no wait for it.
+    assert!(
+        kill_gap >= Duration::from_secs(10),
+        "took over before the lease could expire: {kill_gap:?}"
+    );
+    assert!(
+        term_gap < Duration::from_secs(5),
+        "release on SIGTERM did not hand over promptly: {term_gap:?}"
+    );
+}
