@@ -530,10 +530,14 @@ async fn run_scope(
                 let span = info_span!(
                     "reconcile",
                     namespace = field::Empty,
-                    memcached = field::Empty
+                    memcached = field::Empty,
+                    trace_id = field::Empty
                 );
                 span.record("namespace", mc.namespace().unwrap_or_default());
                 span.record("memcached", mc.name_any());
+                if let Some(id) = span.in_scope(crate::telemetry::current_trace_id) {
+                    span.record("trace_id", id);
+                }
                 reconcile(mc, ctx).instrument(span)
             },
             error_policy,

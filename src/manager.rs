@@ -19,7 +19,10 @@ use crate::metrics::Metrics;
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 pub fn main(args: RunArgs) -> ExitCode {
-    crate::telemetry::init(args.log_format);
+    let telemetry = crate::telemetry::init(args.log_format);
+    if telemetry.exporting() {
+        info!("exporting traces over OTLP");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -33,6 +36,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     let code = runtime.block_on(run(args));
     // Reconciles still running after a lost lease are abandoned here, not awaited.
     runtime.shutdown_background();
+    drop(telemetry);
     code
 }
 

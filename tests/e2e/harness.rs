@@ -128,6 +128,7 @@ pub struct OperatorOptions {
     /// Lease name shared by the processes that compete for it.
     pub lease: String,
     pub extra_args: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for OperatorOptions {
@@ -138,6 +139,7 @@ impl Default for OperatorOptions {
             leader_elect: false,
             lease: "unused".into(),
             extra_args: vec![],
+            env: vec![],
         }
     }
 }
@@ -336,6 +338,7 @@ impl Operator {
             .args(&options.extra_args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,memcached_operator=debug")
+            .envs(options.env.iter().cloned())
             .env_remove("WATCH_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .stdin(Stdio::null())

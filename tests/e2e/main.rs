@@ -583,3 +583,96 @@ async fn one_leader_reconciles_and_hands_over() {
         "release on SIGTERM did not hand over promptly: {term_gap:?}"
     );
 }
+
+/// Accepts OTLP/HTTP export requests and reports the path and content type of each.
+async fn fake_otlp_collector() -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 20];
+                let mut len = 0;
+                // Read the head, then the body by Content-Length.
+                let (head, body_len) = loop {
+                    let n = stream.read(&mut buf[len..]).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    len += n;
+                    let text = String::from_utf8_lossy(&buf[..len]).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let head = text[..end].to_lowercase();
+                        let cl = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0usize);
+                        break (head.clone(), end + 4 + cl);
+                    }
+                };
+                while len < body_len {
+                    let n = stream.read(&mut buf[len..]).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    len += n;
+                }
+                let path = head
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_string();
+                let content_type = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-type:"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                let _ = tx.send((path, content_type));
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    (port, rx)
+}
+
+#[tokio::test]
+async fn reconcile_traces_are_exported_over_otlp() {
+    let client = admin().await;
+    let ns = namespace(&client, "otlp").await;
+    let (port, mut exports) = fake_otlp_collector().await;
+    let options = OperatorOptions {
+        watch_namespace: Some(ns.clone()),
+        env: vec![
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                format!("http://127.0.0.1:{port}"),
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "500".into()),
+        ],
+        ..Default::default()
+    };
+    let op = Operator::start(&client, options).await;
+    create(&client, &ns, &memcached("traced", 1)).await;
+    wait_converged(&client, &ns, "traced", 1).await;
+    let (path, content_type) = tokio::time::timeout(Duration::from_secs(30), exports.recv())
+        .await
+        .expect("no OTLP export within 30s")
+        .unwrap();
+    assert_eq!(
+        (path.as_str(), content_type.as_str()),
+        ("/v1/traces", "application/x-protobuf")
+    );
+    let log = op.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("reconcile{") && l.contains("trace_id=")),
+        "no trace id in logs:\n{log}"
+    );
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs the operator on the embedded local control plane in DIR (started by `make cluster-up`):
+# installs the CRD and RBAC from config/default, then runs the release binary in the foreground
+# as its own ServiceAccount, exactly as it would run in a cluster.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${1:?usage: hack/run-local.sh CLUSTER_DIR}"
+NS=memcached-operator-system
+SA=memcached-operator-controller-manager
+
+# shellcheck disable=SC1091
+source "${DIR}/env"
+export KUBECONFIG
+
+# config/local is config/default without the operator's Deployment: the operator runs here, as a
+# process, instead of as a pod (kwok's nodes run no containers).
+kubectl apply --server-side --field-manager=run-local -k "${ROOT}/config/local" >/dev/null
+kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --timeout=60s >/dev/null
+
+token="$(kubectl -n "${NS}" create token "${SA}" --duration=24h)"
+server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
+ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+operator_kubeconfig="${DIR}/operator.kubeconfig"
+cat >"${operator_kubeconfig}" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "${server}", certificate-authority-data: "${ca}"}
+users:
+- name: ${SA}
+  user: {token: "${token}"}
+contexts:
+- name: operator
+  context: {cluster: local, user: ${SA}, namespace: ${NS}}
+current-context: operator
+YAML
+chmod 600 "${operator_kubeconfig}"
+
+cat <<MSG
+
+  The local control plane is up, with the CRD and RBAC installed. In another terminal:
+
+    export KUBECONFIG=${DIR}/kubeconfig
+    kubectl apply -k config/samples
+    kubectl get memcached,deployments,pods -o wide
+    kubectl wait --for=condition=Available memcached/memcached-sample
+
+  Metrics: curl -s 127.0.0.1:8080/metrics   Health: curl -s 127.0.0.1:8081/readyz
+  Stop the operator with Ctrl-C; stop the control plane with: make cluster-down
+
+MSG
+KUBECONFIG="${operator_kubeconfig}" POD_NAMESPACE="${NS}" exec "${ROOT}/target/release/memcached-operator" \
+	--metrics-bind-address=127.0.0.1:8080 --health-probe-bind-address=127.0.0.1:8081 --leader-elect
