@@ -59,10 +59,6 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[x_kube(validation = Rule::new(
-    "!has(self.resources) || !has(self.resources.limits) || !('memory' in self.resources.limits) || \
-     quantity(string(self.resources.limits.memory)).isGreaterThan(quantity(string(self.maxMemoryMiB) + 'Mi'))"
-).message("resources.limits.memory must be greater than maxMemoryMiB, or memcached is OOM-killed once its cache fills").field_path(".resources.limits.memory"))]
 #[serde(rename_all = "camelCase")]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the cluster down without deleting it.
@@ -85,10 +81,43 @@ pub struct MemcachedSpec {
     #[schemars(range(min = 1, max = 65536))]
     pub max_memory_mib: i32,
 
-    /// Compute resources for the memcached container. When memory limits are set they must exceed
-    /// maxMemoryMiB, leaving room for connection buffers.
+    /// Compute resources for the memcached container. A memory limit must exceed maxMemoryMiB,
+    /// leaving room for connection buffers; otherwise the Memcached is Degraded (InvalidSpec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = bounded_resources)]
     pub resources: Option<ResourceRequirements>,
+}
+
+/// Bounds the sizes in the `resources` schema, so CEL rules over it stay within the API server's
+/// cost budget and huge objects are refused early; real quantities are short and real maps small.
+fn bounded_resources(schema: &mut schemars::Schema) {
+    for map in ["limits", "requests"] {
+        if let Some(m) = schema
+            .get_mut("properties")
+            .and_then(|p| p.get_mut(map))
+            .and_then(|m| m.as_object_mut())
+        {
+            m.insert("maxProperties".into(), 16.into());
+            if let Some(q) = m
+                .get_mut("additionalProperties")
+                .and_then(|q| q.as_object_mut())
+            {
+                q.insert("maxLength".into(), 64.into());
+                q.insert(
+                    "description".into(),
+                    "A quantity such as 500m, 2, 128Mi or 1Gi (see the Kubernetes Quantity type)."
+                        .into(),
+                );
+            }
+        }
+    }
+    if let Some(claims) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("claims"))
+        .and_then(|c| c.as_object_mut())
+    {
+        claims.insert("maxItems".into(), 16.into());
+    }
 }
 
 fn default_container_port() -> i32 {

@@ -26,7 +26,8 @@ use crate::drift::needs_apply;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME, is_controlled_by};
-use crate::status::{self, Observed};
+use crate::status::{self, Blocked, Observed};
+use crate::validation::{self, INVALID_SPEC};
 
 /// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
 /// look again this often.
@@ -96,22 +97,34 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
 
     // Objects of our name that this Memcached does not control are left untouched, and nothing
-    // else is written for it until they are gone.
+    // else is written for it until they are gone. Nor is a spec that cannot work applied: the
+    // pods running now keep serving.
     let existing_deployment = lookup(&deployments, &ctx.deployments, mc).await?;
     let existing_service = lookup(&services, &ctx.services, mc).await?;
-    let conflict = [
+    let owned = [
         (
             "Deployment",
             existing_deployment.as_ref().map(|d| &d.metadata),
         ),
         ("Service", existing_service.as_ref().map(|s| &s.metadata)),
-    ]
-    .into_iter()
-    .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)))
-    .map(|(kind, _)| status::conflict_message(kind, mc));
+    ];
+    let blocked = owned
+        .into_iter()
+        .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)))
+        .map(|(kind, _)| Blocked {
+            reason: status::RESOURCE_EXISTS,
+            message: status::conflict_message(kind, mc),
+        })
+        .or_else(|| {
+            validation::validate(&mc.spec).err().map(|message| Blocked {
+                reason: INVALID_SPEC,
+                message,
+            })
+        });
 
-    let deployment = match &conflict {
-        Some(_) => None,
+    let deployment = match &blocked {
+        Some(b) if b.reason == status::RESOURCE_EXISTS => None,
+        Some(_) => existing_deployment,
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
             let desired = resources::deployment(mc, &ctx.default_image);
@@ -126,36 +139,41 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     let observed = Observed {
         deployment: deployment.as_deref(),
         pods: pod_names(&ctx.pods, mc),
-        conflict: conflict.clone(),
+        blocked: blocked.clone(),
     };
     let new_status =
         status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
-    let was_degraded_by_conflict = mc.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| {
-            c.type_ == status::DEGRADED && c.reason == status::RESOURCE_EXISTS && c.status == "True"
-        })
-    });
     if mc.status.as_ref() != Some(&new_status) {
         patch_status(ctx, mc, &new_status).await?;
     }
-    match conflict {
-        Some(message) => {
-            if !was_degraded_by_conflict {
-                publish(
-                    ctx,
-                    mc,
-                    None,
-                    EventType::Warning,
-                    status::RESOURCE_EXISTS,
-                    "Reconcile",
-                    message,
-                )
-                .await;
-            }
-            Ok(Action::requeue(CONFLICT_RECHECK))
-        }
-        None => Ok(Action::await_change()),
+    let Some(Blocked { reason, message }) = blocked else {
+        return Ok(Action::await_change());
+    };
+    // Warn once per cause, not on every recheck.
+    let already_warned = mc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == status::DEGRADED && c.status == "True" && c.reason == reason)
+    });
+    if !already_warned {
+        publish(
+            ctx,
+            mc,
+            None,
+            EventType::Warning,
+            reason,
+            "Reconcile",
+            message,
+        )
+        .await;
     }
+    Ok(if reason == status::RESOURCE_EXISTS {
+        // We cannot watch what is not ours, so look again later.
+        Action::requeue(CONFLICT_RECHECK)
+    } else {
+        // A spec change triggers the next reconcile.
+        Action::await_change()
+    })
 }
 
 /// Failed reconciles retry with per-object exponential backoff.
@@ -384,7 +402,7 @@ pub async fn run(
         Scope::All => vec![None],
         Scope::Namespaces(list) => list.iter().cloned().map(Some).collect(),
     };
-    health.controller_starting(namespaces.len());
+    health.expect_caches(namespaces.len() * CACHES_PER_SCOPE);
     let controllers = namespaces.into_iter().map(|ns| {
         let ctx = ContextParts {
             client: client.clone(),
@@ -423,9 +441,30 @@ fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceSco
     }
 }
 
+/// Caches each scope fills from a watch: Memcacheds, Deployments, Services, Pods.
+const CACHES_PER_SCOPE: usize = 4;
+
+/// Reports a watch's first complete list to the readiness state.
+///
+/// Not `Store::wait_until_ready`: in kube 5 it is one shared oneshot receiver that keeps only the
+/// last waiter's waker, and the controller already waits on the Memcached store, so a second
+/// waiter can leave one of the two asleep for good.
+fn synced_once<K>(
+    health: Arc<crate::health::Health>,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+    let mut seen = false;
+    move |event| {
+        if !seen && matches!(event, Ok(watcher::Event::InitDone)) {
+            seen = true;
+            health.cache_synced();
+        }
+    }
+}
+
 /// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
 fn owned_stream<K>(
     api: Api<K>,
+    health: &Arc<crate::health::Health>,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -439,6 +478,7 @@ where
         .any_semantic();
     let stream = watcher(api, config)
         .default_backoff()
+        .inspect(synced_once(health.clone()))
         .reflect(writer)
         .applied_objects();
     (reader, stream)
@@ -465,44 +505,28 @@ async fn run_scope(
     };
     let invalid = parts.metrics.invalid_objects.clone();
     let (mc_reader, mc_writer) = reflector::store::<Memcached>();
+    let health = &parts.health;
     let memcacheds = watcher(raw, watcher::Config::default().any_semantic())
         .default_backoff()
+        .inspect(synced_once(health.clone()))
         .filter_map(move |event| future::ready(event.map(|e| parse_event(e, &invalid)).transpose()))
         .reflect(mc_writer)
         .applied_objects()
         // Status writes do not change the generation, so the controller does not wake itself.
         .predicate_filter(predicates::generation, Default::default());
 
-    let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns));
-    let (services, service_events) = owned_stream::<Service>(api_in(client, ns));
+    let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns), health);
+    let (services, service_events) = owned_stream::<Service>(api_in(client, ns), health);
     let (pod_reader, pod_writer) = reflector::store();
     let pod_config = watcher::Config::default()
         .labels(&resources::managed_by_selector())
         .any_semantic();
     let pod_events = watcher(api_in::<PartialObjectMeta<Pod>>(client, ns), pod_config)
         .default_backoff()
+        .inspect(synced_once(health.clone()))
         .reflect(pod_writer)
         .touched_objects();
 
-    let (mc_cache, deploy_cache, svc_cache, pod_cache) = (
-        mc_reader.clone(),
-        deployments.clone(),
-        services.clone(),
-        pod_reader.clone(),
-    );
-    let health = parts.health.clone();
-    tokio::spawn(async move {
-        let synced = futures::join!(
-            mc_cache.wait_until_ready(),
-            deploy_cache.wait_until_ready(),
-            svc_cache.wait_until_ready(),
-            pod_cache.wait_until_ready()
-        );
-        if let (Ok(()), Ok(()), Ok(()), Ok(())) = synced {
-            info!("caches synced");
-            health.scope_synced();
-        }
-    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         deployments,

@@ -11,8 +11,8 @@ use kube::Client;
 #[derive(Default)]
 pub struct Health {
     leading: AtomicBool,
-    /// Watch scopes whose caches have not synced yet (set when the controller starts).
-    scopes_pending: AtomicUsize,
+    /// Watch caches that have not completed their first list yet (set when the controller starts).
+    caches_pending: AtomicUsize,
     controller_started: AtomicBool,
 }
 
@@ -28,14 +28,14 @@ impl Health {
         self.leading.store(leading, Ordering::SeqCst);
     }
 
-    pub fn controller_starting(&self, scopes: usize) {
-        self.scopes_pending.store(scopes, Ordering::SeqCst);
+    pub fn expect_caches(&self, caches: usize) {
+        self.caches_pending.store(caches, Ordering::SeqCst);
         self.controller_started.store(true, Ordering::SeqCst);
     }
 
-    pub fn scope_synced(&self) {
+    pub fn cache_synced(&self) {
         let _ = self
-            .scopes_pending
+            .caches_pending
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
@@ -45,7 +45,7 @@ impl Health {
         api.map_err(NotReady::ApiUnreachable)?;
         let reconciling =
             self.leading.load(Ordering::SeqCst) || self.controller_started.load(Ordering::SeqCst);
-        if reconciling && self.scopes_pending.load(Ordering::SeqCst) > 0 {
+        if reconciling && self.caches_pending.load(Ordering::SeqCst) > 0 {
             return Err(NotReady::CachesNotSynced);
         }
         Ok(())
@@ -77,16 +77,16 @@ mod tests {
     }
 
     #[test]
-    fn reconciling_process_is_ready_once_every_scope_synced() {
+    fn reconciling_process_is_ready_once_every_cache_synced() {
         let h = Health::default();
         h.set_leading(true);
-        h.controller_starting(2);
+        h.expect_caches(2);
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
-        h.scope_synced();
+        h.cache_synced();
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
-        h.scope_synced();
+        h.cache_synced();
         assert_eq!(h.readiness(Ok(())), Ok(()));
-        h.scope_synced();
+        h.cache_synced();
         assert_eq!(
             h.readiness(Ok(())),
             Ok(()),

@@ -15,6 +15,7 @@ pub mod resources;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod validation;
 
 #[cfg(test)]
 pub mod fixtures;

@@ -21,8 +21,16 @@ pub struct Observed<'a> {
     pub deployment: Option<&'a Deployment>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
-    /// Set when a Deployment or Service of our name is not controlled by this Memcached.
-    pub conflict: Option<String>,
+    /// Set when the operator must not apply anything for this Memcached.
+    pub blocked: Option<Blocked>,
+}
+
+/// Why nothing is applied: an object of our name belongs to someone else (ResourceExists), or
+/// the spec cannot work (InvalidSpec).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub reason: &'static str,
+    pub message: String,
 }
 
 /// The status a Memcached should have. Conditions keep their lastTransitionTime while their
@@ -42,54 +50,46 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
             && deploy_status.observed_generation >= d.metadata.generation
     });
 
-    let (available, progressing, degraded) = if let Some(message) = &observed.conflict {
-        (
-            cond(
-                AVAILABLE,
-                false,
-                RESOURCE_EXISTS,
-                "the operator does not manage the pods",
-            ),
-            cond(PROGRESSING, false, RESOURCE_EXISTS, message),
-            cond(DEGRADED, true, RESOURCE_EXISTS, message),
+    let all_ready = observed.deployment.is_some() && ready == size;
+    let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
+    let available = if all_ready {
+        cond(
+            AVAILABLE,
+            true,
+            "AllPodsReady",
+            &format!("{ready}/{size} pods are ready"),
         )
     } else {
-        let all_ready = observed.deployment.is_some() && ready == size;
-        let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
-        let available = if all_ready {
-            cond(
-                AVAILABLE,
-                true,
-                "AllPodsReady",
-                &format!("{ready}/{size} pods are ready"),
-            )
-        } else {
-            cond(
-                AVAILABLE,
-                false,
-                "PodsNotReady",
-                &format!("{ready}/{size} pods are ready"),
-            )
-        };
-        let progressing = if converged {
-            cond(
-                PROGRESSING,
-                false,
-                "Converged",
-                &format!("{size} pods match the spec"),
-            )
-        } else if observed.deployment.is_none() {
-            cond(PROGRESSING, true, "Creating", "creating the Deployment")
-        } else {
-            let message =
-                format!("{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running");
-            cond(PROGRESSING, true, "Reconciling", &message)
-        };
-        (
-            available,
-            progressing,
-            deployment_degraded(observed.deployment),
+        cond(
+            AVAILABLE,
+            false,
+            "PodsNotReady",
+            &format!("{ready}/{size} pods are ready"),
         )
+    };
+    let (progressing, degraded) = match &observed.blocked {
+        Some(b) => (
+            cond(PROGRESSING, false, b.reason, &b.message),
+            cond(DEGRADED, true, b.reason, &b.message),
+        ),
+        None => {
+            let progressing = if converged {
+                cond(
+                    PROGRESSING,
+                    false,
+                    "Converged",
+                    &format!("{size} pods match the spec"),
+                )
+            } else if observed.deployment.is_none() {
+                cond(PROGRESSING, true, "Creating", "creating the Deployment")
+            } else {
+                let message = format!(
+                    "{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running"
+                );
+                cond(PROGRESSING, true, "Reconciling", &message)
+            };
+            (progressing, deployment_degraded(observed.deployment))
+        }
     };
 
     let conditions = [available, progressing, degraded]
@@ -260,8 +260,12 @@ mod tests {
     #[test]
     fn conflict_is_degraded_with_resource_exists() {
         let mc = memcached("cache", 1);
+        let blocked = Blocked {
+            reason: RESOURCE_EXISTS,
+            message: conflict_message("Deployment", &mc),
+        };
         let observed = Observed {
-            conflict: Some(conflict_message("Deployment", &mc)),
+            blocked: Some(blocked),
             ..Default::default()
         };
         let s = desired_status(&mc, &observed, &time(0));
@@ -272,6 +276,34 @@ mod tests {
         );
         assert!(degraded.message.contains("Deployment default/cache"));
         assert_eq!(find(&s, AVAILABLE).status, "False");
+    }
+
+    #[test]
+    fn invalid_spec_is_degraded_but_running_pods_still_count() {
+        let mc = memcached("cache", 2);
+        let d = deployment_with_status(&mc, 2, 2);
+        let blocked = Blocked {
+            reason: "InvalidSpec",
+            message: "spec.resources.limits.memory ...".into(),
+        };
+        let observed = Observed {
+            deployment: Some(&d),
+            blocked: Some(blocked),
+            ..Default::default()
+        };
+        let s = desired_status(&mc, &observed, &time(0));
+        assert_eq!(
+            (
+                find(&s, DEGRADED).status.as_str(),
+                find(&s, DEGRADED).reason.as_str()
+            ),
+            ("True", "InvalidSpec")
+        );
+        assert_eq!(find(&s, PROGRESSING).status, "False");
+        assert!(
+            condition_is_true(&s, AVAILABLE),
+            "the previous pods keep serving"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! traces over OTLP/HTTP when the standard OTEL_EXPORTER_OTLP_ENDPOINT is set. Without it no
 //! exporter, no OpenTelemetry layer and no cost.
 
+use std::io::IsTerminal;
+
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -63,7 +65,10 @@ pub fn init(format: LogFormat) -> Guard {
                     .with_current_span(true),
             )
             .init(),
-        LogFormat::Text => registry.with(fmt::layer()).init(),
+        // Colour only on a terminal: escape codes in files and log collectors are noise.
+        LogFormat::Text => registry
+            .with(fmt::layer().with_ansi(std::io::stdout().is_terminal()))
+            .init(),
     }
     Guard(provider)
 }

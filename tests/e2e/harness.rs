@@ -38,7 +38,29 @@ pub async fn admin() -> Client {
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("admin config");
-    Client::try_from(config).expect("admin client")
+    let client = Client::try_from(config).expect("admin client");
+    install_crd(&client).await;
+    client
+}
+
+/// Applies the committed CRD (what `make install` applies) and waits until it is served.
+async fn install_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config/crd/bases/cache.example.com_memcacheds.yaml");
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    apply(&crds, &crd).await;
+    wait_for("CRD Established", Duration::from_secs(30), || async {
+        let crd = crds.get(&crd.name_any()).await.ok()?;
+        let conditions = crd.status?.conditions?;
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
 }
 
 /// Server-side applies `obj` as the test.

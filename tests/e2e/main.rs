@@ -349,10 +349,22 @@ async fn foreign_deployment_is_left_alone() {
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = deployments.get("cache").await.unwrap();
+    // Its status moves on as its own pods start; its spec and metadata must not.
     assert_eq!(
-        before.resource_version(),
-        after.resource_version(),
-        "foreign Deployment was modified"
+        before.metadata.generation, after.metadata.generation,
+        "foreign Deployment spec was modified"
+    );
+    assert_eq!(before.metadata.labels, after.metadata.labels);
+    let managers: Vec<_> = after
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m == "memcached-operator"),
+        "the operator wrote to it: {managers:?}"
     );
     assert!(after.metadata.owner_references.is_none());
     assert!(
@@ -426,7 +438,11 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
             "spec.containerPort",
         ),
         (
-            serde_json::json!({"size": 1, "maxMemoryMiB": 128, "resources": {"limits": {"memory": "64Mi"}}}),
+            serde_json::json!({"size": 1, "maxMemoryMiB": 0}),
+            "spec.maxMemoryMiB",
+        ),
+        (
+            serde_json::json!({"size": 1, "resources": {"limits": {"memory": "1".repeat(70)}}}),
             "spec.resources.limits.memory",
         ),
     ];
@@ -461,6 +477,70 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
 
     let (ok, out) = kubectl(&["explain", "memcached.spec.size"]).await;
     assert!(ok && out.contains("Number of memcached pods"), "{out}");
+}
+
+#[tokio::test]
+async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
+    let client = admin().await;
+    let ns = namespace(&client, "memory").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &memcached("cache", 1)).await;
+    wait_converged(&client, &ns, "cache", 1).await;
+
+    let patch = serde_json::json!({"spec": {"maxMemoryMiB": 128, "resources": {"limits": {"memory": "64Mi"}}}});
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    mcs.patch(
+        "cache",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    let message = wait_for(
+        "Degraded=True InvalidSpec",
+        Duration::from_secs(20),
+        || async {
+            let mc = mcs.get("cache").await.ok()?;
+            let c = mc
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded")?;
+            (c.status == "True" && c.reason == "InvalidSpec").then_some(c.message)
+        },
+    )
+    .await;
+    assert!(
+        message.contains("spec.resources.limits.memory") && message.contains("spec.maxMemoryMiB"),
+        "{message}"
+    );
+    assert_eq!(
+        deployment_replicas(&client, &ns, "cache").await,
+        Some(1),
+        "an unworkable spec was applied"
+    );
+    let warned = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("InvalidSpec"));
+    assert!(warned, "no InvalidSpec warning event");
+    let mc = mcs.get("cache").await.unwrap();
+    assert_eq!(
+        condition(&mc, "Available").map(|c| c.0).as_deref(),
+        Some("True"),
+        "the running pod still serves"
+    );
+
+    let fix =
+        serde_json::json!({"spec": {"size": 2, "resources": {"limits": {"memory": "160Mi"}}}});
+    mcs.patch(
+        "cache",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&fix),
+    )
+    .await
+    .unwrap();
+    wait_converged(&client, &ns, "cache", 2).await;
 }
 
 #[tokio::test]

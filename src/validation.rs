@@ -1,0 +1,127 @@
+//! Checks on a Memcached's spec that the CRD schema cannot express.
+//!
+//! "resources.limits.memory must exceed maxMemoryMiB" spans two fields and reads a quantity; the
+//! API server (1.35) costs `quantity()` over an int-or-string field as unbounded and refuses such
+//! a CEL rule (kubernetes/kubernetes#132370), so it is checked here instead and reported as
+//! Degraded=True, reason InvalidSpec, without touching the running pods.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::api::MemcachedSpec;
+
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// Why the spec cannot be applied, naming the fields.
+pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
+    let Some(limit) = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"))
+    else {
+        return Ok(());
+    };
+    let bytes = quantity_bytes(limit).ok_or_else(|| {
+        format!(
+            "spec.resources.limits.memory: {:?} is not a quantity",
+            limit.0
+        )
+    })?;
+    let cache = f64::from(spec.max_memory_mib) * 1024.0 * 1024.0;
+    if bytes <= cache {
+        return Err(format!(
+            "spec.resources.limits.memory ({}) must be greater than spec.maxMemoryMiB ({}Mi), or memcached is OOM-killed once its cache fills",
+            limit.0, spec.max_memory_mib
+        ));
+    }
+    Ok(())
+}
+
+/// A Kubernetes quantity in base units (bytes for memory): "128Mi", "1G", "1.5Gi", "1e9", "500m".
+pub fn quantity_bytes(q: &Quantity) -> Option<f64> {
+    let s = q.0.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * multiplier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::memcached;
+
+    fn q(s: &str) -> Option<f64> {
+        quantity_bytes(&Quantity(s.into()))
+    }
+
+    #[test]
+    fn parses_the_quantity_forms() {
+        assert_eq!(q("128Mi"), Some(134_217_728.0));
+        assert_eq!(q("1Gi"), Some(1_073_741_824.0));
+        assert_eq!(q("1.5Gi"), Some(1_610_612_736.0));
+        assert_eq!(q("1G"), Some(1e9));
+        assert_eq!(q("1e9"), Some(1e9));
+        assert_eq!(q("134217728"), Some(134_217_728.0));
+        assert_eq!(q("500m"), Some(0.5));
+        assert_eq!(q("12Qi"), None);
+        assert_eq!(q("lots"), None);
+    }
+
+    fn with_limit(max_mib: i32, limit: &str) -> MemcachedSpec {
+        let mut mc = memcached("x", 1);
+        mc.spec.max_memory_mib = max_mib;
+        mc.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some([("memory".to_string(), Quantity(limit.into()))].into()),
+            ..Default::default()
+        });
+        mc.spec
+    }
+
+    #[test]
+    fn memory_limit_must_exceed_the_cache_size() {
+        assert_eq!(
+            validate(&memcached("x", 1).spec),
+            Ok(()),
+            "no limit, nothing to check"
+        );
+        assert_eq!(validate(&with_limit(64, "96Mi")), Ok(()));
+        assert_eq!(validate(&with_limit(64, "1Gi")), Ok(()));
+        let err = validate(&with_limit(128, "64Mi")).unwrap_err();
+        assert!(
+            err.starts_with(
+                "spec.resources.limits.memory (64Mi) must be greater than spec.maxMemoryMiB (128Mi)"
+            ),
+            "{err}"
+        );
+        assert!(
+            validate(&with_limit(64, "64Mi")).is_err(),
+            "equal leaves no room for connections"
+        );
+        assert!(
+            validate(&with_limit(64, "bogus"))
+                .unwrap_err()
+                .contains("not a quantity")
+        );
+    }
+}
