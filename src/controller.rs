@@ -663,35 +663,28 @@ mod tests {
         assert_eq!(action, Action::await_change());
     }
 
-    #[tokio::test]
-    async fn converged_cr_makes_no_requests() {
-        let (ctx, api, mut caches) = apiserver::context();
-        let mut mc = memcached("cache", 3);
-        let deployment = deployment_with_status(&mc, 3, 3);
-        caches.add_deployment(deployment.clone());
-        caches.add_service(resources::service(&mc));
-        // The status the operator wrote last time, with the default image it uses.
-        let mut d = deployment;
-        d.spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .image = Some("memcached:test".into());
+    /// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
+    /// operator wrote then.
+    fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
+        let d = deployment_with_status(mc, mc.spec.size, mc.spec.size);
         caches.add_deployment(d.clone());
+        caches.add_service(resources::service(mc));
         let observed = Observed {
             deployment: Some(&d),
             ..Default::default()
         };
         mc.status = Some(status::desired_status(
-            &mc,
+            mc,
             &observed,
             &crate::fixtures::time(0),
         ));
+    }
 
+    #[tokio::test]
+    async fn converged_cr_makes_no_requests() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        converged(&mut mc, &mut caches);
         let action = scenario(mc, ctx, api, |api| async move { api })
             .await
             .unwrap();
@@ -702,27 +695,7 @@ mod tests {
     async fn size_change_scales_the_deployment() {
         let (ctx, api, mut caches) = apiserver::context();
         let mut mc = memcached("cache", 3);
-        let mut d = deployment_with_status(&mc, 3, 3);
-        d.spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .image = Some("memcached:test".into());
-        caches.add_deployment(d.clone());
-        caches.add_service(resources::service(&mc));
-        let observed = Observed {
-            deployment: Some(&d),
-            ..Default::default()
-        };
-        mc.status = Some(status::desired_status(
-            &mc,
-            &observed,
-            &crate::fixtures::time(0),
-        ));
+        converged(&mut mc, &mut caches);
         mc.spec.size = 5;
         mc.metadata.generation = Some(2);
 

@@ -95,7 +95,7 @@ pub mod apiserver {
                 controller: "memcached-operator".into(),
                 instance: Some("test".into()),
             },
-            default_image: "memcached:test".into(),
+            default_image: crate::resources::FALLBACK_MEMCACHED_IMAGE.into(),
             backoff: Arc::new(Backoff::default()),
             metrics: Arc::new(Metrics::new()),
         };

@@ -201,6 +201,29 @@ fn meta(name: &str, namespace: Option<&str>) -> kube::api::ObjectMeta {
     }
 }
 
+/// A Role with `rules` in `ns`, bound to the ServiceAccount `sa`.
+async fn bind_role(client: &Client, ns: &str, name: &str, rules: Vec<PolicyRule>, sa: &str) {
+    let role = Role {
+        metadata: meta(name, Some(ns)),
+        rules: Some(rules),
+    };
+    apply(&Api::<Role>::namespaced(client.clone(), ns), &role).await;
+    let binding = RoleBinding {
+        metadata: meta(name, Some(ns)),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(binding_subject(sa)),
+    };
+    apply(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        &binding,
+    )
+    .await;
+}
+
 /// Creates a ServiceAccount with exactly the shipped permissions and returns a kubeconfig that
 /// authenticates as it with a TokenRequest token.
 async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
@@ -248,50 +271,16 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
         }
         Rbac::Namespaces(namespaces) => {
             for ns in namespaces {
-                let role = Role {
-                    metadata: meta(&role_name, Some(ns)),
-                    rules: Some(manager_rules()),
-                };
-                apply(&Api::<Role>::namespaced(client.clone(), ns), &role).await;
-                let binding = RoleBinding {
-                    metadata: meta(&role_name, Some(ns)),
-                    role_ref: RoleRef {
-                        api_group: "rbac.authorization.k8s.io".into(),
-                        kind: "Role".into(),
-                        name: role_name.clone(),
-                    },
-                    subjects: Some(binding_subject(&sa)),
-                };
-                apply(
-                    &Api::<RoleBinding>::namespaced(client.clone(), ns),
-                    &binding,
-                )
-                .await;
+                bind_role(client, ns, &role_name, manager_rules(), &sa).await;
             }
         }
     }
-    let le_name = format!("{sa}-leader-election");
-    let role = Role {
-        metadata: meta(&le_name, Some(OPERATOR_NAMESPACE)),
-        rules: Some(leader_election_rules()),
-    };
-    apply(
-        &Api::<Role>::namespaced(client.clone(), OPERATOR_NAMESPACE),
-        &role,
-    )
-    .await;
-    let binding = RoleBinding {
-        metadata: meta(&le_name, Some(OPERATOR_NAMESPACE)),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: le_name.clone(),
-        },
-        subjects: Some(binding_subject(&sa)),
-    };
-    apply(
-        &Api::<RoleBinding>::namespaced(client.clone(), OPERATOR_NAMESPACE),
-        &binding,
+    bind_role(
+        client,
+        OPERATOR_NAMESPACE,
+        &format!("{sa}-leader-election"),
+        leader_election_rules(),
+        &sa,
     )
     .await;
 
