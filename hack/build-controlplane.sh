@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# Builds the hermetic local control plane from Go modules (no container runtime):
+#   kube-controlplane  multi-call kube-apiserver / kube-controller-manager / kube-scheduler
+#   etcd               etcd server
+#   kwok               fake kubelet (node and pod status), plus its stages.yaml
+# into ${MEMCACHED_OPERATOR_CACHE:-$HOME/.cache/memcached-operator}/bin/<name>-<version>/.
+#
+# Usage:
+#   hack/build-controlplane.sh                   build whatever is missing or stale
+#   hack/build-controlplane.sh --print-env       print BIN paths (shell-sourceable), build nothing
+#   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd}/go.{mod,sum}
+#                                                from hack/versions.env (needs the module proxy)
+#
+# A cached build is reused when its stamp (version + hash of the wrapper's go.mod,
+# go.sum, main.go and the build recipe) matches; otherwise it is rebuilt. Builds go to
+# a temporary directory that is renamed into place only on success.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck disable=SC1091 # plain KEY=VALUE pins
+source "${HACK_DIR}/versions.env"
+
+CACHE_DIR="${MEMCACHED_OPERATOR_CACHE:-${HOME}/.cache/memcached-operator}"
+BIN_ROOT="${CACHE_DIR}/bin"
+GO="${GO:-go}"
+if ! command -v "${GO}" >/dev/null && [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go; fi
+
+# Bump to force a rebuild of everything when the recipe below changes.
+RECIPE_VERSION=1
+
+KUBE_CONTROLPLANE_DIR="${BIN_ROOT}/kube-controlplane-${KUBE_VERSION}"
+ETCD_DIR="${BIN_ROOT}/etcd-${ETCD_VERSION}"
+KWOK_DIR="${BIN_ROOT}/kwok-${KWOK_VERSION}"
+
+log() { printf '[build-controlplane] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+print_env() {
+	printf 'KUBE_CONTROLPLANE_BIN=%q\n' "${KUBE_CONTROLPLANE_DIR}/kube-controlplane"
+	printf 'ETCD_BIN=%q\n' "${ETCD_DIR}/etcd"
+	printf 'KWOK_BIN=%q\n' "${KWOK_DIR}/kwok"
+	printf 'KWOK_STAGES=%q\n' "${KWOK_DIR}/stages.yaml"
+	printf 'KUBE_VERSION=%q\nETCD_VERSION=%q\nKWOK_VERSION=%q\n' "${KUBE_VERSION}" "${ETCD_VERSION}" "${KWOK_VERSION}"
+}
+
+# stamp NAME VERSION FILES... : identifies one build (version, recipe, wrapper sources).
+stamp() {
+	local name="$1" version="$2"
+	shift 2
+	{
+		printf '%s %s recipe=%s\n' "${name}" "${version}" "${RECIPE_VERSION}"
+		if [[ $# -gt 0 ]]; then cat "$@"; fi
+	} | sha256sum | cut -c1-16
+}
+
+is_fresh() { # DIR STAMP FILE...
+	local dir="$1" want="$2"
+	shift 2
+	[[ -f "${dir}/.stamp" && "$(cat "${dir}/.stamp")" == "${want}" ]] || return 1
+	local f
+	for f in "$@"; do [[ -s "${dir}/${f}" ]] || return 1; done
+}
+
+new_tmp() { # NAME : fresh build directory inside BIN_ROOT (same fs, so mv is a rename).
+	local d
+	d="$(mktemp -d "${BIN_ROOT}/.tmp.$1.XXXXXX")"
+	chmod 755 "${d}"
+	printf "%s" "${d}"
+}
+
+# install_dir TMP DEST : atomically-enough replace DEST with TMP (rename within one fs).
+install_dir() {
+	local tmp="$1" dest="$2" old=""
+	if [[ -e "${dest}" ]]; then
+		old="$(mktemp -d "${BIN_ROOT}/.old.XXXXXX")"
+		mv "${dest}" "${old}/"
+	fi
+	mv "${tmp}" "${dest}"
+	if [[ -n "${old}" ]]; then rm -rf "${old}"; fi
+}
+
+# module_field MODULE@VERSION FIELD : a string field of `go mod download -json`.
+module_field() {
+	"${GO}" mod download -json "$1" |
+		python3 -c 'import json,sys; d=json.load(sys.stdin); f=sys.argv[1]
+if "Error" in d: sys.exit("go mod download: " + d["Error"])
+v=d.get(f) or (d.get("Origin") or {}).get(f) or ""
+print(v)' "$2"
+}
+
+kube_ldflags() {
+	local commit build_date major minor ldflags pkg
+	commit="$(module_field "k8s.io/kubernetes@${KUBE_VERSION}" Hash)"
+	build_date="$(module_field "k8s.io/kubernetes@${KUBE_VERSION}" Time)"
+	major="${KUBE_VERSION#v}"
+	major="${major%%.*}"
+	minor="${KUBE_VERSION#v*.}"
+	minor="${minor%%.*}"
+	ldflags="-s -w"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X ${pkg}.gitVersion=${KUBE_VERSION}"
+		ldflags+=" -X ${pkg}.gitMajor=${major}"
+		ldflags+=" -X ${pkg}.gitMinor=${minor}"
+		ldflags+=" -X ${pkg}.gitCommit=${commit:-unknown}"
+		ldflags+=" -X ${pkg}.gitTreeState=clean"
+		ldflags+=" -X ${pkg}.buildDate=${build_date:-1970-01-01T00:00:00Z}"
+	done
+	printf '%s' "${ldflags}"
+}
+
+timed() { # LABEL CMD... : run CMD, log wall time.
+	local label="$1" start rc=0
+	shift
+	start=$(date +%s)
+	"$@" || rc=$?
+	log "${label}: $(($(date +%s) - start))s (exit ${rc})"
+	return "${rc}"
+}
+
+build_kube_controlplane() {
+	local mod="${HACK_DIR}/controlplane" want tmp
+	want="$(stamp kube-controlplane "${KUBE_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
+	if is_fresh "${KUBE_CONTROLPLANE_DIR}" "${want}" kube-controlplane; then
+		log "kube-controlplane ${KUBE_VERSION} up to date (${KUBE_CONTROLPLANE_DIR})"
+		return 0
+	fi
+	grep -q "^require k8s.io/kubernetes ${KUBE_VERSION}\$\|^[[:space:]]k8s.io/kubernetes ${KUBE_VERSION}\$" "${mod}/go.mod" ||
+		die "hack/controlplane/go.mod does not require k8s.io/kubernetes ${KUBE_VERSION}; run $0 --update-modules"
+	log "building kube-controlplane ${KUBE_VERSION} (cold: 15-30 min on 2 cores)"
+	tmp="$(new_tmp kube-controlplane)"
+	local ldflags
+	ldflags="$(cd "${mod}" && kube_ldflags)"
+	(cd "${mod}" && timed "kube-controlplane build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
+		"${GO}" build -trimpath -ldflags "${ldflags}" -o "${tmp}/kube-controlplane" .) || {
+		rm -rf "${tmp}"
+		die "kube-controlplane build failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir "${tmp}" "${KUBE_CONTROLPLANE_DIR}"
+	log "kube-controlplane: $(du -h "${KUBE_CONTROLPLANE_DIR}/kube-controlplane" | cut -f1)"
+}
+
+build_etcd() {
+	local mod="${HACK_DIR}/etcd" want tmp
+	want="$(stamp etcd "${ETCD_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
+	if is_fresh "${ETCD_DIR}" "${want}" etcd; then
+		log "etcd ${ETCD_VERSION} up to date (${ETCD_DIR})"
+		return 0
+	fi
+	grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\$" "${mod}/go.mod" ||
+		die "hack/etcd/go.mod does not require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}; run $0 --update-modules"
+	log "building etcd ${ETCD_VERSION}"
+	tmp="$(new_tmp etcd)"
+	(cd "${mod}" && timed "etcd build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
+		"${GO}" build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}" \
+		-o "${tmp}/etcd" .) || {
+		rm -rf "${tmp}"
+		die "etcd build failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir "${tmp}" "${ETCD_DIR}"
+	log "etcd: $(du -h "${ETCD_DIR}/etcd" | cut -f1)"
+}
+
+build_kwok() {
+	local want tmp src
+	want="$(stamp kwok "${KWOK_VERSION}")"
+	if is_fresh "${KWOK_DIR}" "${want}" kwok stages.yaml; then
+		log "kwok ${KWOK_VERSION} up to date (${KWOK_DIR})"
+		return 0
+	fi
+	log "building kwok ${KWOK_VERSION}"
+	tmp="$(new_tmp kwok)"
+	# go install outside any module, so hack/ or the repo's own go.mod (if any) is not consulted.
+	(cd "${tmp}" && timed "kwok build" env GOBIN="${tmp}" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on \
+		"${GO}" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}") || {
+		rm -rf "${tmp}"
+		die "kwok build failed"
+	}
+	src="$(cd "${tmp}" && module_field "sigs.k8s.io/kwok@${KWOK_VERSION}" Dir)"
+	[[ -d "${src}/kustomize/stage/fast" ]] || {
+		rm -rf "${tmp}"
+		die "kwok stages not found under ${src}/kustomize/stage/fast"
+	}
+	kubectl kustomize "${src}/kustomize/stage/fast" >"${tmp}/stages.yaml" || {
+		rm -rf "${tmp}"
+		die "kubectl kustomize of kwok stages failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir "${tmp}" "${KWOK_DIR}"
+	log "kwok: $(du -h "${KWOK_DIR}/kwok" | cut -f1)"
+}
+
+# --update-modules: regenerate the wrapper go.mod/go.sum files from versions.env.
+update_modules() {
+	local cp="${HACK_DIR}/controlplane" et="${HACK_DIR}/etcd" modfile staging_version required m
+	staging_version="v0.${KUBE_VERSION#v1.}"
+	modfile="$(module_field "k8s.io/kubernetes@${KUBE_VERSION}" GoMod)"
+	# Staging modules that k8s.io/kubernetes requires (it also replaces a couple of
+	# sample-* modules it never requires; those are left out as they may not be published).
+	required="$(awk '/^require \(/{r=1; next} r && /^\)/{r=0} r{print $1}' "${modfile}" | sort -u)"
+	{
+		echo "// Wrapper module: builds kube-apiserver, kube-controller-manager and"
+		echo "// kube-scheduler from k8s.io/kubernetes as one multi-call binary."
+		echo "// Generated by hack/build-controlplane.sh --update-modules; pins live in hack/versions.env."
+		echo "module memcached-operator/hack/controlplane"
+		echo
+		echo "go $(awk '$1=="go"{print $2; exit}' "${modfile}")"
+		echo
+		# Only the main module's godebug settings count: mirror upstream's.
+		awk '$1=="godebug"{print; found=1} END{if(!found) print "godebug default=go1.25"}' "${modfile}"
+		echo
+		echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+		echo
+		echo "replace ("
+		grep '=> ./staging/' "${modfile}" | awk '{print $1}' | sort -u | while read -r m; do
+			if grep -qx "${m}" <<<"${required}"; then printf '\t%s => %s %s\n' "${m}" "${m}" "${staging_version}"; fi
+		done
+		echo ")"
+	} >"${cp}/go.mod"
+	rm -f "${cp}/go.sum"
+	(cd "${cp}" && GOFLAGS=-mod=mod "${GO}" mod tidy)
+	{
+		echo "// Wrapper module: builds etcd's server from go.etcd.io/etcd/server/v3."
+		echo "// Generated by hack/build-controlplane.sh --update-modules; pins live in hack/versions.env."
+		echo "module memcached-operator/hack/etcd"
+		echo
+		echo "go $(awk '$1=="go"{print $2; exit}' "$(module_field "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" GoMod)")"
+		echo
+		echo "require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}"
+	} >"${et}/go.mod"
+	rm -f "${et}/go.sum"
+	(cd "${et}" && GOFLAGS=-mod=mod "${GO}" mod tidy)
+	log "updated ${cp}/go.mod and ${et}/go.mod"
+}
+
+main() {
+	case "${1:-}" in
+	--print-env)
+		print_env
+		return 0
+		;;
+	--update-modules)
+		update_modules
+		return 0
+		;;
+	"") ;;
+	*) die "unknown argument: $1 (see header of $0)" ;;
+	esac
+	command -v "${GO}" >/dev/null || die "go not found (set GO=/path/to/go)"
+	command -v kubectl >/dev/null || die "kubectl not found (needed to render kwok stages)"
+	command -v python3 >/dev/null || die "python3 not found"
+	mkdir -p "${BIN_ROOT}"
+	# One builder at a time (two `cluster.sh up` started together would otherwise both build).
+	if command -v flock >/dev/null; then
+		exec 9>"${BIN_ROOT}/.build.lock"
+		flock 9
+		# Holding the lock: leftovers of interrupted builds are safe to remove.
+		rm -rf "${BIN_ROOT}"/.tmp.* "${BIN_ROOT}"/.old.*
+	fi
+	local start
+	start=$(date +%s)
+	build_etcd
+	build_kwok
+	build_kube_controlplane
+	log "all components ready in $(($(date +%s) - start))s"
+}
+
+main "$@"
