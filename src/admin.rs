@@ -18,12 +18,15 @@ use tracing::{info, warn};
 
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::metrics_auth::{Decision, MetricsAuth};
 
 /// What the endpoints read from.
 pub struct State {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub client: Client,
+    /// Set with --metrics-secure: who may read /metrics.
+    pub metrics_auth: Option<MetricsAuth>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -32,13 +35,16 @@ pub enum Endpoints {
     Health,
 }
 
-/// Binds `addr` now (so a busy port is reported at start-up) and serves until `shutdown`.
+/// Binds `addr` now (so a busy port is reported at start-up) and serves until `shutdown`, over
+/// TLS when `tls` is given.
 pub async fn bind(
     addr: SocketAddr,
     endpoints: Endpoints,
     state: Arc<State>,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = TcpListener::bind(addr).await?;
     info!(address = %listener.local_addr()?, ?endpoints, "serving");
     Ok(tokio::spawn(async move {
@@ -51,11 +57,17 @@ pub async fn bind(
                 },
             };
             let state = state.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| handle(req, endpoints, state.clone()));
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let http = http1::Builder::new();
+                let _ = match tls {
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(stream) => http.serve_connection(TokioIo::new(stream), service).await,
+                        Err(_) => return,
+                    },
+                    None => http.serve_connection(TokioIo::new(stream), service).await,
+                };
             });
         }
     }))
@@ -71,6 +83,21 @@ async fn handle(
     }
     let response = match (endpoints, req.uri().path()) {
         (Endpoints::Metrics, "/metrics") => {
+            if let Some(auth) = &state.metrics_auth {
+                let header = req
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok());
+                match auth.check(header).await {
+                    Decision::Allowed => {}
+                    Decision::Unauthenticated => {
+                        return Ok(text(StatusCode::UNAUTHORIZED, "Unauthorized\n".into()));
+                    }
+                    Decision::Forbidden => {
+                        return Ok(text(StatusCode::FORBIDDEN, "Forbidden\n".into()));
+                    }
+                }
+            }
             let mut r = text(StatusCode::OK, state.metrics.render());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,

@@ -68,6 +68,16 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Serve /metrics over HTTPS, only to callers whose bearer token passes a TokenReview and a
+    /// SubjectAccessReview for get on /metrics. Off by default, as in controller-runtime, so local
+    /// runs and plain scrapers work; the shipped manifests turn it on.
+    #[arg(long, default_value_t = false)]
+    pub metrics_secure: bool,
+
+    /// Directory with tls.crt and tls.key for --metrics-secure; a self-signed certificate otherwise.
+    #[arg(long)]
+    pub metrics_cert_path: Option<std::path::PathBuf>,
+
     /// How long a shutdown waits for running reconciles before exiting anyway.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub graceful_shutdown_timeout: Duration,

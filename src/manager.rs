@@ -56,17 +56,32 @@ async fn run(args: RunArgs) -> ExitCode {
 
     // Endpoints outlive the controller so /metrics and probes answer during the drain.
     let endpoints_stop = CancellationToken::new();
+    let metrics_tls = match args.metrics_secure {
+        false => None,
+        true => match crate::metrics_auth::tls_config(args.metrics_cert_path.as_deref()) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                error!(error = %e, "cannot set up TLS for /metrics");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let state = Arc::new(admin::State {
         metrics: metrics.clone(),
         health: health.clone(),
         client: client.clone(),
+        metrics_auth: args
+            .metrics_secure
+            .then(|| crate::metrics_auth::MetricsAuth::new(client.clone())),
     });
-    for (addr, endpoints) in [
-        (args.metrics_bind_address.0, Endpoints::Metrics),
-        (args.health_probe_bind_address.0, Endpoints::Health),
+    for (addr, endpoints, tls) in [
+        (args.metrics_bind_address.0, Endpoints::Metrics, metrics_tls),
+        (args.health_probe_bind_address.0, Endpoints::Health, None),
     ] {
         let Some(addr) = addr else { continue };
-        if let Err(e) = admin::bind(addr, endpoints, state.clone(), endpoints_stop.clone()).await {
+        if let Err(e) =
+            admin::bind(addr, endpoints, state.clone(), tls, endpoints_stop.clone()).await
+        {
             error!(%addr, error = %e, "cannot listen");
             return ExitCode::FAILURE;
         }

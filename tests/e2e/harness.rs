@@ -167,12 +167,54 @@ impl Default for OperatorOptions {
 }
 
 fn manager_rules() -> Vec<PolicyRule> {
+    rules_of("role.yaml")
+}
+
+fn rules_of(file: &str) -> Vec<PolicyRule> {
     let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rbac/role.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config/rbac")
+            .join(file),
     )
     .unwrap();
     let role: ClusterRole = serde_yaml::from_str(&text).unwrap();
     role.rules.unwrap()
+}
+
+/// A ClusterRole with `rules`, bound to the ServiceAccount `sa` in `sa_ns`.
+pub async fn bind_cluster_role(
+    client: &Client,
+    name: &str,
+    rules: Vec<PolicyRule>,
+    sa: &str,
+    sa_ns: &str,
+) {
+    let role = ClusterRole {
+        metadata: meta(name, None),
+        rules: Some(rules),
+        ..Default::default()
+    };
+    apply(&Api::<ClusterRole>::all(client.clone()), &role).await;
+    let binding = ClusterRoleBinding {
+        metadata: meta(name, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(sa_ns.into()),
+            ..Default::default()
+        }]),
+    };
+    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &binding).await;
+}
+
+/// The rules of a shipped ClusterRole in config/rbac, e.g. "metrics_reader_role.yaml".
+pub fn shipped_rules(file: &str) -> Vec<PolicyRule> {
+    rules_of(file)
 }
 
 fn leader_election_rules() -> Vec<PolicyRule> {
@@ -252,22 +294,7 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
     let role_name = format!("{sa}-manager");
     match rbac {
         Rbac::Cluster => {
-            let role = ClusterRole {
-                metadata: meta(&role_name, None),
-                rules: Some(manager_rules()),
-                ..Default::default()
-            };
-            apply(&Api::<ClusterRole>::all(client.clone()), &role).await;
-            let binding = ClusterRoleBinding {
-                metadata: meta(&role_name, None),
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: role_name.clone(),
-                },
-                subjects: Some(binding_subject(&sa)),
-            };
-            apply(&Api::<ClusterRoleBinding>::all(client.clone()), &binding).await;
+            bind_cluster_role(client, &role_name, manager_rules(), &sa, OPERATOR_NAMESPACE).await
         }
         Rbac::Namespaces(namespaces) => {
             for ns in namespaces {
@@ -281,6 +308,16 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
         &format!("{sa}-leader-election"),
         leader_election_rules(),
         &sa,
+    )
+    .await;
+    // As config/default: the operator may review who scrapes /metrics (--metrics-secure).
+    let metrics_auth = format!("{sa}-metrics-auth");
+    bind_cluster_role(
+        client,
+        &metrics_auth,
+        rules_of("metrics_auth_role.yaml"),
+        &sa,
+        OPERATOR_NAMESPACE,
     )
     .await;
 
