@@ -33,7 +33,7 @@ fmt: ## Format the Rust code.
 .PHONY: lint
 lint: ## cargo fmt --check, clippy -D warnings, shellcheck.
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	shellcheck hack/*.sh
 
 .PHONY: test
@@ -46,6 +46,13 @@ test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/, tears it down.
 	hack/e2e.sh
+
+##@ Benchmarks
+
+BENCH_ARGS ?=
+.PHONY: bench
+bench: build ## Benchmarks on their own local control plane; e.g. BENCH_ARGS="--crs 10000". Results in bench/results/.
+	$(CARGO) run --release --locked -p memcached-operator-bench -- $(BENCH_ARGS)
 
 ##@ Build
 

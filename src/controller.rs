@@ -24,6 +24,7 @@ use crate::api::{Memcached, MemcachedStatus};
 use crate::backoff::Backoff;
 use crate::drift::needs_apply;
 use crate::error::{Error, Result};
+use crate::health::CacheSync;
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME, is_controlled_by};
 use crate::status::{self, Blocked, Observed};
@@ -31,6 +32,8 @@ use crate::validation::{self, INVALID_SPEC};
 
 /// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
 /// look again this often.
+/// Retry delay for a reconcile that arrives before the owned caches are filled.
+const CACHE_WAIT: Duration = Duration::from_millis(100);
 const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 
 /// Which namespaces the controller watches.
@@ -61,6 +64,8 @@ pub struct Context {
     pub default_image: String,
     pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     pub metrics: Arc<Metrics>,
+    /// Whether this scope's caches have their first list.
+    pub caches: Arc<CacheSync>,
 }
 
 /// Reconcile one Memcached: fetch, ensure Deployment (with replicas = size), ensure Service,
@@ -91,6 +96,11 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
+    }
+    // The controller only waits for the Memcached cache; status read from half-filled owned
+    // caches would be wrong.
+    if !ctx.caches.all_synced() {
+        return Ok(Action::requeue(CACHE_WAIT));
     }
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
@@ -449,14 +459,12 @@ const CACHES_PER_SCOPE: usize = 4;
 /// Not `Store::wait_until_ready`: in kube 5 it is one shared oneshot receiver that keeps only the
 /// last waiter's waker, and the controller already waits on the Memcached store, so a second
 /// waiter can leave one of the two asleep for good.
-fn synced_once<K>(
-    health: Arc<crate::health::Health>,
-) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+fn synced_once<K>(sync: Arc<CacheSync>) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
     let mut seen = false;
     move |event| {
         if !seen && matches!(event, Ok(watcher::Event::InitDone)) {
             seen = true;
-            health.cache_synced();
+            sync.synced();
         }
     }
 }
@@ -464,7 +472,7 @@ fn synced_once<K>(
 /// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
 fn owned_stream<K>(
     api: Api<K>,
-    health: &Arc<crate::health::Health>,
+    sync: &Arc<CacheSync>,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -478,7 +486,7 @@ where
         .any_semantic();
     let stream = watcher(api, config)
         .default_backoff()
-        .inspect(synced_once(health.clone()))
+        .inspect(synced_once(sync.clone()))
         .reflect(writer)
         .applied_objects();
     (reader, stream)
@@ -505,25 +513,25 @@ async fn run_scope(
     };
     let invalid = parts.metrics.invalid_objects.clone();
     let (mc_reader, mc_writer) = reflector::store::<Memcached>();
-    let health = &parts.health;
+    let sync = &Arc::new(CacheSync::new(CACHES_PER_SCOPE, parts.health.clone()));
     let memcacheds = watcher(raw, watcher::Config::default().any_semantic())
         .default_backoff()
-        .inspect(synced_once(health.clone()))
+        .inspect(synced_once(sync.clone()))
         .filter_map(move |event| future::ready(event.map(|e| parse_event(e, &invalid)).transpose()))
         .reflect(mc_writer)
         .applied_objects()
         // Status writes do not change the generation, so the controller does not wake itself.
         .predicate_filter(predicates::generation, Default::default());
 
-    let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns), health);
-    let (services, service_events) = owned_stream::<Service>(api_in(client, ns), health);
+    let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns), sync);
+    let (services, service_events) = owned_stream::<Service>(api_in(client, ns), sync);
     let (pod_reader, pod_writer) = reflector::store();
     let pod_config = watcher::Config::default()
         .labels(&resources::managed_by_selector())
         .any_semantic();
     let pod_events = watcher(api_in::<PartialObjectMeta<Pod>>(client, ns), pod_config)
         .default_backoff()
-        .inspect(synced_once(health.clone()))
+        .inspect(synced_once(sync.clone()))
         .reflect(pod_writer)
         .touched_objects();
 
@@ -536,6 +544,7 @@ async fn run_scope(
         default_image: parts.default_image,
         backoff: parts.backoff,
         metrics: parts.metrics,
+        caches: sync.clone(),
     });
     let scope = ns.unwrap_or("*").to_string();
     let shutdown_signal = shutdown.clone();

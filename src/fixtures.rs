@@ -98,6 +98,7 @@ pub mod apiserver {
             default_image: crate::resources::FALLBACK_MEMCACHED_IMAGE.into(),
             backoff: Arc::new(Backoff::default()),
             metrics: Arc::new(Metrics::new()),
+            caches: Arc::new(crate::health::CacheSync::new(0, Default::default())),
         };
         (
             Arc::new(ctx),

@@ -62,6 +62,38 @@ impl Health {
     }
 }
 
+/// First-list progress of one watch scope's caches. Reconciling before the owned caches are
+/// filled would report a wrong status (no pods yet) and correct it a moment later: two needless
+/// writes per object after every restart.
+pub struct CacheSync {
+    pending: AtomicUsize,
+    health: std::sync::Arc<Health>,
+}
+
+impl CacheSync {
+    pub fn new(caches: usize, health: std::sync::Arc<Health>) -> Self {
+        Self {
+            pending: AtomicUsize::new(caches),
+            health,
+        }
+    }
+
+    /// One cache has its first complete list.
+    pub fn synced(&self) {
+        if self
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.health.cache_synced();
+        }
+    }
+
+    pub fn all_synced(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +123,23 @@ mod tests {
             h.readiness(Ok(())),
             Ok(()),
             "extra sync signals do not wrap around"
+        );
+    }
+
+    #[test]
+    fn a_scope_is_synced_once_each_of_its_caches_is() {
+        let h = std::sync::Arc::new(Health::default());
+        h.expect_caches(2);
+        let scope = CacheSync::new(2, h.clone());
+        scope.synced();
+        assert!(!scope.all_synced());
+        scope.synced();
+        scope.synced();
+        assert!(scope.all_synced());
+        assert_eq!(
+            h.readiness(Ok(())),
+            Ok(()),
+            "each cache is reported to readiness once"
         );
     }
 }

@@ -1,0 +1,431 @@
+//! `make bench`: measures an operator for Memcached on its own embedded control plane.
+//!
+//! Scenarios: converge (N CRs of size 1), steady (idle RSS/CPU, then size-change latency),
+//! restart (time to ready and writes made), failover (SIGKILL and SIGTERM of the leader).
+//! Operator figures come from /proc; API figures from the API server's audit log, filtered to the
+//! operator's ServiceAccount, never from the operator's own metrics.
+
+mod audit;
+mod cluster;
+mod operator;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::{Memcached, MemcachedSpec};
+use serde_json::{Value, json};
+
+use crate::cluster::Cluster;
+use crate::operator::Operator;
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark an operator for Memcached on a local control plane")]
+struct Args {
+    /// Memcached objects to create.
+    #[arg(long, default_value_t = 1000)]
+    crs: usize,
+    /// Namespaces to spread them over.
+    #[arg(long, default_value_t = 10)]
+    namespaces: usize,
+    /// Command that runs the operator; {metrics}, {health} and {identity} are filled in, and
+    /// KUBECONFIG points at its ServiceAccount's credentials.
+    #[arg(
+        long,
+        default_value = "target/release/memcached-operator --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --max-concurrent-reconciles=8"
+    )]
+    operator: String,
+    /// CRD to install.
+    #[arg(
+        long,
+        default_value = "config/crd/bases/cache.example.com_memcacheds.yaml"
+    )]
+    crd: PathBuf,
+    /// Seconds of idle for the steady-state figures.
+    #[arg(long, default_value_t = 60)]
+    idle_seconds: u64,
+    /// Scenarios to run, comma-separated.
+    #[arg(long, default_value = "converge,steady,restart,failover")]
+    scenarios: String,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "bench/results/latest.json")]
+    out: PathBuf,
+    /// Give up waiting for convergence after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
+    let cluster = Cluster::up().await?;
+    let result = run(&args, &scenarios, &cluster).await;
+    cluster.down().await;
+    let results = result?;
+    std::fs::create_dir_all(args.out.parent().unwrap_or(&PathBuf::from(".")))?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&results)?)?;
+    print_table(&results);
+    println!("results written to {}", args.out.display());
+    Ok(())
+}
+
+async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value> {
+    let client = cluster.admin().await?;
+    cluster.install(&args.crd).await?;
+    let namespaces: Vec<String> = (0..args.namespaces).map(|i| format!("bench-{i}")).collect();
+    for ns in &namespaces {
+        let obj = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(ns.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&obj))
+            .await?;
+    }
+    let names: Vec<(String, String)> = (0..args.crs)
+        .map(|i| {
+            (
+                namespaces[i % namespaces.len()].clone(),
+                format!("mc-{i:05}"),
+            )
+        })
+        .collect();
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let mut results = json!({
+        "machine": machine_facts(),
+        "operator": args.operator,
+        "crs": args.crs,
+        "namespaces": args.namespaces,
+    });
+
+    let mut op = Operator::start(cluster, &args.operator, "bench-a").await?;
+    op.wait_ready(Duration::from_secs(60)).await?;
+
+    if scenarios.contains(&"converge") {
+        let t_audit = audit::now();
+        let started = Instant::now();
+        stream::iter(names.iter())
+            .map(|(ns, name)| create(&client, ns, name))
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let created = started.elapsed();
+        wait_count(
+            &client,
+            "Deployments with replicas 1",
+            args.crs,
+            timeout,
+            |d: &Deployment| d.spec.as_ref().and_then(|s| s.replicas) == Some(1),
+        )
+        .await?;
+        let deployments_at = started.elapsed();
+        wait_count(
+            &client,
+            "Deployments with 1 ready pod",
+            args.crs,
+            timeout,
+            |d: &Deployment| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(1),
+        )
+        .await?;
+        let ready_at = started.elapsed();
+        wait_available(&client, args.crs, timeout).await?;
+        let available_at = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let writes = cluster.audit_counts(t_audit, audit::now())?;
+        results["converge"] = json!({
+            "create_seconds": created.as_secs_f64(),
+            "deployments_seconds": deployments_at.as_secs_f64(),
+            "pods_ready_seconds": ready_at.as_secs_f64(),
+            "available_seconds": available_at.as_secs_f64(),
+            "writes": writes.writes,
+            "writes_per_cr": writes.writes as f64 / args.crs as f64,
+            "conflicts_409": writes.code(409),
+            "throttled_429": writes.code(429),
+            "requests": writes.by_key,
+            "rss_peak_mib": op.peak_rss_mib(),
+        });
+    }
+
+    if scenarios.contains(&"steady") {
+        let t_audit = audit::now();
+        let cpu0 = op.cpu_seconds();
+        tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+        let idle_cpu = op.cpu_seconds() - cpu0;
+        let idle_rss = op.rss_mib();
+        let idle_writes = cluster.audit_counts(t_audit, audit::now())?;
+
+        let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
+        let latencies = size_change_latencies(&client, &changed, 2, timeout).await?;
+        results["steady"] = json!({
+            "idle_seconds": args.idle_seconds,
+            "idle_rss_mib": idle_rss,
+            "idle_cpu_seconds": idle_cpu,
+            "idle_writes": idle_writes.writes,
+            "changed_crs": changed.len(),
+            "size_change_p50_ms": percentile(&latencies, 0.50),
+            "size_change_p99_ms": percentile(&latencies, 0.99),
+            "loaded_rss_mib": op.rss_mib(),
+            "rss_peak_mib": op.peak_rss_mib(),
+            "cpu_seconds_total": op.cpu_seconds(),
+        });
+    }
+
+    if scenarios.contains(&"restart") {
+        op.stop("TERM").await;
+        let t_audit = audit::now();
+        let started = Instant::now();
+        op = Operator::start(cluster, &args.operator, "bench-b").await?;
+        op.wait_ready(Duration::from_secs(120)).await?;
+        let ready = started.elapsed();
+        // Let it finish its first pass over every object before counting.
+        op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let writes = cluster.audit_counts(t_audit, audit::now())?;
+        results["restart"] = json!({
+            "ready_seconds": ready.as_secs_f64(),
+            "writes": writes.writes,
+            "requests": writes.by_key,
+            "rss_peak_mib": op.peak_rss_mib(),
+        });
+    }
+    op.stop("TERM").await;
+
+    if scenarios.contains(&"failover") {
+        let elect = format!(
+            "{} --leader-elect --leader-election-namespace=memcached-operator-system",
+            args.operator
+        );
+        let mut gaps = BTreeMap::new();
+        for (signal, target_size) in [("KILL", 3), ("TERM", 4)] {
+            let mut leader = Operator::start(cluster, &elect, &format!("leader-{signal}")).await?;
+            leader.wait_leader(&client, Duration::from_secs(60)).await?;
+            let follower = Operator::start(cluster, &elect, &format!("follower-{signal}")).await?;
+            follower.wait_ready(Duration::from_secs(60)).await?;
+            let (ns, name) = &names[0];
+            let started = Instant::now();
+            leader.stop(signal).await;
+            patch_size(&client, ns, name, target_size).await?;
+            wait_replicas(&client, ns, name, target_size, Duration::from_secs(120)).await?;
+            gaps.insert(
+                format!("sig{}_seconds", signal.to_lowercase()),
+                started.elapsed().as_secs_f64(),
+            );
+            let mut follower = follower;
+            follower.stop("TERM").await;
+        }
+        results["failover"] = json!(gaps);
+    }
+    Ok(results)
+}
+
+async fn create(client: &Client, ns: &str, name: &str) -> Result<()> {
+    let spec: MemcachedSpec = serde_json::from_value(json!({"size": 1}))?;
+    let mc = Memcached::new(name, spec);
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &mc)
+        .await?;
+    Ok(())
+}
+
+async fn patch_size(client: &Client, ns: &str, name: &str, size: i32) -> Result<()> {
+    let patch = json!({"spec": {"size": size}});
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn wait_replicas(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    timeout: Duration,
+) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    loop {
+        if api.get_opt(name).await?.and_then(|d| d.spec?.replicas) == Some(replicas) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{ns}/{name} never reached {replicas} replicas");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls every Deployment until `want` of them satisfy `pred`.
+async fn wait_count(
+    client: &Client,
+    what: &str,
+    want: usize,
+    timeout: Duration,
+    pred: impl Fn(&Deployment) -> bool,
+) -> Result<()> {
+    let api: Api<Deployment> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|d| pred(d))
+            .count();
+        if n >= want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out: {n}/{want} {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn wait_available(client: &Client, want: usize, timeout: Duration) -> Result<()> {
+    let api: Api<Memcached> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|m| {
+                m.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Available" && c.status == "True")
+                })
+            })
+            .count();
+        if n >= want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out: {n}/{want} Memcacheds Available");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Changes the size of each CR and returns, per CR, milliseconds until its Deployment has it.
+async fn size_change_latencies(
+    client: &Client,
+    crs: &[&(String, String)],
+    size: i32,
+    timeout: Duration,
+) -> Result<Vec<f64>> {
+    let api: Api<Deployment> = Api::all(client.clone());
+    let mut sent = BTreeMap::new();
+    for (ns, name) in crs {
+        patch_size(client, ns, name, size).await?;
+        sent.insert((ns.clone(), name.clone()), Instant::now());
+    }
+    let mut latencies = Vec::new();
+    let deadline = Instant::now() + timeout;
+    while !sent.is_empty() {
+        for d in api.list(&ListParams::default()).await?.items {
+            let key = (d.namespace().unwrap_or_default(), d.name_any());
+            if d.spec.as_ref().and_then(|s| s.replicas) == Some(size)
+                && let Some(at) = sent.remove(&key)
+            {
+                latencies.push(at.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} size changes never reached their Deployments",
+                sent.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(latencies)
+}
+
+/// Nearest-rank percentile. The latencies include the poll interval (20 ms) as an upper bound.
+fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn machine_facts() -> Value {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let versions = std::fs::read_to_string("hack/versions.env").unwrap_or_default();
+    json!({
+        "cores": cores,
+        "memory_gib": mem_kib as f64 / 1024.0 / 1024.0,
+        "control_plane": versions.lines().filter(|l| l.contains("_VERSION=")).collect::<Vec<_>>(),
+    })
+}
+
+fn print_table(results: &Value) {
+    println!("\n{:<48} {:>14}", "figure", "value");
+    let rows = [
+        (
+            "converge: all Deployments created (s)",
+            "/converge/deployments_seconds",
+        ),
+        (
+            "converge: all pods Ready (s)",
+            "/converge/pods_ready_seconds",
+        ),
+        (
+            "converge: all CRs Available (s)",
+            "/converge/available_seconds",
+        ),
+        ("converge: writes per CR", "/converge/writes_per_cr"),
+        ("converge: 409 conflicts", "/converge/conflicts_409"),
+        ("converge: peak RSS (MiB)", "/converge/rss_peak_mib"),
+        ("steady: idle RSS (MiB)", "/steady/idle_rss_mib"),
+        ("steady: idle CPU (s)", "/steady/idle_cpu_seconds"),
+        ("steady: idle writes", "/steady/idle_writes"),
+        ("steady: size change p50 (ms)", "/steady/size_change_p50_ms"),
+        ("steady: size change p99 (ms)", "/steady/size_change_p99_ms"),
+        ("steady: loaded RSS (MiB)", "/steady/loaded_rss_mib"),
+        ("steady: CPU total (s)", "/steady/cpu_seconds_total"),
+        ("restart: time to ready (s)", "/restart/ready_seconds"),
+        ("restart: writes", "/restart/writes"),
+        ("failover: SIGKILL gap (s)", "/failover/sigkill_seconds"),
+        ("failover: SIGTERM gap (s)", "/failover/sigterm_seconds"),
+    ];
+    for (label, pointer) in rows {
+        if let Some(v) = results.pointer(pointer) {
+            let text = match v.as_f64() {
+                Some(f) if f.fract() != 0.0 => format!("{f:.3}"),
+                _ => v.to_string(),
+            };
+            println!("{label:<48} {text:>14}");
+        }
+    }
+    println!("machine: {}", results["machine"]);
+}
