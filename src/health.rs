@@ -39,6 +39,11 @@ impl Health {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
+    /// Whether every watch cache the controller expects has its first list.
+    pub fn caches_synced(&self) -> bool {
+        self.caches_pending.load(Ordering::SeqCst) == 0
+    }
+
     /// Readiness given whether the API server answered: a follower only needs the API server;
     /// the leader also needs its caches synced, so it does not act on a partial view.
     pub fn readiness(&self, api: Result<(), String>) -> Result<(), NotReady> {

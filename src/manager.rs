@@ -114,8 +114,9 @@ async fn run(args: RunArgs) -> ExitCode {
         };
         run_as_leader(client, config, settings, metrics, health, shutdown, &args).await
     } else {
-        let controller = controller::run(client, settings, metrics, health, shutdown.clone());
-        drain(controller, &shutdown, &args).await;
+        let controller =
+            controller::run(client, settings, metrics, health.clone(), shutdown.clone());
+        drain(controller, &shutdown, &health, &args).await;
         ExitCode::SUCCESS
     };
     endpoints_stop.cancel();
@@ -146,7 +147,7 @@ async fn run_as_leader(
         client,
         settings,
         metrics.clone(),
-        health,
+        health.clone(),
         stop_controller.clone(),
     );
     tokio::pin!(controller);
@@ -158,7 +159,7 @@ async fn run_as_leader(
     match outcome {
         Ok(()) => {
             stop_controller.cancel();
-            drain(controller, &stop_controller, args).await;
+            drain(controller, &stop_controller, &health, args).await;
             elector.release().await;
             ExitCode::SUCCESS
         }
@@ -171,11 +172,24 @@ async fn run_as_leader(
 }
 
 /// Waits for the controller to finish after `stop`, for at most the graceful shutdown timeout.
-async fn drain(controller: impl Future<Output = ()>, stop: &CancellationToken, args: &RunArgs) {
+///
+/// Not while the caches are still filling: nothing can be in flight then, and kube's controller
+/// does not finish a graceful shutdown begun before its first list (it waits for a store that
+/// will never be ready), which held the lease for the whole timeout.
+async fn drain(
+    controller: impl Future<Output = ()>,
+    stop: &CancellationToken,
+    health: &Health,
+    args: &RunArgs,
+) {
     tokio::pin!(controller);
     tokio::select! {
         _ = &mut controller => return,
         _ = stop.cancelled() => {}
+    }
+    if !health.caches_synced() {
+        info!("stopping before the caches synced: nothing to drain");
+        return;
     }
     if tokio::time::timeout(args.graceful_shutdown_timeout, controller)
         .await

@@ -63,7 +63,11 @@ impl Cluster {
             .arg(&self.dir)
             .status()
             .await;
-        let _ = std::fs::remove_dir_all(&self.base);
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.base.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.base);
+        }
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
