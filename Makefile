@@ -2,8 +2,6 @@
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
-IMG ?= memcached-operator:0.1.0
-VERSION ?= 0.1.0
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
 CARGO ?= cargo
@@ -13,6 +11,9 @@ CRD := config/crd/bases/cache.example.com_memcacheds.yaml
 LOCAL_CLUSTER_DIR ?= $(CURDIR)/.cluster/local
 
 .DEFAULT_GOAL := help
+
+# OLM packaging (bundle, catalog, images, operator-sdk and opm): VERSION, IMG, BUNDLE_IMG, ...
+include olm.mk
 
 ##@ General
 
@@ -34,10 +35,10 @@ fmt: ## Format the Rust code.
 lint: ## cargo fmt --check, clippy -D warnings, shellcheck.
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	shellcheck hack/*.sh
+	shellcheck hack/*.sh hack/olm/*.sh
 
 .PHONY: test
-test: lint test-unit test-e2e ## Lint, unit tests, then the end-to-end suite on a local control plane.
+test: lint test-unit test-e2e olm-check test-olm ## Lint, unit, end-to-end, OLM bundle checks, and an install through real OLM.
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).

@@ -1,0 +1,101 @@
+# OLM packaging: bundle, file-based catalog, their images, and the offline checks.
+# Included by the Makefile (`include olm.mk`). Targets and variables follow operator-sdk's
+# scaffolded Makefile. Tools are built from Go modules into
+# $(MEMCACHED_OPERATOR_CACHE)/bin/<tool>-<version>/ (pins: hack/olm/versions.env).
+
+# OPERATOR_SDK_VERSION, OPM_VERSION, OLM_VERSION, BUNDLE_VERSION, BUNDLE_CREATED_AT,
+# BUNDLE_CHANNELS, BUNDLE_DEFAULT_CHANNEL.
+include hack/olm/versions.env
+
+# The bundle's version (CSV memcached-operator.v$(VERSION)).
+VERSION ?= $(BUNDLE_VERSION)
+# Image names carry no registry: set IMAGE_TAG_BASE (or IMG, BUNDLE_IMG, CATALOG_IMG) to push.
+IMAGE_TAG_BASE ?= memcached-operator
+IMG ?= $(IMAGE_TAG_BASE):$(VERSION)
+BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
+CATALOG_IMG ?= $(IMAGE_TAG_BASE)-catalog:v$(VERSION)
+CONTAINER_TOOL ?= docker
+CHANNELS ?= $(BUNDLE_CHANNELS)
+DEFAULT_CHANNEL ?= $(BUNDLE_DEFAULT_CHANNEL)
+# The CSV's createdAt: pinned so that `make bundle` is reproducible (bump it with VERSION).
+CREATED_AT ?= $(BUNDLE_CREATED_AT)
+
+OLM_TOOLS_CACHE := $(or $(MEMCACHED_OPERATOR_CACHE),$(HOME)/.cache/memcached-operator)/bin
+OPERATOR_SDK ?= $(OLM_TOOLS_CACHE)/operator-sdk-$(OPERATOR_SDK_VERSION)/operator-sdk
+OPM ?= $(OLM_TOOLS_CACHE)/opm-$(OPM_VERSION)/opm
+SCORECARD_TEST ?= $(OLM_TOOLS_CACHE)/scorecard-test-$(OPERATOR_SDK_VERSION)/scorecard-test
+# Base and builder image of catalog.Dockerfile (`opm generate dockerfile`).
+OPM_IMAGE ?= operator-framework/opm:$(OPM_VERSION)
+
+# What the bundle scripts read from the environment.
+OLM_BUNDLE_ENV = VERSION=$(VERSION) IMG=$(IMG) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) \
+	CREATED_AT=$(CREATED_AT) OPERATOR_SDK=$(OPERATOR_SDK)
+
+##@ OLM bundle and catalog
+
+.PHONY: operator-sdk
+operator-sdk: ## Build operator-sdk from its Go module (cached); print its path.
+	@if [ "$(OPERATOR_SDK)" = "$(OLM_TOOLS_CACHE)/operator-sdk-$(OPERATOR_SDK_VERSION)/operator-sdk" ]; then \
+		hack/olm/build-tools.sh --path operator-sdk; else echo "$(OPERATOR_SDK)"; fi
+
+.PHONY: opm
+opm: ## Build opm from its Go module (cached); print its path.
+	@if [ "$(OPM)" = "$(OLM_TOOLS_CACHE)/opm-$(OPM_VERSION)/opm" ]; then \
+		hack/olm/build-tools.sh --path opm; else echo "$(OPM)"; fi
+
+.PHONY: scorecard-test
+scorecard-test: ## Build operator-sdk's scorecard-test program (cached); print its path.
+	@if [ "$(SCORECARD_TEST)" = "$(OLM_TOOLS_CACHE)/scorecard-test-$(OPERATOR_SDK_VERSION)/scorecard-test" ]; then \
+		hack/olm/build-tools.sh --path scorecard-test; else echo "$(SCORECARD_TEST)"; fi
+
+.PHONY: bundle
+bundle: operator-sdk ## Regenerate bundle/ and bundle.Dockerfile from config/ (operator-sdk generate bundle), then validate.
+	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh
+	hack/olm/check-bundle-dockerfile.sh
+
+.PHONY: bundle-validate
+bundle-validate: operator-sdk ## operator-sdk bundle validate ./bundle --select-optional suite=operatorframework.
+	$(OPERATOR_SDK) bundle validate ./bundle --select-optional suite=operatorframework
+	hack/olm/check-bundle-dockerfile.sh
+
+.PHONY: scorecard-static
+scorecard-static: scorecard-test ## Run the scorecard's built-in (static) tests on bundle/ offline.
+	SCORECARD_TEST=$(SCORECARD_TEST) hack/olm/scorecard-static.sh bundle
+
+.PHONY: bundle-check
+bundle-check: operator-sdk opm ## Fail if bundle/, bundle.Dockerfile, catalog/ or catalog.Dockerfile drift from config/.
+	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh --check
+	hack/olm/check-bundle-dockerfile.sh
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
+
+.PHONY: bundle-build
+bundle-build: ## Build the bundle image (bundle.Dockerfile).
+	$(CONTAINER_TOOL) build -f bundle.Dockerfile -t $(BUNDLE_IMG) .
+
+.PHONY: bundle-push
+bundle-push: ## Push the bundle image.
+	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
+
+.PHONY: catalog
+catalog: opm ## Regenerate catalog/ (file-based catalog, opm render of bundle/) and catalog.Dockerfile; opm validate.
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh
+
+.PHONY: catalog-build
+catalog-build: ## Build the catalog image (catalog.Dockerfile: opm serve of catalog/).
+	$(CONTAINER_TOOL) build -f catalog.Dockerfile -t $(CATALOG_IMG) .
+
+.PHONY: catalog-push
+catalog-push: ## Push the catalog image.
+	$(CONTAINER_TOOL) push $(CATALOG_IMG)
+
+.PHONY: olm-check
+olm-check: bundle-check bundle-validate scorecard-static ## Offline OLM checks: drift, validate, scorecard static tests.
+
+.PHONY: olm
+olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); print their directory.
+	@hack/olm/build-tools.sh --path olm
+
+.PHONY: test-olm
+test-olm: opm ## Install catalog/ through real OLM on a local control plane (like operator-sdk run bundle); tear down.
+	$(CARGO) build --locked
+	OPM=$(OPM) OPERATOR_BIN=$(CURDIR)/target/debug/memcached-operator hack/olm/test-olm.sh $(CURDIR)/.cluster/olm-test
