@@ -179,6 +179,21 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
 
         let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
         let latencies = size_change_latencies(&client, &deployments, &changed, 2, timeout).await?;
+        // Settle before the next scenario: status writes for pods still starting are not restart cost.
+        wait_count(
+            &memcacheds,
+            "Memcacheds settled at their size",
+            args.crs,
+            timeout,
+            |m: &Memcached| {
+                is_available(m)
+                    && m.status
+                        .as_ref()
+                        .is_some_and(|s| s.ready_replicas == m.spec.size)
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         results["steady"] = json!({
             "idle_seconds": args.idle_seconds,
             "idle_rss_mib": idle_rss,
