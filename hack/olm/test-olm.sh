@@ -204,7 +204,9 @@ check "CRD memcacheds.cache.example.com created and Established" \
 	kctl wait --for=condition=Established --timeout=10s crd/memcacheds.cache.example.com
 check "ServiceAccount ${SA}" kctl get serviceaccount -n "${NS}" "${SA}" -o name
 owned() { # KIND [-n NS] : some object of KIND that OLM labelled as owned by the CSV exists
-	kctl get "$@" -l "olm.owner=${CSV_NAME}" -o name | grep -q .
+	# Not `| grep -q .`: under pipefail, grep leaving early makes kubectl die of SIGPIPE when
+	# there is more than one object.
+	[[ -n "$(kctl get "$@" -l "olm.owner=${CSV_NAME}" -o name)" ]]
 }
 owned_role_and_binding() { owned role -n "${NS}" && owned rolebinding -n "${NS}"; }
 check "Role and RoleBinding (permissions: leases) owned by the CSV" owned_role_and_binding
