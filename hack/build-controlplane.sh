@@ -32,8 +32,9 @@ KUBE_CONTROLPLANE_DIR="${BIN_ROOT}/kube-controlplane-${KUBE_VERSION}"
 ETCD_DIR="${BIN_ROOT}/etcd-${ETCD_VERSION}"
 KWOK_DIR="${BIN_ROOT}/kwok-${KWOK_VERSION}"
 
-log() { printf '[build-controlplane] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_TAG=build-controlplane
+# shellcheck source=hack/lib.sh
+source "${HACK_DIR}/lib.sh"
 
 print_env() {
 	printf 'KUBE_CONTROLPLANE_BIN=%q\n' "${KUBE_CONTROLPLANE_DIR}/kube-controlplane"
@@ -51,41 +52,6 @@ stamp() {
 		printf '%s %s recipe=%s\n' "${name}" "${version}" "${RECIPE_VERSION}"
 		if [[ $# -gt 0 ]]; then cat "$@"; fi
 	} | sha256sum | cut -c1-16
-}
-
-is_fresh() { # DIR STAMP FILE...
-	local dir="$1" want="$2"
-	shift 2
-	[[ -f "${dir}/.stamp" && "$(cat "${dir}/.stamp")" == "${want}" ]] || return 1
-	local f
-	for f in "$@"; do [[ -s "${dir}/${f}" ]] || return 1; done
-}
-
-new_tmp() { # NAME : fresh build directory inside BIN_ROOT (same fs, so mv is a rename).
-	local d
-	d="$(mktemp -d "${BIN_ROOT}/.tmp.$1.XXXXXX")"
-	chmod 755 "${d}"
-	printf "%s" "${d}"
-}
-
-# install_dir TMP DEST : atomically-enough replace DEST with TMP (rename within one fs).
-install_dir() {
-	local tmp="$1" dest="$2" old=""
-	if [[ -e "${dest}" ]]; then
-		old="$(mktemp -d "${BIN_ROOT}/.old.XXXXXX")"
-		mv "${dest}" "${old}/"
-	fi
-	mv "${tmp}" "${dest}"
-	if [[ -n "${old}" ]]; then rm -rf "${old}"; fi
-}
-
-# module_field MODULE@VERSION FIELD : a string field of `go mod download -json`.
-module_field() {
-	"${GO}" mod download -json "$1" |
-		python3 -c 'import json,sys; d=json.load(sys.stdin); f=sys.argv[1]
-if "Error" in d: sys.exit("go mod download: " + d["Error"])
-v=d.get(f) or (d.get("Origin") or {}).get(f) or ""
-print(v)' "$2"
 }
 
 kube_ldflags() {
@@ -108,15 +74,6 @@ kube_ldflags() {
 	printf '%s' "${ldflags}"
 }
 
-timed() { # LABEL CMD... : run CMD, log wall time.
-	local label="$1" start rc=0
-	shift
-	start=$(date +%s)
-	"$@" || rc=$?
-	log "${label}: $(($(date +%s) - start))s (exit ${rc})"
-	return "${rc}"
-}
-
 build_kube_controlplane() {
 	local mod="${HACK_DIR}/controlplane" want tmp
 	want="$(stamp kube-controlplane "${KUBE_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
@@ -127,7 +84,7 @@ build_kube_controlplane() {
 	grep -q "^require k8s.io/kubernetes ${KUBE_VERSION}\$\|^[[:space:]]k8s.io/kubernetes ${KUBE_VERSION}\$" "${mod}/go.mod" ||
 		die "hack/controlplane/go.mod does not require k8s.io/kubernetes ${KUBE_VERSION}; run $0 --update-modules"
 	log "building kube-controlplane ${KUBE_VERSION} (cold: 15-30 min on 2 cores)"
-	tmp="$(new_tmp kube-controlplane)"
+	tmp="$(new_tmp .tmp kube-controlplane)"
 	local ldflags
 	ldflags="$(cd "${mod}" && kube_ldflags)"
 	(cd "${mod}" && timed "kube-controlplane build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
@@ -136,7 +93,7 @@ build_kube_controlplane() {
 		die "kube-controlplane build failed"
 	}
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir "${tmp}" "${KUBE_CONTROLPLANE_DIR}"
+	install_dir .old "${tmp}" "${KUBE_CONTROLPLANE_DIR}"
 	log "kube-controlplane: $(du -h "${KUBE_CONTROLPLANE_DIR}/kube-controlplane" | cut -f1)"
 }
 
@@ -150,7 +107,7 @@ build_etcd() {
 	grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\$" "${mod}/go.mod" ||
 		die "hack/etcd/go.mod does not require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}; run $0 --update-modules"
 	log "building etcd ${ETCD_VERSION}"
-	tmp="$(new_tmp etcd)"
+	tmp="$(new_tmp .tmp etcd)"
 	(cd "${mod}" && timed "etcd build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
 		"${GO}" build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}" \
 		-o "${tmp}/etcd" .) || {
@@ -158,7 +115,7 @@ build_etcd() {
 		die "etcd build failed"
 	}
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir "${tmp}" "${ETCD_DIR}"
+	install_dir .old "${tmp}" "${ETCD_DIR}"
 	log "etcd: $(du -h "${ETCD_DIR}/etcd" | cut -f1)"
 }
 
@@ -170,7 +127,7 @@ build_kwok() {
 		return 0
 	fi
 	log "building kwok ${KWOK_VERSION}"
-	tmp="$(new_tmp kwok)"
+	tmp="$(new_tmp .tmp kwok)"
 	# go install outside any module, so hack/ or the repo's own go.mod (if any) is not consulted.
 	(cd "${tmp}" && timed "kwok build" env GOBIN="${tmp}" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on \
 		"${GO}" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}") || {
@@ -187,7 +144,7 @@ build_kwok() {
 		die "kubectl kustomize of kwok stages failed"
 	}
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir "${tmp}" "${KWOK_DIR}"
+	install_dir .old "${tmp}" "${KWOK_DIR}"
 	log "kwok: $(du -h "${KWOK_DIR}/kwok" | cut -f1)"
 }
 

@@ -6,6 +6,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:?usage: hack/run-local.sh CLUSTER_DIR}"
+# shellcheck source=hack/lib.sh
+source "${ROOT}/hack/lib.sh"
 NS=memcached-operator-system
 SA=memcached-operator-controller-manager
 
@@ -18,25 +20,8 @@ export KUBECONFIG
 kubectl apply --server-side --field-manager=run-local -k "${ROOT}/config/local" >/dev/null
 kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --timeout=60s >/dev/null
 
-token="$(kubectl -n "${NS}" create token "${SA}" --duration=24h)"
-server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
-ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
 operator_kubeconfig="${DIR}/operator.kubeconfig"
-cat >"${operator_kubeconfig}" <<YAML
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster: {server: "${server}", certificate-authority-data: "${ca}"}
-users:
-- name: ${SA}
-  user: {token: "${token}"}
-contexts:
-- name: operator
-  context: {cluster: local, user: ${SA}, namespace: ${NS}}
-current-context: operator
-YAML
-chmod 600 "${operator_kubeconfig}"
+write_sa_kubeconfig "${NS}" "${SA}" "${operator_kubeconfig}" 24h
 
 cat <<MSG
 

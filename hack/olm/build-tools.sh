@@ -35,11 +35,9 @@ SDK_MOD=github.com/operator-framework/operator-sdk
 OPM_MOD=github.com/operator-framework/operator-registry
 OLM_MOD=github.com/operator-framework/operator-lifecycle-manager
 
-log() { printf '[olm/build-tools] %s\n' "$*" >&2; }
-die() {
-	log "ERROR: $*"
-	exit 1
-}
+LOG_TAG=olm/build-tools
+# shellcheck source=hack/lib.sh
+source "${OLM_HACK_DIR}/../lib.sh"
 
 tool_dir() { # TOOL
 	case "$1" in
@@ -70,42 +68,6 @@ print_env() {
 
 stamp() { # TOOL VERSION
 	printf '%s %s recipe=%s\n' "$1" "$2" "${RECIPE_VERSION}" | sha256sum | cut -c1-16
-}
-
-is_fresh() { # DIR STAMP FILE...
-	local dir="$1" want="$2"
-	shift 2
-	[[ -f "${dir}/.stamp" && "$(cat "${dir}/.stamp")" == "${want}" ]] || return 1
-	local f
-	for f in "$@"; do [[ -s "${dir}/${f}" ]] || return 1; done
-}
-
-# Temporary names do not start with ".tmp." or ".old.": hack/build-controlplane.sh removes
-# those (its own leftovers) under its own lock, which would pull a directory from under a build
-# running here.
-new_tmp() { # NAME : fresh build directory inside BIN_ROOT (same fs, so mv is a rename).
-	local d
-	d="$(mktemp -d "${BIN_ROOT}/.olm-tmp.$1.XXXXXX")"
-	chmod 755 "${d}"
-	printf "%s" "${d}"
-}
-
-install_dir() { # TMP DEST
-	local tmp="$1" dest="$2" old=""
-	if [[ -e "${dest}" ]]; then
-		old="$(mktemp -d "${BIN_ROOT}/.olm-old.XXXXXX")"
-		mv "${dest}" "${old}/"
-	fi
-	mv "${tmp}" "${dest}"
-	if [[ -n "${old}" ]]; then rm -rf "${old}"; fi
-}
-
-# module_field MODULE@VERSION FIELD : a string field of `go mod download -json` (or its Origin).
-module_field() {
-	(cd "${BIN_ROOT}" && GOFLAGS="" "${GO}" mod download -json "$1") |
-		python3 -c 'import json,sys; d=json.load(sys.stdin); f=sys.argv[1]
-if "Error" in d: sys.exit("go mod download: " + d["Error"])
-print(d.get(f) or (d.get("Origin") or {}).get(f) or "")' "$2"
 }
 
 # go_build SRC TMP LDFLAGS TAGS PKG... : build PKGs of the released module copied to SRC, as
@@ -151,15 +113,6 @@ open(path, "w").write(src)
 EOF
 }
 
-timed() { # LABEL CMD...
-	local label="$1" start rc=0
-	shift
-	start=$(date +%s)
-	"$@" || rc=$?
-	log "${label}: $(($(date +%s) - start))s (exit ${rc})"
-	return "${rc}"
-}
-
 tool_stamp() { # TOOL
 	case "$1" in
 	operator-sdk | scorecard-test) stamp "$1" "${OPERATOR_SDK_VERSION}" ;;
@@ -195,7 +148,9 @@ build() {
 		return 0
 	fi
 	log "building ${tool}"
-	tmp="$(new_tmp "${tool}")"
+	# Not ".tmp."/".old.": hack/build-controlplane.sh clears those under its own lock, which would
+	# pull a directory from under a build running here.
+	tmp="$(new_tmp .olm-tmp "${tool}")"
 	case "${tool}" in
 	operator-sdk | scorecard-test)
 		# The same -X flags as upstream's Makefile (GO_BUILD_ARGS); the version lands in the
@@ -257,7 +212,7 @@ build() {
 	esac
 	rm -rf "${tmp}/src"
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir "${tmp}" "${dir}"
+	install_dir .olm-old "${tmp}" "${dir}"
 	local b
 	for b in "${bins[@]}"; do log "${b}: $(du -h "${dir}/${b}" | cut -f1) (${dir}/${b})"; done
 }

@@ -35,11 +35,9 @@ SA="$(yq -r '.spec.install.spec.deployments[0].spec.template.spec.serviceAccount
 IMAGE="$(yq -r '.spec.install.spec.deployments[0].spec.template.spec.containers[0].image' "${REPO_ROOT}/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml")"
 DEFAULT_CHANNEL="$(yq -r 'select(.schema == "olm.package") | .defaultChannel' "${REPO_ROOT}/catalog/${PACKAGE}/index.yaml")"
 
-log() { printf '[olm/test-olm] %s\n' "$*" >&2; }
-die() {
-	log "ERROR: $*"
-	exit 1
-}
+LOG_TAG=olm/test-olm
+# shellcheck source=hack/lib.sh
+source "${OLM_HACK_DIR}/../lib.sh"
 
 PASSED=0 FAILED=0
 pass() {
@@ -248,24 +246,7 @@ if [[ ! -x "${OPERATOR_BIN}" ]]; then
 	printf 'SKIP  the operator under OLM-granted RBAC (%s not built)\n' "${OPERATOR_BIN}"
 else
 	cp "${OPERATOR_BIN}" "${DIR}/memcached-operator" # the binary may be rebuilt meanwhile
-	server="$(kctl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
-	ca="$(kctl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
-	token="$(kctl create token -n "${NS}" "${SA}" --duration=1h)"
-	cat >"${DIR}/operator.kubeconfig" <<KUBECONFIG_EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster: {server: "${server}", certificate-authority-data: "${ca}"}
-users:
-- name: ${SA}
-  user: {token: "${token}"}
-contexts:
-- name: operator
-  context: {cluster: local, user: ${SA}, namespace: ${NS}}
-current-context: operator
-KUBECONFIG_EOF
-	chmod 600 "${DIR}/operator.kubeconfig"
+	write_sa_kubeconfig "${NS}" "${SA}" "${DIR}/operator.kubeconfig" 1h
 	watch_ns="$(jp pods -n "${NS}" -l control-plane=controller-manager -o jsonpath='{.items[0].metadata.annotations.olm\.targetNamespaces}')"
 	related="$(deployment_field '{.spec.template.spec.containers[0].env[?(@.name=="RELATED_IMAGE_MEMCACHED")].value}')"
 	METRICS_PORT="$(free_port)"

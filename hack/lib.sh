@@ -1,0 +1,84 @@
+# shellcheck shell=bash
+# Shell helpers shared by the hack/ scripts. Source it; it defines functions only.
+#   LOG_TAG     prefix of log lines (set it before sourcing or any time after)
+#   BIN_ROOT    cache directory the build helpers work in
+#   GO          go binary (module_field)
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-hack}" "$*" >&2; }
+die() {
+	log "ERROR: $*"
+	exit 1
+}
+
+timed() { # LABEL CMD... : run CMD, log its wall time.
+	local label="$1" start rc=0
+	shift
+	start=$(date +%s)
+	"$@" || rc=$?
+	log "${label}: $(($(date +%s) - start))s (exit ${rc})"
+	return "${rc}"
+}
+
+# is_fresh DIR STAMP FILE... : DIR holds a build with this stamp and every FILE, non-empty.
+is_fresh() {
+	local dir="$1" want="$2"
+	shift 2
+	[[ -f "${dir}/.stamp" && "$(cat "${dir}/.stamp")" == "${want}" ]] || return 1
+	local f
+	for f in "$@"; do [[ -s "${dir}/${f}" ]] || return 1; done
+}
+
+# new_tmp PREFIX NAME : a fresh build directory inside BIN_ROOT (same file system, so installing
+# it is a rename). Each builder uses its own PREFIX and clears only its own leftovers.
+new_tmp() {
+	local d
+	d="$(mktemp -d "${BIN_ROOT}/$1.$2.XXXXXX")"
+	chmod 755 "${d}"
+	printf "%s" "${d}"
+}
+
+# install_dir PREFIX TMP DEST : replace DEST with TMP by renames within one file system.
+install_dir() {
+	local prefix="$1" tmp="$2" dest="$3" old=""
+	if [[ -e "${dest}" ]]; then
+		old="$(mktemp -d "${BIN_ROOT}/${prefix}.XXXXXX")"
+		mv "${dest}" "${old}/"
+	fi
+	mv "${tmp}" "${dest}"
+	if [[ -n "${old}" ]]; then rm -rf "${old}"; fi
+}
+
+# module_field MODULE@VERSION FIELD : a string field of `go mod download -json` (or its Origin).
+module_field() {
+	(cd "${BIN_ROOT}" && GOFLAGS="" "${GO}" mod download -json "$1") |
+		python3 -c 'import json,sys; d=json.load(sys.stdin); f=sys.argv[1]
+if "Error" in d: sys.exit("go mod download: " + d["Error"])
+print(d.get(f) or (d.get("Origin") or {}).get(f) or "")' "$2"
+}
+
+# write_sa_kubeconfig NS SA OUT DURATION : a kubeconfig at OUT (mode 600) for ServiceAccount SA
+# in NS, with a token of DURATION, against the cluster of the current KUBECONFIG.
+write_sa_kubeconfig() {
+	local ns="$1" sa="$2" out="$3" duration="$4" token server ca
+	token="$(kubectl --request-timeout=20s -n "${ns}" create token "${sa}" --duration="${duration}")"
+	server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
+	ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+	(
+		umask 077
+		cat >"${out}" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "${server}", certificate-authority-data: "${ca}"}
+users:
+- name: ${sa}
+  user: {token: "${token}"}
+contexts:
+- name: operator
+  context: {cluster: local, user: ${sa}, namespace: ${ns}}
+current-context: operator
+YAML
+	)
+	chmod 600 "${out}"
+}
