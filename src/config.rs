@@ -96,6 +96,25 @@ pub struct RunArgs {
     pub identity: Option<String>,
 }
 
+impl RunArgs {
+    /// This process's identity: --identity/POD_NAME, else the host name, else a fixed name.
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .filter(|s| !s.is_empty())
+            .or_else(host_name)
+            .unwrap_or_else(|| "memcached-operator".to_string())
+    }
+}
+
+/// The kernel's host name (a pod's name inside Kubernetes).
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Json,

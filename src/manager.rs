@@ -48,7 +48,7 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let identity = crate::shutdown::identity(args.identity.as_deref());
+    let identity = args.identity();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let shutdown = CancellationToken::new();

@@ -20,16 +20,3 @@ pub async fn on_signal(token: CancellationToken) {
     info!(signal = name, "shutting down");
     token.cancel();
 }
-
-/// This process's identity: the given one, else the host name, else a fixed name.
-pub fn identity(given: Option<&str>) -> String {
-    given
-        .map(str::to_string)
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "memcached-operator".to_string())
-}
