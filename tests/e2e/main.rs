@@ -573,6 +573,40 @@ async fn watch_namespace_limits_the_operator_to_its_namespaces() {
 }
 
 #[tokio::test]
+async fn multi_namespace_install_reconciles_each_listed_namespace() {
+    let client = admin().await;
+    let first = namespace(&client, "multi-a").await;
+    let second = namespace(&client, "multi-b").await;
+    let other = namespace(&client, "multi-ignored").await;
+    // OLM's MultiNamespace mode: a Role in each target namespace, WATCH_NAMESPACE a comma list.
+    let options = OperatorOptions {
+        rbac: Rbac::Namespaces(vec![first.clone(), second.clone()]),
+        watch_namespace: Some(format!("{first},{second}")),
+        ..Default::default()
+    };
+    let op = Operator::start(&client, options).await;
+    create(&client, &other, &memcached("cache", 1)).await;
+    create(&client, &first, &memcached("cache", 1)).await;
+    create(&client, &second, &memcached("cache", 2)).await;
+    wait_converged(&client, &first, "cache", 1).await;
+    wait_converged(&client, &second, "cache", 2).await;
+    // Changes keep flowing in every listed namespace, not just the first one watched.
+    set_size(&client, &second, "cache", 3).await;
+    wait_converged(&client, &second, "cache", 3).await;
+    assert_eq!(
+        deployment_replicas(&client, &other, "cache").await,
+        None,
+        "a Memcached outside WATCH_NAMESPACE was reconciled"
+    );
+    assert_eq!(op.get_health("/readyz").await, Some(200));
+    let log = op.log_text();
+    assert!(
+        !log.contains("forbidden"),
+        "per-namespace RBAC was not enough:\n{log}"
+    );
+}
+
+#[tokio::test]
 async fn one_leader_reconciles_and_hands_over() {
     let client = admin().await;
     let ns = namespace(&client, "leader").await;
