@@ -469,6 +469,12 @@ fn synced_once<K>(sync: Arc<CacheSync>) -> impl FnMut(&Result<watcher::Event<K>,
     }
 }
 
+/// managedFields are most of a cached object's size (one entry per writer: us, the
+/// kube-controller-manager, the kubelet) and nothing here reads them.
+fn drop_managed_fields<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
 /// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
 fn owned_stream<K>(
     api: Api<K>,
@@ -487,6 +493,7 @@ where
     let stream = watcher(api, config)
         .default_backoff()
         .inspect(synced_once(sync.clone()))
+        .modify(drop_managed_fields)
         .reflect(writer)
         .applied_objects();
     (reader, stream)
@@ -518,6 +525,7 @@ async fn run_scope(
         .default_backoff()
         .inspect(synced_once(sync.clone()))
         .filter_map(move |event| future::ready(event.map(|e| parse_event(e, &invalid)).transpose()))
+        .modify(drop_managed_fields)
         .reflect(mc_writer)
         .applied_objects()
         // Status writes do not change the generation, so the controller does not wake itself.
@@ -532,6 +540,7 @@ async fn run_scope(
     let pod_events = watcher(api_in::<PartialObjectMeta<Pod>>(client, ns), pod_config)
         .default_backoff()
         .inspect(synced_once(sync.clone()))
+        .modify(drop_managed_fields)
         .reflect(pod_writer)
         .touched_objects();
 
