@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use kube::Client;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -114,8 +115,15 @@ async fn run(args: RunArgs) -> ExitCode {
         };
         run_as_leader(client, config, settings, metrics, health, shutdown, &args).await
     } else {
-        let controller =
-            controller::run(client, settings, metrics, health.clone(), shutdown.clone());
+        let (_always, leading) = watch::channel(true);
+        let controller = controller::run(
+            client,
+            settings,
+            metrics,
+            health.clone(),
+            shutdown.clone(),
+            leading,
+        );
         drain(controller, &shutdown, &health, &args).await;
         ExitCode::SUCCESS
     };
@@ -136,12 +144,10 @@ async fn run_as_leader(
     let lease = config.name.clone();
     metrics.set_leader(&lease, false);
     let mut elector = LeaderElector::new(client.clone(), config);
-    if !elector.acquire(&shutdown).await {
-        return ExitCode::SUCCESS;
-    }
-    metrics.set_leader(&lease, true);
-    health.set_leading(true);
 
+    // The controller runs from the start so its caches are warm at takeover; it reconciles
+    // nothing until `leading` says so.
+    let (leading_tx, leading) = watch::channel(false);
     let stop_controller = CancellationToken::new();
     let controller = controller::run(
         client,
@@ -149,8 +155,22 @@ async fn run_as_leader(
         metrics.clone(),
         health.clone(),
         stop_controller.clone(),
+        leading,
     );
     tokio::pin!(controller);
+    let acquired = tokio::select! {
+        acquired = elector.acquire(&shutdown) => acquired,
+        _ = &mut controller => false,
+    };
+    if !acquired {
+        stop_controller.cancel();
+        drain(controller, &stop_controller, &health, args).await;
+        return ExitCode::SUCCESS;
+    }
+    metrics.set_leader(&lease, true);
+    health.set_leading(true);
+    leading_tx.send_replace(true);
+
     let outcome = tokio::select! {
         held = elector.hold(&shutdown) => held,
         _ = &mut controller => Ok(()),
