@@ -42,7 +42,7 @@ test: lint test-unit test-e2e olm-check test-olm ## Lint, unit, end-to-end, OLM 
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
-	$(CARGO) test --locked --lib --bins
+	$(CARGO) test --locked --workspace --lib --bins
 
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/, tears it down.
@@ -54,6 +54,16 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: build ## Benchmarks on their own local control plane; e.g. BENCH_ARGS="--crs 10000". Results in bench/results/.
 	$(CARGO) run --release --locked -p memcached-operator-bench -- $(BENCH_ARGS)
+
+# The tutorial's operator as the harness drives ours: plain-HTTP metrics, a named Lease holder, and
+# the same worker count (its scaffold default is 1).
+REFERENCE_OPERATOR_ARGS ?= --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --metrics-secure=false --max-concurrent-reconciles=8
+
+.PHONY: bench-reference
+bench-reference: ## The same benchmarks for a controller-runtime operator written as the operator-sdk tutorial's (bench/reference-go).
+	bin="$$(bench/reference-go/build.sh)" && \
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator "$$bin $(REFERENCE_OPERATOR_ARGS)" \
+		--rbac bench/reference-go/config --out bench/results/reference-go.json $(BENCH_ARGS)
 
 ##@ Build
 

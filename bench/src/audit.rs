@@ -38,9 +38,37 @@ impl Counts {
     }
 }
 
+/// The audit log and the files it was rotated into (`audit-<time>.log` beside it): the API
+/// server rotates at --audit-log-maxsize, 100 MB when unset, which 10,000 CRs pass.
+fn log_files(log: &Path) -> Vec<std::path::PathBuf> {
+    let dir = log.parent().unwrap_or(Path::new("."));
+    let stem = log.file_stem().and_then(|s| s.to_str()).unwrap_or("audit");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.ends_with(".log")
+                    && (n == format!("{stem}.log") || n.starts_with(&format!("{stem}-")))
+            })
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 /// Requests completed between `from` and `to`, by verb, resource (with subresource) and code.
 pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
     let mut counts = Counts::default();
+    for file in log_files(log) {
+        count_file(&file, from, to, &mut counts);
+    }
+    Ok(counts)
+}
+
+fn count_file(log: &Path, from: Timestamp, to: Timestamp, counts: &mut Counts) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -82,5 +110,48 @@ pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
             counts.writes += 1;
         }
     }
-    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(verb: &str, resource: &str, code: u16, at: &str) -> String {
+        serde_json::json!({
+            "stage": "ResponseComplete", "stageTimestamp": at, "verb": verb,
+            "objectRef": {"resource": resource}, "responseStatus": {"code": code},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn counts_span_rotated_files_and_the_time_window() {
+        let dir = std::env::temp_dir().join(format!("audit-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rotated = [
+            line("patch", "deployments", 201, "2026-01-01T00:00:01Z"),
+            line("create", "events", 409, "2026-01-01T00:00:02Z"),
+        ];
+        let current = [
+            line("get", "deployments", 404, "2026-01-01T00:00:03Z"),
+            line("patch", "services", 201, "2026-01-01T00:00:09Z"),
+        ];
+        std::fs::write(
+            dir.join("audit-2026-01-01T00-00-02.500.log"),
+            rotated.join("\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("audit.log"), current.join("\n")).unwrap();
+        std::fs::write(dir.join("other.log"), rotated.join("\n")).unwrap();
+
+        let from = "2026-01-01T00:00:00Z".parse().unwrap();
+        let to = "2026-01-01T00:00:05Z".parse().unwrap();
+        let counts = count(&dir.join("audit.log"), from, to).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        assert_eq!(counts.writes, 2, "{counts:?}");
+        assert_eq!(counts.code(409), 1);
+        assert_eq!(counts.by_key.get("get deployments 404"), Some(&1));
+        assert_eq!(counts.by_key.get("patch services 201"), None);
+    }
 }

@@ -98,12 +98,12 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
 
-    /// The CRD under test, and the operator's ServiceAccount and RBAC from config/ (config/local
-    /// is config/default without the in-cluster Deployment).
-    pub async fn install(&self, crd: &Path) -> Result<()> {
+    /// The CRD under test, and the operator's ServiceAccount and RBAC from a kustomize directory
+    /// (by default config/local: config/default without the in-cluster Deployment).
+    pub async fn install(&self, crd: &Path, rbac: &Path) -> Result<()> {
         self.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()])
             .await?;
-        self.kubectl(&["apply", "--server-side", "-k", "config/local"])
+        self.kubectl(&["apply", "--server-side", "-k", &rbac.display().to_string()])
             .await?;
         self.kubectl(&[
             "wait",
@@ -121,42 +121,22 @@ impl Cluster {
         if path.exists() {
             return Ok(path);
         }
-        let ns = "memcached-operator-system";
-        let token = self
-            .kubectl(&[
-                "create",
-                "token",
-                "-n",
-                ns,
+        let status = Command::new("bash")
+            .arg("-c")
+            .arg(r#"source hack/lib.sh && write_sa_kubeconfig "$@""#)
+            .arg("write_sa_kubeconfig")
+            .args([
+                "memcached-operator-system",
                 "memcached-operator-controller-manager",
-                "--duration=10h",
             ])
+            .arg(&path)
+            .arg("10h")
+            .env("KUBECONFIG", self.kubeconfig())
+            .status()
             .await?;
-        let server = self
-            .kubectl(&[
-                "config",
-                "view",
-                "--raw",
-                "-o",
-                "jsonpath={.clusters[0].cluster.server}",
-            ])
-            .await?;
-        let ca = self
-            .kubectl(&[
-                "config",
-                "view",
-                "--raw",
-                "-o",
-                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-            ])
-            .await?;
-        let kubeconfig = serde_json::json!({
-            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-            "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority-data": ca}}],
-            "users": [{"name": "operator", "user": {"token": token.trim()}}],
-            "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator", "namespace": ns}}],
-        });
-        std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
+        if !status.success() {
+            bail!("could not write the operator's kubeconfig");
+        }
         Ok(path)
     }
 
