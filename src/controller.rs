@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::core::{DynamicObject, GroupVersionKind};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
@@ -27,9 +27,11 @@ use crate::drift::needs_apply;
 use crate::error::{Error, Result};
 use crate::health::CacheSync;
 use crate::metrics::{Metrics, ReconcileResult};
+use crate::pod_index::PodIndex;
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME, is_controlled_by};
 use crate::status::{self, Blocked, Observed};
 use crate::validation::{self, INVALID_SPEC};
+use crate::workers::Workers;
 
 /// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
 /// look again this often.
@@ -60,7 +62,7 @@ pub struct Context {
     pub client: Client,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
-    pub pods: Store<PartialObjectMeta<Pod>>,
+    pub pods: Arc<PodIndex>,
     pub reporter: Reporter,
     pub default_image: String,
     pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
@@ -155,7 +157,9 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
     // 5. Report status.
     let observed = Observed {
         deployment: deployment.as_deref(),
-        pods: pod_names(&ctx.pods, mc),
+        pods: ctx
+            .pods
+            .pods_of(&mc.namespace().unwrap_or_default(), &mc.name_any()),
         blocked: blocked.clone(),
     };
     let new_status =
@@ -310,18 +314,6 @@ fn spec_changed(mc: &Memcached) -> bool {
     mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
 }
 
-/// Names of the Memcached's pods, from the metadata-only pod cache.
-fn pod_names(pods: &Store<PartialObjectMeta<Pod>>, mc: &Memcached) -> Vec<String> {
-    let ns = mc.namespace();
-    let name = mc.name_any();
-    pods.state()
-        .iter()
-        .filter(|p| p.metadata.namespace == ns && p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.labels().get(LABEL_INSTANCE) == Some(&name))
-        .map(|p| p.name_any())
-        .collect()
-}
-
 async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
     let api: Api<Memcached> =
         Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
@@ -401,7 +393,7 @@ pub fn parse_event(
 }
 
 /// Runs the controller until `shutdown` is cancelled, then lets in-flight reconciles finish.
-/// One controller a watched namespace (or one for all), sharing the metrics and backoff.
+/// One controller a watched namespace (or one for all), sharing the metrics, backoff and workers.
 ///
 /// Caches fill and stay current whether or not `leading` is true, so a follower that takes over
 /// starts from warm caches (as controller-runtime's followers do); until then every reconcile is
@@ -425,6 +417,11 @@ pub async fn run(
         Scope::Namespaces(list) => list.iter().cloned().map(Some).collect(),
     };
     health.expect_caches(namespaces.len() * CACHES_PER_SCOPE);
+    // One set of workers for every scope: the limit is the process's, as in controller-runtime.
+    let workers = Arc::new(Workers::new(
+        settings.max_concurrent_reconciles,
+        shutdown.clone(),
+    ));
     let controllers = namespaces.into_iter().map(|ns| {
         let ctx = ContextParts {
             client: client.clone(),
@@ -433,14 +430,9 @@ pub async fn run(
             backoff: backoff.clone(),
             metrics: metrics.clone(),
             health: health.clone(),
+            workers: workers.clone(),
         };
-        run_scope(
-            ctx,
-            ns,
-            settings.max_concurrent_reconciles,
-            shutdown.clone(),
-            leading.clone(),
-        )
+        run_scope(ctx, ns, shutdown.clone(), leading.clone())
     });
     future::join_all(controllers).await;
 }
@@ -452,6 +444,7 @@ struct ContextParts {
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     metrics: Arc<Metrics>,
     health: Arc<crate::health::Health>,
+    workers: Arc<Workers>,
 }
 
 fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>>(
@@ -522,7 +515,6 @@ where
 async fn run_scope(
     parts: ContextParts,
     ns: Option<String>,
-    concurrency: u16,
     shutdown: CancellationToken,
     leading: watch::Receiver<bool>,
 ) {
@@ -554,22 +546,28 @@ async fn run_scope(
 
     let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns), sync);
     let (services, service_events) = owned_stream::<Service>(api_in(client, ns), sync);
-    let (pod_reader, pod_writer) = reflector::store();
+    let pods = Arc::new(PodIndex::default());
     let pod_config = watcher::Config::default()
         .labels(&resources::managed_by_selector())
         .any_semantic();
     let pod_events = watcher(api_in::<PartialObjectMeta<Pod>>(client, ns), pod_config)
         .default_backoff()
         .inspect(synced_once(sync.clone()))
-        .modify(drop_managed_fields)
-        .reflect(pod_writer)
+        .inspect({
+            let pods = pods.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    pods.observe(event);
+                }
+            }
+        })
         .touched_objects();
 
     let ctx = Arc::new(Context {
         client: client.clone(),
         deployments,
         services,
-        pods: pod_reader,
+        pods,
         reporter: parts.reporter,
         default_image: parts.default_image,
         backoff: parts.backoff,
@@ -578,8 +576,10 @@ async fn run_scope(
     });
     let scope = ns.unwrap_or("*").to_string();
     let shutdown_signal = shutdown.clone();
+    let latest = mc_reader.clone();
+    let workers = parts.workers;
+    // No concurrency limit here: `workers` is the limit, and keeps the order (see workers.rs).
     Controller::for_stream(memcacheds, mc_reader)
-        .with_config(ControllerConfig::default().concurrency(concurrency))
         .owns_stream(deployment_events)
         .owns_stream(service_events)
         .watches_stream(pod_events, |pod: PartialObjectMeta<Pod>| {
@@ -592,10 +592,18 @@ async fn run_scope(
         .run(
             move |mc, ctx| {
                 let leader = *leading.borrow();
+                let (workers, latest) = (workers.clone(), latest.clone());
                 async move {
                     if !leader {
                         return Ok(Action::await_change());
                     }
+                    let Some(_worker) = workers.start().await else {
+                        return Ok(Action::await_change());
+                    };
+                    // It may have changed (or gone) while it waited: reconcile it as it is now.
+                    let Some(mc) = latest.get(&ObjectRef::from_obj(&*mc)) else {
+                        return Ok(Action::await_change());
+                    };
                     let span = info_span!(
                         "reconcile",
                         namespace = field::Empty,
@@ -607,7 +615,8 @@ async fn run_scope(
                     if let Some(id) = span.in_scope(crate::telemetry::current_trace_id) {
                         span.record("trace_id", id);
                     }
-                    reconcile(mc, ctx).instrument(span).await
+                    // Boxed: thousands may wait for a worker, each as small as it can be.
+                    Box::pin(reconcile(mc, ctx)).instrument(span).await
                 }
             },
             error_policy,

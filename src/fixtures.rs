@@ -47,9 +47,8 @@ pub mod apiserver {
 
     use http::{Request, Response, StatusCode};
     use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{Pod, Service};
+    use k8s_openapi::api::core::v1::Service;
     use kube::Client;
-    use kube::api::PartialObjectMeta;
     use kube::client::Body;
     use kube::runtime::events::Reporter;
     use kube::runtime::reflector::{self, store::Writer};
@@ -67,7 +66,6 @@ pub mod apiserver {
     pub struct Caches {
         pub deployments: Writer<Deployment>,
         pub services: Writer<Service>,
-        pub pods: Writer<PartialObjectMeta<Pod>>,
     }
 
     impl Caches {
@@ -85,12 +83,11 @@ pub mod apiserver {
         let client = Client::new(service, "default");
         let (deployments, dw) = reflector::store();
         let (services, sw) = reflector::store();
-        let (pods, pw) = reflector::store();
         let ctx = Context {
             client,
             deployments,
             services,
-            pods,
+            pods: Default::default(),
             reporter: Reporter {
                 controller: "memcached-operator".into(),
                 instance: Some("test".into()),
@@ -106,7 +103,6 @@ pub mod apiserver {
             Caches {
                 deployments: dw,
                 services: sw,
-                pods: pw,
             },
         )
     }

@@ -12,11 +12,13 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod metrics_auth;
+pub mod pod_index;
 pub mod resources;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
 pub mod validation;
+pub mod workers;
 
 #[cfg(test)]
 pub mod fixtures;

@@ -1,0 +1,183 @@
+//! Which pods each Memcached has, kept current from the pod watch.
+//!
+//! A reconcile needs one Memcached's pod names. Filtering a cache of every pod costs O(all pods)
+//! per reconcile, so a leader taking over 10,000 Memcacheds walked 10,000 pods 10,000 times
+//! (14 s before the first changed object was served). Here the answer costs O(its pods).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::RwLock;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::PartialObjectMeta;
+use kube::runtime::watcher;
+
+use crate::resources::LABEL_INSTANCE;
+
+/// (namespace, name)
+type Key = (String, String);
+
+#[derive(Default)]
+struct Index {
+    /// Pod → the Memcached (instance label) it belongs to.
+    owner: HashMap<Key, String>,
+    /// Memcached → its pods' names.
+    pods: HashMap<Key, BTreeSet<String>>,
+}
+
+impl Index {
+    fn remove(&mut self, pod: &Key) {
+        let Some(instance) = self.owner.remove(pod) else {
+            return;
+        };
+        let key = (pod.0.clone(), instance);
+        if let Some(names) = self.pods.get_mut(&key) {
+            names.remove(&pod.1);
+            if names.is_empty() {
+                self.pods.remove(&key);
+            }
+        }
+    }
+
+    /// Records a pod as it now is: a pod being deleted, or without our instance label, counts
+    /// for no Memcached (a relabelled pod leaves the one it was counted for).
+    fn apply(&mut self, pod: &PartialObjectMeta<Pod>) {
+        let ns = pod.namespace().unwrap_or_default();
+        let key = (ns.clone(), pod.name_any());
+        self.remove(&key);
+        if pod.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let Some(instance) = pod.labels().get(LABEL_INSTANCE) else {
+            return;
+        };
+        self.pods
+            .entry((ns, instance.clone()))
+            .or_default()
+            .insert(key.1.clone());
+        self.owner.insert(key, instance.clone());
+    }
+}
+
+/// Pod names by Memcached, fed every event of the pod watch (before the controller sees it, so
+/// the reconcile it triggers reads the index with the event applied).
+#[derive(Default)]
+pub struct PodIndex {
+    live: RwLock<Index>,
+    /// A relist in progress: it replaces `live` when complete, as a reflector store does.
+    relist: RwLock<Option<Index>>,
+}
+
+impl PodIndex {
+    pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
+        match event {
+            watcher::Event::Apply(pod) => write(&self.live).apply(pod),
+            watcher::Event::Delete(pod) => {
+                write(&self.live).remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))
+            }
+            watcher::Event::Init => *write(&self.relist) = Some(Index::default()),
+            watcher::Event::InitApply(pod) => {
+                if let Some(index) = write(&self.relist).as_mut() {
+                    index.apply(pod);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(index) = write(&self.relist).take() {
+                    *write(&self.live) = index;
+                }
+            }
+        }
+    }
+
+    /// Sorted names of the pods of Memcached `name` in `namespace` that are not being deleted.
+    pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<String> {
+        self.live
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The index holds plain maps that no panic can leave half-updated in a way that matters more
+/// than a stale entry, so a poisoned lock is used as is.
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use kube::api::PartialObjectMetaExt;
+
+    use super::*;
+
+    fn pod(ns: &str, name: &str, instance: Option<&str>) -> PartialObjectMeta<Pod> {
+        let labels =
+            instance.map(|i| BTreeMap::from([(LABEL_INSTANCE.to_string(), i.to_string())]));
+        ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            labels,
+            ..Default::default()
+        }
+        .into_response_partial()
+    }
+
+    #[test]
+    fn pods_are_listed_per_memcached_and_namespace_sorted() {
+        let index = PodIndex::default();
+        for p in [
+            pod("a", "cache-2", Some("cache")),
+            pod("a", "cache-1", Some("cache")),
+            pod("a", "other-1", Some("other")),
+            pod("b", "cache-9", Some("cache")),
+            pod("a", "stray", None),
+        ] {
+            index.observe(&watcher::Event::Apply(p));
+        }
+        assert_eq!(index.pods_of("a", "cache"), ["cache-1", "cache-2"]);
+        assert_eq!(index.pods_of("b", "cache"), ["cache-9"]);
+        assert_eq!(index.pods_of("a", "other"), ["other-1"]);
+        assert!(index.pods_of("c", "cache").is_empty());
+    }
+
+    #[test]
+    fn deleted_terminating_and_relabelled_pods_leave_their_memcached() {
+        let index = PodIndex::default();
+        for name in ["cache-1", "cache-2", "cache-3"] {
+            index.observe(&watcher::Event::Apply(pod("a", name, Some("cache"))));
+        }
+        index.observe(&watcher::Event::Delete(pod("a", "cache-1", Some("cache"))));
+        let mut terminating = pod("a", "cache-2", Some("cache"));
+        terminating.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        index.observe(&watcher::Event::Apply(terminating));
+        index.observe(&watcher::Event::Apply(pod("a", "cache-3", Some("other"))));
+        assert!(index.pods_of("a", "cache").is_empty());
+        assert_eq!(index.pods_of("a", "other"), ["cache-3"]);
+    }
+
+    #[test]
+    fn a_relist_replaces_the_index_only_when_complete() {
+        let index = PodIndex::default();
+        index.observe(&watcher::Event::Apply(pod("a", "gone", Some("cache"))));
+        index.observe(&watcher::Event::Init);
+        index.observe(&watcher::Event::InitApply(pod(
+            "a",
+            "cache-1",
+            Some("cache"),
+        )));
+        assert_eq!(
+            index.pods_of("a", "cache"),
+            ["gone"],
+            "a half-done relist is not visible"
+        );
+        index.observe(&watcher::Event::InitDone);
+        assert_eq!(index.pods_of("a", "cache"), ["cache-1"]);
+    }
+}

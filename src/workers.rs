@@ -1,0 +1,95 @@
+//! The reconcile workers: at most N reconciles at once, started in the order they became due.
+//!
+//! kube-runtime's controller, once at its concurrency limit, parks due requests in a hash set and
+//! next takes the first one it finds there: hash order, not arrival order. Under sustained load
+//! a request can wait until the set has emptied. With 10,000 new Memcacheds the last Deployments
+//! were created 23 minutes in, just before the last CR became Available, and size changes waited
+//! 78 s (p50) / 148 s (p99). So the controller runs without a limit of its own and every reconcile
+//! first waits for a worker here: tokio's semaphore is fair, so that wait is FIFO, like
+//! controller-runtime's work queue.
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+pub struct Workers {
+    permits: Semaphore,
+    stop: CancellationToken,
+}
+
+impl Workers {
+    pub fn new(workers: u16, stop: CancellationToken) -> Self {
+        Self {
+            permits: Semaphore::new(usize::from(workers.max(1))),
+            stop,
+        }
+    }
+
+    /// Waits for a free worker, behind every reconcile that asked before. `None` once the
+    /// controller is stopping: a reconcile that has not started is dropped, not drained (the
+    /// next leader reconciles every object when it takes over).
+    pub async fn start(&self) -> Option<SemaphorePermit<'_>> {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => None,
+            permit = self.permits.acquire() => permit.ok(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn waiting_reconciles_start_in_the_order_they_asked() {
+        let workers = Arc::new(Workers::new(1, CancellationToken::new()));
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let busy = workers.start().await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let (workers, started) = (workers.clone(), started.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = workers.start().await.unwrap();
+                started.lock().unwrap().push(i);
+                tokio::task::yield_now().await;
+            }));
+            // Let task i queue up before task i + 1 asks.
+            tokio::task::yield_now().await;
+        }
+        drop(busy);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*started.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn at_most_n_run_at_once() {
+        let workers = Workers::new(2, CancellationToken::new());
+        let a = workers.start().await;
+        let b = workers.start().await;
+        assert!(a.is_some() && b.is_some());
+        let third = tokio::time::timeout(std::time::Duration::from_millis(50), workers.start());
+        assert!(third.await.is_err(), "a third reconcile waits");
+        drop(a);
+        assert!(workers.start().await.is_some());
+    }
+
+    #[tokio::test]
+    async fn queued_reconciles_are_dropped_on_shutdown() {
+        let stop = CancellationToken::new();
+        let workers = Arc::new(Workers::new(1, stop.clone()));
+        let _busy = workers.start().await.unwrap();
+        let waiting = tokio::spawn({
+            let workers = workers.clone();
+            async move { workers.start().await.is_some() }
+        });
+        stop.cancel();
+        assert!(
+            !waiting.await.unwrap(),
+            "a waiting reconcile gets no worker"
+        );
+    }
+}
