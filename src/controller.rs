@@ -185,8 +185,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action> {
             reason,
             "Reconcile",
             message,
-        )
-        .await;
+        );
     }
     Ok(if reason == status::RESOURCE_EXISTS {
         // We cannot watch what is not ours, so look again later.
@@ -271,8 +270,7 @@ where
         reason,
         "Apply",
         note,
-    )
-    .await;
+    );
     Ok(Arc::new(applied))
 }
 
@@ -336,12 +334,14 @@ async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -
 }
 
 /// Records an event on the Memcached, `related` to the owned object it concerns. Best-effort:
-/// failing to record one must not fail the reconcile.
+/// failing to record one must not fail the reconcile. Sent in the background, as client-go's
+/// recorder does: a worker does not wait a round trip for it (one in three of a changing
+/// reconcile's). An event still in flight when the process exits is lost.
 ///
 /// A fresh Recorder each time: kube's Recorder folds events with the same reason into one series
 /// whatever their note, so "Scaled from 3 to 5" then "from 5 to 2" would show the first text
 /// twice. We only record real changes, so there is no flood to fold.
-async fn publish(
+fn publish(
     ctx: &Context,
     mc: &Memcached,
     related: Option<k8s_openapi::api::core::v1::ObjectReference>,
@@ -358,9 +358,12 @@ async fn publish(
         secondary: related,
     };
     let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    if let Err(error) = recorder.publish(&event, &mc.object_ref(&())).await {
-        warn!(%error, reason, "could not record event");
-    }
+    let regarding = mc.object_ref(&());
+    tokio::spawn(async move {
+        if let Err(error) = recorder.publish(&event, &regarding).await {
+            warn!(%error, reason = event.reason, "could not record event");
+        }
+    });
 }
 
 /// Turns a watch event of raw objects into one of Memcacheds, dropping objects that do not parse
@@ -444,7 +447,7 @@ struct ContextParts {
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     metrics: Arc<Metrics>,
     health: Arc<crate::health::Health>,
-    workers: Arc<Workers>,
+    workers: Arc<Workers<ObjectRef<Memcached>>>,
 }
 
 fn api_in<K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>>(
@@ -512,6 +515,36 @@ where
     (reader, stream)
 }
 
+/// The Memcached a pod belongs to, by its instance label.
+fn memcached_of_pod(pod: &PartialObjectMeta<Pod>) -> Option<ObjectRef<Memcached>> {
+    let ns = pod.namespace()?;
+    let instance = pod.labels().get(LABEL_INSTANCE)?;
+    Some(ObjectRef::new(instance).within(&ns))
+}
+
+/// The Memcached that controls an owned object.
+fn controller_of<K: Resource>(obj: &K) -> Option<ObjectRef<Memcached>> {
+    let ns = obj.namespace()?;
+    let owner = obj
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Memcached::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(&ns))
+}
+
+/// Drops triggers for a Memcached whose reconcile is still waiting for a worker: it will read
+/// the caches, with this change in them, when it starts (see workers.rs).
+fn unless_waiting<K>(
+    workers: Arc<Workers<ObjectRef<Memcached>>>,
+    target: impl Fn(&K) -> Option<ObjectRef<Memcached>>,
+) -> impl FnMut(&Result<K, watcher::Error>) -> future::Ready<bool> {
+    move |item| {
+        let redundant =
+            matches!(item, Ok(obj) if target(obj).is_some_and(|key| workers.is_waiting(&key)));
+        future::ready(!redundant)
+    }
+}
+
 async fn run_scope(
     parts: ContextParts,
     ns: Option<String>,
@@ -542,10 +575,21 @@ async fn run_scope(
         .reflect(mc_writer)
         .applied_objects()
         // Status writes do not change the generation, so the controller does not wake itself.
-        .predicate_filter(predicates::generation, Default::default());
+        .predicate_filter(predicates::generation, Default::default())
+        .filter(unless_waiting(parts.workers.clone(), |mc: &Memcached| {
+            Some(ObjectRef::from_obj(mc))
+        }));
 
     let (deployments, deployment_events) = owned_stream::<Deployment>(api_in(client, ns), sync);
     let (services, service_events) = owned_stream::<Service>(api_in(client, ns), sync);
+    let deployment_events = deployment_events.filter(unless_waiting(
+        parts.workers.clone(),
+        controller_of::<Deployment>,
+    ));
+    let service_events = service_events.filter(unless_waiting(
+        parts.workers.clone(),
+        controller_of::<Service>,
+    ));
     let pods = Arc::new(PodIndex::default());
     let pod_config = watcher::Config::default()
         .labels(&resources::managed_by_selector())
@@ -561,7 +605,8 @@ async fn run_scope(
                 }
             }
         })
-        .touched_objects();
+        .touched_objects()
+        .filter(unless_waiting(parts.workers.clone(), memcached_of_pod));
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -582,11 +627,7 @@ async fn run_scope(
     Controller::for_stream(memcacheds, mc_reader)
         .owns_stream(deployment_events)
         .owns_stream(service_events)
-        .watches_stream(pod_events, |pod: PartialObjectMeta<Pod>| {
-            let ns = pod.namespace()?;
-            let instance = pod.labels().get(LABEL_INSTANCE)?;
-            Some(ObjectRef::<Memcached>::new(instance).within(&ns))
-        })
+        .watches_stream(pod_events, |pod| memcached_of_pod(&pod))
         .reconcile_all_on(became_leader(leading.clone()))
         .graceful_shutdown_on(async move { shutdown_signal.cancelled().await })
         .run(
@@ -597,11 +638,12 @@ async fn run_scope(
                     if !leader {
                         return Ok(Action::await_change());
                     }
-                    let Some(_worker) = workers.start().await else {
+                    let key = ObjectRef::from_obj(&*mc);
+                    let Some(_worker) = workers.start(&key).await else {
                         return Ok(Action::await_change());
                     };
                     // It may have changed (or gone) while it waited: reconcile it as it is now.
-                    let Some(mc) = latest.get(&ObjectRef::from_obj(&*mc)) else {
+                    let Some(mc) = latest.get(&key) else {
                         return Ok(Action::await_change());
                     };
                     let span = info_span!(
@@ -668,6 +710,19 @@ mod tests {
         result
     }
 
+    /// Splits requests answered in any order into event creations and the one status apply.
+    fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apiserver::Seen) {
+        let (mut status, events): (Vec<_>, Vec<_>) =
+            seen.into_iter().partition(|r| r.path() == STATUS);
+        assert!(
+            events
+                .iter()
+                .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS))
+        );
+        assert_eq!(status.len(), 1, "one status apply");
+        (events, status.remove(0))
+    }
+
     fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
         let c = body["status"]["conditions"]
             .as_array()
@@ -703,10 +758,9 @@ mod tests {
             // The Service apply goes out with the Deployment's, before either answer's event.
             let svc = api.echo("PATCH", SERVICE).await;
             assert_eq!(svc.body["spec"]["clusterIP"], "None");
-            let mut events = [
-                api.echo("POST", EVENTS).await.body,
-                api.echo("POST", EVENTS).await.body,
-            ];
+            // Then the status, with the events going out in the background.
+            let (events, status) = events_and_status(api.echo_any_order(3, &mc).await);
+            let mut events: Vec<_> = events.into_iter().map(|e| e.body).collect();
             events.sort_by_key(|e| e["note"].to_string());
             let described: Vec<_> = events
                 .iter()
@@ -733,7 +787,6 @@ mod tests {
                     ),
                 ]
             );
-            let status = api.echo_status(STATUS, &mc).await;
             assert_eq!(condition(&status.body, AVAILABLE).0, "False");
             assert_eq!(status.body["status"]["observedGeneration"], 1);
             api
@@ -782,13 +835,15 @@ mod tests {
         scenario(mc.clone(), ctx, api, |mut api| async move {
             let apply = api.echo("PATCH", DEPLOYMENT).await;
             assert_eq!(apply.body["spec"]["replicas"], 5);
-            let event = api.echo("POST", EVENTS).await;
+            let (events, status) = events_and_status(api.echo_any_order(2, &mc).await);
+            let [event] = &events[..] else {
+                panic!("one event, not {}", events.len())
+            };
             assert_eq!(event.body["reason"], "Scaled");
             assert_eq!(
                 event.body["note"],
                 "Scaled Deployment cache from 3 to 5 replicas"
             );
-            let status = api.echo_status(STATUS, &mc).await;
             assert_eq!(status.body["status"]["observedGeneration"], 2);
             assert_eq!(condition(&status.body, AVAILABLE).0, "False");
             api

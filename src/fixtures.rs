@@ -114,7 +114,56 @@ pub mod apiserver {
         pub body: Value,
     }
 
+    impl Seen {
+        pub fn path(&self) -> &str {
+            self.path_and_query.split('?').next().unwrap()
+        }
+    }
+
+    struct Reply(tower_test::mock::SendResponse<Response<Body>>);
+
+    impl Reply {
+        fn send(self, status: StatusCode, body: &Value) {
+            self.0.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(body).unwrap()))
+                    .unwrap(),
+            );
+        }
+    }
+
+    /// The request body as stored: what an apply or create of a new object answers.
+    fn echoed(body: &Value) -> Value {
+        let mut body = body.clone();
+        body["metadata"]["resourceVersion"] = json!("100");
+        body
+    }
+
     impl ApiServer {
+        /// Takes the next request the client sends.
+        async fn receive(&mut self, waiting_for: &str) -> (Seen, Reply) {
+            let (request, send) =
+                tokio::time::timeout(Duration::from_secs(5), self.0.next_request())
+                    .await
+                    .unwrap_or_else(|_| panic!("no request arrived; expected {waiting_for}"))
+                    .expect("client dropped");
+            let method = request.method().to_string();
+            let path_and_query = request.uri().path_and_query().unwrap().to_string();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
+            let seen = Seen {
+                method,
+                path_and_query,
+                body,
+            };
+            (seen, Reply(send))
+        }
+
         /// Answers the next request with `status` and `reply(body)`; returns what was sent.
         pub async fn expect(
             &mut self,
@@ -123,49 +172,39 @@ pub mod apiserver {
             status: StatusCode,
             reply: impl FnOnce(&Value) -> Value,
         ) -> Seen {
-            let (request, send) =
-                tokio::time::timeout(Duration::from_secs(5), self.0.next_request())
-                    .await
-                    .unwrap_or_else(|_| panic!("no request arrived; expected {method} {path}"))
-                    .expect("client dropped");
-            let seen_method = request.method().to_string();
-            let path_and_query = request.uri().path_and_query().unwrap().to_string();
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = if bytes.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&bytes).unwrap()
-            };
+            let (seen, send) = self.receive(&format!("{method} {path}")).await;
             assert_eq!(
-                (
-                    seen_method.as_str(),
-                    path_and_query.split('?').next().unwrap()
-                ),
+                (seen.method.as_str(), seen.path()),
                 (method, path),
-                "unexpected request (body: {body})"
+                "unexpected request (body: {})",
+                seen.body
             );
-            let response = reply(&body);
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
-                    .unwrap(),
-            );
-            Seen {
-                method: seen_method,
-                path_and_query,
-                body,
+            send.send(status, &reply(&seen.body));
+            seen
+        }
+
+        /// Answers the next `n` requests in whatever order they come (a reconcile sends its
+        /// events in the background): a status apply as `echo_status` does, the rest as `echo`.
+        pub async fn echo_any_order(&mut self, n: usize, mc: &crate::api::Memcached) -> Vec<Seen> {
+            let mut seen = Vec::new();
+            for _ in 0..n {
+                let (request, send) = self.receive(&format!("{n} requests")).await;
+                let reply = if request.path().ends_with("/status") {
+                    let mut object = serde_json::to_value(mc).unwrap();
+                    object["status"] = request.body["status"].clone();
+                    object
+                } else {
+                    echoed(&request.body)
+                };
+                send.send(StatusCode::OK, &reply);
+                seen.push(request);
             }
+            seen
         }
 
         /// Answers with 200 and the request body, as an apply or create of a new object would.
         pub async fn echo(&mut self, method: &str, path: &str) -> Seen {
-            self.expect(method, path, StatusCode::OK, |b| {
-                let mut b = b.clone();
-                b["metadata"]["resourceVersion"] = json!("100");
-                b
-            })
-            .await
+            self.expect(method, path, StatusCode::OK, echoed).await
         }
 
         /// Answers a status apply with the Memcached carrying the sent status.
