@@ -63,7 +63,7 @@ REFERENCE_OPERATOR_ARGS ?= --metrics-bind-address=127.0.0.1:{metrics} --health-p
 bench-reference: ## The same benchmarks for a controller-runtime operator written as the operator-sdk tutorial's (bench/reference-go).
 	bin="$$(bench/reference-go/build.sh)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator "$$bin $(REFERENCE_OPERATOR_ARGS)" \
-		--rbac bench/reference-go/config --out bench/results/reference-go.json $(BENCH_ARGS)
+		--rbac bench/reference-go/config --out 'bench/results/reference-go-{crs}.json' $(BENCH_ARGS)
 
 ##@ Build
 

@@ -63,8 +63,8 @@ struct Args {
     /// Scenarios to run, comma-separated.
     #[arg(long, default_value = "converge,steady,restart,failover")]
     scenarios: String,
-    /// Where the JSON results go.
-    #[arg(long, default_value = "bench/results/latest.json")]
+    /// Where the JSON results go; {crs} is filled in.
+    #[arg(long, default_value = "bench/results/memcached-operator-{crs}.json")]
     out: PathBuf,
     /// Give up waiting for convergence after this many seconds.
     #[arg(long, default_value_t = 900)]
@@ -79,10 +79,15 @@ async fn main() -> Result<()> {
     let result = run(&args, &scenarios, &cluster).await;
     cluster.down().await;
     let results = result?;
-    std::fs::create_dir_all(args.out.parent().unwrap_or(&PathBuf::from(".")))?;
-    std::fs::write(&args.out, serde_json::to_string_pretty(&results)?)?;
+    let out = PathBuf::from(
+        args.out
+            .to_string_lossy()
+            .replace("{crs}", &args.crs.to_string()),
+    );
+    std::fs::create_dir_all(out.parent().unwrap_or(&PathBuf::from(".")))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
     print_table(&results);
-    println!("results written to {}", args.out.display());
+    println!("results written to {}", out.display());
     Ok(())
 }
 
