@@ -66,8 +66,8 @@ struct Args {
     /// Where the JSON results go; {crs} is filled in.
     #[arg(long, default_value = "bench/results/memcached-operator-{crs}.json")]
     out: PathBuf,
-    /// Give up waiting for convergence after this many seconds.
-    #[arg(long, default_value_t = 900)]
+    /// Give up waiting for convergence after this many seconds (10,000 CRs take about 1,600).
+    #[arg(long, default_value_t = 3600)]
     timeout_seconds: u64,
 }
 
