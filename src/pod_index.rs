@@ -5,7 +5,7 @@
 //! (14 s before the first changed object was served). Here the answer costs O(its pods).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::RwLock;
+use std::sync::{Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -62,28 +62,32 @@ impl Index {
 /// Pod names by Memcached, fed every event of the pod watch (before the controller sees it, so
 /// the reconcile it triggers reads the index with the event applied).
 #[derive(Default)]
-pub struct PodIndex {
-    live: RwLock<Index>,
+pub struct PodIndex(Mutex<State>);
+
+#[derive(Default)]
+struct State {
+    live: Index,
     /// A relist in progress: it replaces `live` when complete, as a reflector store does.
-    relist: RwLock<Option<Index>>,
+    relist: Option<Index>,
 }
 
 impl PodIndex {
     pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
+        let mut state = self.lock();
         match event {
-            watcher::Event::Apply(pod) => write(&self.live).apply(pod),
-            watcher::Event::Delete(pod) => {
-                write(&self.live).remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))
-            }
-            watcher::Event::Init => *write(&self.relist) = Some(Index::default()),
+            watcher::Event::Apply(pod) => state.live.apply(pod),
+            watcher::Event::Delete(pod) => state
+                .live
+                .remove(&(pod.namespace().unwrap_or_default(), pod.name_any())),
+            watcher::Event::Init => state.relist = Some(Index::default()),
             watcher::Event::InitApply(pod) => {
-                if let Some(index) = write(&self.relist).as_mut() {
+                if let Some(index) = state.relist.as_mut() {
                     index.apply(pod);
                 }
             }
             watcher::Event::InitDone => {
-                if let Some(index) = write(&self.relist).take() {
-                    *write(&self.live) = index;
+                if let Some(index) = state.relist.take() {
+                    state.live = index;
                 }
             }
         }
@@ -91,21 +95,21 @@ impl PodIndex {
 
     /// Sorted names of the pods of Memcached `name` in `namespace` that are not being deleted.
     pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<String> {
-        self.live
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.lock()
+            .live
             .pods
             .get(&(namespace.to_string(), name.to_string()))
             .map(|names| names.iter().cloned().collect())
             .unwrap_or_default()
     }
-}
 
-/// The index holds plain maps that no panic can leave half-updated in a way that matters more
-/// than a stale entry, so a poisoned lock is used as is.
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The index holds plain maps that no panic can leave worse than a stale entry, so a
+    /// poisoned lock is used as is.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 #[cfg(test)]

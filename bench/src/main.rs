@@ -65,7 +65,7 @@ struct Args {
     scenarios: String,
     /// Where the JSON results go; {crs} is filled in.
     #[arg(long, default_value = "bench/results/memcached-operator-{crs}.json")]
-    out: PathBuf,
+    out: String,
     /// Give up waiting for convergence after this many seconds (10,000 CRs take about 1,600).
     #[arg(long, default_value_t = 3600)]
     timeout_seconds: u64,
@@ -79,11 +79,7 @@ async fn main() -> Result<()> {
     let result = run(&args, &scenarios, &cluster).await;
     cluster.down().await;
     let results = result?;
-    let out = PathBuf::from(
-        args.out
-            .to_string_lossy()
-            .replace("{crs}", &args.crs.to_string()),
-    );
+    let out = PathBuf::from(args.out.replace("{crs}", &args.crs.to_string()));
     std::fs::create_dir_all(out.parent().unwrap_or(&PathBuf::from(".")))?;
     std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
     print_table(&results);
