@@ -3,9 +3,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
-use crate::controller::Scope;
+use crate::telemetry::LogFormat;
+use crate::watch_namespace::WatchNamespace;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -84,8 +85,8 @@ pub struct RunArgs {
 
     /// Namespaces to watch: empty for all, one name, or a comma-separated list (OLM sets this from
     /// the OperatorGroup's target namespaces).
-    #[arg(long, env = "WATCH_NAMESPACE", default_value = "", value_parser = parse_watch_namespace)]
-    pub watch_namespace: Scope,
+    #[arg(long, env = "WATCH_NAMESPACE", default_value = "", value_parser = WatchNamespace::parse)]
+    pub watch_namespace: WatchNamespace,
 
     /// memcached image for Memcacheds that set no spec.image.
     #[arg(long, env = "RELATED_IMAGE_MEMCACHED", default_value = crate::resources::FALLBACK_MEMCACHED_IMAGE)]
@@ -115,12 +116,6 @@ pub fn host_name() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Json,
-    Text,
-}
-
 /// A listen address, or none when the endpoint is disabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindAddress(pub Option<SocketAddr>);
@@ -139,59 +134,9 @@ fn parse_bind_address(s: &str) -> Result<BindAddress, String> {
     addr.map(|a| BindAddress(Some(a)))
 }
 
-/// Parses WATCH_NAMESPACE into the OLM install modes: all, own/single, or multi namespace.
-pub fn parse_watch_namespace(s: &str) -> Result<Scope, String> {
-    let names: Vec<&str> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .collect();
-    if names.is_empty() {
-        return Ok(Scope::All);
-    }
-    let mut namespaces = Vec::new();
-    for name in names {
-        if !is_dns1123_label(name) {
-            return Err(format!(
-                "{name:?} is not a valid namespace name (lowercase letters, digits and '-', at most 63)"
-            ));
-        }
-        if !namespaces.iter().any(|n| n == name) {
-            namespaces.push(name.to_string());
-        }
-    }
-    Ok(Scope::Namespaces(namespaces))
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0] != b'-'
-        && bytes[bytes.len() - 1] != b'-'
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn watch_namespace_covers_the_olm_install_modes() {
-        assert_eq!(parse_watch_namespace(""), Ok(Scope::All));
-        assert_eq!(
-            parse_watch_namespace("team-a"),
-            Ok(Scope::Namespaces(vec!["team-a".into()]))
-        );
-        assert_eq!(
-            parse_watch_namespace("a, b,a,"),
-            Ok(Scope::Namespaces(vec!["a".into(), "b".into()]))
-        );
-        let err = parse_watch_namespace("ok,Bad_NS").unwrap_err();
-        assert!(err.contains("\"Bad_NS\""), "{err}");
-    }
 
     #[test]
     fn bind_addresses_follow_controller_runtime() {

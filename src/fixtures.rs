@@ -57,7 +57,7 @@ pub mod apiserver {
     use tower_test::mock::{self, Handle};
 
     use crate::backoff::Backoff;
-    use crate::controller::Context;
+    use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
 
     pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
@@ -84,18 +84,21 @@ pub mod apiserver {
         let (deployments, dw) = reflector::store();
         let (services, sw) = reflector::store();
         let ctx = Context {
-            client,
+            client: client.clone(),
             deployments,
             services,
             pods: Default::default(),
-            reporter: Reporter {
-                controller: "memcached-operator".into(),
-                instance: Some("test".into()),
-            },
+            events: Events::new(
+                client.clone(),
+                Reporter {
+                    controller: "memcached-operator".into(),
+                    instance: Some("test".into()),
+                },
+            ),
             default_image: crate::resources::FALLBACK_MEMCACHED_IMAGE.into(),
             backoff: Arc::new(Backoff::default()),
             metrics: Arc::new(Metrics::new()),
-            caches: Arc::new(crate::health::CacheSync::new(0, Default::default())),
+            caches: Default::default(),
         };
         (
             Arc::new(ctx),

@@ -2,18 +2,18 @@
 //!
 //! Readiness never waits for leadership: with a single replica, a rolling update would deadlock
 //! if the new pod had to lead before it counted as ready while the old one held the lease.
+//! It waits for the watch caches instead, so a leader never acts on a partial view: each watch
+//! takes an [`Unsynced`] handle when it is built and releases it on its first complete list.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::Client;
 
 #[derive(Default)]
 pub struct Health {
-    leading: AtomicBool,
-    /// Watch caches that have not completed their first list yet (set when the controller starts).
-    caches_pending: AtomicUsize,
-    controller_started: AtomicBool,
+    caches: Caches,
 }
 
 /// Why /readyz answers 503.
@@ -24,33 +24,15 @@ pub enum NotReady {
 }
 
 impl Health {
-    pub fn set_leading(&self, leading: bool) {
-        self.leading.store(leading, Ordering::SeqCst);
+    /// Every watch cache of the process: watches register here (or in a [`Caches::subset`]).
+    pub fn caches(&self) -> &Caches {
+        &self.caches
     }
 
-    pub fn expect_caches(&self, caches: usize) {
-        self.caches_pending.store(caches, Ordering::SeqCst);
-        self.controller_started.store(true, Ordering::SeqCst);
-    }
-
-    pub fn cache_synced(&self) {
-        let _ = self
-            .caches_pending
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    }
-
-    /// Whether every watch cache the controller expects has its first list.
-    pub fn caches_synced(&self) -> bool {
-        self.caches_pending.load(Ordering::SeqCst) == 0
-    }
-
-    /// Readiness given whether the API server answered: a follower only needs the API server;
-    /// the leader also needs its caches synced, so it does not act on a partial view.
+    /// Readiness given whether the API server answered.
     pub fn readiness(&self, api: Result<(), String>) -> Result<(), NotReady> {
         api.map_err(NotReady::ApiUnreachable)?;
-        let reconciling =
-            self.leading.load(Ordering::SeqCst) || self.controller_started.load(Ordering::SeqCst);
-        if reconciling && self.caches_pending.load(Ordering::SeqCst) > 0 {
+        if !self.caches.synced() {
             return Err(NotReady::CachesNotSynced);
         }
         Ok(())
@@ -67,35 +49,52 @@ impl Health {
     }
 }
 
-/// First-list progress of one watch scope's caches. Reconciling before the owned caches are
-/// filled would report a wrong status (no pods yet) and correct it a moment later: two needless
-/// writes per object after every restart.
-pub struct CacheSync {
-    pending: AtomicUsize,
-    health: std::sync::Arc<Health>,
+/// A set of watch caches that is synced once each of them has had its first complete list.
+/// Subsets (one per watch scope) count in their parent too, so the controller can ask whether its
+/// own scope is synced while readiness asks about the whole process.
+#[derive(Clone, Default)]
+pub struct Caches {
+    pending: Arc<AtomicUsize>,
+    parent: Option<Box<Caches>>,
 }
 
-impl CacheSync {
-    pub fn new(caches: usize, health: std::sync::Arc<Health>) -> Self {
-        Self {
-            pending: AtomicUsize::new(caches),
-            health,
+impl Caches {
+    /// A set whose watches also count in this one.
+    pub fn subset(&self) -> Caches {
+        Caches {
+            pending: Arc::default(),
+            parent: Some(Box::new(self.clone())),
         }
     }
 
-    /// One cache has its first complete list.
-    pub fn synced(&self) {
-        if self
-            .pending
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            self.health.cache_synced();
-        }
+    /// One more watch: the set (and its parents) is not synced until the handle is released.
+    pub fn watch(&self) -> Unsynced {
+        self.each(|pending| pending.fetch_add(1, Ordering::SeqCst));
+        Unsynced(self.clone())
     }
 
-    pub fn all_synced(&self) -> bool {
+    pub fn synced(&self) -> bool {
         self.pending.load(Ordering::SeqCst) == 0
+    }
+
+    fn each(&self, f: impl Fn(&AtomicUsize) -> usize) {
+        let mut set = Some(self);
+        while let Some(s) = set {
+            f(&s.pending);
+            set = s.parent.as_deref();
+        }
+    }
+}
+
+/// A watch whose cache has not had its first complete list. Released once, by value; a watch
+/// that ends before its first list never counts as synced.
+#[must_use = "readiness waits until this handle is released"]
+pub struct Unsynced(Caches);
+
+impl Unsynced {
+    pub fn release(self) {
+        self.0
+            .each(|pending| pending.fetch_sub(1, Ordering::SeqCst));
     }
 }
 
@@ -104,7 +103,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn follower_is_ready_when_the_api_answers() {
+    fn ready_when_the_api_answers_and_no_watch_is_filling() {
         let h = Health::default();
         assert_eq!(h.readiness(Ok(())), Ok(()));
         assert!(matches!(
@@ -114,37 +113,28 @@ mod tests {
     }
 
     #[test]
-    fn reconciling_process_is_ready_once_every_cache_synced() {
+    fn ready_once_every_watch_has_its_first_list() {
         let h = Health::default();
-        h.set_leading(true);
-        h.expect_caches(2);
+        let memcacheds = h.caches().watch();
+        let pods = h.caches().watch();
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
-        h.cache_synced();
+        memcacheds.release();
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
-        h.cache_synced();
+        pods.release();
         assert_eq!(h.readiness(Ok(())), Ok(()));
-        h.cache_synced();
-        assert_eq!(
-            h.readiness(Ok(())),
-            Ok(()),
-            "extra sync signals do not wrap around"
-        );
     }
 
     #[test]
-    fn a_scope_is_synced_once_each_of_its_caches_is() {
-        let h = std::sync::Arc::new(Health::default());
-        h.expect_caches(2);
-        let scope = CacheSync::new(2, h.clone());
-        scope.synced();
-        assert!(!scope.all_synced());
-        scope.synced();
-        scope.synced();
-        assert!(scope.all_synced());
-        assert_eq!(
-            h.readiness(Ok(())),
-            Ok(()),
-            "each cache is reported to readiness once"
-        );
+    fn a_scope_is_synced_on_its_own_watches_and_counts_in_the_process() {
+        let h = Health::default();
+        let (a, b) = (h.caches().subset(), h.caches().subset());
+        let in_a = a.watch();
+        let in_b = b.watch();
+        in_a.release();
+        assert!(a.synced());
+        assert!(!b.synced());
+        assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
+        in_b.release();
+        assert_eq!(h.readiness(Ok(())), Ok(()));
     }
 }

@@ -145,6 +145,11 @@ impl LeaderElector {
         }
     }
 
+    /// The Lease's name (the `name` label of `leader_election_master_status`).
+    pub fn lease_name(&self) -> &str {
+        &self.config.name
+    }
+
     /// Waits until this process holds the lease (true), or until `shutdown` (false).
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         let mut announced = None;

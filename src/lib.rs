@@ -12,13 +12,12 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod metrics_auth;
-pub mod pod_index;
 pub mod resources;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
 pub mod validation;
-pub mod workers;
+pub mod watch_namespace;
 
 #[cfg(test)]
 pub mod fixtures;

@@ -55,45 +55,32 @@ async fn run(args: RunArgs) -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn(crate::shutdown::on_signal(shutdown.clone()));
 
-    // Endpoints outlive the controller so /metrics and probes answer during the drain.
-    let endpoints_stop = CancellationToken::new();
-    let metrics_tls = match args.metrics_secure {
-        false => None,
-        true => match crate::metrics_auth::tls_config(args.metrics_cert_path.as_deref()) {
-            Ok(tls) => Some(tls),
-            Err(e) => {
-                error!(error = %e, "cannot set up TLS for /metrics");
-                return ExitCode::FAILURE;
-            }
-        },
-    };
-    let state = Arc::new(admin::State {
-        metrics: metrics.clone(),
-        health: health.clone(),
-        client: client.clone(),
-        metrics_auth: args
-            .metrics_secure
-            .then(|| crate::metrics_auth::MetricsAuth::new(client.clone())),
-    });
-    for (addr, endpoints, tls) in [
-        (args.metrics_bind_address.0, Endpoints::Metrics, metrics_tls),
-        (args.health_probe_bind_address.0, Endpoints::Health, None),
-    ] {
-        let Some(addr) = addr else { continue };
-        if let Err(e) =
-            admin::bind(addr, endpoints, state.clone(), tls, endpoints_stop.clone()).await
-        {
-            error!(%addr, error = %e, "cannot listen");
-            return ExitCode::FAILURE;
-        }
-    }
-
+    // Built before the endpoints listen: building it registers its watches for readiness. It runs
+    // from the start, also on a follower, so its caches are warm at takeover; it reconciles
+    // nothing until `leading` says so.
     let settings = Settings {
-        scope: args.watch_namespace.clone(),
+        watch_namespace: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         default_image: args.memcached_image.clone(),
         instance: identity.clone(),
     };
+    let (leading_tx, leading) = watch::channel(!args.leader_elect);
+    let stop_controller = shutdown.child_token();
+    let controller = controller::run(
+        client.clone(),
+        settings,
+        metrics.clone(),
+        health.caches(),
+        stop_controller.clone(),
+        leading,
+    );
+
+    // Endpoints outlive the controller so /metrics and probes answer during the drain.
+    let endpoints_stop = CancellationToken::new();
+    if let Err(code) = serve_endpoints(&args, &client, &metrics, &health, &endpoints_stop).await {
+        return code;
+    }
+
     let code = if args.leader_elect {
         let Some(namespace) = args
             .leader_election_namespace
@@ -113,18 +100,15 @@ async fn run(args: RunArgs) -> ExitCode {
             renew_deadline: args.leader_election_renew_deadline,
             retry_period: args.leader_election_retry_period,
         };
-        run_as_leader(client, config, settings, metrics, health, shutdown, &args).await
+        let elector = LeaderElector::new(client, config);
+        let controller = Controller {
+            run: controller,
+            stop: stop_controller,
+            leading: leading_tx,
+        };
+        run_as_leader(elector, controller, &metrics, &health, &shutdown, &args).await
     } else {
-        let (_always, leading) = watch::channel(true);
-        let controller = controller::run(
-            client,
-            settings,
-            metrics,
-            health.clone(),
-            shutdown.clone(),
-            leading,
-        );
-        drain(controller, &shutdown, &health, &args).await;
+        drain(controller, &stop_controller, &health, &args).await;
         ExitCode::SUCCESS
     };
     endpoints_stop.cancel();
@@ -132,54 +116,84 @@ async fn run(args: RunArgs) -> ExitCode {
     code
 }
 
+async fn serve_endpoints(
+    args: &RunArgs,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+    stop: &CancellationToken,
+) -> Result<(), ExitCode> {
+    let metrics_tls = match args.metrics_secure {
+        false => None,
+        true => match crate::metrics_auth::tls_config(args.metrics_cert_path.as_deref()) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                error!(error = %e, "cannot set up TLS for /metrics");
+                return Err(ExitCode::FAILURE);
+            }
+        },
+    };
+    let state = Arc::new(admin::State {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        client: client.clone(),
+        metrics_auth: args
+            .metrics_secure
+            .then(|| crate::metrics_auth::MetricsAuth::new(client.clone())),
+    });
+    for (addr, endpoints, tls) in [
+        (args.metrics_bind_address.0, Endpoints::Metrics, metrics_tls),
+        (args.health_probe_bind_address.0, Endpoints::Health, None),
+    ] {
+        let Some(addr) = addr else { continue };
+        if let Err(e) = admin::bind(addr, endpoints, state.clone(), tls, stop.clone()).await {
+            error!(%addr, error = %e, "cannot listen");
+            return Err(ExitCode::FAILURE);
+        }
+    }
+    Ok(())
+}
+
+/// The running controller, and the handles that gate and stop it.
+struct Controller<F> {
+    run: F,
+    stop: CancellationToken,
+    leading: watch::Sender<bool>,
+}
+
 async fn run_as_leader(
-    client: Client,
-    config: LeaseConfig,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
+    mut elector: LeaderElector,
+    controller: Controller<impl Future<Output = ()>>,
+    metrics: &Metrics,
+    health: &Health,
+    shutdown: &CancellationToken,
     args: &RunArgs,
 ) -> ExitCode {
-    let lease = config.name.clone();
+    let lease = elector.lease_name().to_string();
     metrics.set_leader(&lease, false);
-    let mut elector = LeaderElector::new(client.clone(), config);
-
-    // The controller runs from the start so its caches are warm at takeover; it reconciles
-    // nothing until `leading` says so.
-    let (leading_tx, leading) = watch::channel(false);
-    let stop_controller = CancellationToken::new();
-    let controller = controller::run(
-        client,
-        settings,
-        metrics.clone(),
-        health.clone(),
-        stop_controller.clone(),
-        leading,
-    );
-    tokio::pin!(controller);
+    let Controller { run, stop, leading } = controller;
+    tokio::pin!(run);
     let acquired = tokio::select! {
-        acquired = elector.acquire(&shutdown) => acquired,
-        _ = &mut controller => false,
+        acquired = elector.acquire(shutdown) => acquired,
+        _ = &mut run => false,
     };
     if !acquired {
-        stop_controller.cancel();
-        drain(controller, &stop_controller, &health, args).await;
+        stop.cancel();
+        drain(run, &stop, health, args).await;
         return ExitCode::SUCCESS;
     }
     metrics.set_leader(&lease, true);
-    health.set_leading(true);
-    leading_tx.send_replace(true);
+    leading.send_replace(true);
 
     let outcome = tokio::select! {
-        held = elector.hold(&shutdown) => held,
-        _ = &mut controller => Ok(()),
+        held = elector.hold(shutdown) => held,
+        _ = &mut run => Ok(()),
     };
     metrics.set_leader(&lease, false);
     match outcome {
         Ok(()) => {
-            stop_controller.cancel();
-            drain(controller, &stop_controller, &health, args).await;
+            stop.cancel();
+            drain(run, &stop, health, args).await;
             elector.release().await;
             ExitCode::SUCCESS
         }
@@ -207,7 +221,7 @@ async fn drain(
         _ = &mut controller => return,
         _ = stop.cancelled() => {}
     }
-    if !health.caches_synced() {
+    if !health.caches().synced() {
         info!("stopping before the caches synced: nothing to drain");
         return;
     }

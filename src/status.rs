@@ -11,8 +11,37 @@ use crate::resources::selector_string;
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
-/// Reason of Degraded=True when an object of our name belongs to someone else.
-pub const RESOURCE_EXISTS: &str = "ResourceExists";
+
+/// Reasons of the conditions this operator sets. Code decides on these; the strings are only
+/// for the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    AllPodsReady,
+    PodsNotReady,
+    Converged,
+    Creating,
+    Reconciling,
+    AsExpected,
+    /// An object of the Memcached's name belongs to someone else.
+    ResourceExists,
+    /// The spec cannot work (see validation.rs).
+    InvalidSpec,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AllPodsReady => "AllPodsReady",
+            Self::PodsNotReady => "PodsNotReady",
+            Self::Converged => "Converged",
+            Self::Creating => "Creating",
+            Self::Reconciling => "Reconciling",
+            Self::AsExpected => "AsExpected",
+            Self::ResourceExists => "ResourceExists",
+            Self::InvalidSpec => "InvalidSpec",
+        }
+    }
+}
 
 /// What the controller saw of the cluster for one Memcached.
 #[derive(Debug, Default)]
@@ -25,12 +54,37 @@ pub struct Observed<'a> {
     pub blocked: Option<Blocked>,
 }
 
-/// Why nothing is applied: an object of our name belongs to someone else (ResourceExists), or
-/// the spec cannot work (InvalidSpec).
+/// Why nothing is applied for a Memcached.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Blocked {
-    pub reason: &'static str,
-    pub message: String,
+pub enum Blocked {
+    /// A Deployment or Service of its name that it does not control: left untouched.
+    ResourceExists { message: String },
+    /// A spec that cannot work: not applied, and the pods running now keep serving.
+    InvalidSpec { message: String },
+}
+
+impl Blocked {
+    pub fn reason(&self) -> Reason {
+        match self {
+            Self::ResourceExists { .. } => Reason::ResourceExists,
+            Self::InvalidSpec { .. } => Reason::InvalidSpec,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::ResourceExists { message } | Self::InvalidSpec { message } => message,
+        }
+    }
+
+    /// Whether `status` already reports this (Degraded=True for the same reason).
+    pub fn is_reported_in(&self, status: Option<&MemcachedStatus>) -> bool {
+        status.is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == DEGRADED && c.status == "True" && c.reason == self.reason().as_str()
+            })
+        })
+    }
 }
 
 /// The status a Memcached should have. Conditions keep their lastTransitionTime while their
@@ -52,41 +106,37 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
 
     let all_ready = observed.deployment.is_some() && ready == size;
     let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
+    let pods_ready = format!("{ready}/{size} pods are ready");
     let available = if all_ready {
-        cond(
-            AVAILABLE,
-            true,
-            "AllPodsReady",
-            &format!("{ready}/{size} pods are ready"),
-        )
+        cond(AVAILABLE, true, Reason::AllPodsReady.as_str(), &pods_ready)
     } else {
-        cond(
-            AVAILABLE,
-            false,
-            "PodsNotReady",
-            &format!("{ready}/{size} pods are ready"),
-        )
+        cond(AVAILABLE, false, Reason::PodsNotReady.as_str(), &pods_ready)
     };
     let (progressing, degraded) = match &observed.blocked {
         Some(b) => (
-            cond(PROGRESSING, false, b.reason, &b.message),
-            cond(DEGRADED, true, b.reason, &b.message),
+            cond(PROGRESSING, false, b.reason().as_str(), b.message()),
+            cond(DEGRADED, true, b.reason().as_str(), b.message()),
         ),
         None => {
             let progressing = if converged {
                 cond(
                     PROGRESSING,
                     false,
-                    "Converged",
+                    Reason::Converged.as_str(),
                     &format!("{size} pods match the spec"),
                 )
             } else if observed.deployment.is_none() {
-                cond(PROGRESSING, true, "Creating", "creating the Deployment")
+                cond(
+                    PROGRESSING,
+                    true,
+                    Reason::Creating.as_str(),
+                    "creating the Deployment",
+                )
             } else {
                 let message = format!(
                     "{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running"
                 );
-                cond(PROGRESSING, true, "Reconciling", &message)
+                cond(PROGRESSING, true, Reason::Reconciling.as_str(), &message)
             };
             (progressing, deployment_degraded(observed.deployment))
         }
@@ -134,7 +184,7 @@ fn deployment_degraded(deployment: Option<&Deployment>) -> Condition {
         None => cond(
             DEGRADED,
             false,
-            "AsExpected",
+            Reason::AsExpected.as_str(),
             "the Deployment reports no failure",
         ),
     }
@@ -260,8 +310,7 @@ mod tests {
     #[test]
     fn conflict_is_degraded_with_resource_exists() {
         let mc = memcached("cache", 1);
-        let blocked = Blocked {
-            reason: RESOURCE_EXISTS,
+        let blocked = Blocked::ResourceExists {
             message: conflict_message("Deployment", &mc),
         };
         let observed = Observed {
@@ -272,7 +321,7 @@ mod tests {
         let degraded = find(&s, DEGRADED);
         assert_eq!(
             (degraded.status.as_str(), degraded.reason.as_str()),
-            ("True", RESOURCE_EXISTS)
+            ("True", "ResourceExists")
         );
         assert!(degraded.message.contains("Deployment default/cache"));
         assert_eq!(find(&s, AVAILABLE).status, "False");
@@ -282,8 +331,7 @@ mod tests {
     fn invalid_spec_is_degraded_but_running_pods_still_count() {
         let mc = memcached("cache", 2);
         let d = deployment_with_status(&mc, 2, 2);
-        let blocked = Blocked {
-            reason: "InvalidSpec",
+        let blocked = Blocked::InvalidSpec {
             message: "spec.resources.limits.memory ...".into(),
         };
         let observed = Observed {

@@ -10,9 +10,14 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::config::LogFormat;
-
 const SERVICE_NAME: &str = "memcached-operator";
+
+/// Log line format (--log-format).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
 
 /// Flushes buffered spans when dropped (at the end of `main`).
 pub struct Guard(Option<SdkTracerProvider>);

@@ -9,8 +9,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::MemcachedSpec;
 
-pub const INVALID_SPEC: &str = "InvalidSpec";
-
 /// Why the spec cannot be applied, naming the fields.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
     let Some(limit) = spec

@@ -1,8 +1,8 @@
 //! Which pods each Memcached has, kept current from the pod watch.
 //!
-//! A reconcile needs one Memcached's pod names. Filtering a cache of every pod costs O(all pods)
-//! per reconcile, so a leader taking over 10,000 Memcacheds walked 10,000 pods 10,000 times
-//! (14 s before the first changed object was served). Here the answer costs O(its pods).
+//! A reconcile needs one Memcached's pod names. Filtering a cache of every pod would cost
+//! O(all pods) per reconcile, and O(pods × Memcacheds) for a leader taking over; here the answer
+//! costs O(its pods).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};

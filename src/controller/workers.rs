@@ -1,17 +1,15 @@
 //! The reconcile workers: at most N reconciles at once, started in the order they became due.
 //!
 //! kube-runtime's controller, once at its concurrency limit, parks due requests in a hash set and
-//! next takes the first one it finds there: hash order, not arrival order. Under sustained load
-//! a request can wait until the set has emptied. With 10,000 new Memcacheds the last Deployments
-//! were created 23 minutes in, just before the last CR became Available, and size changes waited
-//! 78 s (p50) / 148 s (p99). So the controller runs without a limit of its own and every reconcile
-//! first waits for a worker here: tokio's semaphore is fair, so that wait is FIFO, like
-//! controller-runtime's work queue.
+//! next takes the first one it finds there: hash order, not arrival order, so under sustained
+//! load a request can wait until the set has emptied. So the controller runs without a limit of
+//! its own and every reconcile first waits for a worker here: tokio's semaphore is fair, so that
+//! wait is FIFO, like controller-runtime's work queue.
 //!
 //! A trigger for an object whose reconcile is still waiting adds nothing (that reconcile reads the
 //! caches when it starts, after the trigger's event is in them), but kube-runtime would hold it
-//! in that hash set and scan the set on every poll: 80 % of the operator's CPU at 10,000 CRs.
-//! So triggers for waiting objects are dropped before they reach it (`is_waiting`).
+//! in that hash set and scan the set on every poll. So triggers for waiting objects are dropped
+//! before they reach it (`is_waiting`). README "Benchmark" has the figures behind both.
 
 use std::collections::HashSet;
 use std::hash::Hash;

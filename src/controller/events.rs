@@ -1,0 +1,189 @@
+//! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), and why
+//! nothing could be applied (a Warning with the Degraded reason).
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::api::Memcached;
+use crate::status::Blocked;
+
+/// What applying an owned object changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Created,
+    /// The user changed `spec.size`.
+    Scaled {
+        from: i64,
+        to: i64,
+    },
+    /// Someone scaled the object behind our back; put back.
+    DriftRestored {
+        was: i64,
+        to: i64,
+    },
+    Updated,
+}
+
+impl Change {
+    /// Compares the object before and after an apply. A replica difference is the user's new
+    /// size when the spec changed since the last status was written, drift otherwise.
+    pub fn between<K: Serialize>(before: Option<&K>, after: &K, mc: &Memcached) -> Change {
+        let Some(before) = before else {
+            return Change::Created;
+        };
+        let replicas = |o: &K| {
+            serde_json::to_value(o)
+                .ok()
+                .and_then(|v| v["spec"]["replicas"].as_i64())
+        };
+        match (replicas(before), replicas(after)) {
+            (Some(from), Some(to)) if from != to && spec_changed(mc) => Change::Scaled { from, to },
+            (Some(was), Some(to)) if was != to => Change::DriftRestored { was, to },
+            _ => Change::Updated,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Change::Created => "Created",
+            Change::Scaled { .. } => "Scaled",
+            Change::DriftRestored { .. } => "DriftRestored",
+            Change::Updated => "Updated",
+        }
+    }
+
+    pub fn note(&self, kind: &str, name: &str) -> String {
+        match self {
+            Change::Created => format!("Created {kind} {name}"),
+            Change::Scaled { from, to } => {
+                format!("Scaled {kind} {name} from {from} to {to} replicas")
+            }
+            Change::DriftRestored { was, to } => {
+                format!("Restored {kind} {name} to {to} replicas (was changed to {was})")
+            }
+            Change::Updated => format!("Updated {kind} {name} to match the Memcached spec"),
+        }
+    }
+}
+
+fn spec_changed(mc: &Memcached) -> bool {
+    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
+}
+
+/// Publishes events as this controller instance.
+///
+/// Best-effort and in the background, as client-go's recorder: a worker does not wait a round
+/// trip for an event, and failing to record one does not fail the reconcile. An event still in
+/// flight when the process exits is lost.
+#[derive(Clone)]
+pub struct Events {
+    client: Client,
+    reporter: Reporter,
+}
+
+impl Events {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self { client, reporter }
+    }
+
+    /// A Normal event for an apply of `applied` that made `change`.
+    pub fn applied<K: Resource<DynamicType = ()>>(
+        &self,
+        mc: &Memcached,
+        applied: &K,
+        change: &Change,
+    ) {
+        let (kind, name) = (K::kind(&()), applied.name_any());
+        let note = change.note(&kind, &name);
+        info!(%kind, %name, reason = change.reason(), "{note}");
+        self.publish(
+            mc,
+            Some(applied.object_ref(&())),
+            EventType::Normal,
+            change.reason(),
+            "Apply",
+            note,
+        );
+    }
+
+    /// A Warning that nothing is applied for `mc`, and why.
+    pub fn blocked(&self, mc: &Memcached, blocked: &Blocked) {
+        self.publish(
+            mc,
+            None,
+            EventType::Warning,
+            blocked.reason().as_str(),
+            "Reconcile",
+            blocked.message().to_string(),
+        );
+    }
+
+    /// A fresh Recorder each time: kube's Recorder folds events with the same reason into one
+    /// series whatever their note, so "Scaled from 3 to 5" then "from 5 to 2" would show the
+    /// first text twice. Only real changes are recorded, so there is no flood to fold.
+    fn publish(
+        &self,
+        mc: &Memcached,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: related,
+        };
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let regarding = mc.object_ref(&());
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &regarding).await {
+                warn!(%error, reason = event.reason, "could not record event");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{deployment_with_status, memcached};
+
+    #[test]
+    fn a_new_object_is_created() {
+        let mc = memcached("cache", 3);
+        let d = deployment_with_status(&mc, 3, 0);
+        let change = Change::between(None, &d, &mc);
+        assert_eq!(change, Change::Created);
+        assert_eq!(
+            change.note("Deployment", "cache"),
+            "Created Deployment cache"
+        );
+    }
+
+    #[test]
+    fn a_replica_change_is_a_scale_after_a_spec_change_and_drift_otherwise() {
+        let mut mc = memcached("cache", 5);
+        mc.status = Some(Default::default());
+        mc.status.as_mut().unwrap().observed_generation = Some(1);
+        let before = deployment_with_status(&memcached("cache", 3), 3, 3);
+        let after = deployment_with_status(&mc, 5, 3);
+        let drift = Change::between(Some(&before), &after, &mc);
+        assert_eq!(drift, Change::DriftRestored { was: 3, to: 5 });
+        assert_eq!(
+            drift.note("Deployment", "cache"),
+            "Restored Deployment cache to 5 replicas (was changed to 3)"
+        );
+
+        mc.metadata.generation = Some(2);
+        let scaled = Change::between(Some(&before), &after, &mc);
+        assert_eq!(scaled, Change::Scaled { from: 3, to: 5 });
+        assert_eq!(scaled.reason(), "Scaled");
+    }
+}

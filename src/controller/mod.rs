@@ -1,0 +1,25 @@
+//! The Memcached controller: the reconcile (the tutorial's steps), the events it records, and
+//! the watches and workers that drive it.
+
+mod events;
+mod pod_index;
+mod reconcile;
+mod watches;
+mod workers;
+
+pub use events::Events;
+pub use reconcile::{Context, error_policy, reconcile};
+pub use watches::{parse_event, run};
+
+use crate::watch_namespace::WatchNamespace;
+
+/// Settings of the controller, from flags and environment.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub watch_namespace: WatchNamespace,
+    pub max_concurrent_reconciles: u16,
+    /// memcached image for CRs that do not set `spec.image` (RELATED_IMAGE_MEMCACHED).
+    pub default_image: String,
+    /// Identity in events (the pod name when in a cluster).
+    pub instance: String,
+}

@@ -1,0 +1,494 @@
+//! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its Deployment, ensure its
+//! size, ensure its Service, report status. Desired objects come from the pure builders in
+//! `resources`; this module makes the API calls.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use super::events::{Change, Events};
+use super::pod_index::PodIndex;
+use crate::api::{Memcached, MemcachedStatus};
+use crate::backoff::Backoff;
+use crate::drift::needs_apply;
+use crate::error::{Error, Result};
+use crate::health::Caches;
+use crate::metrics::{Metrics, ReconcileResult};
+use crate::resources::{self, MANAGER_NAME, is_controlled_by};
+use crate::status::{self, Blocked, Observed};
+use crate::validation;
+
+/// Retry delay for a reconcile that arrives before its scope's owned caches are filled.
+const CACHE_WAIT: Duration = Duration::from_millis(100);
+/// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
+/// look again this often.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
+
+/// What a reconcile needs: the API client and the caches of owned objects.
+pub struct Context {
+    pub client: Client,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub pods: Arc<PodIndex>,
+    pub events: Events,
+    pub default_image: String,
+    pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
+    pub metrics: Arc<Metrics>,
+    /// This scope's watch caches: reconciling before they are filled would report a wrong status
+    /// (no pods yet) and correct it a moment later, two needless writes per object.
+    pub caches: Caches,
+}
+
+/// Reconcile one Memcached, recording the outcome in the metrics.
+pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action> {
+    let _running = ctx.metrics.start_reconcile();
+    let result = reconcile_steps(&mc, &ctx).await;
+    match &result {
+        Ok(action) => {
+            ctx.backoff.reset(&ObjectRef::from_obj(&*mc));
+            let label = if *action == Action::await_change() {
+                ReconcileResult::Success
+            } else {
+                ReconcileResult::RequeueAfter
+            };
+            ctx.metrics.record(label, None);
+        }
+        Err(e) => ctx
+            .metrics
+            .record(ReconcileResult::Error, Some(e.metric_label())),
+    }
+    result
+}
+
+async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
+    // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
+    //    garbage collector, which removes what it owns through owner references.
+    if mc.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if !ctx.caches.synced() {
+        return Ok(Action::requeue(CACHE_WAIT));
+    }
+    let ns = mc.namespace().unwrap_or_default();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    // Independent requests go out together: a reconcile's latency is its longest chain of
+    // round trips.
+    let (existing_deployment, existing_service) = tokio::try_join!(
+        lookup(&deployments, &ctx.deployments, mc),
+        lookup(&services, &ctx.services, mc),
+    )?;
+    let blocked = blocked(
+        mc,
+        existing_deployment.as_deref().map(|d| &d.metadata),
+        existing_service.as_deref().map(|s| &s.metadata),
+    );
+
+    let deployment = match &blocked {
+        Some(Blocked::ResourceExists { .. }) => None,
+        Some(Blocked::InvalidSpec { .. }) => existing_deployment,
+        None => {
+            // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
+            // 4. Ensure the headless Service, at the same time.
+            let desired = resources::deployment(mc, &ctx.default_image);
+            let (deployment, _) = tokio::try_join!(
+                ensure(ctx, mc, &deployments, existing_deployment, desired),
+                ensure(ctx, mc, &services, existing_service, resources::service(mc)),
+            )?;
+            Some(deployment)
+        }
+    };
+
+    // 5. Report status.
+    let observed = Observed {
+        deployment: deployment.as_deref(),
+        pods: ctx.pods.pods_of(&ns, &mc.name_any()),
+        blocked: blocked.clone(),
+    };
+    let new_status =
+        status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
+    if mc.status.as_ref() != Some(&new_status) {
+        patch_status(ctx, mc, &new_status).await?;
+    }
+    let Some(blocked) = blocked else {
+        return Ok(Action::await_change());
+    };
+    // Warn once per cause, not on every recheck.
+    if !blocked.is_reported_in(mc.status.as_ref()) {
+        ctx.events.blocked(mc, &blocked);
+    }
+    Ok(match blocked {
+        Blocked::ResourceExists { .. } => Action::requeue(CONFLICT_RECHECK),
+        // A spec change triggers the next reconcile.
+        Blocked::InvalidSpec { .. } => Action::await_change(),
+    })
+}
+
+/// Why nothing may be applied: an object of our name that this Memcached does not control is
+/// left untouched, and a spec that cannot work is not applied (the pods running now keep serving).
+fn blocked(
+    mc: &Memcached,
+    deployment: Option<&ObjectMeta>,
+    service: Option<&ObjectMeta>,
+) -> Option<Blocked> {
+    let foreign = [("Deployment", deployment), ("Service", service)]
+        .into_iter()
+        .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)));
+    if let Some((kind, _)) = foreign {
+        return Some(Blocked::ResourceExists {
+            message: status::conflict_message(kind, mc),
+        });
+    }
+    validation::validate(&mc.spec)
+        .err()
+        .map(|message| Blocked::InvalidSpec { message })
+}
+
+/// Failed reconciles retry with per-object exponential backoff.
+pub fn error_policy(mc: Arc<Memcached>, error: &Error, ctx: Arc<Context>) -> Action {
+    Action::requeue(retry_delay(&mc, error, &ctx))
+}
+
+fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
+    let delay = ctx.backoff.next_delay(ObjectRef::from_obj(mc));
+    warn!(memcached = %mc.name_any(), namespace = mc.namespace().unwrap_or_default(), error = %error,
+          reason = error.metric_label(), retry_in = ?delay, "reconcile failed");
+    delay
+}
+
+/// The owned object of the Memcached's name: from the cache of labelled objects, else from the
+/// API server, since a foreign object of that name (which the cache never holds) must be seen.
+async fn lookup<K>(api: &Api<K>, cache: &Store<K>, mc: &Memcached) -> Result<Option<Arc<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let name = mc.name_any();
+    if let Some(cached) =
+        cache.get(&ObjectRef::new(&name).within(&mc.namespace().unwrap_or_default()))
+    {
+        return Ok(Some(cached));
+    }
+    match api.get_opt(&name).await {
+        Ok(found) => Ok(found.map(Arc::new)),
+        Err(source) => Err(Error::Read {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        }),
+    }
+}
+
+/// Applies `desired` unless `existing` already holds it; returns the object as it now is.
+async fn ensure<K>(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<K>,
+    existing: Option<Arc<K>>,
+    desired: K,
+) -> Result<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    if let Some(existing) = &existing
+        && !needs_apply(&desired, existing.as_ref())
+    {
+        return Ok(existing.clone());
+    }
+    let name = desired.name_any();
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(&desired),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        })?;
+    let change = Change::between(existing.as_deref(), &applied, mc);
+    ctx.events.applied(mc, &applied, &change);
+    Ok(Arc::new(applied))
+}
+
+async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
+    let api: Api<Memcached> =
+        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": Memcached::api_version(&()),
+        "kind": Memcached::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &mc.name_any(),
+        &PatchParams::apply(MANAGER_NAME).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: mc.name_any(),
+        source,
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::apiserver::{self, ApiServer};
+    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::status::{AVAILABLE, DEGRADED};
+
+    const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+    const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
+    const STATUS: &str =
+        "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+    /// Runs a reconcile against a scripted API server; the script must consume every request.
+    async fn scenario<F>(
+        mc: Memcached,
+        ctx: Arc<Context>,
+        api: ApiServer,
+        script: impl FnOnce(ApiServer) -> F,
+    ) -> Result<Action>
+    where
+        F: Future<Output = ApiServer> + Send + 'static,
+    {
+        let server = tokio::spawn(script(api));
+        let result = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mc), ctx))
+            .await
+            .expect("reconcile sent a request the script did not expect");
+        server.await.expect("the script's assertions hold");
+        result
+    }
+
+    /// Splits requests answered in any order into event creations and the one status apply.
+    fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apiserver::Seen) {
+        let (mut status, events): (Vec<_>, Vec<_>) =
+            seen.into_iter().partition(|r| r.path() == STATUS);
+        assert!(
+            events
+                .iter()
+                .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS))
+        );
+        assert_eq!(status.len(), 1, "one status apply");
+        (events, status.remove(0))
+    }
+
+    fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
+        let c = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap();
+        (
+            c["status"].as_str().unwrap().into(),
+            c["reason"].as_str().unwrap().into(),
+        )
+    }
+
+    #[tokio::test]
+    async fn new_cr_gets_deployment_service_events_and_status() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 3);
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            api.not_found(DEPLOYMENT).await;
+            api.not_found(SERVICE).await;
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert!(
+                apply
+                    .path_and_query
+                    .contains("fieldManager=memcached-operator")
+            );
+            assert!(apply.path_and_query.contains("force=true"));
+            assert_eq!(apply.body["spec"]["replicas"], 3);
+            assert_eq!(
+                apply.body["metadata"]["ownerReferences"][0]["uid"],
+                "uid-cache"
+            );
+            // The Service apply goes out with the Deployment's, before either answer's event.
+            let svc = api.echo("PATCH", SERVICE).await;
+            assert_eq!(svc.body["spec"]["clusterIP"], "None");
+            // Then the status, with the events going out in the background.
+            let (events, status) = events_and_status(api.echo_any_order(3, &mc).await);
+            let mut events: Vec<_> = events.into_iter().map(|e| e.body).collect();
+            events.sort_by_key(|e| e["note"].to_string());
+            let described: Vec<_> = events
+                .iter()
+                .map(|e| {
+                    (
+                        e["reason"].clone(),
+                        e["note"].clone(),
+                        e["related"]["kind"].clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                described,
+                [
+                    (
+                        json!("Created"),
+                        json!("Created Deployment cache"),
+                        json!("Deployment")
+                    ),
+                    (
+                        json!("Created"),
+                        json!("Created Service cache"),
+                        json!("Service")
+                    ),
+                ]
+            );
+            assert_eq!(condition(&status.body, AVAILABLE).0, "False");
+            assert_eq!(status.body["status"]["observedGeneration"], 1);
+            api
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::await_change());
+    }
+
+    /// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
+    /// operator wrote then.
+    fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
+        let d = deployment_with_status(mc, mc.spec.size, mc.spec.size);
+        caches.add_deployment(d.clone());
+        caches.add_service(resources::service(mc));
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Default::default()
+        };
+        mc.status = Some(status::desired_status(
+            mc,
+            &observed,
+            &crate::fixtures::time(0),
+        ));
+    }
+
+    #[tokio::test]
+    async fn converged_cr_makes_no_requests() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        converged(&mut mc, &mut caches);
+        let action = scenario(mc, ctx, api, |api| async move { api })
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+    }
+
+    #[tokio::test]
+    async fn size_change_scales_the_deployment() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        converged(&mut mc, &mut caches);
+        mc.spec.size = 5;
+        mc.metadata.generation = Some(2);
+
+        scenario(mc.clone(), ctx, api, |mut api| async move {
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert_eq!(apply.body["spec"]["replicas"], 5);
+            let (events, status) = events_and_status(api.echo_any_order(2, &mc).await);
+            let [event] = &events[..] else {
+                panic!("one event, not {}", events.len())
+            };
+            assert_eq!(event.body["reason"], "Scaled");
+            assert_eq!(
+                event.body["note"],
+                "Scaled Deployment cache from 3 to 5 replicas"
+            );
+            assert_eq!(status.body["status"]["observedGeneration"], 2);
+            assert_eq!(condition(&status.body, AVAILABLE).0, "False");
+            api
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn foreign_deployment_is_left_untouched_with_a_warning() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        let mut foreign = resources::deployment(&mc, "someone/else");
+        foreign.metadata.owner_references = None;
+        foreign.metadata.labels = None;
+        let foreign = serde_json::to_value(&foreign).unwrap();
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| foreign)
+                .await;
+            api.not_found(SERVICE).await;
+            let status = api.echo_status(STATUS, &mc).await;
+            assert_eq!(
+                condition(&status.body, DEGRADED),
+                ("True".into(), "ResourceExists".into())
+            );
+            let event = api.echo("POST", EVENTS).await;
+            assert_eq!(
+                (event.body["type"].as_str(), event.body["reason"].as_str()),
+                (Some("Warning"), Some("ResourceExists"))
+            );
+            api
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+    }
+
+    #[tokio::test]
+    async fn api_error_backs_off_per_object() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
+        let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+            api.not_found(DEPLOYMENT).await;
+            api.not_found(SERVICE).await;
+            api.expect(
+                "PATCH",
+                DEPLOYMENT,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                server_error,
+            )
+            .await;
+            api
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.metric_label(), "apply");
+
+        let delays: Vec<Duration> = (0..3).map(|_| retry_delay(&mc, &err, &ctx)).collect();
+        let ms: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        assert!(
+            (4.5..=5.5).contains(&ms[0])
+                && (9.0..=11.0).contains(&ms[1])
+                && (18.0..=22.0).contains(&ms[2]),
+            "{ms:?}"
+        );
+        let other = memcached("other", 1);
+        assert!(
+            retry_delay(&other, &err, &ctx) <= Duration::from_micros(5500),
+            "backoff is per object"
+        );
+        assert!(
+            ctx.metrics
+                .render()
+                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
+        );
+    }
+}

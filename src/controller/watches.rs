@@ -1,0 +1,380 @@
+//! The wiring: per watch scope, the watches of Memcacheds and of what they own, the caches they
+//! fill, the triggers they send, the leader gate and the workers that reconciles wait for.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, future};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::PartialObjectMeta;
+use kube::core::{DynamicObject, GroupVersionKind};
+use kube::discovery::ApiResource;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field, info, info_span, warn};
+
+use super::Settings;
+use super::events::Events;
+use super::pod_index::PodIndex;
+use super::reconcile::{Context, error_policy, reconcile};
+use super::workers::Workers;
+use crate::api::Memcached;
+use crate::backoff::Backoff;
+use crate::health::{Caches, Unsynced};
+use crate::metrics::Metrics;
+use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
+use crate::watch_namespace::Scope;
+
+/// The controller, one per watch scope, sharing the metrics, backoff and workers. Its watches
+/// are registered in `caches` before this returns, so readiness cannot pass before they exist;
+/// the returned future runs them until `shutdown` is cancelled and in-flight reconciles finish.
+///
+/// Caches fill and stay current whether or not `leading` is true, so a follower that takes over
+/// starts from warm caches (as controller-runtime's followers do); until then every reconcile is
+/// skipped, and the moment `leading` turns true every cached Memcached is queued.
+pub fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    caches: &Caches,
+    shutdown: CancellationToken,
+    leading: watch::Receiver<bool>,
+) -> impl Future<Output = ()> + use<> {
+    metrics.set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
+    let reporter = Reporter {
+        controller: MANAGER_NAME.into(),
+        instance: Some(settings.instance.clone()),
+    };
+    let shared = Shared {
+        events: Events::new(client.clone(), reporter),
+        client,
+        default_image: settings.default_image.clone(),
+        backoff: Arc::new(Backoff::default()),
+        metrics,
+        // One set of workers for every scope: the limit is the process's, as in controller-runtime.
+        workers: Arc::new(Workers::new(
+            settings.max_concurrent_reconciles,
+            shutdown.clone(),
+        )),
+    };
+    let controllers: Vec<_> = settings
+        .watch_namespace
+        .scopes()
+        .into_iter()
+        .map(|scope| scope_controller(&shared, scope, caches.subset(), &shutdown, &leading))
+        .collect();
+    async move {
+        future::join_all(controllers).await;
+    }
+}
+
+/// What every scope's controller shares.
+struct Shared {
+    client: Client,
+    events: Events,
+    default_image: String,
+    backoff: Arc<Backoff<ObjectRef<Memcached>>>,
+    metrics: Arc<Metrics>,
+    workers: Arc<Workers<ObjectRef<Memcached>>>,
+}
+
+/// One scope's watches and controller, built now, run when awaited.
+fn scope_controller(
+    shared: &Shared,
+    scope: Scope,
+    caches: Caches,
+    shutdown: &CancellationToken,
+    leading: &watch::Receiver<bool>,
+) -> impl Future<Output = ()> + use<> {
+    let client = &shared.client;
+    let workers = shared.workers.clone();
+
+    let invalid = shared.metrics.invalid_objects.clone();
+    let (mc_reader, mc_writer) = reflector::store::<Memcached>();
+    let memcacheds = watcher(
+        raw_memcacheds(client, &scope),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .inspect(released_on_first_list(caches.watch()))
+    .filter_map(move |event| future::ready(event.map(|e| parse_event(e, &invalid)).transpose()))
+    .modify(drop_managed_fields)
+    .reflect(mc_writer)
+    .applied_objects()
+    // Status writes do not change the generation, so the controller does not wake itself.
+    .predicate_filter(predicates::generation, Default::default())
+    .filter(unless_waiting(workers.clone(), |mc: &Memcached| {
+        Some(ObjectRef::from_obj(mc))
+    }));
+
+    let (deployments, deployment_events) =
+        owned_stream::<Deployment>(scope.api(client), caches.watch());
+    let (services, service_events) = owned_stream::<Service>(scope.api(client), caches.watch());
+    let deployment_events =
+        deployment_events.filter(unless_waiting(workers.clone(), controller_of::<Deployment>));
+    let service_events =
+        service_events.filter(unless_waiting(workers.clone(), controller_of::<Service>));
+
+    let pods = Arc::new(PodIndex::default());
+    let pod_events = watcher(
+        scope.api::<PartialObjectMeta<Pod>>(client),
+        owned_watch_config(),
+    )
+    .default_backoff()
+    .inspect(released_on_first_list(caches.watch()))
+    .inspect({
+        let pods = pods.clone();
+        move |event| {
+            if let Ok(event) = event {
+                pods.observe(event);
+            }
+        }
+    })
+    .touched_objects()
+    .filter(unless_waiting(workers.clone(), memcached_of_pod));
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        deployments,
+        services,
+        pods,
+        events: shared.events.clone(),
+        default_image: shared.default_image.clone(),
+        backoff: shared.backoff.clone(),
+        metrics: shared.metrics.clone(),
+        caches,
+    });
+    let shutdown = shutdown.clone();
+    let leading = leading.clone();
+    let latest = mc_reader.clone();
+    // No concurrency limit here: `workers` is the limit, and keeps the order (see workers.rs).
+    let controller = Controller::for_stream(memcacheds, mc_reader)
+        .owns_stream(deployment_events)
+        .owns_stream(service_events)
+        .watches_stream(pod_events, |pod| memcached_of_pod(&pod))
+        .reconcile_all_on(became_leader(leading.clone()))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(
+            move |mc, ctx| {
+                let leader = *leading.borrow();
+                let (workers, latest) = (workers.clone(), latest.clone());
+                async move {
+                    if !leader {
+                        return Ok(Action::await_change());
+                    }
+                    let key = ObjectRef::from_obj(&*mc);
+                    let Some(_worker) = workers.start(&key).await else {
+                        return Ok(Action::await_change());
+                    };
+                    // It may have changed (or gone) while it waited: reconcile it as it is now.
+                    let Some(mc) = latest.get(&key) else {
+                        return Ok(Action::await_change());
+                    };
+                    // Boxed: thousands may wait for a worker, each as small as it can be.
+                    Box::pin(reconcile(mc.clone(), ctx))
+                        .instrument(reconcile_span(&mc))
+                        .await
+                }
+            },
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile trigger failed");
+            }
+            future::ready(())
+        });
+    async move {
+        controller.await;
+        info!(scope = scope.name(), "controller stopped");
+    }
+}
+
+fn reconcile_span(mc: &Memcached) -> tracing::Span {
+    let span = info_span!(
+        "reconcile",
+        namespace = field::Empty,
+        memcached = field::Empty,
+        trace_id = field::Empty
+    );
+    span.record("namespace", mc.namespace().unwrap_or_default());
+    span.record("memcached", mc.name_any());
+    if let Some(id) = span.in_scope(crate::telemetry::current_trace_id) {
+        span.record("trace_id", id);
+    }
+    span
+}
+
+/// Memcacheds as raw objects, so that one that does not parse is skipped (see `parse_event`)
+/// instead of breaking the watch for all the others.
+fn raw_memcacheds(client: &Client, scope: &Scope) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(
+        &Memcached::group(&()),
+        &Memcached::version(&()),
+        &Memcached::kind(&()),
+    );
+    scope.api_with(
+        client,
+        &ApiResource::from_gvk_with_plural(&gvk, &Memcached::plural(&())),
+    )
+}
+
+/// Turns a watch event of raw objects into one of Memcacheds, dropping objects that do not parse
+/// so that one malformed object cannot break the watch for all the others.
+pub fn parse_event(
+    event: watcher::Event<DynamicObject>,
+    invalid: &prometheus::IntGauge,
+) -> Option<watcher::Event<Memcached>> {
+    let parse = |obj: DynamicObject| {
+        let name = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        match obj.try_parse::<Memcached>() {
+            Ok(mc) => Some(mc),
+            Err(error) => {
+                invalid.inc();
+                warn!(memcached = %name, %error, "skipping Memcached that does not match the API schema");
+                None
+            }
+        }
+    };
+    Some(match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(parse(o)?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(parse(o)?),
+        watcher::Event::Delete(o) => watcher::Event::Delete(parse(o)?),
+        watcher::Event::Init => {
+            invalid.set(0);
+            watcher::Event::Init
+        }
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
+}
+
+/// Releases a watch's readiness handle on its first complete list.
+///
+/// Not `Store::wait_until_ready`: in kube 5 it is one shared oneshot receiver that keeps only the
+/// last waiter's waker, and the controller already waits on the Memcached store, so a second
+/// waiter can leave one of the two asleep for good.
+fn released_on_first_list<K>(
+    handle: Unsynced,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+    let mut handle = Some(handle);
+    move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone))
+            && let Some(handle) = handle.take()
+        {
+            handle.release();
+        }
+    }
+}
+
+/// Yields once, when `leading` turns true (at once if it already is).
+fn became_leader(mut leading: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::once(async move { leading.wait_for(|l| *l).await.is_ok() })
+        .filter(|gained| future::ready(*gained))
+        .map(|_| ())
+}
+
+/// managedFields are most of a cached object's size (one entry per writer: us, the
+/// kube-controller-manager, the kubelet) and nothing here reads them.
+fn drop_managed_fields<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
+/// What we own carries our label; the watch cache serves it.
+fn owned_watch_config() -> watcher::Config {
+    watcher::Config::default()
+        .labels(&resources::managed_by_selector())
+        .any_semantic()
+}
+
+/// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
+fn owned_stream<K>(
+    api: Api<K>,
+    unsynced: Unsynced,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, owned_watch_config())
+        .default_backoff()
+        .inspect(released_on_first_list(unsynced))
+        .modify(drop_managed_fields)
+        .reflect(writer)
+        .applied_objects();
+    (reader, stream)
+}
+
+/// The Memcached a pod belongs to, by its instance label.
+fn memcached_of_pod(pod: &PartialObjectMeta<Pod>) -> Option<ObjectRef<Memcached>> {
+    let ns = pod.namespace()?;
+    let instance = pod.labels().get(LABEL_INSTANCE)?;
+    Some(ObjectRef::new(instance).within(&ns))
+}
+
+/// The Memcached that controls an owned object.
+fn controller_of<K: Resource>(obj: &K) -> Option<ObjectRef<Memcached>> {
+    let ns = obj.namespace()?;
+    let owner = obj
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Memcached::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(&ns))
+}
+
+/// Drops triggers for a Memcached whose reconcile is still waiting for a worker: it will read
+/// the caches, with this change in them, when it starts (see workers.rs).
+fn unless_waiting<K>(
+    workers: Arc<Workers<ObjectRef<Memcached>>>,
+    target: impl Fn(&K) -> Option<ObjectRef<Memcached>>,
+) -> impl FnMut(&Result<K, watcher::Error>) -> future::Ready<bool> {
+    move |item| {
+        let redundant =
+            matches!(item, Ok(obj) if target(obj).is_some_and(|key| workers.is_waiting(&key)));
+        future::ready(!redundant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn malformed_memcached_is_skipped_without_breaking_the_watch() {
+        let invalid = prometheus::IntGauge::new("x", "x").unwrap();
+        let good: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "good", "namespace": "default"}, "spec": {"size": 1}
+        }))
+        .unwrap();
+        let bad: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "bad", "namespace": "default"}, "spec": {"size": "three"}
+        }))
+        .unwrap();
+        assert!(parse_event(watcher::Event::InitApply(bad.clone()), &invalid).is_none());
+        assert!(parse_event(watcher::Event::Apply(bad), &invalid).is_none());
+        assert_eq!(invalid.get(), 2);
+        match parse_event(watcher::Event::Apply(good), &invalid) {
+            Some(watcher::Event::Apply(mc)) => assert_eq!(mc.spec.size, 1),
+            other => panic!("good object lost: {other:?}"),
+        }
+        assert!(matches!(
+            parse_event(watcher::Event::Init, &invalid),
+            Some(watcher::Event::Init)
+        ));
+        assert_eq!(invalid.get(), 0, "a relist recounts invalid objects");
+    }
+}
