@@ -40,7 +40,7 @@ SHELLCHECK ?= $(or $(shell command -v shellcheck),$(SHELLCHECK_DIR)/bin/shellche
 .PHONY: lint
 lint: $(SHELLCHECK) ## cargo fmt --check, clippy -D warnings, shellcheck.
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features --locked -- -D warnings
 	$(SHELLCHECK) hack/*.sh hack/olm/*.sh bench/reference-go/build.sh
 
 $(SHELLCHECK_DIR)/bin/shellcheck:

@@ -27,8 +27,9 @@ HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # Components in start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_TAG=cluster
+# shellcheck source=hack/lib.sh
+source "${HACK_DIR}/lib.sh"
 
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -132,40 +133,6 @@ cmd_env() {
 }
 
 # ---------------------------------------------------------------- up helpers
-
-# free_ports N : N distinct TCP ports that are free on 127.0.0.1, chosen below the
-# kernel's ephemeral range (so outgoing connections made while the cluster starts
-# cannot grab them) and away from the well-known Kubernetes defaults.
-free_ports() {
-	python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-try:
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        eph_lo = int(f.read().split()[0])
-except OSError:
-    eph_lo = 32768
-lo, hi = 20000, max(20000 + 4 * n, min(eph_lo, 32768)) - 1
-out = []
-for _ in range(20000):
-    if len(out) == n:
-        break
-    p = random.randint(lo, hi)
-    if p in out:
-        continue
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    out.append(p)
-if len(out) != n:
-    sys.exit("could not find %d free ports" % n)
-print(" ".join(map(str, out)))
-PY
-}
 
 # http_ok URL : GET URL (no TLS verification needed: plain http for etcd).
 http_ok() {

@@ -32,5 +32,5 @@ export E2E_CLUSTER_DIR="${dir}"
 cd "${ROOT}"
 # One test at a time: each runs its own operator processes, and two cores are shared with the
 # control plane.
-cargo test --locked --test e2e -- --test-threads=1 "$@"
+cargo test --locked --features e2e --test e2e -- --test-threads=1 "$@"
 status=0

@@ -56,6 +56,40 @@ if "Error" in d: sys.exit("go mod download: " + d["Error"])
 print(d.get(f) or (d.get("Origin") or {}).get(f) or "")' "$2"
 }
 
+# free_ports N : N distinct TCP ports that are free on 127.0.0.1, chosen below the
+# kernel's ephemeral range (so outgoing connections made while the cluster starts
+# cannot grab them) and away from the well-known Kubernetes defaults.
+free_ports() {
+	python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        eph_lo = int(f.read().split()[0])
+except OSError:
+    eph_lo = 32768
+lo, hi = 20000, max(20000 + 4 * n, min(eph_lo, 32768)) - 1
+out = []
+for _ in range(20000):
+    if len(out) == n:
+        break
+    p = random.randint(lo, hi)
+    if p in out:
+        continue
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    out.append(p)
+if len(out) != n:
+    sys.exit("could not find %d free ports" % n)
+print(" ".join(map(str, out)))
+PY
+}
+
 # write_sa_kubeconfig NS SA OUT DURATION : a kubeconfig at OUT (mode 600) for ServiceAccount SA
 # in NS, with a token of DURATION, against the cluster of the current KUBECONFIG.
 write_sa_kubeconfig() {

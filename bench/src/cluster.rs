@@ -2,19 +2,18 @@
 //! kube-controller-manager and scheduler limits raised so they are not what is measured.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::jiff::Timestamp;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::Client;
+use memcached_operator_testkit::LocalCluster;
 use tokio::process::Command;
 
 use crate::audit;
 
 pub struct Cluster {
     base: PathBuf,
-    pub dir: PathBuf,
+    pub local: LocalCluster,
     audit_log: PathBuf,
 }
 
@@ -52,7 +51,7 @@ impl Cluster {
         }
         Ok(Cluster {
             base,
-            dir,
+            local: LocalCluster::at(dir),
             audit_log,
         })
     }
@@ -60,7 +59,7 @@ impl Cluster {
     pub async fn down(&self) {
         let _ = Command::new("hack/cluster.sh")
             .arg("down")
-            .arg(&self.dir)
+            .arg(&self.local.dir)
             .status()
             .await;
         if std::env::var_os("BENCH_KEEP").is_some() {
@@ -70,32 +69,15 @@ impl Cluster {
         }
     }
 
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
-    }
-
     pub async fn admin(&self) -> Result<Client> {
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig())?;
-        let mut config =
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        config.read_timeout = Some(Duration::from_secs(120));
-        Ok(Client::try_from(config)?)
+        self.local.admin().await
     }
 
     async fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", self.kubeconfig())
-            .output()
-            .await?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        match self.local.kubectl(args).await {
+            (true, out) => Ok(out),
+            (false, out) => bail!("kubectl {}: {out}", args.join(" ")),
         }
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
 
     /// The CRD under test, and the operator's ServiceAccount and RBAC from a kustomize directory
@@ -117,25 +99,16 @@ impl Cluster {
 
     /// A kubeconfig with a token of the operator's ServiceAccount.
     pub async fn operator_kubeconfig(&self) -> Result<PathBuf> {
-        let path = self.dir.join("operator.kubeconfig");
-        if path.exists() {
-            return Ok(path);
-        }
-        let status = Command::new("bash")
-            .arg("-c")
-            .arg(r#"source hack/lib.sh && write_sa_kubeconfig "$@""#)
-            .arg("write_sa_kubeconfig")
-            .args([
-                "memcached-operator-system",
-                "memcached-operator-controller-manager",
-            ])
-            .arg(&path)
-            .arg("10h")
-            .env("KUBECONFIG", self.kubeconfig())
-            .status()
-            .await?;
-        if !status.success() {
-            bail!("could not write the operator's kubeconfig");
+        let path = self.local.dir.join("operator.kubeconfig");
+        if !path.exists() {
+            self.local
+                .service_account_kubeconfig(
+                    crate::operator::NAMESPACE,
+                    "memcached-operator-controller-manager",
+                    &path,
+                    "10h",
+                )
+                .await?;
         }
         Ok(path)
     }

@@ -26,7 +26,6 @@ use memcached_operator::api::{Memcached, MemcachedSpec};
 use serde_json::{Value, json};
 
 use crate::cluster::Cluster;
-use crate::operator::Operator;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -119,8 +118,8 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         "namespaces": args.namespaces,
     });
 
-    let mut op = Operator::start(cluster, &args.operator, "bench-a").await?;
-    op.wait_ready(Duration::from_secs(60)).await?;
+    let mut op = operator::start(cluster, &args.operator, "bench-a").await?;
+    op.wait_health("/readyz", Duration::from_secs(60)).await?;
 
     let deployments: Store<Deployment> = watched(&client).await;
     let memcacheds: Store<Memcached> = watched(&client).await;
@@ -238,8 +237,8 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         op.stop("TERM").await;
         let t_audit = audit::now();
         let started = Instant::now();
-        op = Operator::start(cluster, &args.operator, "bench-b").await?;
-        op.wait_ready(Duration::from_secs(120)).await?;
+        op = operator::start(cluster, &args.operator, "bench-b").await?;
+        op.wait_health("/readyz", Duration::from_secs(120)).await?;
         let ready = started.elapsed();
         // Let it finish its first pass over every object before counting.
         op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
@@ -261,10 +260,12 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         );
         let mut gaps = BTreeMap::new();
         for (signal, target_size) in [("KILL", 3), ("TERM", 4)] {
-            let mut leader = Operator::start(cluster, &elect, &format!("leader-{signal}")).await?;
-            leader.wait_leader(&client, Duration::from_secs(60)).await?;
-            let follower = Operator::start(cluster, &elect, &format!("follower-{signal}")).await?;
-            follower.wait_ready(Duration::from_secs(60)).await?;
+            let mut leader = operator::start(cluster, &elect, &format!("leader-{signal}")).await?;
+            operator::wait_leader(&leader, &client, Duration::from_secs(60)).await?;
+            let follower = operator::start(cluster, &elect, &format!("follower-{signal}")).await?;
+            follower
+                .wait_health("/readyz", Duration::from_secs(60))
+                .await?;
             let (ns, name) = &names[0];
             let started = Instant::now();
             leader.stop(signal).await;

@@ -65,7 +65,6 @@ wait_until() {
 }
 
 port_free() { python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("", int(sys.argv[1]))); s.close()' "$1" 2>/dev/null; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 # ---------------------------------------------------------------- processes started here
 PIDS=()
@@ -127,8 +126,7 @@ start catalog "${OLM_DIR}/catalog" --namespace "${OLM_NS}" --writeStatusName "" 
 check "olm operator healthy (:8080/healthz)" wait_until 60 curl -sf http://127.0.0.1:8080/healthz
 check "catalog operator healthy (:8443/healthz)" wait_until 60 curl -sfk https://127.0.0.1:8443/healthz
 
-GRPC_PORT="$(free_port)"
-PPROF_PORT="$(free_port)"
+read -r GRPC_PORT PPROF_PORT <<<"$(free_ports 2)"
 # As in catalog.Dockerfile: build the serve cache first (--cache-only), then serve from it.
 rm -rf "${DIR}/opm-cache"
 check "opm serve --cache-only builds the catalog's cache" \
@@ -249,8 +247,7 @@ else
 	write_sa_kubeconfig "${NS}" "${SA}" "${DIR}/operator.kubeconfig" 1h
 	watch_ns="$(jp pods -n "${NS}" -l control-plane=controller-manager -o jsonpath='{.items[0].metadata.annotations.olm\.targetNamespaces}')"
 	related="$(deployment_field '{.spec.template.spec.containers[0].env[?(@.name=="RELATED_IMAGE_MEMCACHED")].value}')"
-	METRICS_PORT="$(free_port)"
-	HEALTH_PORT="$(free_port)"
+	read -r METRICS_PORT HEALTH_PORT <<<"$(free_ports 2)"
 	start operator env KUBECONFIG="${DIR}/operator.kubeconfig" POD_NAMESPACE="${NS}" POD_NAME=olm-test-operator \
 		WATCH_NAMESPACE="${watch_ns}" RELATED_IMAGE_MEMCACHED="${related}" \
 		"${DIR}/memcached-operator" --leader-elect --log-format=json --metrics-secure \

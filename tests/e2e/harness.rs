@@ -1,44 +1,34 @@
 //! Test ground for the end-to-end suite: the local control plane started by `hack/e2e.sh`, the
 //! operator run as a real subprocess authenticated as its own ServiceAccount, and waiting helpers.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, Resource, ResourceExt};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use memcached_operator_testkit::operator::ENDPOINT_ARGS;
+use memcached_operator_testkit::{Launch, LocalCluster, OperatorProcess};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::process::{Child, Command};
 
 pub const OPERATOR_NAMESPACE: &str = "memcached-operator-system";
 const FIELD_MANAGER: &str = "e2e";
 
-/// The cluster directory written by `hack/cluster.sh up`.
-pub fn cluster_dir() -> PathBuf {
+/// The cluster `hack/e2e.sh` started (E2E_CLUSTER_DIR).
+pub fn cluster() -> LocalCluster {
     let dir = std::env::var("E2E_CLUSTER_DIR").expect(
         "E2E_CLUSTER_DIR is not set: run the end-to-end suite with `make test-e2e`, which starts the local control plane",
     );
-    PathBuf::from(dir)
-}
-
-pub fn admin_kubeconfig() -> PathBuf {
-    cluster_dir().join("kubeconfig")
+    LocalCluster::at(dir)
 }
 
 /// A client with the cluster admin's credentials (the test's own, not the operator's).
 pub async fn admin() -> Client {
-    let kubeconfig = Kubeconfig::read_from(admin_kubeconfig()).expect("admin kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("admin config");
-    let client = Client::try_from(config).expect("admin client");
+    let client = cluster().admin().await.expect("admin client");
     install_crd(&client).await;
     client
 }
@@ -112,26 +102,7 @@ where
 
 /// Runs kubectl against the local control plane as the admin; returns (success, stdout+stderr).
 pub async fn kubectl(args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", admin_kubeconfig())
-        .output()
-        .await
-        .expect("kubectl runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    cluster().kubectl(args).await
 }
 
 /// The permissions the operator is given, taken from config/rbac so the shipped RBAC is what
@@ -321,45 +292,30 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
     )
     .await;
 
-    let request = serde_json::json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 7200}
-    });
-    let response: serde_json::Value = sas
-        .create_subresource("token", &sa, &PostParams::default(), &request)
-        .await
-        .expect("TokenRequest");
-    let token = response["status"]["token"]
-        .as_str()
-        .expect("token in TokenRequest status");
-
-    let admin = Kubeconfig::read_from(admin_kubeconfig()).unwrap();
-    let cluster = admin.clusters[0].cluster.clone().unwrap();
-    let kubeconfig = serde_json::json!({
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": [{"name": "local", "cluster": {
-            "server": cluster.server,
-            "certificate-authority-data": cluster.certificate_authority_data,
-            "certificate-authority": cluster.certificate_authority,
-        }}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": sa}}],
-    });
-    let dir = cluster_dir().join("operators");
+    let dir = cluster().dir.join("operators");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{sa}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    cluster()
+        .service_account_kubeconfig(OPERATOR_NAMESPACE, &sa, &path, "2h")
+        .await
+        .expect("ServiceAccount kubeconfig");
     path
 }
 
-/// The operator binary running as a subprocess. Killed when dropped.
-pub struct Operator {
-    child: Option<Child>,
-    pub metrics_port: u16,
-    pub health_port: u16,
-    pub log: PathBuf,
-    pub identity: String,
-    kubeconfig: PathBuf,
+/// The operator binary running as a subprocess with the suite's options. Killed when dropped.
+pub struct Operator(OperatorProcess);
+
+impl std::ops::Deref for Operator {
+    type Target = OperatorProcess;
+    fn deref(&self) -> &OperatorProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut OperatorProcess {
+        &mut self.0
+    }
 }
 
 impl Operator {
@@ -374,129 +330,40 @@ impl Operator {
     }
 
     async fn start_with(kubeconfig: &Path, options: &OperatorOptions) -> Operator {
-        let (metrics_port, health_port) = (free_port(), free_port());
-        let identity = format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff);
-        let log = kubeconfig.with_file_name(format!("{identity}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_memcached-operator"));
-        cmd.arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
-            .arg(format!(
-                "--health-probe-bind-address=127.0.0.1:{health_port}"
-            ))
-            .arg(format!("--identity={identity}"))
-            .args(&options.extra_args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,memcached_operator=debug")
-            .envs(options.env.iter().cloned())
-            .env_remove("WATCH_NAMESPACE")
-            .env_remove("POD_NAMESPACE")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
-            .kill_on_drop(true);
-        if let Some(ns) = &options.watch_namespace {
-            cmd.env("WATCH_NAMESPACE", ns);
+        let mut command = format!(
+            "{} {ENDPOINT_ARGS}",
+            env!("CARGO_BIN_EXE_memcached-operator")
+        );
+        for arg in &options.extra_args {
+            command += &format!(" {arg}");
         }
         if options.leader_elect {
-            cmd.arg("--leader-elect")
-                .arg(format!("--leader-election-namespace={OPERATOR_NAMESPACE}"))
-                .arg(format!("--leader-election-id={}", options.lease));
+            command += &format!(
+                " --leader-elect --leader-election-namespace={OPERATOR_NAMESPACE} --leader-election-id={}",
+                options.lease
+            );
         }
-        let child = cmd.spawn().expect("operator starts");
-        let op = Operator {
-            child: Some(child),
-            metrics_port,
-            health_port,
-            log,
-            identity,
+        let mut env = vec![("RUST_LOG".into(), "info,memcached_operator=debug".into())];
+        env.extend(options.env.iter().cloned());
+        if let Some(ns) = &options.watch_namespace {
+            env.push(("WATCH_NAMESPACE".into(), ns.clone()));
+        }
+        let op = OperatorProcess::spawn(Launch {
+            command,
+            identity: format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff),
             kubeconfig: kubeconfig.into(),
-        };
-        wait_for("operator /healthz", Duration::from_secs(20), || async {
-            op.get_health("/healthz").await.filter(|s| *s == 200)
+            log_dir: kubeconfig.parent().unwrap().into(),
+            env,
         })
-        .await;
-        op
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().and_then(|c| c.id()).expect("running") as i32
-    }
-
-    pub fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit and returns its exit code.
-    pub async fn wait(&mut self) -> Option<i32> {
-        let mut child = self.child.take().expect("running");
-        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .expect("operator starts");
+        op.wait_health("/healthz", Duration::from_secs(20))
             .await
-            .expect("operator exits")
-            .unwrap();
-        status.code()
+            .expect("operator /healthz");
+        Operator(op)
     }
 
-    async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        let status = response.split_whitespace().nth(1)?.parse().ok()?;
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((status, body))
-    }
-
-    pub async fn get_health(&self, path: &str) -> Option<u16> {
-        Self::http_get(self.health_port, path).await.map(|(s, _)| s)
-    }
-
-    pub async fn metrics(&self) -> String {
-        let (status, body) = Self::http_get(self.metrics_port, "/metrics")
-            .await
-            .expect("/metrics answers");
-        assert_eq!(status, 200);
-        body
-    }
-
-    /// The value of one metric series, by its exact name and labels as rendered.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self.metrics().await;
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(series)
-                    .and_then(|rest| rest.trim().parse().ok())
-            })
-            .unwrap_or(0.0)
-    }
-
-    pub async fn is_leader(&self, lease: &str) -> bool {
-        self.metric(&format!(
-            "leader_election_master_status{{name=\"{lease}\"}}"
-        ))
-        .await
-            == 1.0
-    }
-
-    pub async fn reconciles(&self) -> f64 {
-        self.metric(
-            r#"controller_runtime_reconcile_total{controller="memcached",result="success"}"#,
-        )
-        .await
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    /// /metrics, which must answer.
+    pub async fn metrics_text(&self) -> String {
+        self.0.metrics().await.expect("/metrics answers 200")
     }
 }

@@ -196,11 +196,11 @@ async fn memcached_is_created_scaled_and_reported() {
     assert!(reasons.iter().any(|r| r == "Scaled"), "{reasons:?}");
 
     // Endpoints.
-    assert_eq!(op.get_health("/healthz").await, Some(200));
-    assert_eq!(op.get_health("/readyz").await, Some(200));
-    assert!(op.reconciles().await >= 5.0, "{}", op.metrics().await);
+    assert_eq!(op.health("/healthz").await, Some(200));
+    assert_eq!(op.health("/readyz").await, Some(200));
+    assert!(op.reconciles().await >= 5.0, "{}", op.metrics_text().await);
     assert!(
-        op.metrics()
+        op.metrics_text()
             .await
             .contains("controller_runtime_reconcile_time_seconds_bucket")
     );
@@ -564,7 +564,7 @@ async fn watch_namespace_limits_the_operator_to_its_namespaces() {
         None,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
-    assert_eq!(op.get_health("/readyz").await, Some(200));
+    assert_eq!(op.health("/readyz").await, Some(200));
     let log = op.log_text();
     assert!(
         !log.contains("forbidden"),
@@ -598,7 +598,7 @@ async fn multi_namespace_install_reconciles_each_listed_namespace() {
         None,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
-    assert_eq!(op.get_health("/readyz").await, Some(200));
+    assert_eq!(op.health("/readyz").await, Some(200));
     let log = op.log_text();
     assert!(
         !log.contains("forbidden"),
@@ -643,11 +643,11 @@ async fn one_leader_reconciles_and_hands_over() {
     assert_eq!(holder.as_deref(), Some(first.identity.as_str()));
     assert_eq!(second.reconciles().await, 0.0, "the follower reconciled");
     assert_eq!(
-        second.get_health("/readyz").await,
+        second.health("/readyz").await,
         Some(200),
         "followers are ready"
     );
-    assert_eq!(first.get_health("/readyz").await, Some(200));
+    assert_eq!(first.health("/readyz").await, Some(200));
 
     // SIGKILL: the lease must expire before the follower takes over.
     let killed = Instant::now();

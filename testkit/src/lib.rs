@@ -1,0 +1,18 @@
+//! What the end-to-end suite (`tests/e2e`) and the benchmark (`bench/`) share: a local cluster
+//! started by `hack/cluster.sh`, the operator as a child process, free ports and plain HTTP.
+//! The ServiceAccount kubeconfig comes from `hack/lib.sh`, the one place shell and Rust use.
+
+pub mod cluster;
+pub mod net;
+pub mod operator;
+
+pub use cluster::LocalCluster;
+pub use operator::{Launch, OperatorProcess};
+
+/// The repository's root (this crate lives in `testkit/`).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ has a parent")
+        .to_path_buf()
+}
