@@ -92,19 +92,24 @@ pub struct RunArgs {
     #[arg(long, env = "RELATED_IMAGE_MEMCACHED", default_value = crate::resources::FALLBACK_MEMCACHED_IMAGE)]
     pub memcached_image: String,
 
-    /// This process's identity in Leases and Events. Default: POD_NAME, else the host name.
+    /// This process's identity in Leases and Events. Default: POD_NAME, else the host name with
+    /// a random suffix.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 }
 
 impl RunArgs {
-    /// This process's identity: --identity/POD_NAME, else the host name, else a fixed name.
+    /// This process's identity: --identity/POD_NAME, else `<host name>_<random>` as
+    /// controller-runtime makes it. Never the bare host name: two processes on one host would
+    /// then both take themselves for the Lease's holder.
     pub fn identity(&self) -> String {
         self.identity
             .clone()
             .filter(|s| !s.is_empty())
-            .or_else(host_name)
-            .unwrap_or_else(|| "memcached-operator".to_string())
+            .unwrap_or_else(|| {
+                let host = host_name().unwrap_or_else(|| "memcached-operator".to_string());
+                format!("{host}_{:08x}", rand::random::<u32>())
+            })
     }
 }
 
@@ -164,6 +169,17 @@ mod tests {
             r.metrics_bind_address,
             BindAddress(Some("0.0.0.0:8080".parse().unwrap()))
         );
+    }
+
+    #[test]
+    fn processes_without_a_given_identity_get_distinct_ones() {
+        let args = || Cli::try_parse_from(["memcached-operator"]).unwrap().run;
+        let (a, b) = (args(), args());
+        if a.identity.is_none() {
+            assert_ne!(a.identity(), b.identity());
+        }
+        let named = Cli::try_parse_from(["memcached-operator", "--identity", "pod-1"]).unwrap();
+        assert_eq!(named.run.identity(), "pod-1");
     }
 
     #[test]

@@ -400,7 +400,15 @@ mod tests {
         let renewed = held_spec(Some(&mine), "me", t.clone(), S(15));
         assert_eq!(renewed.lease_transitions, Some(3));
         assert_eq!(renewed.acquire_time, mine.acquire_time);
-        assert_eq!(renewed.renew_time, Some(t));
+        assert_eq!(renewed.renew_time, Some(t.clone()));
+
+        let released = released_spec(&renewed, t.clone());
+        let after_release = held_spec(Some(&released), "next", t, S(15));
+        assert_eq!(
+            after_release.lease_transitions,
+            Some(4),
+            "taking a released lease is a transition too"
+        );
     }
 
     #[test]

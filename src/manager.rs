@@ -5,6 +5,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use futures::FutureExt;
+use futures::future::FusedFuture;
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -108,7 +110,7 @@ async fn run(args: RunArgs) -> ExitCode {
         };
         run_as_leader(elector, controller, &metrics, &health, &shutdown, &args).await
     } else {
-        drain(controller, &stop_controller, &health, &args).await;
+        drain(controller.fuse(), &stop_controller, &health, &args).await;
         ExitCode::SUCCESS
     };
     endpoints_stop.cancel();
@@ -172,6 +174,9 @@ async fn run_as_leader(
     let lease = elector.lease_name().to_string();
     metrics.set_leader(&lease, false);
     let Controller { run, stop, leading } = controller;
+    // Fused: the controller may end first in either select below (it stops on `shutdown` too),
+    // and `drain` must not poll it again then.
+    let run = run.fuse();
     tokio::pin!(run);
     let acquired = tokio::select! {
         acquired = elector.acquire(shutdown) => acquired,
@@ -179,7 +184,7 @@ async fn run_as_leader(
     };
     if !acquired {
         stop.cancel();
-        drain(run, &stop, health, args).await;
+        drain(&mut run, &stop, health, args).await;
         return ExitCode::SUCCESS;
     }
     metrics.set_leader(&lease, true);
@@ -193,7 +198,7 @@ async fn run_as_leader(
     match outcome {
         Ok(()) => {
             stop.cancel();
-            drain(run, &stop, health, args).await;
+            drain(&mut run, &stop, health, args).await;
             elector.release().await;
             ExitCode::SUCCESS
         }
@@ -211,11 +216,14 @@ async fn run_as_leader(
 /// does not finish a graceful shutdown begun before its first list (it waits for a store that
 /// will never be ready), which held the lease for the whole timeout.
 async fn drain(
-    controller: impl Future<Output = ()>,
+    controller: impl FusedFuture<Output = ()>,
     stop: &CancellationToken,
     health: &Health,
     args: &RunArgs,
 ) {
+    if controller.is_terminated() {
+        return;
+    }
     tokio::pin!(controller);
     tokio::select! {
         _ = &mut controller => return,
@@ -238,4 +246,28 @@ fn in_cluster_namespace() -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn draining_a_controller_that_already_ended_returns_at_once() {
+        let args = crate::config::Cli::try_parse_from(["memcached-operator"])
+            .unwrap()
+            .run;
+        let run = futures::future::ready(()).fuse();
+        tokio::pin!(run);
+        (&mut run).await;
+        let (stop, health) = (CancellationToken::new(), Health::default());
+        stop.cancel();
+        let drained = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            drain(&mut run, &stop, &health, &args),
+        );
+        assert!(drained.await.is_ok(), "waited out the shutdown timeout");
+    }
 }
