@@ -88,6 +88,10 @@ pub struct MemcachedSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
+/// A non-negative Kubernetes quantity: an integer, or a string in the Quantity grammar without a
+/// minus sign (`+` is allowed, as the API server allows it).
+const QUANTITY_RULE: &str = r"type(self) == int ? self >= 0 : string(self).matches('^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?([0-9]+([.][0-9]*)?|[.][0-9]+))?$')";
+
 /// Bounds the sizes in the `resources` schema, so CEL rules over it stay within the API server's
 /// cost budget and huge objects are refused early; real quantities are short and real maps small.
 fn bounded_resources(schema: &mut schemars::Schema) {
@@ -103,6 +107,15 @@ fn bounded_resources(schema: &mut schemars::Schema) {
                 .and_then(|q| q.as_object_mut())
             {
                 q.insert("maxLength".into(), 64.into());
+                // Each quantity alone (negative or malformed is refused with the field named);
+                // requests against limits span two fields, so validation.rs checks those.
+                q.insert(
+                    "x-kubernetes-validations".into(),
+                    serde_json::json!([{
+                        "rule": QUANTITY_RULE,
+                        "message": "must be a non-negative quantity such as 500m, 2, 128Mi or 1Gi",
+                    }]),
+                );
                 q.insert(
                     "description".into(),
                     "A quantity such as 500m, 2, 128Mi or 1Gi (see the Kubernetes Quantity type)."

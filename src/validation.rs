@@ -11,20 +11,48 @@ use crate::api::MemcachedSpec;
 
 /// Why the spec cannot be applied, naming the fields.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
-    let Some(limit) = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|l| l.get("memory"))
-    else {
+    let Some(resources) = spec.resources.as_ref() else {
         return Ok(());
     };
-    let bytes = quantity_bytes(limit).ok_or_else(|| {
-        format!(
-            "spec.resources.limits.memory: {:?} is not a quantity",
-            limit.0
-        )
-    })?;
+    let empty = Default::default();
+    let requests = resources.requests.as_ref().unwrap_or(&empty);
+    let limits = resources.limits.as_ref().unwrap_or(&empty);
+    // Admission refuses these too; checked again for objects stored before that rule existed.
+    for (map, quantities) in [("requests", requests), ("limits", limits)] {
+        for (name, q) in quantities {
+            match quantity_bytes(q) {
+                Some(v) if v >= 0.0 => {}
+                Some(_) => {
+                    return Err(format!(
+                        "spec.resources.{map}.{name}: {:?} must not be negative",
+                        q.0
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "spec.resources.{map}.{name}: {:?} is not a quantity",
+                        q.0
+                    ));
+                }
+            }
+        }
+    }
+    // The API server refuses a pod template whose request exceeds its limit; say so in the
+    // Memcached's own fields. A cross-field CEL rule over quantities is priced out (see above).
+    for (name, request) in requests {
+        if let Some(limit) = limits.get(name)
+            && quantity_bytes(request) > quantity_bytes(limit)
+        {
+            return Err(format!(
+                "spec.resources.requests.{name} ({}) must not exceed spec.resources.limits.{name} ({})",
+                request.0, limit.0
+            ));
+        }
+    }
+    let Some(limit) = limits.get("memory") else {
+        return Ok(());
+    };
+    let bytes = quantity_bytes(limit).unwrap_or_default();
     let cache = f64::from(spec.max_memory_mib) * 1024.0 * 1024.0;
     if bytes <= cache {
         return Err(format!(
@@ -120,6 +148,58 @@ mod tests {
             validate(&with_limit(64, "bogus"))
                 .unwrap_err()
                 .contains("not a quantity")
+        );
+    }
+
+    fn with(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> MemcachedSpec {
+        let map = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            )
+        };
+        let mut mc = memcached("x", 1);
+        mc.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: map(requests),
+            limits: map(limits),
+            ..Default::default()
+        });
+        mc.spec
+    }
+
+    #[test]
+    fn negative_quantities_are_refused_naming_the_field() {
+        assert_eq!(
+            validate(&with(&[("cpu", "-1")], &[])),
+            Err(r#"spec.resources.requests.cpu: "-1" must not be negative"#.into())
+        );
+        assert!(
+            validate(&with(&[], &[("ephemeral-storage", "-5Mi")]))
+                .unwrap_err()
+                .starts_with("spec.resources.limits.ephemeral-storage")
+        );
+    }
+
+    #[test]
+    fn a_request_may_not_exceed_its_limit() {
+        assert_eq!(validate(&with(&[("cpu", "500m")], &[("cpu", "1")])), Ok(()));
+        assert_eq!(
+            validate(&with(&[("cpu", "1")], &[("cpu", "1000m")])),
+            Ok(())
+        );
+        assert_eq!(
+            validate(&with(&[("cpu", "2")], &[("cpu", "1")])),
+            Err(
+                "spec.resources.requests.cpu (2) must not exceed spec.resources.limits.cpu (1)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            validate(&with(&[("memory", "1Gi")], &[])),
+            Ok(()),
+            "a request without a limit is not bounded"
         );
     }
 }
