@@ -22,6 +22,19 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The API server refused an owned object built from the spec; reported on the Memcached.
+    #[error("{message}")]
+    Refused { message: String },
+}
+
+/// Why the API server refused to apply an object: the answer will be the same until the spec
+/// (or the cluster's policy or quota) changes, so it is reported, not retried hot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400 or 422: the object is invalid, or an admission policy denied it.
+    Invalid,
+    /// 403: forbidden, e.g. by a ResourceQuota or an admission webhook.
+    Forbidden,
 }
 
 impl Error {
@@ -31,7 +44,30 @@ impl Error {
             Error::Read { .. } => "read",
             Error::Apply { .. } => "apply",
             Error::Status { .. } => "status",
+            Error::Refused { .. } => "refused",
         }
+    }
+
+    /// Whether this is an apply that the API server refused for good (a 4xx other than
+    /// not-found, conflict and throttling), and the server's message.
+    pub fn refusal(&self) -> Option<(Refusal, String)> {
+        let Error::Apply {
+            kind,
+            name,
+            source: kube::Error::Api(status),
+        } = self
+        else {
+            return None;
+        };
+        let refusal = match status.code {
+            403 => Refusal::Forbidden,
+            400..=499 if ![404, 409, 429].contains(&status.code) => Refusal::Invalid,
+            _ => return None,
+        };
+        Some((
+            refusal,
+            format!("the API server refused {kind} {name}: {}", status.message),
+        ))
     }
 }
 

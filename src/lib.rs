@@ -2,6 +2,8 @@
 
 pub mod admin;
 pub mod api;
+#[cfg(any(test, feature = "arbitrary"))]
+pub mod arbitrary;
 pub mod backoff;
 pub mod config;
 pub mod controller;

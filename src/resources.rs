@@ -292,4 +292,34 @@ mod tests {
         meta.owner_references = None;
         assert!(!is_controlled_by(&meta, &mc));
     }
+
+    proptest::proptest! {
+        /// Whatever the schema admits, the builders do not panic, and a spec the reconciler
+        /// accepts comes out in the objects as written.
+        #[test]
+        fn every_admitted_spec_builds_objects_that_reflect_it(spec in crate::arbitrary::spec()) {
+            let mut mc = memcached("cache", 1);
+            mc.spec = spec.clone();
+            let d = deployment(&mc, FALLBACK_MEMCACHED_IMAGE);
+            let svc = service(&mc);
+            if crate::validation::validate(&spec).is_err() {
+                return Ok(());
+            }
+            let d_spec = d.spec.unwrap();
+            proptest::prop_assert_eq!(d_spec.replicas, Some(spec.size));
+            let pod = d_spec.template.spec.unwrap();
+            let c = &pod.containers[0];
+            proptest::prop_assert_eq!(c.image.as_deref(), Some(spec.image.as_deref().unwrap_or(FALLBACK_MEMCACHED_IMAGE)));
+            let args = c.args.clone().unwrap();
+            let memory = spec.max_memory_mib.to_string();
+            proptest::prop_assert!(args.windows(2).any(|w| w[0] == "-m" && w[1] == memory));
+            proptest::prop_assert_eq!(c.ports.as_ref().unwrap()[0].container_port, spec.container_port);
+            proptest::prop_assert_eq!(&c.resources, &spec.resources);
+            let selector = d_spec.selector.match_labels.unwrap();
+            let template_labels = d_spec.template.metadata.unwrap().labels.unwrap();
+            proptest::prop_assert!(selector.iter().all(|(k, v)| template_labels.get(k) == Some(v)));
+            let ports = svc.spec.unwrap().ports.unwrap();
+            proptest::prop_assert_eq!(ports[0].port, spec.container_port);
+        }
+    }
 }

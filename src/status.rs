@@ -24,8 +24,10 @@ pub enum Reason {
     AsExpected,
     /// An object of the Memcached's name belongs to someone else.
     ResourceExists,
-    /// The spec cannot work (see validation.rs).
+    /// The spec cannot work (see validation.rs), or the API server refused what it asks for.
     InvalidSpec,
+    /// The API server forbade an owned object (a quota, a policy).
+    Forbidden,
 }
 
 impl Reason {
@@ -39,6 +41,7 @@ impl Reason {
             Self::AsExpected => "AsExpected",
             Self::ResourceExists => "ResourceExists",
             Self::InvalidSpec => "InvalidSpec",
+            Self::Forbidden => "Forbidden",
         }
     }
 }
@@ -61,6 +64,8 @@ pub enum Blocked {
     ResourceExists { message: String },
     /// A spec that cannot work: not applied, and the pods running now keep serving.
     InvalidSpec { message: String },
+    /// The API server refused to apply an owned object: the same until something changes.
+    Refused { reason: Reason, message: String },
 }
 
 impl Blocked {
@@ -68,20 +73,26 @@ impl Blocked {
         match self {
             Self::ResourceExists { .. } => Reason::ResourceExists,
             Self::InvalidSpec { .. } => Reason::InvalidSpec,
+            Self::Refused { reason, .. } => *reason,
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            Self::ResourceExists { message } | Self::InvalidSpec { message } => message,
+            Self::ResourceExists { message }
+            | Self::InvalidSpec { message }
+            | Self::Refused { message, .. } => message,
         }
     }
 
-    /// Whether `status` already reports this (Degraded=True for the same reason).
+    /// Whether `status` already reports this cause (Degraded=True, same reason and message).
     pub fn is_reported_in(&self, status: Option<&MemcachedStatus>) -> bool {
         status.is_some_and(|s| {
             s.conditions.iter().any(|c| {
-                c.type_ == DEGRADED && c.status == "True" && c.reason == self.reason().as_str()
+                c.type_ == DEGRADED
+                    && c.status == "True"
+                    && c.reason == self.reason().as_str()
+                    && c.message == self.message()
             })
         })
     }

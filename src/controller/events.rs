@@ -1,12 +1,17 @@
 //! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), and why
 //! nothing could be applied (a Warning with the Degraded reason).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{info, warn};
 
+use super::lock;
 use crate::api::Memcached;
 use crate::status::Blocked;
 
@@ -82,11 +87,18 @@ fn spec_changed(mc: &Memcached) -> bool {
 pub struct Events {
     client: Client,
     reporter: Reporter,
+    /// The cause last warned about, per blocked Memcached. The status says the same once the
+    /// cache has our status write, but a reconcile can start before it does.
+    warned: Arc<Mutex<HashMap<ObjectRef<Memcached>, Blocked>>>,
 }
 
 impl Events {
     pub fn new(client: Client, reporter: Reporter) -> Self {
-        Self { client, reporter }
+        Self {
+            client,
+            reporter,
+            warned: Arc::default(),
+        }
     }
 
     /// A Normal event for an apply of `applied` that made `change`.
@@ -109,8 +121,12 @@ impl Events {
         );
     }
 
-    /// A Warning that nothing is applied for `mc`, and why.
+    /// A Warning that nothing is applied for `mc`, and why: once per cause, not on every recheck.
     pub fn blocked(&self, mc: &Memcached, blocked: &Blocked) {
+        let previous = lock(&self.warned).insert(ObjectRef::from_obj(mc), blocked.clone());
+        if previous.as_ref() == Some(blocked) || blocked.is_reported_in(mc.status.as_ref()) {
+            return;
+        }
         self.publish(
             mc,
             None,
@@ -119,6 +135,11 @@ impl Events {
             "Reconcile",
             blocked.message().to_string(),
         );
+    }
+
+    /// `mc` is no longer blocked: a later cause is warned about again.
+    pub fn unblocked(&self, mc: &Memcached) {
+        lock(&self.warned).remove(&ObjectRef::from_obj(mc));
     }
 
     /// A fresh Recorder each time: kube's Recorder folds events with the same reason into one

@@ -23,3 +23,11 @@ pub struct Settings {
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
 }
+
+/// The controller's shared maps and sets hold nothing a panic can leave worse than a stale entry
+/// or a repeated event, so a poisoned lock is used as is rather than stopping every reconcile.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

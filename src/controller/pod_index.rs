@@ -5,13 +5,14 @@
 //! costs O(its pods).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 
+use super::lock;
 use crate::resources::LABEL_INSTANCE;
 
 /// (namespace, name)
@@ -73,7 +74,7 @@ struct State {
 
 impl PodIndex {
     pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
-        let mut state = self.lock();
+        let mut state = lock(&self.0);
         match event {
             watcher::Event::Apply(pod) => state.live.apply(pod),
             watcher::Event::Delete(pod) => state
@@ -95,20 +96,12 @@ impl PodIndex {
 
     /// Sorted names of the pods of Memcached `name` in `namespace` that are not being deleted.
     pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<String> {
-        self.lock()
+        lock(&self.0)
             .live
             .pods
             .get(&(namespace.to_string(), name.to_string()))
             .map(|names| names.iter().cloned().collect())
             .unwrap_or_default()
-    }
-
-    /// The index holds plain maps that no panic can leave worse than a stale entry, so a
-    /// poisoned lock is used as is.
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

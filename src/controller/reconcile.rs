@@ -22,11 +22,11 @@ use super::pod_index::PodIndex;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::backoff::Backoff;
 use crate::drift::needs_apply;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::health::Caches;
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::resources::{self, MANAGER_NAME, is_controlled_by};
-use crate::status::{self, Blocked, Observed};
+use crate::status::{self, Blocked, Observed, Reason};
 use crate::validation;
 
 /// Retry delay for a reconcile that arrives before its scope's owned caches are filled.
@@ -34,6 +34,9 @@ const CACHE_WAIT: Duration = Duration::from_millis(100);
 /// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
 /// look again this often.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
+/// How often an apply the API server refused is tried again without a spec change: what refused
+/// it (a quota, an admission policy) may change without the Memcached changing.
+const REFUSED_RECHECK: Duration = Duration::from_secs(300);
 
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
@@ -89,7 +92,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         lookup(&deployments, &ctx.deployments, mc),
         lookup(&services, &ctx.services, mc),
     )?;
-    let blocked = blocked(
+    let mut blocked = blocked(
         mc,
         existing_deployment.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
@@ -97,16 +100,29 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
 
     let deployment = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
-        Some(Blocked::InvalidSpec { .. }) => existing_deployment,
+        Some(_) => existing_deployment,
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
             // 4. Ensure the headless Service, at the same time.
             let desired = resources::deployment(mc, &ctx.default_image);
-            let (deployment, _) = tokio::try_join!(
-                ensure(ctx, mc, &deployments, existing_deployment, desired),
+            let applied = tokio::try_join!(
+                ensure(ctx, mc, &deployments, existing_deployment.clone(), desired),
                 ensure(ctx, mc, &services, existing_service, resources::service(mc)),
-            )?;
-            Some(deployment)
+            );
+            match applied {
+                Ok((deployment, _)) => Some(deployment),
+                Err(error) => {
+                    let (refusal, message) = error.refusal().ok_or(error)?;
+                    blocked = Some(Blocked::Refused {
+                        reason: match refusal {
+                            Refusal::Invalid => Reason::InvalidSpec,
+                            Refusal::Forbidden => Reason::Forbidden,
+                        },
+                        message,
+                    });
+                    existing_deployment
+                }
+            }
         }
     };
 
@@ -122,17 +138,17 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         patch_status(ctx, mc, &new_status).await?;
     }
     let Some(blocked) = blocked else {
+        ctx.events.unblocked(mc);
         return Ok(Action::await_change());
     };
-    // Warn once per cause, not on every recheck.
-    if !blocked.is_reported_in(mc.status.as_ref()) {
-        ctx.events.blocked(mc, &blocked);
-    }
-    Ok(match blocked {
-        Blocked::ResourceExists { .. } => Action::requeue(CONFLICT_RECHECK),
+    ctx.events.blocked(mc, &blocked);
+    match blocked {
+        Blocked::ResourceExists { .. } => Ok(Action::requeue(CONFLICT_RECHECK)),
         // A spec change triggers the next reconcile.
-        Blocked::InvalidSpec { .. } => Action::await_change(),
-    })
+        Blocked::InvalidSpec { .. } => Ok(Action::await_change()),
+        // A failure for the metrics; `error_policy` rechecks it slowly.
+        Blocked::Refused { message, .. } => Err(Error::Refused { message }),
+    }
 }
 
 /// Why nothing may be applied: an object of our name that this Memcached does not control is
@@ -155,9 +171,13 @@ fn blocked(
         .map(|message| Blocked::InvalidSpec { message })
 }
 
-/// Failed reconciles retry with per-object exponential backoff.
+/// Failed reconciles retry with per-object exponential backoff; a refused apply is only
+/// rechecked slowly (a spec change retries it at once), since the same request gets the same no.
 pub fn error_policy(mc: Arc<Memcached>, error: &Error, ctx: Arc<Context>) -> Action {
-    Action::requeue(retry_delay(&mc, error, &ctx))
+    match error {
+        Error::Refused { .. } => Action::requeue(REFUSED_RECHECK),
+        _ => Action::requeue(retry_delay(&mc, error, &ctx)),
+    }
 }
 
 fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
@@ -449,6 +469,71 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+    }
+
+    #[tokio::test]
+    async fn refused_apply_is_reported_once_and_rechecked_slowly() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        caches.add_service(resources::service(&mc));
+        let invalid = |_: &serde_json::Value| {
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+                   "message": "Deployment.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
+        };
+        let reported = mc.clone();
+        let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+            api.not_found(DEPLOYMENT).await;
+            api.expect(
+                "PATCH",
+                DEPLOYMENT,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                invalid,
+            )
+            .await;
+            let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+            let (degraded, reason) = condition(&status.body, DEGRADED);
+            assert_eq!(
+                (degraded.as_str(), reason.as_str()),
+                ("True", "InvalidSpec")
+            );
+            let message = status.body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == DEGRADED)
+                .unwrap()["message"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(
+                message.starts_with("the API server refused Deployment cache: ")
+                    && message.contains("must be less than or equal to cpu limit"),
+                "{message}"
+            );
+            let [event] = &events[..] else {
+                panic!("one event, not {}", events.len())
+            };
+            assert_eq!(event.body["type"], "Warning");
+            assert_eq!(event.body["reason"], "InvalidSpec");
+            api
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.metric_label(), "refused");
+        assert_eq!(
+            error_policy(Arc::new(mc.clone()), &err, ctx.clone()),
+            Action::requeue(REFUSED_RECHECK),
+            "not retried hot"
+        );
+        assert!(
+            retry_delay(&mc, &err, &ctx) <= Duration::from_micros(5500),
+            "a refusal does not grow the backoff of later failures"
+        );
+        assert!(
+            ctx.metrics
+                .render()
+                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
+        );
     }
 
     #[tokio::test]

@@ -18,6 +18,8 @@ use std::sync::Mutex;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
+use super::lock;
+
 pub struct Workers<K> {
     permits: Semaphore,
     stop: CancellationToken,
@@ -71,12 +73,6 @@ impl<K: Hash + Eq + Clone> Drop for Waiting<'_, K> {
     fn drop(&mut self) {
         lock(&self.workers.waiting).remove(&self.key);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

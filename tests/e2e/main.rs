@@ -445,6 +445,18 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
             serde_json::json!({"size": 1, "resources": {"limits": {"memory": "1".repeat(70)}}}),
             "spec.resources.limits.memory",
         ),
+        (
+            serde_json::json!({"size": 1, "resources": {"requests": {"cpu": "-1"}}}),
+            "spec.resources.requests[cpu]",
+        ),
+        (
+            serde_json::json!({"size": 1, "resources": {"limits": {"memory": -5}}}),
+            "spec.resources.limits[memory]",
+        ),
+        (
+            serde_json::json!({"size": 1, "resources": {"requests": {"memory": "lots"}}}),
+            "spec.resources.requests[memory]",
+        ),
     ];
     for (i, (spec, field)) in cases.into_iter().enumerate() {
         let obj: kube::core::DynamicObject = serde_json::from_value(serde_json::json!({
@@ -617,17 +629,16 @@ async fn one_leader_reconciles_and_hands_over() {
         ..Default::default()
     };
     let mut first = Operator::start(&client, options).await;
+    wait_for("a leader", Duration::from_secs(20), || async {
+        first.is_leader(&lease).await.then_some(())
+    })
+    .await;
     let options = OperatorOptions {
         leader_elect: true,
         lease: lease.clone(),
         ..Default::default()
     };
     let second = Operator::replica(&first, &options).await;
-
-    wait_for("a leader", Duration::from_secs(20), || async {
-        first.is_leader(&lease).await.then_some(())
-    })
-    .await;
     create(&client, &ns, &memcached("a", 1)).await;
     wait_converged(&client, &ns, "a", 1).await;
     assert!(!second.is_leader(&lease).await);
@@ -683,6 +694,16 @@ async fn one_leader_reconciles_and_hands_over() {
     assert_eq!(second.wait().await, Some(0), "a graceful shutdown exits 0");
     create(&client, &ns, &memcached("c", 1)).await;
     wait_converged(&client, &ns, "c", 1).await;
+
+    // Holder changes are counted as client-go counts them: the KILL takeover and the TERM one.
+    let transitions = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .lease_transitions;
+    assert_eq!(transitions, Some(2), "leaseTransitions after two takeovers");
 
     println!(
         "leader handover: SIGKILL -> new leader reconciled in {kill_gap:?}; SIGTERM -> new leader in {term_gap:?}"
@@ -871,4 +892,211 @@ async fn secure_metrics_admit_only_authorized_scrapers() {
         .0,
         "200"
     );
+}
+
+/// A ValidatingAdmissionPolicy denying memcached images tagged "untrusted" in `ns`: something
+/// only the API server's answer reveals, as a cluster's own policies are.
+async fn deny_untrusted_images(client: &Client, ns: &str) {
+    use kube::core::DynamicObject;
+    use kube::discovery::ApiResource;
+    let gvk =
+        |kind: &str| kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    let policy = ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicy"));
+    let binding = ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicyBinding"));
+    let name = format!("untrusted-images-{ns}");
+    let objects = [
+        (
+            &policy,
+            serde_json::json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": ["apps"], "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]},
+                    "validations": [{
+                        "expression": "object.spec.template.spec.containers.all(c, !c.image.endsWith(':untrusted'))",
+                        "message": "images tagged untrusted are not allowed in this namespace"}]
+                }
+            }),
+        ),
+        (
+            &binding,
+            serde_json::json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                }
+            }),
+        ),
+    ];
+    for (resource, object) in objects {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        apply(&api, &object).await;
+    }
+    // The policy takes effect once the API server's informers have it.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let mut probe: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "probe"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+            "metadata": {"labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "memcached:untrusted"}]}}}
+    }))
+    .unwrap();
+    probe.metadata.namespace = Some(ns.into());
+    wait_for("the policy to deny", Duration::from_secs(30), || async {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        deployments
+            .create(&dry_run, &probe)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_deployment_the_api_server_refuses_is_reported_not_retried_hot() {
+    let client = admin().await;
+    let ns = namespace(&client, "refused").await;
+    deny_untrusted_images(&client, &ns).await;
+    let op = Operator::start(
+        &client,
+        OperatorOptions {
+            watch_namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut mc = memcached("cache", 2);
+    mc.spec.image = Some("memcached:untrusted".into());
+    create(&client, &ns, &mc).await;
+
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let degraded = wait_for("Degraded=True InvalidSpec", CONVERGE, || async {
+        let mc = mcs.get("cache").await.ok()?;
+        let c = mc
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded")?;
+        (c.status == "True" && c.reason == "InvalidSpec").then_some(c.message)
+    })
+    .await;
+    assert!(
+        degraded.starts_with("the API server refused Deployment cache: ")
+            && degraded.contains("images tagged untrusted are not allowed in this namespace"),
+        "the server's message is on the Memcached: {degraded}"
+    );
+    let (ok, out) = kubectl(&["get", "mc", "-n", &ns, "cache"]).await;
+    assert!(
+        ok && out.contains("False"),
+        "kubectl get mc shows it: {out}"
+    );
+
+    // Not retried hot: per-object backoff would have retried ten times in the next ten seconds.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let errors = op
+        .metric(r#"controller_runtime_reconcile_errors_total{controller="memcached"}"#)
+        .await;
+    assert!(
+        (1.0..=2.0).contains(&errors),
+        "reconcile errors after 10 s: {errors}"
+    );
+    let warnings: Vec<_> = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one Warning event: {warnings:?}");
+    assert_eq!(warnings[0].reason.as_deref(), Some("InvalidSpec"));
+    assert!(
+        deployment_replicas(&client, &ns, "cache").await.is_none(),
+        "nothing was created"
+    );
+    let stored = mcs.get("cache").await.unwrap();
+    assert_eq!(
+        stored.spec.image.as_deref(),
+        Some("memcached:untrusted"),
+        "what the user wrote is kept"
+    );
+
+    // The next spec change retries at once.
+    let fix = serde_json::json!({"spec": {"image": null}});
+    mcs.patch(
+        "cache",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&fix),
+    )
+    .await
+    .unwrap();
+    wait_converged(&client, &ns, "cache", 2).await;
+    let mc = mcs.get("cache").await.unwrap();
+    assert_eq!(
+        condition(&mc, "Degraded"),
+        Some(("False".into(), "AsExpected".into()))
+    );
+}
+
+#[tokio::test]
+async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
+    use memcached_operator::validation::validate;
+    use memcached_operator::{arbitrary, resources};
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, TestRng, TestRunner};
+
+    let client = admin().await;
+    let ns = namespace(&client, "property").await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let apply = kube::api::PatchParams::apply("memcached-operator")
+        .force()
+        .dry_run();
+    // A fixed seed: a failure names a spec that fails again on the next run.
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let (mut cases, mut valid) = (0, 0);
+    for i in 0..60 {
+        let spec = arbitrary::spec().new_tree(&mut runner).unwrap().current();
+        let mut mc = Memcached::new(&format!("prop-{i}"), spec.clone());
+        mc.metadata.namespace = Some(ns.clone());
+        // Admission: the schema admits every generated spec.
+        let admitted = mcs
+            .create(&dry_run, &mc)
+            .await
+            .unwrap_or_else(|e| panic!("admission refused {spec:?}: {e}"));
+        cases += 1;
+        if validate(&spec).is_err() {
+            continue;
+        }
+        valid += 1;
+        mc.metadata.uid = admitted.metadata.uid.or(Some(format!("uid-{i}")));
+        let d = resources::deployment(&mc, resources::FALLBACK_MEMCACHED_IMAGE);
+        deployments
+            .patch(&d.name_any(), &apply, &kube::api::Patch::Apply(&d))
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused the Deployment for {spec:?}: {e}"));
+        let s = resources::service(&mc);
+        services
+            .patch(&s.name_any(), &apply, &kube::api::Patch::Apply(&s))
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused the Service for {spec:?}: {e}"));
+    }
+    println!("{cases} generated specs admitted; {valid} passed validation and were accepted");
+    assert!(valid >= 20, "too few valid specs to mean anything: {valid}");
 }
