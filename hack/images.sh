@@ -176,9 +176,11 @@ import_images() { # SOCKET
 	build_images
 	ctr --address "${sock}" -n k8s.io images import --base-name "${MEMCACHED_IMAGE%:*}" "${MEMCACHED_ARCHIVE}" >/dev/null
 	ctr --address "${sock}" -n k8s.io images import --base-name "${PAUSE_IMAGE%:*}" "${PAUSE_ARCHIVE}" >/dev/null
-	local ref
+	local ref refs
+	# (The list first: `ctr ... | grep -q` fails under pipefail when grep exits early.)
+	refs="$(ctr --address "${sock}" -n k8s.io images ls -q)"
 	for ref in "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}"; do
-		ctr --address "${sock}" -n k8s.io images ls -q | grep -qx "${ref}" || die "${ref} not in containerd after import"
+		grep -qx "${ref}" <<<"${refs}" || die "${ref} not in containerd after import"
 	done
 	log "imported ${MEMCACHED_IMAGE} and ${PAUSE_IMAGE} into ${sock} (namespace k8s.io)"
 }

@@ -67,7 +67,7 @@ for line in sys.stdin:
         print(line.strip())
 ' "${REAL_NODE_POD_CIDR}")"
 	[[ -z "${overlap}" ]] || die "REAL_NODE_POD_CIDR ${REAL_NODE_POD_CIDR} overlaps a host route: ${overlap}"
-	if iptables-save 2>/dev/null | grep -q '^:KUBE-SERVICES'; then
+	if grep -q '^:KUBE-SERVICES' <<<"$(iptables-save 2>/dev/null)"; then
 		die "iptables already has KUBE-SERVICES chains: another kube-proxy on this host? (clean with: kube-node kube-proxy --cleanup)"
 	fi
 	ensure_packages "${REAL_NODE_PACKAGES[@]}"
