@@ -470,6 +470,9 @@ cmd_up() {
 	local issuer=https://kubernetes.default.svc.cluster.local
 	# shellcheck disable=SC2206
 	extra=(${APISERVER_EXTRA_ARGS:-})
+	# With a real node: namespaces can send their pods there by annotation (node selector and
+	# default tolerations), for workloads whose pod template has no tolerations (the operator's).
+	if [[ "${REAL_NODE}" == 1 ]]; then extra=("--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction" "${extra[@]+"${extra[@]}"}"); fi
 	start kube-apiserver "${KUBE_CONTROLPLANE_BIN}" kube-apiserver \
 		--etcd-servers="http://127.0.0.1:${etcd_port}" \
 		--bind-address=127.0.0.1 \

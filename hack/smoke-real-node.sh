@@ -230,6 +230,27 @@ else
 	fail "fake deployment not on kwok nodes"
 fi
 
+# A namespace whose pods go to the real node by annotation (PodNodeSelector and
+# PodTolerationRestriction admission), for pod templates without tolerations (the operator's).
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: ${NS}-annotated
+  annotations:
+    scheduler.alpha.kubernetes.io/node-selector: type=real
+    scheduler.alpha.kubernetes.io/defaultTolerations: '[{"key": "memcached-operator.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]'
+EOF
+poll 30 k get serviceaccount default -n "${NS}-annotated" || true
+k create deployment plain -n "${NS}-annotated" --image="${MEMCACHED_IMAGE}" --replicas=1 -- memcached -m 8 >/dev/null
+if k rollout status deployment/plain -n "${NS}-annotated" --timeout=60s >/dev/null &&
+	[[ "$(k get pods -n "${NS}-annotated" -l app=plain -o jsonpath='{.items[0].spec.nodeName}')" == real-node ]]; then
+	ok "a pod without tolerations in an annotated namespace runs on real-node"
+else
+	fail "annotated namespace: $(k get pods -n "${NS}-annotated" -o wide 2>&1 | tail -n +2)"
+fi
+k delete namespace "${NS}-annotated" --wait=false >/dev/null
+
 # ---------------------------------------------------------------- memcached processes
 pids=()
 for cid in "${cids[@]}"; do
