@@ -527,8 +527,7 @@ while True:
 	# The device-plugin socket is at a fixed path, whatever --root-dir says.
 	rm -f /var/lib/kubelet/device-plugins/kubelet.sock
 	local d
-	for d in /var/log/containers /var/run/netns /run/containerd/s /run/containerd/runc /var/lib/cni \
-		/var/lib/kubelet /usr/libexec/kubernetes; do
+	for d in /var/log/containers /var/run/netns /run/containerd/s /run/containerd/runc /var/lib/cni /var/lib/kubelet; do
 		if [[ -d "${d}" ]]; then find "${d}" -depth -type d -empty -delete 2>/dev/null || true; fi
 	done
 	rmdir /run/containerd 2>/dev/null || true
