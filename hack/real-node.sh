@@ -497,6 +497,30 @@ while True:
             print(ns["path"])
 ' 2>/dev/null | sort -u)
 	fi
+	# Also those libcni's cache names (when containerd is gone, e.g. after a crash).
+	local cached
+	cached="$(python3 - <<-'PY' 2>/dev/null || true
+		import glob, json
+		for f in glob.glob("/var/lib/cni/results/memcached-operator-real-node-*"):
+		    try:
+		        d = json.load(open(f))
+		    except (OSError, ValueError):
+		        continue
+		    for i in (d.get("result") or {}).get("interfaces") or []:
+		        if i.get("sandbox", "").startswith("/var/run/netns/"):
+		            print(i["sandbox"])
+		    cid = d.get("containerId", "")
+		    if cid:
+		        print("loopback-cache " + cid)
+		PY
+	)"
+	local line
+	while IFS= read -r line; do
+		case "${line}" in
+		"loopback-cache "*) rm -f "/var/lib/cni/results/cni-loopback-${line#loopback-cache }-lo" ;;
+		/var/run/netns/*) netns+=("${line}") ;;
+		esac
+	done <<<"${cached}"
 	stop_components "${dir}" 15 containerd
 	kill_shims "${sock}"
 	# Containers the shims left (e.g. after a SIGKILL): everything in the kubepods cgroups.
