@@ -107,8 +107,16 @@ cluster-up: ## Start the embedded local control plane in .cluster/local.
 	hack/cluster.sh up $(LOCAL_CLUSTER_DIR)
 
 .PHONY: cluster-down
-cluster-down: ## Stop the embedded local control plane.
+cluster-down: ## Stop the embedded local control plane (and its real node, if any).
 	hack/cluster.sh down $(LOCAL_CLUSTER_DIR)
+
+.PHONY: cluster-up-real
+cluster-up-real: ## As cluster-up, plus a real node (root): containerd, kubelet, kube-proxy, CoreDNS, local images.
+	REAL_NODE=1 hack/cluster.sh up $(LOCAL_CLUSTER_DIR)
+
+.PHONY: test-real-node-smoke
+test-real-node-smoke: ## Real-node smoke test (root): 3 memcached pods, DNS, kube-proxy, clean teardown.
+	hack/smoke-real-node.sh
 
 ##@ Deployment
 

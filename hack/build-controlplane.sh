@@ -10,6 +10,9 @@
 #   hack/build-controlplane.sh --print-env       print BIN paths (shell-sourceable), build nothing
 #   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd}/go.{mod,sum}
 #                                                from hack/versions.env (needs the module proxy)
+#   hack/build-controlplane.sh --node            build only the real node's binaries (REAL_NODE=1):
+#                                                kube-node (multi-call kubelet / kube-proxy, from
+#                                                hack/controlplane/node) and coredns
 #
 # A cached build is reused when its stamp (version + hash of the wrapper's go.mod,
 # go.sum, main.go and the build recipe) matches; otherwise it is rebuilt. Builds go to
@@ -31,6 +34,8 @@ RECIPE_VERSION=1
 KUBE_CONTROLPLANE_DIR="${BIN_ROOT}/kube-controlplane-${KUBE_VERSION}"
 ETCD_DIR="${BIN_ROOT}/etcd-${ETCD_VERSION}"
 KWOK_DIR="${BIN_ROOT}/kwok-${KWOK_VERSION}"
+KUBE_NODE_DIR="${BIN_ROOT}/kube-node-${KUBE_VERSION}"
+COREDNS_DIR="${BIN_ROOT}/coredns-${COREDNS_VERSION}"
 
 LOG_TAG=build-controlplane
 # shellcheck source=hack/lib.sh
@@ -42,6 +47,8 @@ print_env() {
 	printf 'KWOK_BIN=%q\n' "${KWOK_DIR}/kwok"
 	printf 'KWOK_STAGES=%q\n' "${KWOK_DIR}/stages.yaml"
 	printf 'KUBE_VERSION=%q\nETCD_VERSION=%q\nKWOK_VERSION=%q\n' "${KUBE_VERSION}" "${ETCD_VERSION}" "${KWOK_VERSION}"
+	printf 'KUBE_NODE_BIN=%q\n' "${KUBE_NODE_DIR}/kube-node"
+	printf 'COREDNS_BIN=%q\nCOREDNS_VERSION=%q\n' "${COREDNS_DIR}/coredns" "${COREDNS_VERSION}"
 }
 
 # stamp NAME VERSION FILES... : identifies one build (version, recipe, wrapper sources).
@@ -95,6 +102,47 @@ build_kube_controlplane() {
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
 	install_dir .old "${tmp}" "${KUBE_CONTROLPLANE_DIR}"
 	log "kube-controlplane: $(du -h "${KUBE_CONTROLPLANE_DIR}/kube-controlplane" | cut -f1)"
+}
+
+# kube-node: kubelet and kube-proxy, a second main package of the same wrapper module.
+build_kube_node() {
+	local mod="${HACK_DIR}/controlplane" want tmp ldflags
+	want="$(stamp kube-node "${KUBE_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/node/main.go")"
+	if is_fresh "${KUBE_NODE_DIR}" "${want}" kube-node; then
+		log "kube-node ${KUBE_VERSION} up to date (${KUBE_NODE_DIR})"
+		return 0
+	fi
+	log "building kube-node ${KUBE_VERSION} (kubelet, kube-proxy)"
+	tmp="$(new_tmp .tmp kube-node)"
+	ldflags="$(cd "${mod}" && kube_ldflags)"
+	(cd "${mod}" && timed "kube-node build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
+		"${GO}" build -trimpath -ldflags "${ldflags}" -o "${tmp}/kube-node" ./node) || {
+		rm -rf "${tmp}"
+		die "kube-node build failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir .old "${tmp}" "${KUBE_NODE_DIR}"
+	log "kube-node: $(du -h "${KUBE_NODE_DIR}/kube-node" | cut -f1)"
+}
+
+# coredns: its module has no replace directives, so a plain `go install` works (as kwok).
+build_coredns() {
+	local want tmp
+	want="$(stamp coredns "${COREDNS_VERSION}")"
+	if is_fresh "${COREDNS_DIR}" "${want}" coredns; then
+		log "coredns ${COREDNS_VERSION} up to date (${COREDNS_DIR})"
+		return 0
+	fi
+	log "building coredns ${COREDNS_VERSION}"
+	tmp="$(new_tmp .tmp coredns)"
+	(cd "${tmp}" && timed "coredns build" env GOBIN="${tmp}" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on \
+		"${GO}" install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}") || {
+		rm -rf "${tmp}"
+		die "coredns build failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir .old "${tmp}" "${COREDNS_DIR}"
+	log "coredns: $(du -h "${COREDNS_DIR}/coredns" | cut -f1)"
 }
 
 build_etcd() {
@@ -201,6 +249,7 @@ main() {
 		update_modules
 		return 0
 		;;
+	--node) NODE_ONLY=1 ;;
 	"") ;;
 	*) die "unknown argument: $1 (see header of $0)" ;;
 	esac
@@ -217,6 +266,12 @@ main() {
 	fi
 	local start
 	start=$(date +%s)
+	if [[ "${NODE_ONLY:-0}" == 1 ]]; then
+		build_kube_node
+		build_coredns
+		log "node components ready in $(($(date +%s) - start))s"
+		return 0
+	fi
 	build_etcd
 	build_kwok
 	build_kube_controlplane

@@ -19,17 +19,25 @@
 #   ETCD_EXTRA_ARGS APISERVER_EXTRA_ARGS KCM_EXTRA_ARGS SCHEDULER_EXTRA_ARGS KWOK_EXTRA_ARGS
 #                                   extra flags, split on whitespace
 #   UP_TIMEOUT=180                  seconds allowed for each readiness wait
+#   REAL_NODE=0                     1: also start a real node (root only; see hack/real-node.sh):
+#                                   containerd+runc+CNI, kubelet, kube-proxy, CoreDNS, node
+#                                   "real-node" (label type=real, taint
+#                                   memcached-operator.dev/real-node=true:NoSchedule)
+#   REAL_NODE_POD_CIDR=10.244.0.0/24 REAL_NODE_BRIDGE=mcop0 REAL_NODE_DNS_IP=10.96.0.10
 #   MEMCACHED_OPERATOR_CACHE        binary cache root (default $HOME/.cache/memcached-operator)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# Components in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# Components in start order (the last four only with REAL_NODE=1).
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok containerd coredns kubelet kube-proxy)
 
+# log, die (as "[cluster] ..."), ensure_packages.
 LOG_TAG=cluster
 # shellcheck source=hack/lib.sh
 source "${HACK_DIR}/lib.sh"
+# shellcheck source=hack/real-node.sh
+source "${HACK_DIR}/real-node.sh"
 
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -61,7 +69,8 @@ pid_matches() {
 	mapfile -d '' -t argv <"/proc/${pid}/cmdline" 2>/dev/null || return 1
 	[[ ${#argv[@]} -ge 2 ]] || return 1
 	case "${component}" in
-	etcd | kwok) [[ "$(basename "${argv[0]}")" == "${component}" ]] || return 1 ;;
+	etcd | kwok | containerd | coredns) [[ "$(basename "${argv[0]}")" == "${component}" ]] || return 1 ;;
+	kubelet | kube-proxy) [[ "$(basename "${argv[0]}")" == kube-node && "${argv[1]}" == "${component}" ]] || return 1 ;;
 	*) [[ "$(basename "${argv[0]}")" == kube-controlplane && "${argv[1]}" == "${component}" ]] || return 1 ;;
 	esac
 	# Every component gets at least one flag pointing into DIR: never touch another cluster.
@@ -119,7 +128,10 @@ cmd_down() {
 	[[ -d "${dir}/pids" ]] || return 0
 	# kwok, scheduler, controller-manager, apiserver first; etcd last so the apiserver
 	# can shut down cleanly.
-	stop_components "${dir}" 20 kwok kube-scheduler kube-controller-manager kube-apiserver
+	stop_components "${dir}" 20 kwok kube-scheduler kube-controller-manager
+	# The real node (if any) next: its pods are deleted through the apiserver, which still runs.
+	real_node_down "${dir}"
+	stop_components "${dir}" 20 kube-apiserver
 	stop_components "${dir}" 10 etcd
 	rm -f "${dir}/env"
 	log "cluster in ${dir} is down"
@@ -341,6 +353,12 @@ cmd_up() {
 	for tool in kubectl openssl python3 base64; do
 		command -v "${tool}" >/dev/null || die "${tool} not found"
 	done
+	REAL_NODE="${REAL_NODE:-0}"
+	if [[ "${REAL_NODE}" == 1 ]]; then
+		real_node_preflight
+		"${HACK_DIR}/build-controlplane.sh" --node
+		"${HACK_DIR}/images.sh" build
+	fi
 
 	"${HACK_DIR}/build-controlplane.sh"
 	local KUBE_CONTROLPLANE_BIN ETCD_BIN KWOK_BIN KWOK_STAGES
@@ -348,9 +366,10 @@ cmd_up() {
 	local t_start=${SECONDS}
 
 	# Fresh state: only the paths this script owns.
-	rm -rf "${CLUSTER_DIR:?}/etcd" "${CLUSTER_DIR}/pki" "${CLUSTER_DIR}/logs" "${CLUSTER_DIR}/pids"
+	rm -rf "${CLUSTER_DIR:?}/etcd" "${CLUSTER_DIR}/pki" "${CLUSTER_DIR}/logs" "${CLUSTER_DIR}/pids" "${CLUSTER_DIR}/real-node"
 	rm -f "${CLUSTER_DIR}"/kubeconfig* "${CLUSTER_DIR}/tokens.csv" "${CLUSTER_DIR}/env" "${CLUSTER_DIR}/ports.env"
 	mkdir -p "${CLUSTER_DIR}/logs" "${CLUSTER_DIR}/pids"
+	if [[ "${REAL_NODE}" == 1 ]]; then mkdir -p "${CLUSTER_DIR}/real-node"; fi
 	STARTED=()
 	CURRENT_COMPONENT=""
 	UP_DONE=0
@@ -386,6 +405,10 @@ cmd_up() {
 			${kwok_token},kwok,kwok,"system:masters"
 		EOF
 	)
+	if [[ "${REAL_NODE}" == 1 ]]; then
+		real_node_tokens >>"${CLUSTER_DIR}/tokens.csv"
+		real_node_kubeconfigs "${server}" "${pki}/ca.crt"
+	fi
 	write_kubeconfig "${CLUSTER_DIR}/kubeconfig" "${server}" "${pki}/ca.crt" admin "${admin_token}"
 	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-controller-manager" "${server}" "${pki}/ca.crt" \
 		system:kube-controller-manager "${kcm_token}"
@@ -413,6 +436,9 @@ cmd_up() {
 	local issuer=https://kubernetes.default.svc.cluster.local
 	# shellcheck disable=SC2206
 	extra=(${APISERVER_EXTRA_ARGS:-})
+	# With a real node: namespaces can send their pods there by annotation (node selector and
+	# default tolerations), for workloads whose pod template has no tolerations (the operator's).
+	if [[ "${REAL_NODE}" == 1 ]]; then extra=("--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction" "${extra[@]+"${extra[@]}"}"); fi
 	start kube-apiserver "${KUBE_CONTROLPLANE_BIN}" kube-apiserver \
 		--etcd-servers="http://127.0.0.1:${etcd_port}" \
 		--bind-address=127.0.0.1 \
@@ -483,7 +509,7 @@ cmd_up() {
 	start kwok "${KWOK_BIN}" \
 		--kubeconfig="${CLUSTER_DIR}/kubeconfig-kwok" \
 		--config="${KWOK_STAGES}" \
-		--manage-all-nodes=true \
+		--manage-nodes-with-label-selector=type=kwok \
 		--node-lease-duration-seconds=40 \
 		--cidr=10.112.0.0/16 \
 		--node-ip=127.0.0.1 \
@@ -499,6 +525,7 @@ cmd_up() {
 	fi
 	# The serviceaccount controller (kube-controller-manager) creates this; pods need it.
 	wait_for "serviceaccount default/default" kube-controller-manager kctl get serviceaccount default -n default
+	if [[ "${REAL_NODE}" == 1 ]]; then real_node_up; fi
 	all_alive || die "${CURRENT_COMPONENT} exited during startup"
 
 	{
@@ -508,11 +535,15 @@ cmd_up() {
 		printf 'KUBE_CA_FILE=%q\n' "${pki}/ca.crt"
 		printf 'KUBE_ADMIN_TOKEN=%q\n' "${admin_token}"
 		printf 'ETCD_ENDPOINT=%q\n' "http://127.0.0.1:${etcd_port}"
+		if [[ "${REAL_NODE}" == 1 ]]; then cat "${CLUSTER_DIR}/real-node/node.env"; fi
 	} >"${CLUSTER_DIR}/env"
 	UP_DONE=1
 	trap - EXIT INT TERM HUP
 	log "apiserver ready after $((t_api - t_start))s; ${NODES} nodes Ready after $((SECONDS - t_start))s" \
 		"(total incl. build check $((SECONDS - t0))s)"
+	if [[ "${REAL_NODE}" == 1 ]]; then
+		log "real node ${REAL_NODE_NAME} Ready ${REAL_NODE_READY_AFTER}s after the control plane; $((SECONDS - t_start))s after start"
+	fi
 	log "cluster up: ${server}  (source ${CLUSTER_DIR}/env; stop with: $0 down ${CLUSTER_DIR})"
 }
 

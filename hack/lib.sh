@@ -116,3 +116,31 @@ YAML
 	)
 	chmod 600 "${out}"
 }
+
+# ensure_packages PKG... : install the Debian packages that are missing (apt-get, as root,
+# --no-install-recommends), and log what was installed. Installed ones are left alone. Services
+# the packages ship (containerd, memcached) are kept from starting by a temporary policy-rc.d.
+ensure_packages() {
+	local p missing=()
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "${p}" 2>/dev/null | grep -q 'install ok installed' || missing+=("${p}")
+	done
+	[[ ${#missing[@]} -gt 0 ]] || return 0
+	[[ "$(id -u)" -eq 0 ]] || die "missing Debian packages: ${missing[*]} (run as root, or apt-get install them)"
+	command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get"
+	log "installing Debian packages: ${missing[*]}"
+	local policy=/usr/sbin/policy-rc.d own_policy=0
+	if [[ ! -e "${policy}" ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"${policy}"
+		chmod 755 "${policy}"
+		own_policy=1
+	fi
+	local rc=0
+	{
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" ||
+			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; }
+	} >&2 || rc=$?
+	if [[ ${own_policy} -eq 1 ]]; then rm -f "${policy}"; fi
+	[[ ${rc} -eq 0 ]] || die "apt-get install ${missing[*]} failed (exit ${rc})"
+	for p in "${missing[@]}"; do log "installed ${p} $(dpkg-query -W -f='${Version}' "${p}")"; done
+}

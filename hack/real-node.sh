@@ -1,0 +1,560 @@
+# shellcheck shell=bash
+# The real node of hack/cluster.sh (REAL_NODE=1): containerd + runc + CNI (Debian's packages),
+# kubelet and kube-proxy (kube-node, built from the control plane's module), CoreDNS, and the
+# images of hack/images.sh. Sourced by cluster.sh; uses its start/wait_for/kctl/stop_components.
+#
+# Layout under DIR/real-node/: containerd/{config.toml,root,state,containerd.sock}, cni/{net.d,ipam},
+# kubelet/{config.yaml,root,pod-logs}, kube-proxy.yaml, Corefile, node.env, sysctl.before.
+#
+# Host-global things a kubelet and kube-proxy touch (iptables KUBE-* chains, the kubepods cgroups,
+# a few sysctls, /var/run/netns, /var/lib/kubelet/device-plugins/kubelet.sock) allow ONE real node
+# per host at a time: `up` takes
+# REAL_NODE_LOCK and refuses a second one; `down` puts back what it changed.
+
+REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
+REAL_NODE_TAINT="memcached-operator.dev/real-node"
+REAL_NODE_LOCK=/run/memcached-operator-real-node.owner
+REAL_NODE_PACKAGES=(containerd runc containernetworking-plugins iptables umoci memcached busybox-static)
+REAL_NODE_CNI_BIN=/usr/lib/cni
+# Bridge and pod range of the real node; 10.96.0.0/16 (Services) and 10.112-255.x (kwok's fake
+# pod ranges) are only API objects, but the bridge range gets a host route, so it must be free.
+REAL_NODE_BRIDGE="${REAL_NODE_BRIDGE:-mcop0}"
+REAL_NODE_POD_CIDR="${REAL_NODE_POD_CIDR:-10.244.0.0/24}"
+# The kube-dns Service's ClusterIP (kube-proxy DNATs it to CoreDNS on the bridge's gateway).
+REAL_NODE_DNS_IP="${REAL_NODE_DNS_IP:-10.96.0.10}"
+# Host sysctls that the kubelet (setupKernelTunables), kube-proxy and the bridge need or set;
+# saved at `up` and put back at `down`.
+REAL_NODE_SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+	net.ipv4.conf.all.route_localnet vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+	kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+
+rn_dir() { printf '%s/real-node' "${CLUSTER_DIR}"; }
+rn_sock() { printf '%s/real-node/containerd/containerd.sock' "${CLUSTER_DIR}"; }
+rn_ctr() { ctr --address "$(rn_sock)" -n k8s.io "$@"; }
+
+# The gateway (first address) of the pod range, e.g. 10.244.0.1.
+rn_gateway() {
+	python3 -c 'import ipaddress,sys; print(ipaddress.ip_network(sys.argv[1])[1])' "${REAL_NODE_POD_CIDR}"
+}
+
+# ---------------------------------------------------------------- host checks and lock
+
+real_node_preflight() {
+	[[ "$(id -u)" -eq 0 ]] || die "REAL_NODE=1 needs root (containerd, runc, bridges, iptables)"
+	local owner
+	if [[ -f "${REAL_NODE_LOCK}" ]]; then
+		owner="$(cat "${REAL_NODE_LOCK}")"
+		if [[ "${owner}" != "${CLUSTER_DIR}" && -d "${owner}/real-node" ]] && real_node_running "${owner}"; then
+			die "a real node already runs on this host (cluster ${owner}); one at a time: kube-proxy's iptables chains and the kubepods cgroups are host-wide"
+		fi
+	fi
+	if ip link show "${REAL_NODE_BRIDGE}" >/dev/null 2>&1; then
+		die "network interface ${REAL_NODE_BRIDGE} exists already (a cluster not taken down? run: $0 down DIR)"
+	fi
+	local overlap
+	overlap="$(ip -4 route show | python3 -c '
+import ipaddress, sys
+mine = ipaddress.ip_network(sys.argv[1])
+for line in sys.stdin:
+    dst = line.split()[0]
+    if dst == "default":
+        continue
+    try:
+        net = ipaddress.ip_network(dst, strict=False)
+    except ValueError:
+        continue
+    if net.overlaps(mine):
+        print(line.strip())
+' "${REAL_NODE_POD_CIDR}")"
+	[[ -z "${overlap}" ]] || die "REAL_NODE_POD_CIDR ${REAL_NODE_POD_CIDR} overlaps a host route: ${overlap}"
+	if grep -q '^:KUBE-SERVICES' <<<"$(iptables-save 2>/dev/null)"; then
+		die "iptables already has KUBE-SERVICES chains: another kube-proxy on this host? (clean with: kube-node kube-proxy --cleanup)"
+	fi
+	ensure_packages "${REAL_NODE_PACKAGES[@]}"
+	printf '%s\n' "${CLUSTER_DIR}" >"${REAL_NODE_LOCK}"
+}
+
+# real_node_running DIR : a containerd or kubelet of DIR's cluster is alive.
+real_node_running() {
+	local dir="$1" c pid
+	for c in containerd kubelet; do
+		[[ -f "${dir}/pids/${c}.pid" ]] || continue
+		pid="$(tr -dc '0-9' <"${dir}/pids/${c}.pid")"
+		[[ -n "${pid}" ]] && pid_alive "${pid}" && pid_matches "${pid}" "${c}" "${dir}" && return 0
+	done
+	return 1
+}
+
+save_sysctls() {
+	local s
+	for s in "${REAL_NODE_SYSCTLS[@]}"; do
+		[[ -e "/proc/sys/${s//.//}" ]] && printf '%s=%s\n' "${s}" "$(cat "/proc/sys/${s//.//}")"
+	done >"$(rn_dir)/sysctl.before"
+}
+
+restore_sysctls() {
+	local f="$1/real-node/sysctl.before" line key
+	[[ -f "${f}" ]] || return 0
+	while IFS= read -r line; do
+		key="${line%%=*}"
+		printf '%s\n' "${line#*=}" >"/proc/sys/${key//.//}" 2>/dev/null || log "could not restore ${line}"
+	done <"${f}"
+	rm -f "${f}"
+}
+
+# ---------------------------------------------------------------- configuration files
+
+write_containerd_config() {
+	local d
+	d="$(rn_dir)/containerd"
+	mkdir -p "${d}/root" "${d}/state"
+	cat >"${d}/config.toml" <<-EOF
+		version = 2
+		root = "${d}/root"
+		state = "${d}/state"
+		disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+		[grpc]
+		  address = "${d}/containerd.sock"
+		[plugins."io.containerd.internal.v1.opt"]
+		  path = "${d}/opt"
+		[plugins."io.containerd.grpc.v1.cri"]
+		  sandbox_image = "${PAUSE_IMAGE}"
+		  # This VM refuses a negative oom_score_adj even to root; the kubelet asks -998 for sandboxes.
+		  restrict_oom_score_adj = true
+		  stream_server_address = "127.0.0.1"
+		  stream_server_port = "0"
+		  enable_selinux = false
+		  [plugins."io.containerd.grpc.v1.cri".containerd]
+		    snapshotter = "overlayfs"
+		    default_runtime_name = "runc"
+		    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+		      runtime_type = "io.containerd.runc.v2"
+		      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+		        SystemdCgroup = false
+		  [plugins."io.containerd.grpc.v1.cri".cni]
+		    bin_dir = "${REAL_NODE_CNI_BIN}"
+		    conf_dir = "$(rn_dir)/cni/net.d"
+		    max_conf_num = 1
+	EOF
+}
+
+write_cni_config() {
+	local d gw
+	d="$(rn_dir)/cni"
+	gw="$(rn_gateway)"
+	mkdir -p "${d}/net.d" "${d}/ipam"
+	cat >"${d}/net.d/10-real-node.conflist" <<-EOF
+		{
+		  "cniVersion": "1.0.0",
+		  "name": "memcached-operator-real-node",
+		  "plugins": [
+		    {
+		      "type": "bridge",
+		      "bridge": "${REAL_NODE_BRIDGE}",
+		      "isGateway": true,
+		      "ipMasq": false,
+		      "hairpinMode": true,
+		      "ipam": {
+		        "type": "host-local",
+		        "ranges": [[{"subnet": "${REAL_NODE_POD_CIDR}", "gateway": "${gw}"}]],
+		        "routes": [{"dst": "0.0.0.0/0"}],
+		        "dataDir": "${d}/ipam"
+		      }
+		    },
+		    {"type": "portmap", "capabilities": {"portMappings": true}}
+		  ]
+		}
+	EOF
+}
+
+# The bridge exists before the first pod, so CoreDNS can listen on its gateway address.
+create_bridge() {
+	local gw prefix
+	gw="$(rn_gateway)"
+	prefix="${REAL_NODE_POD_CIDR#*/}"
+	ip link add "${REAL_NODE_BRIDGE}" type bridge
+	ip addr add "${gw}/${prefix}" dev "${REAL_NODE_BRIDGE}"
+	ip link set "${REAL_NODE_BRIDGE}" up
+	# Service traffic between pods on one bridge must pass iptables (kube-proxy's DNAT).
+	printf '1\n' >/proc/sys/net/bridge/bridge-nf-call-iptables
+	if [[ -e /proc/sys/net/bridge/bridge-nf-call-ip6tables ]]; then printf '1\n' >/proc/sys/net/bridge/bridge-nf-call-ip6tables; fi
+	printf '1\n' >/proc/sys/net/ipv4/ip_forward
+}
+
+write_kubelet_config() { # PORT HEALTHZ_PORT
+	local d
+	d="$(rn_dir)/kubelet"
+	mkdir -p "${d}/root" "${d}/pod-logs" "${d}/volume-plugins"
+	cat >"${d}/config.yaml" <<-EOF
+		apiVersion: kubelet.config.k8s.io/v1beta1
+		kind: KubeletConfiguration
+		# The host has a hybrid cgroup layout (v1 controllers): kubelet 1.35 refuses v1 unless told.
+		failCgroupV1: false
+		cgroupDriver: cgroupfs
+		failSwapOn: false
+		containerRuntimeEndpoint: unix://$(rn_sock)
+		imageServiceEndpoint: unix://$(rn_sock)
+		address: $(rn_gateway)
+		port: $1
+		readOnlyPort: 0
+		healthzBindAddress: 127.0.0.1
+		healthzPort: $2
+		# A throwaway local node: the apiserver (no kubelet client certificate) reaches logs/exec.
+		# The kubelet listens on the bridge's gateway, its node IP (a node IP cannot be loopback).
+		authentication:
+		  anonymous: {enabled: true}
+		  webhook: {enabled: false}
+		authorization:
+		  mode: AlwaysAllow
+		clusterDomain: cluster.local
+		clusterDNS: [${REAL_NODE_DNS_IP}]
+		registerNode: true
+		registerWithTaints:
+		- {key: ${REAL_NODE_TAINT}, value: "true", effect: NoSchedule}
+		enforceNodeAllocatable: []
+		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+		# The images are imported, not pullable: never garbage-collect them.
+		imageGCHighThresholdPercent: 100
+		imageGCLowThresholdPercent: 99
+		podLogsDir: ${d}/pod-logs
+		volumePluginDir: ${d}/volume-plugins
+		maxPods: 110
+		serializeImagePulls: false
+		rotateCertificates: false
+		serverTLSBootstrap: false
+	EOF
+}
+
+write_kube_proxy_config() { # HEALTHZ_PORT METRICS_PORT
+	cat >"$(rn_dir)/kube-proxy.yaml" <<-EOF
+		apiVersion: kubeproxy.config.k8s.io/v1alpha1
+		kind: KubeProxyConfiguration
+		clientConnection:
+		  kubeconfig: ${CLUSTER_DIR}/kubeconfig-kube-proxy
+		hostnameOverride: ${REAL_NODE_NAME}
+		mode: iptables
+		clusterCIDR: ${REAL_NODE_POD_CIDR}
+		detectLocalMode: ClusterCIDR
+		healthzBindAddress: 127.0.0.1:$1
+		metricsBindAddress: 127.0.0.1:$2
+		# NodePorts on the bridge's gateway only (127.0.0.1 would need route_localnet).
+		nodePortAddresses: ["$(rn_gateway)/32"]
+		conntrack:
+		  maxPerCore: 0
+		  min: 0
+		  tcpEstablishedTimeout: 0s
+		  tcpCloseWaitTimeout: 0s
+		iptables:
+		  syncPeriod: 30s
+		  minSyncPeriod: 1s
+	EOF
+}
+
+write_corefile() { # HEALTH_PORT READY_PORT
+	cat >"$(rn_dir)/Corefile" <<-EOF
+		# Cluster names only: no forward plugin, nothing leaves the machine.
+		.:53 {
+		    bind $(rn_gateway)
+		    errors
+		    health 127.0.0.1:$1
+		    ready 127.0.0.1:$2
+		    kubernetes cluster.local in-addr.arpa ip6.arpa {
+		        kubeconfig ${CLUSTER_DIR}/kubeconfig-coredns local
+		        pods insecure
+		        fallthrough in-addr.arpa ip6.arpa
+		        ttl 5
+		    }
+		    cache 5
+		}
+	EOF
+}
+
+# kube-dns: a Service without selector, its one endpoint the host's CoreDNS on the gateway;
+# plus the RBAC CoreDNS needs (as the upstream system:coredns role).
+dns_manifest() {
+	cat <<-EOF
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRole
+		metadata: {name: "system:coredns"}
+		rules:
+		- apiGroups: [""]
+		  resources: [endpoints, services, pods, namespaces]
+		  verbs: [list, watch]
+		- apiGroups: [discovery.k8s.io]
+		  resources: [endpointslices]
+		  verbs: [list, watch]
+		---
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRoleBinding
+		metadata: {name: "system:coredns"}
+		roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+		subjects:
+		- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
+		---
+		apiVersion: v1
+		kind: Service
+		metadata:
+		  name: kube-dns
+		  namespace: kube-system
+		  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
+		spec:
+		  clusterIP: ${REAL_NODE_DNS_IP}
+		  ports:
+		  - {name: dns, port: 53, protocol: UDP, targetPort: 53}
+		  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
+		---
+		apiVersion: discovery.k8s.io/v1
+		kind: EndpointSlice
+		metadata:
+		  name: kube-dns-host
+		  namespace: kube-system
+		  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: memcached-operator-hack}
+		addressType: IPv4
+		endpoints:
+		- addresses: ["$(rn_gateway)"]
+		  conditions: {ready: true}
+		ports:
+		- {name: dns, port: 53, protocol: UDP}
+		- {name: dns-tcp, port: 53, protocol: TCP}
+	EOF
+}
+
+# real_node_tokens : tokens.csv lines for the kubelet (a proper node identity, so the Node
+# authorizer applies), kube-proxy (bound to system:node-proxier by default RBAC) and CoreDNS.
+# Sets RN_*_TOKEN for real_node_kubeconfigs.
+real_node_tokens() {
+	RN_KUBELET_TOKEN="$(gen_token)"
+	RN_PROXY_TOKEN="$(gen_token)"
+	RN_COREDNS_TOKEN="$(gen_token)"
+	printf '%s,system:node:%s,system:node:%s,"system:nodes"\n' "${RN_KUBELET_TOKEN}" "${REAL_NODE_NAME}" "${REAL_NODE_NAME}"
+	printf '%s,system:kube-proxy,system:kube-proxy\n' "${RN_PROXY_TOKEN}"
+	printf '%s,system:coredns,system:coredns\n' "${RN_COREDNS_TOKEN}"
+}
+
+real_node_kubeconfigs() { # SERVER CA
+	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-kubelet" "$1" "$2" "system:node:${REAL_NODE_NAME}" "${RN_KUBELET_TOKEN}"
+	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-kube-proxy" "$1" "$2" system:kube-proxy "${RN_PROXY_TOKEN}"
+	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-coredns" "$1" "$2" system:coredns "${RN_COREDNS_TOKEN}"
+}
+
+node_ready() {
+	[[ "$(kctl get node "${REAL_NODE_NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+
+# ---------------------------------------------------------------- up
+
+# real_node_up : after the control plane is ready. Starts containerd, imports the images,
+# starts CoreDNS, the kubelet and kube-proxy, waits for the node to be Ready.
+real_node_up() {
+	local t0=${SECONDS}
+	local KUBE_NODE_BIN COREDNS_BIN MEMCACHED_IMAGE PAUSE_IMAGE
+	eval "$("${HACK_DIR}/build-controlplane.sh" --print-env | grep -E '^(KUBE_NODE_BIN|COREDNS_BIN)=')"
+	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|PAUSE_IMAGE)=')"
+	local ports kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready
+	ports="$(free_ports 6)"
+	read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready <<<"${ports}"
+	cat >"$(rn_dir)/node.env" <<-EOF
+		REAL_NODE_NAME=${REAL_NODE_NAME}
+		REAL_NODE_BRIDGE=${REAL_NODE_BRIDGE}
+		REAL_NODE_POD_CIDR=${REAL_NODE_POD_CIDR}
+		REAL_NODE_GATEWAY=$(rn_gateway)
+		REAL_NODE_DNS_IP=${REAL_NODE_DNS_IP}
+		REAL_NODE_CONTAINERD_SOCKET=$(rn_sock)
+		KUBELET_PORT=${kubelet_port}
+		KUBELET_HEALTHZ_PORT=${kubelet_healthz}
+		KUBE_PROXY_HEALTHZ_PORT=${proxy_healthz}
+		KUBE_PROXY_METRICS_PORT=${proxy_metrics}
+		COREDNS_HEALTH_PORT=${dns_health}
+		COREDNS_READY_PORT=${dns_ready}
+		MEMCACHED_IMAGE=${MEMCACHED_IMAGE}
+		PAUSE_IMAGE=${PAUSE_IMAGE}
+	EOF
+	save_sysctls
+	write_containerd_config
+	write_cni_config
+	write_kubelet_config "${kubelet_port}" "${kubelet_healthz}"
+	write_kube_proxy_config "${proxy_healthz}" "${proxy_metrics}"
+	write_corefile "${dns_health}" "${dns_ready}"
+	create_bridge
+
+	start containerd containerd --config="$(rn_dir)/containerd/config.toml" --log-level=warn
+	wait_for "containerd socket" containerd rn_ctr version
+	"${HACK_DIR}/images.sh" import "$(rn_sock)"
+
+	kctl apply --server-side --force-conflicts -f - >/dev/null <<<"$(dns_manifest)"
+	start coredns "${COREDNS_BIN}" -conf="$(rn_dir)/Corefile"
+	wait_for "coredns /ready" coredns http_ok "http://127.0.0.1:${dns_ready}/ready"
+
+	start kubelet "${KUBE_NODE_BIN}" kubelet \
+		--config="$(rn_dir)/kubelet/config.yaml" \
+		--kubeconfig="${CLUSTER_DIR}/kubeconfig-kubelet" \
+		--root-dir="$(rn_dir)/kubelet/root" \
+		--cert-dir="$(rn_dir)/kubelet/root/pki" \
+		--hostname-override="${REAL_NODE_NAME}" \
+		--node-ip="$(rn_gateway)" \
+		--node-labels="type=real,${REAL_NODE_TAINT}=true" \
+		--v=1
+	wait_for "node ${REAL_NODE_NAME} registered" kubelet kctl get node "${REAL_NODE_NAME}"
+	start kube-proxy "${KUBE_NODE_BIN}" kube-proxy --config="$(rn_dir)/kube-proxy.yaml" --v=1
+	wait_for "node ${REAL_NODE_NAME} Ready" kubelet node_ready
+	wait_for "kube-proxy /healthz" kube-proxy http_ok "http://127.0.0.1:${proxy_healthz}/healthz"
+	REAL_NODE_READY_AFTER=$((SECONDS - t0))
+	log "real node ${REAL_NODE_NAME} Ready ${REAL_NODE_READY_AFTER}s after its start (images ${MEMCACHED_IMAGE}, ${PAUSE_IMAGE})"
+}
+
+# ---------------------------------------------------------------- down
+
+# drain_real_node DIR : with the scheduler and controller-manager stopped (nothing recreates or
+# binds pods), delete the node's pods and let the kubelet stop them: CNI DEL, netns and
+# mounts removed by their owners. Best effort, bounded.
+drain_real_node() {
+	local dir="$1" kc="$1/kubeconfig" name
+	name="$(sed -n 's/^REAL_NODE_NAME=//p' "${dir}/real-node/node.env" 2>/dev/null)"
+	[[ -n "${name}" ]] || name="${REAL_NODE_NAME}"
+	real_node_running "${dir}" || return 0
+	kubectl --kubeconfig "${kc}" --request-timeout=10s delete pods --all-namespaces \
+		--field-selector "spec.nodeName=${name}" --grace-period=0 --force --wait=false >/dev/null 2>&1 || return 0
+	local sock="${dir}/real-node/containerd/containerd.sock" deadline=$((SECONDS + 40))
+	while [[ ${SECONDS} -lt ${deadline} ]]; do
+		[[ -z "$(ctr --address "${sock}" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
+		sleep 0.5
+	done
+}
+
+# kill_cgroup_tree PATH : SIGKILL every process in the cgroup tree, then remove its directories.
+kill_cgroup_tree() {
+	local root="$1" procs pid
+	[[ -d "${root}" ]] || return 0
+	local _
+	for _ in 1 2 3 4 5; do
+		procs="$(find "${root}" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)"
+		[[ -n "${procs}" ]] || break
+		for pid in ${procs}; do kill -KILL "${pid}" 2>/dev/null || true; done
+		sleep 0.3
+	done
+	find "${root}" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	[[ ! -d "${root}" ]] || log "could not remove cgroup ${root}"
+}
+
+# kill_shims SOCKET : containerd-shim-runc-v2 processes serving the containerd at SOCKET.
+kill_shims() {
+	local sock="$1" p
+	for p in /proc/[0-9]*; do
+		[[ "$(readlink "${p}/exe" 2>/dev/null)" == */containerd-shim-runc-v2 ]] || continue
+		tr '\0' ' ' <"${p}/cmdline" 2>/dev/null | grep -qF -- "-address ${sock} " || continue
+		kill -KILL "${p#/proc/}" 2>/dev/null || true
+	done
+}
+
+# delete_iptables_chains TOOL PREFIX_REGEX : remove rules jumping to matching chains and the chains.
+delete_iptables_chains() {
+	local tool="$1" re="$2" table chain rule
+	command -v "${tool}-save" >/dev/null || return 0
+	for table in filter nat mangle raw; do
+		{ "${tool}-save" -t "${table}" 2>/dev/null || true; } | { grep -E -- "^-A .* -j (${re})" || true; } |
+			while IFS= read -r rule; do
+				eval "${tool} -t ${table} ${rule/#-A/-D}" 2>/dev/null || true
+			done
+		for chain in $("${tool}-save" -t "${table}" 2>/dev/null | sed -n 's/^:\([^ ]*\) .*/\1/p' | grep -E "^(${re})"); do
+			"${tool}" -t "${table}" -F "${chain}" 2>/dev/null || true
+		done
+		for chain in $("${tool}-save" -t "${table}" 2>/dev/null | sed -n 's/^:\([^ ]*\) .*/\1/p' | grep -E "^(${re})"); do
+			"${tool}" -t "${table}" -X "${chain}" 2>/dev/null || true
+		done
+	done
+}
+
+# real_node_down DIR : stop the node components and undo what `up` did on the host. Runs after
+# the scheduler, controller-manager and kwok are stopped, before the apiserver.
+real_node_down() {
+	local dir="$1" rn="$1/real-node"
+	[[ -d "${rn}" ]] || return 0
+	local bridge=mcop0 kube_node=""
+	bridge="$(sed -n 's/^REAL_NODE_BRIDGE=//p' "${rn}/node.env" 2>/dev/null)"
+	bridge="${bridge:-${REAL_NODE_BRIDGE}}"
+	if [[ -f "${dir}/logs/kubelet.cmdline" ]]; then
+		kube_node="$(sed 's/ .*//' "${dir}/logs/kubelet.cmdline")"
+	fi
+	drain_real_node "${dir}"
+	stop_components "${dir}" 20 kube-proxy kubelet coredns
+	local sock="${rn}/containerd/containerd.sock" netns=()
+	if [[ -S "${sock}" ]]; then
+		# Network namespaces of sandboxes still there (CRI keeps them in /var/run/netns).
+		mapfile -t netns < <(ctr --address "${sock}" -n k8s.io containers ls -q 2>/dev/null |
+			while read -r id; do ctr --address "${sock}" -n k8s.io containers info "${id}" 2>/dev/null; done |
+			python3 -c '
+import json, sys
+dec, buf = json.JSONDecoder(), sys.stdin.read()
+i = 0
+while True:
+    while i < len(buf) and buf[i].isspace():
+        i += 1
+    if i >= len(buf):
+        break
+    obj, i = dec.raw_decode(buf, i)
+    for ns in ((obj.get("Spec") or {}).get("linux") or {}).get("namespaces") or []:
+        if ns.get("type") == "network" and ns.get("path", "").startswith("/var/run/netns/"):
+            print(ns["path"])
+' 2>/dev/null | sort -u)
+	fi
+	# Also those libcni's cache names (when containerd is gone, e.g. after a crash).
+	local cached
+	cached="$(python3 - <<-'PY' 2>/dev/null || true
+		import glob, json
+		for f in glob.glob("/var/lib/cni/results/memcached-operator-real-node-*"):
+		    try:
+		        d = json.load(open(f))
+		    except (OSError, ValueError):
+		        continue
+		    for i in (d.get("result") or {}).get("interfaces") or []:
+		        if i.get("sandbox", "").startswith("/var/run/netns/"):
+		            print(i["sandbox"])
+		    cid = d.get("containerId", "")
+		    if cid:
+		        print("loopback-cache " + cid)
+		PY
+	)"
+	local line
+	while IFS= read -r line; do
+		case "${line}" in
+		"loopback-cache "*) rm -f "/var/lib/cni/results/cni-loopback-${line#loopback-cache }-lo" ;;
+		/var/run/netns/*) netns+=("${line}") ;;
+		esac
+	done <<<"${cached}"
+	stop_components "${dir}" 15 containerd
+	kill_shims "${sock}"
+	# Containers the shims left (e.g. after a SIGKILL): everything in the kubepods cgroups.
+	local cg
+	for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do kill_cgroup_tree "${cg}"; done
+	local n
+	for n in "${netns[@]+"${netns[@]}"}"; do
+		umount "${n}" 2>/dev/null || true
+		rm -f "${n}"
+	done
+	# Mounts under DIR (overlay rootfs, shm, projected volumes), deepest first.
+	local m
+	while read -r m; do
+		umount "${m}" 2>/dev/null || umount -l "${m}" 2>/dev/null || log "could not unmount ${m}"
+	done < <(awk -v d="${dir}/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+	# kube-proxy's and the kubelet's iptables chains, and CNI's (portmap, bridge).
+	if [[ -n "${kube_node}" && -x "${kube_node}" ]]; then
+		"${kube_node}" kube-proxy --cleanup >"${dir}/logs/kube-proxy-cleanup.log" 2>&1 || true
+	fi
+	delete_iptables_chains iptables 'KUBE-|CNI-'
+	delete_iptables_chains ip6tables 'KUBE-|CNI-'
+	if ip link show "${bridge}" >/dev/null 2>&1; then ip link delete "${bridge}" || log "could not delete ${bridge}"; fi
+	restore_sysctls "${dir}"
+	# The kubelet's symlinks to our pod logs, libcni's cache of our network, and the empty
+	# directories the kubelet, containerd and runc create at fixed host paths.
+	find /var/log/containers -maxdepth 1 -type l -lname "${rn}/*" -delete 2>/dev/null || true
+	find /var/lib/cni/results -maxdepth 1 -name 'memcached-operator-real-node-*' -delete 2>/dev/null || true
+	# The device-plugin socket is at a fixed path, whatever --root-dir says.
+	rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+	local d
+	for d in /var/log/containers /var/run/netns /run/containerd/s /run/containerd/runc /var/lib/cni /var/lib/kubelet; do
+		if [[ -d "${d}" ]]; then find "${d}" -depth -type d -empty -delete 2>/dev/null || true; fi
+	done
+	rmdir /run/containerd 2>/dev/null || true
+	if [[ -f "${REAL_NODE_LOCK}" && "$(cat "${REAL_NODE_LOCK}")" == "${dir}" ]]; then rm -f "${REAL_NODE_LOCK}"; fi
+	log "real node of ${dir} is down"
+}
