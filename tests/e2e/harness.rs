@@ -4,12 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
-use kube::api::{Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
+use memcached_operator::api::{Memcached, MemcachedSpec};
 use memcached_operator_testkit::operator::ENDPOINT_ARGS;
 use memcached_operator_testkit::{Launch, LocalCluster, OperatorProcess};
 use serde::Serialize;
@@ -366,4 +367,76 @@ impl Operator {
     pub async fn metrics_text(&self) -> String {
         self.0.metrics().await.expect("/metrics answers 200")
     }
+}
+
+// ---------------------------------------------------------------- Memcacheds
+
+pub const CONVERGE: Duration = Duration::from_secs(60);
+
+pub fn memcached(name: &str, size: i32) -> Memcached {
+    let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({ "size": size })).unwrap();
+    Memcached::new(name, spec)
+}
+
+pub async fn create(client: &Client, ns: &str, mc: &Memcached) -> Memcached {
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), mc)
+        .await
+        .expect("create Memcached")
+}
+
+pub async fn set_size(client: &Client, ns: &str, name: &str, size: i32) {
+    let patch = serde_json::json!({"spec": {"size": size}});
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("patch size");
+}
+
+pub fn condition(mc: &Memcached, type_: &str) -> Option<(String, String)> {
+    mc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits until the Memcached reports `size` ready pods, Available=True, for the current
+/// generation, and its status.nodes are exactly the Running pods. Returns the pod names.
+pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) -> Vec<String> {
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("app.kubernetes.io/instance={name}");
+    wait_for(
+        &format!("{ns}/{name} converged at size {size}"),
+        CONVERGE,
+        || async {
+            let mc = mcs.get(name).await.ok()?;
+            let status = mc.status.as_ref()?;
+            let available = condition(&mc, "Available")? == ("True".into(), "AllPodsReady".into());
+            if !available
+                || status.ready_replicas != size
+                || status.observed_generation != mc.metadata.generation
+            {
+                return None;
+            }
+            let mut running: Vec<String> = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .map(|p| p.name_any())
+                .collect();
+            running.sort();
+            (status.nodes == running && running.len() == size as usize).then_some(running)
+        },
+    )
+    .await
 }

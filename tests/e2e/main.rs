@@ -5,83 +5,16 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{Operator, OperatorOptions, Rbac, admin, apply, kubectl, namespace, wait_for};
+use harness::{
+    CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, kubectl, memcached,
+    namespace, set_size, wait_converged, wait_for,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use memcached_operator::api::{Memcached, MemcachedSpec};
-
-const CONVERGE: Duration = Duration::from_secs(60);
-
-fn memcached(name: &str, size: i32) -> Memcached {
-    let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({ "size": size })).unwrap();
-    Memcached::new(name, spec)
-}
-
-async fn create(client: &Client, ns: &str, mc: &Memcached) -> Memcached {
-    Api::<Memcached>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), mc)
-        .await
-        .expect("create Memcached")
-}
-
-async fn set_size(client: &Client, ns: &str, name: &str, size: i32) {
-    let patch = serde_json::json!({"spec": {"size": size}});
-    Api::<Memcached>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("patch size");
-}
-
-fn condition(mc: &Memcached, type_: &str) -> Option<(String, String)> {
-    mc.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone()))
-}
-
-/// Waits until the Memcached reports `size` ready pods, Available=True, for the current
-/// generation, and its status.nodes are exactly the Running pods. Returns the pod names.
-async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) -> Vec<String> {
-    let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let selector = format!("app.kubernetes.io/instance={name}");
-    wait_for(
-        &format!("{ns}/{name} converged at size {size}"),
-        CONVERGE,
-        || async {
-            let mc = mcs.get(name).await.ok()?;
-            let status = mc.status.as_ref()?;
-            let available = condition(&mc, "Available")? == ("True".into(), "AllPodsReady".into());
-            if !available
-                || status.ready_replicas != size
-                || status.observed_generation != mc.metadata.generation
-            {
-                return None;
-            }
-            let mut running: Vec<String> = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .ok()?
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .map(|p| p.name_any())
-                .collect();
-            running.sort();
-            (status.nodes == running && running.len() == size as usize).then_some(running)
-        },
-    )
-    .await
-}
+use memcached_operator::api::Memcached;
 
 async fn deployment_replicas(client: &Client, ns: &str, name: &str) -> Option<i32> {
     Api::<Deployment>::namespaced(client.clone(), ns)

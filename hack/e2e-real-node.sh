@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the real-node suite (tests/real_node: memcached and the operator as real containers) on a
+# fresh local control plane with REAL_NODE=1 (root), and always tears it down.
+# Set E2E_KEEP=1 to keep the cluster directory (logs, kubeconfig) after a failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+[[ "$(id -u)" -eq 0 ]] || {
+	echo "$0: the real node needs root (containerd, runc, bridges, iptables)" >&2
+	exit 2
+}
+dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-real-node-e2e.XXXXXX")"
+status=1
+
+cleanup() {
+	"${ROOT}/hack/cluster.sh" down "${dir}" || true
+	if [[ ${status} -ne 0 ]]; then
+		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log; do
+			[[ -f "${log}" ]] || continue
+			echo "----- tail of ${log}" >&2
+			tail -n 30 "${log}" >&2
+		done
+	fi
+	if [[ ${status} -eq 0 || -z "${E2E_KEEP:-}" ]]; then
+		rm -rf "${dir}"
+	else
+		echo "kept ${dir}" >&2
+	fi
+}
+trap cleanup EXIT
+
+start=${SECONDS}
+REAL_NODE=1 "${ROOT}/hack/cluster.sh" up "${dir}"
+echo "control plane and real node up in $((SECONDS - start))s"
+
+export E2E_CLUSTER_DIR="${dir}"
+cd "${ROOT}"
+cargo test --locked --features real-node --test real_node -- --test-threads=1 "$@"
+status=0

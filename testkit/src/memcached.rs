@@ -1,0 +1,98 @@
+//! A memcached text-protocol client with just what the tests ask of a server: set, get and stats.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+pub struct Connection {
+    stream: BufReader<TcpStream>,
+}
+
+impl Connection {
+    pub async fn connect(addr: SocketAddr) -> Result<Self> {
+        let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("connecting to {addr}"))??;
+        Ok(Self {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    async fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), self.stream.read_line(&mut line));
+        if read.await.context("memcached answered nothing")?? == 0 {
+            bail!("memcached closed the connection");
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    async fn send(&mut self, command: &str) -> Result<()> {
+        self.stream.get_mut().write_all(command.as_bytes()).await?;
+        Ok(())
+    }
+
+    pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.send(&format!("set {key} 0 0 {}\r\n", value.len()))
+            .await?;
+        self.stream.get_mut().write_all(value).await?;
+        self.send("\r\n").await?;
+        match self.line().await?.as_str() {
+            "STORED" => Ok(()),
+            other => bail!("set {key}: {other}"),
+        }
+    }
+
+    pub async fn get(&mut self, key: &str) -> Result<Option<String>> {
+        self.send(&format!("get {key}\r\n")).await?;
+        let header = self.line().await?;
+        if header == "END" {
+            return Ok(None);
+        }
+        if !header.starts_with("VALUE ") {
+            bail!("get {key}: {header}");
+        }
+        let value = self.line().await?;
+        let end = self.line().await?;
+        if end != "END" {
+            bail!("get {key}: expected END, got {end}");
+        }
+        Ok(Some(value))
+    }
+
+    /// `stats` (`""`) or `stats settings`, `stats items`, ...: name → value.
+    pub async fn stats(&mut self, group: &str) -> Result<Vec<(String, String)>> {
+        let command = if group.is_empty() {
+            "stats\r\n".to_string()
+        } else {
+            format!("stats {group}\r\n")
+        };
+        self.send(&command).await?;
+        let mut stats = Vec::new();
+        loop {
+            let line = self.line().await?;
+            if line == "END" {
+                return Ok(stats);
+            }
+            let mut words = line.splitn(3, ' ');
+            match (words.next(), words.next(), words.next()) {
+                (Some("STAT"), Some(name), Some(value)) => {
+                    stats.push((name.to_string(), value.to_string()))
+                }
+                _ => bail!("stats: {line}"),
+            }
+        }
+    }
+
+    pub async fn stat(&mut self, group: &str, name: &str) -> Result<String> {
+        self.stats(group)
+            .await?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .with_context(|| format!("no stat {name} in `stats {group}`"))
+    }
+}

@@ -1,0 +1,166 @@
+//! The real-node suite (`make test-real-node`, root): the local control plane with one real node
+//! (containerd, runc, kubelet, kube-proxy, CoreDNS), where memcached and the operator run as real
+//! containers from images built here. What kwok cannot show is shown here: processes, probes,
+//! DNS, the memcached protocol.
+
+#[allow(dead_code)]
+#[path = "../e2e/harness.rs"]
+mod harness;
+mod memcached;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+/// `DIR/env` of the cluster `hack/e2e-real-node.sh` started: the real node's facts.
+pub struct RealNode {
+    env: BTreeMap<String, String>,
+}
+
+impl RealNode {
+    pub fn get() -> RealNode {
+        let text = std::fs::read_to_string(harness::cluster().dir.join("env"))
+            .expect("the cluster's env file");
+        let env = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let node = RealNode { env };
+        assert!(
+            node.env.contains_key("REAL_NODE_NAME"),
+            "the cluster has no real node: run with `make test-real-node`"
+        );
+        node
+    }
+
+    pub fn var(&self, key: &str) -> &str {
+        self.env
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} in the cluster's env"))
+    }
+
+    pub fn name(&self) -> &str {
+        self.var("REAL_NODE_NAME")
+    }
+
+    /// The memcached image built from Debian's package and imported into the node's containerd.
+    pub fn memcached_image(&self) -> &str {
+        self.var("MEMCACHED_IMAGE")
+    }
+
+    /// CoreDNS behind the kube-dns ClusterIP, which kube-proxy routes.
+    pub fn dns(&self) -> SocketAddr {
+        SocketAddr::new(self.var("REAL_NODE_DNS_IP").parse().unwrap(), 53)
+    }
+
+    /// Runs `ctr` against the node's containerd, in the kubelet's namespace.
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("ctr")
+            .arg("--address")
+            .arg(self.var("REAL_NODE_CONTAINERD_SOCKET"))
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A fresh namespace whose pods all go to the real node: the operator's Deployments carry no
+/// toleration, so the namespace adds it and the node selector (PodTolerationRestriction and
+/// PodNodeSelector admission, enabled with the real node).
+pub async fn real_namespace(client: &Client, prefix: &str) -> String {
+    let name = harness::namespace(client, prefix).await;
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": {
+            "scheduler.alpha.kubernetes.io/node-selector": "type=real",
+            "scheduler.alpha.kubernetes.io/defaultTolerations":
+                r#"[{"key": "memcached-operator.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]"#,
+        }}
+    }))
+    .unwrap();
+    harness::apply(&Api::<Namespace>::all(client.clone()), &ns).await;
+    name
+}
+
+/// The running pods of Memcached `name`, by pod name.
+pub async fn pods_of(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
+    let mut pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    pods.sort_by_key(|p| p.name_any());
+    pods
+}
+
+pub fn pod_ip(pod: &Pod) -> Ipv4Addr {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("pod {} has an IPv4 address", pod.name_any()))
+}
+
+/// What /proc says of one process.
+pub struct Process {
+    pub pid: u32,
+    status: String,
+    mountinfo: String,
+}
+
+impl Process {
+    /// The processes named `comm` in the pod with this uid (its cgroup names the pod).
+    pub fn in_pod(pod_uid: &str, comm: &str) -> Vec<Process> {
+        let cgroup_key = format!("pod{pod_uid}");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let read =
+                |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            if read("comm").trim() != comm || !read("cgroup").contains(&cgroup_key) {
+                continue;
+            }
+            found.push(Process {
+                pid,
+                status: read("status"),
+                mountinfo: read("mountinfo"),
+            });
+        }
+        found
+    }
+
+    /// A field of /proc/PID/status, e.g. "Uid" or "CapEff".
+    pub fn status(&self, field: &str) -> String {
+        self.status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    }
+
+    /// Whether its root file system is mounted read-only.
+    pub fn root_is_read_only(&self) -> bool {
+        self.mountinfo.lines().any(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.get(4) == Some(&"/")
+                && fields
+                    .get(5)
+                    .is_some_and(|o| o.split(',').any(|o| o == "ro"))
+        })
+    }
+}
