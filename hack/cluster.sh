@@ -81,12 +81,32 @@ pid_matches() {
 	return 1
 }
 
+# stop_supervisor DIR COMPONENT : ends COMPONENT's hack/supervise.sh (not the component itself).
+stop_supervisor() {
+	local dir="$1" component="$2" pidfile pid cmdline
+	pidfile="${dir}/pids/${component}.supervisor.pid"
+	[[ -f "${pidfile}" ]] || return 0
+	pid="$(tr -dc '0-9' <"${pidfile}")"
+	if [[ -n "${pid}" ]] && pid_alive "${pid}"; then
+		cmdline="$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null)" || cmdline=""
+		if [[ "${cmdline}" == *"supervise.sh ${dir} ${component} "* ]]; then
+			kill -TERM "${pid}" 2>/dev/null || true
+		fi
+	fi
+	rm -f "${pidfile}"
+}
+
 # stop_components DIR GRACE COMPONENT... : SIGTERM, wait up to GRACE s, SIGKILL.
 stop_components() {
 	local dir="$1" grace="$2"
 	shift 2
 	local component pidfile pid
 	local -a pids=()
+	# Their supervisors first, so that nothing restarts what is being stopped.
+	touch "${dir}/pids/stopping"
+	for component in "$@"; do
+		stop_supervisor "${dir}" "${component}"
+	done
 	for component in "$@"; do
 		pidfile="${dir}/pids/${component}.pid"
 		[[ -f "${pidfile}" ]] || continue
@@ -242,23 +262,30 @@ write_kubeconfig() {
 	)
 }
 
-# start COMPONENT CMD... : start CMD detached, output to logs/COMPONENT.log, pid to pids/.
+# start COMPONENT CMD... : start CMD detached under hack/supervise.sh (restarted if it exits, as
+# the kubelet restarts a static pod), output to logs/COMPONENT.log, pid to pids/.
 start() {
 	local component="$1"
 	shift
-	local logf="${CLUSTER_DIR}/logs/${component}.log"
+	local logf="${CLUSTER_DIR}/logs/${component}.log" pidfile="${CLUSTER_DIR}/pids/${component}.pid"
 	CURRENT_COMPONENT="${component}"
 	printf '%q ' "$@" >"${CLUSTER_DIR}/logs/${component}.cmdline"
+	: >"${logf}"
+	rm -f "${pidfile}"
 	# setsid: own session, so a Ctrl-C in the calling terminal does not kill the cluster.
 	if command -v setsid >/dev/null; then
-		setsid "$@" </dev/null >"${logf}" 2>&1 &
+		setsid "${HACK_DIR}/supervise.sh" "${CLUSTER_DIR}" "${component}" "$@" </dev/null >/dev/null 2>&1 &
 	else
-		"$@" </dev/null >"${logf}" 2>&1 &
+		"${HACK_DIR}/supervise.sh" "${CLUSTER_DIR}" "${component}" "$@" </dev/null >/dev/null 2>&1 &
 	fi
-	local pid=$!
-	printf '%s\n' "${pid}" >"${CLUSTER_DIR}/pids/${component}.pid"
+	printf '%s\n' "$!" >"${CLUSTER_DIR}/pids/${component}.supervisor.pid"
+	local deadline=$((SECONDS + 10))
+	until [[ -s "${pidfile}" ]]; do
+		[[ ${SECONDS} -lt ${deadline} ]] || die "${component} did not start"
+		sleep 0.05
+	done
 	STARTED+=("${component}")
-	log "started ${component} (pid ${pid})"
+	log "started ${component} (pid $(component_pid "${component}"))"
 }
 
 component_pid() { tr -dc '0-9' <"${CLUSTER_DIR}/pids/$1.pid"; }
