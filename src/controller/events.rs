@@ -1,10 +1,11 @@
 //! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), and why
 //! nothing could be applied (a Warning with the Degraded reason).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
@@ -90,6 +91,8 @@ pub struct Events {
     /// The cause last warned about, per blocked Memcached. The status says the same once the
     /// cache has our status write, but a reconcile can start before it does.
     warned: Arc<Mutex<HashMap<ObjectRef<Memcached>, Blocked>>>,
+    /// Objects that do not parse, as (uid, resourceVersion), already reported.
+    invalid: Arc<Mutex<HashSet<(String, String)>>>,
 }
 
 impl Events {
@@ -98,6 +101,7 @@ impl Events {
             client,
             reporter,
             warned: Arc::default(),
+            invalid: Arc::default(),
         }
     }
 
@@ -137,6 +141,37 @@ impl Events {
         );
     }
 
+    /// A Warning on a stored Memcached that does not parse (written while the schema was looser):
+    /// the controller skips it. Once per version of the object, not on every relist.
+    pub fn invalid(&self, obj: &DynamicObject, error: String) {
+        let version = (
+            obj.metadata.uid.clone().unwrap_or_default(),
+            obj.metadata.resource_version.clone().unwrap_or_default(),
+        );
+        if !lock(&self.invalid).insert(version) {
+            return;
+        }
+        let regarding = ObjectReference {
+            api_version: Some(Memcached::api_version(&()).into_owned()),
+            kind: Some(Memcached::kind(&()).into_owned()),
+            name: obj.metadata.name.clone(),
+            namespace: obj.metadata.namespace.clone(),
+            uid: obj.metadata.uid.clone(),
+            resource_version: obj.metadata.resource_version.clone(),
+            ..Default::default()
+        };
+        let note =
+            format!("skipped: it does not match the Memcached schema ({error}); fix or delete it");
+        self.send(
+            regarding,
+            None,
+            EventType::Warning,
+            "InvalidObject",
+            "Parse",
+            note,
+        );
+    }
+
     /// `mc` is no longer blocked: a later cause is warned about again.
     pub fn unblocked(&self, mc: &Memcached) {
         lock(&self.warned).remove(&ObjectRef::from_obj(mc));
@@ -154,6 +189,18 @@ impl Events {
         action: &str,
         note: String,
     ) {
+        self.send(mc.object_ref(&()), related, type_, reason, action, note);
+    }
+
+    fn send(
+        &self,
+        regarding: ObjectReference,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -162,7 +209,6 @@ impl Events {
             secondary: related,
         };
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        let regarding = mc.object_ref(&());
         tokio::spawn(async move {
             if let Err(error) = recorder.publish(&event, &regarding).await {
                 warn!(%error, reason = event.reason, "could not record event");

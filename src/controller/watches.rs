@@ -97,6 +97,7 @@ fn scope_controller(
     let workers = shared.workers.clone();
 
     let invalid = shared.metrics.invalid_objects.clone();
+    let events = shared.events.clone();
     let (mc_reader, mc_writer) = reflector::store::<Memcached>();
     let memcacheds = watcher(
         raw_memcacheds(client, &scope),
@@ -104,7 +105,10 @@ fn scope_controller(
     )
     .default_backoff()
     .inspect(released_on_first_list(caches.watch()))
-    .filter_map(move |event| future::ready(event.map(|e| parse_event(e, &invalid)).transpose()))
+    .filter_map(move |event| {
+        let report = |obj: &DynamicObject, error: String| events.invalid(obj, error);
+        future::ready(event.map(|e| parse_event(e, &invalid, report)).transpose())
+    })
     .modify(drop_managed_fields)
     .reflect(mc_writer)
     .applied_objects()
@@ -232,14 +236,16 @@ fn raw_memcacheds(client: &Client, scope: &Scope) -> Api<DynamicObject> {
 pub fn parse_event(
     event: watcher::Event<DynamicObject>,
     invalid: &prometheus::IntGauge,
+    report: impl Fn(&DynamicObject, String),
 ) -> Option<watcher::Event<Memcached>> {
     let parse = |obj: DynamicObject| {
         let name = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-        match obj.try_parse::<Memcached>() {
+        match parse_memcached(&obj) {
             Ok(mc) => Some(mc),
             Err(error) => {
                 invalid.inc();
                 warn!(memcached = %name, %error, "skipping Memcached that does not match the API schema");
+                report(&obj, error.to_string());
                 None
             }
         }
@@ -254,6 +260,12 @@ pub fn parse_event(
         }
         watcher::Event::InitDone => watcher::Event::InitDone,
     })
+}
+
+/// A Memcached from a raw object; the error names the field that does not fit the schema.
+fn parse_memcached(obj: &DynamicObject) -> Result<Memcached, String> {
+    let value = serde_json::to_value(obj).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(value).map_err(|e| format!("{}: {}", e.path(), e.inner()))
 }
 
 /// Releases a watch's readiness handle on its first complete list.
@@ -364,15 +376,25 @@ mod tests {
             "metadata": {"name": "bad", "namespace": "default"}, "spec": {"size": "three"}
         }))
         .unwrap();
-        assert!(parse_event(watcher::Event::InitApply(bad.clone()), &invalid).is_none());
-        assert!(parse_event(watcher::Event::Apply(bad), &invalid).is_none());
+        let reported = std::cell::RefCell::new(Vec::new());
+        let report = |obj: &DynamicObject, error: String| {
+            reported.borrow_mut().push((obj.name_any(), error));
+        };
+        assert!(parse_event(watcher::Event::InitApply(bad.clone()), &invalid, report).is_none());
+        assert!(parse_event(watcher::Event::Apply(bad), &invalid, report).is_none());
         assert_eq!(invalid.get(), 2);
-        match parse_event(watcher::Event::Apply(good), &invalid) {
+        let reported = reported.into_inner();
+        assert_eq!(reported.len(), 2, "each is reported");
+        assert!(
+            reported[0].0 == "bad" && reported[0].1.contains("size"),
+            "{reported:?}"
+        );
+        match parse_event(watcher::Event::Apply(good), &invalid, |_, _| {}) {
             Some(watcher::Event::Apply(mc)) => assert_eq!(mc.spec.size, 1),
             other => panic!("good object lost: {other:?}"),
         }
         assert!(matches!(
-            parse_event(watcher::Event::Init, &invalid),
+            parse_event(watcher::Event::Init, &invalid, |_, _| {}),
             Some(watcher::Event::Init)
         ));
         assert_eq!(invalid.get(), 0, "a relist recounts invalid objects");
