@@ -57,6 +57,10 @@ test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.
 	hack/e2e.sh
 
+.PHONY: test-chaos
+test-chaos: ## Chaos suite: API server hung and killed, etcd killed, watch expiry, unparseable object, leader churn.
+	hack/chaos.sh
+
 .PHONY: test-real-node
 test-real-node: ## Real-node tests (root): a control plane with a real node, runs tests/real_node, tears it down.
 	hack/e2e-real-node.sh

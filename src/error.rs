@@ -24,7 +24,7 @@ pub enum Error {
     },
     /// The API server refused an owned object built from the spec; reported on the Memcached.
     #[error("{message}")]
-    Refused { message: String },
+    Refused { refusal: Refusal, message: String },
 }
 
 /// Why the API server refused to apply an object: the answer will be the same until the spec
@@ -33,7 +33,9 @@ pub enum Error {
 pub enum Refusal {
     /// 400 or 422: the object is invalid, or an admission policy denied it.
     Invalid,
-    /// 403: forbidden, e.g. by a ResourceQuota or an admission webhook.
+    /// 403: forbidden, e.g. by a ResourceQuota, or by RBAC while a restarted API server's
+    /// authorizer warms up: it can pass without any change of ours, so it is retried with the
+    /// per-object back-off.
     Forbidden,
 }
 

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::{Memcached, MemcachedStatus};
+use crate::error::Refusal;
 use crate::resources::selector_string;
 
 pub const AVAILABLE: &str = "Available";
@@ -64,8 +65,8 @@ pub enum Blocked {
     ResourceExists { message: String },
     /// A spec that cannot work: not applied, and the pods running now keep serving.
     InvalidSpec { message: String },
-    /// The API server refused to apply an owned object: the same until something changes.
-    Refused { reason: Reason, message: String },
+    /// The API server refused to apply an owned object.
+    Refused { refusal: Refusal, message: String },
 }
 
 impl Blocked {
@@ -73,7 +74,14 @@ impl Blocked {
         match self {
             Self::ResourceExists { .. } => Reason::ResourceExists,
             Self::InvalidSpec { .. } => Reason::InvalidSpec,
-            Self::Refused { reason, .. } => *reason,
+            Self::Refused {
+                refusal: Refusal::Invalid,
+                ..
+            } => Reason::InvalidSpec,
+            Self::Refused {
+                refusal: Refusal::Forbidden,
+                ..
+            } => Reason::Forbidden,
         }
     }
 

@@ -26,7 +26,7 @@ use crate::error::{Error, Refusal, Result};
 use crate::health::Caches;
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::resources::{self, MANAGER_NAME, is_controlled_by};
-use crate::status::{self, Blocked, Observed, Reason};
+use crate::status::{self, Blocked, Observed};
 use crate::validation;
 
 /// Retry delay for a reconcile that arrives before its scope's owned caches are filled.
@@ -113,13 +113,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
                 Ok((deployment, _)) => Some(deployment),
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
-                    blocked = Some(Blocked::Refused {
-                        reason: match refusal {
-                            Refusal::Invalid => Reason::InvalidSpec,
-                            Refusal::Forbidden => Reason::Forbidden,
-                        },
-                        message,
-                    });
+                    blocked = Some(Blocked::Refused { refusal, message });
                     existing_deployment
                 }
             }
@@ -147,7 +141,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         // A spec change triggers the next reconcile.
         Blocked::InvalidSpec { .. } => Ok(Action::await_change()),
         // A failure for the metrics; `error_policy` rechecks it slowly.
-        Blocked::Refused { message, .. } => Err(Error::Refused { message }),
+        Blocked::Refused { refusal, message } => Err(Error::Refused { refusal, message }),
     }
 }
 
@@ -171,11 +165,15 @@ fn blocked(
         .map(|message| Blocked::InvalidSpec { message })
 }
 
-/// Failed reconciles retry with per-object exponential backoff; a refused apply is only
-/// rechecked slowly (a spec change retries it at once), since the same request gets the same no.
+/// Failed reconciles retry with per-object exponential backoff; an object the API server refused
+/// as invalid is only rechecked slowly (a spec change retries it at once), since the same request
+/// gets the same no.
 pub fn error_policy(mc: Arc<Memcached>, error: &Error, ctx: Arc<Context>) -> Action {
     match error {
-        Error::Refused { .. } => Action::requeue(REFUSED_RECHECK),
+        Error::Refused {
+            refusal: Refusal::Invalid,
+            ..
+        } => Action::requeue(REFUSED_RECHECK),
         _ => Action::requeue(retry_delay(&mc, error, &ctx)),
     }
 }
@@ -533,6 +531,30 @@ mod tests {
             ctx.metrics
                 .render()
                 .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_apply_is_retried_with_the_backoff() {
+        // A quota raised, or RBAC warming up in a restarted API server: nothing of ours changes.
+        let (ctx, _api, _caches) = apiserver::context();
+        let mc = Arc::new(memcached("cache", 1));
+        let forbidden = Error::Refused {
+            refusal: Refusal::Forbidden,
+            message: "exceeded quota".into(),
+        };
+        for _ in 0..2 {
+            let action = error_policy(mc.clone(), &forbidden, ctx.clone());
+            assert_ne!(
+                action,
+                Action::requeue(REFUSED_RECHECK),
+                "not the slow recheck"
+            );
+        }
+        let third = retry_delay(&mc, &forbidden, &ctx);
+        assert!(
+            (Duration::from_millis(18)..=Duration::from_millis(22)).contains(&third),
+            "the two retries went through the per-object backoff: {third:?}"
         );
     }
 

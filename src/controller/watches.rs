@@ -144,6 +144,7 @@ fn scope_controller(
     .touched_objects()
     .filter(unless_waiting(workers.clone(), memcached_of_pod));
 
+    let synced = caches.clone();
     let ctx = Arc::new(Context {
         client: client.clone(),
         deployments,
@@ -163,7 +164,7 @@ fn scope_controller(
         .owns_stream(deployment_events)
         .owns_stream(service_events)
         .watches_stream(pod_events, |pod| memcached_of_pod(&pod))
-        .reconcile_all_on(became_leader(leading.clone()))
+        .reconcile_all_on(became_leader(leading.clone(), synced))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(
             move |mc, ctx| {
@@ -286,12 +287,26 @@ fn released_on_first_list<K>(
     }
 }
 
-/// Yields once, when `leading` turns true (at once if it already is).
-fn became_leader(mut leading: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
-    futures::stream::once(async move { leading.wait_for(|l| *l).await.is_ok() })
-        .filter(|gained| future::ready(*gained))
-        .map(|_| ())
+/// Yields once, when `leading` is true and the scope's caches are filled: then every cached
+/// Memcached is queued. Triggers that came before were dropped by the leader gate, and a store
+/// is empty until its first list is complete, so queueing at leadership alone could miss them.
+fn became_leader(
+    mut leading: watch::Receiver<bool>,
+    caches: Caches,
+) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::once(async move {
+        let gained = leading.wait_for(|l| *l).await.is_ok();
+        while !caches.synced() {
+            tokio::time::sleep(CACHE_POLL).await;
+        }
+        gained
+    })
+    .filter(|gained| future::ready(*gained))
+    .map(|_| ())
 }
+
+/// How often the leader gate looks whether the caches are filled.
+const CACHE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// managedFields are most of a cached object's size (one entry per writer: us, the
 /// kube-controller-manager, the kubelet) and nothing here reads them.
@@ -362,6 +377,25 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[tokio::test]
+    async fn everything_is_queued_once_leading_with_filled_caches() {
+        let (leading_tx, leading) = watch::channel(false);
+        let caches = Caches::default();
+        let memcacheds = caches.watch();
+        let mut queued = Box::pin(became_leader(leading, caches));
+        let soon = std::time::Duration::from_millis(200);
+        leading_tx.send_replace(true);
+        assert!(
+            tokio::time::timeout(soon, queued.next()).await.is_err(),
+            "not while the Memcached cache is still filling"
+        );
+        memcacheds.release();
+        assert_eq!(
+            tokio::time::timeout(soon, queued.next()).await,
+            Ok(Some(()))
+        );
+    }
 
     #[test]
     fn malformed_memcached_is_skipped_without_breaking_the_watch() {

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -54,7 +56,11 @@ impl OperatorProcess {
         };
         std::fs::create_dir_all(&launch.log_dir)?;
         let log = launch.log_dir.join(format!("{}.log", launch.identity));
-        let out = std::fs::File::create(&log)?;
+        // Appended: a restarted process (same identity, as a restarted container) keeps one log.
+        let out = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let child = Command::new(program)
             .args(words)
             .env_remove("WATCH_NAMESPACE")
@@ -100,6 +106,12 @@ impl OperatorProcess {
             .ok()?
             .ok()?;
         status.code()
+    }
+
+    /// Waits for the process to exit, however long that takes; its exit code.
+    pub async fn exited(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        child.wait().await.ok()?.code()
     }
 
     /// Sends `signal` and waits for the exit.
@@ -213,5 +225,118 @@ impl OperatorProcess {
         // utime and stime are fields 14 and 15 of stat, so 12 and 13 after the name.
         (fields.get(11).copied().unwrap_or(0.0) + fields.get(12).copied().unwrap_or(0.0))
             / CLOCK_TICKS
+    }
+}
+
+/// An operator process that is started again whenever it exits, as a kubelet restarts a
+/// container: the same launch (identity, credentials, log file) after `delay`.
+pub struct Restarting {
+    current: Arc<Mutex<Option<Running>>>,
+    restarts: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+    pub identity: String,
+    pub log: PathBuf,
+}
+
+/// The process running now.
+#[derive(Clone, Copy, Debug)]
+pub struct Running {
+    pub pid: u32,
+    pub metrics_port: u16,
+    pub health_port: u16,
+}
+
+impl Restarting {
+    pub fn start(delay: Duration, launch: impl Fn() -> Launch + Send + 'static) -> Result<Self> {
+        let first = launch();
+        let identity = first.identity.clone();
+        let log = first.log_dir.join(format!("{identity}.log"));
+        let mut process = OperatorProcess::spawn(first)?;
+        let current = Arc::new(Mutex::new(Some(running(&process))));
+        let (restarts, stop) = (
+            Arc::new(AtomicU32::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let task = tokio::spawn({
+            let (current, restarts, stop) = (current.clone(), restarts.clone(), stop.clone());
+            async move {
+                loop {
+                    process.exited().await;
+                    *current.lock().unwrap() = None;
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match OperatorProcess::spawn(launch()) {
+                        Ok(p) => process = p,
+                        Err(e) => panic!("restarting the operator: {e}"),
+                    }
+                    restarts.fetch_add(1, Ordering::SeqCst);
+                    *current.lock().unwrap() = Some(running(&process));
+                }
+            }
+        });
+        Ok(Self {
+            current,
+            restarts,
+            stop,
+            task,
+            identity,
+            log,
+        })
+    }
+
+    pub fn running(&self) -> Option<Running> {
+        *self.current.lock().unwrap()
+    }
+
+    pub fn restarts(&self) -> u32 {
+        self.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Sends `signal` to the process running now, if any.
+    pub fn signal(&self, signal: &str) -> bool {
+        let Some(running) = self.running() else {
+            return false;
+        };
+        std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(running.pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// One series' value from the process running now (0 when absent or not running).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let Some(running) = self.running() else {
+            return 0.0;
+        };
+        match http_get(running.metrics_port, "/metrics").await {
+            Some((200, text)) => metric_value(&text, series).unwrap_or(0.0),
+            _ => 0.0,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops restarting, and the process with SIGTERM.
+    pub async fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.signal("TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.task).await;
+    }
+}
+
+fn running(process: &OperatorProcess) -> Running {
+    Running {
+        pid: process.pid,
+        metrics_port: process.metrics_port,
+        health_port: process.health_port,
     }
 }

@@ -12,6 +12,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_operator::api::{Memcached, MemcachedSpec};
 use memcached_operator_testkit::operator::ENDPOINT_ARGS;
+use memcached_operator_testkit::operator::Restarting;
 use memcached_operator_testkit::{Launch, LocalCluster, OperatorProcess};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -134,6 +135,37 @@ impl Default for OperatorOptions {
             lease: "unused".into(),
             extra_args: vec![],
             env: vec![],
+        }
+    }
+}
+
+impl OperatorOptions {
+    /// How the suite starts the operator binary as `identity` with these options.
+    fn launch(&self, kubeconfig: &Path, identity: &str) -> Launch {
+        let mut command = format!(
+            "{} {ENDPOINT_ARGS}",
+            env!("CARGO_BIN_EXE_memcached-operator")
+        );
+        for arg in &self.extra_args {
+            command += &format!(" {arg}");
+        }
+        if self.leader_elect {
+            command += &format!(
+                " --leader-elect --leader-election-namespace={OPERATOR_NAMESPACE} --leader-election-id={}",
+                self.lease
+            );
+        }
+        let mut env = vec![("RUST_LOG".into(), "info,memcached_operator=debug".into())];
+        env.extend(self.env.iter().cloned());
+        if let Some(ns) = &self.watch_namespace {
+            env.push(("WATCH_NAMESPACE".into(), ns.clone()));
+        }
+        Launch {
+            command,
+            identity: identity.into(),
+            kubeconfig: kubeconfig.into(),
+            log_dir: kubeconfig.parent().unwrap().into(),
+            env,
         }
     }
 }
@@ -331,36 +363,28 @@ impl Operator {
     }
 
     async fn start_with(kubeconfig: &Path, options: &OperatorOptions) -> Operator {
-        let mut command = format!(
-            "{} {ENDPOINT_ARGS}",
-            env!("CARGO_BIN_EXE_memcached-operator")
-        );
-        for arg in &options.extra_args {
-            command += &format!(" {arg}");
-        }
-        if options.leader_elect {
-            command += &format!(
-                " --leader-elect --leader-election-namespace={OPERATOR_NAMESPACE} --leader-election-id={}",
-                options.lease
-            );
-        }
-        let mut env = vec![("RUST_LOG".into(), "info,memcached_operator=debug".into())];
-        env.extend(options.env.iter().cloned());
-        if let Some(ns) = &options.watch_namespace {
-            env.push(("WATCH_NAMESPACE".into(), ns.clone()));
-        }
-        let op = OperatorProcess::spawn(Launch {
-            command,
-            identity: format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff),
-            kubeconfig: kubeconfig.into(),
-            log_dir: kubeconfig.parent().unwrap().into(),
-            env,
-        })
-        .expect("operator starts");
+        let identity = format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let op =
+            OperatorProcess::spawn(options.launch(kubeconfig, &identity)).expect("operator starts");
         op.wait_health("/healthz", Duration::from_secs(20))
             .await
             .expect("operator /healthz");
         Operator(op)
+    }
+
+    /// An operator that is restarted whenever it exits, as a kubelet restarts its container:
+    /// 10 s later (the kubelet's first crash-loop back-off), or OPERATOR_RESTART_SECONDS.
+    pub async fn restarting(client: &Client, options: OperatorOptions) -> Restarting {
+        let kubeconfig = service_account_kubeconfig(client, &options.rbac).await;
+        let identity = format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let delay = std::env::var("OPERATOR_RESTART_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10);
+        Restarting::start(Duration::from_secs(delay), move || {
+            options.launch(&kubeconfig, &identity)
+        })
+        .expect("operator starts")
     }
 
     /// /metrics, which must answer.

@@ -1,6 +1,8 @@
 //! End-to-end tests on the local control plane (`make test-e2e`): real API server, admission,
 //! RBAC, garbage collector, scheduler and kwok nodes; the operator runs as its own ServiceAccount.
 
+// Shared with the real-node and chaos suites, which use parts this one does not.
+#[allow(dead_code)]
 mod harness;
 
 use std::time::{Duration, Instant};
