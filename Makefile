@@ -141,9 +141,12 @@ install: manifests ## Install the CRD into the cluster in your KUBECONFIG.
 uninstall: ## Remove the CRD (and with it every Memcached).
 	$(KUBECTL) delete --ignore-not-found -k config/crd
 
+# The memcached image the operator deploys (RELATED_IMAGE_MEMCACHED); config/manager's when empty.
+MEMCACHED_IMG ?=
+
 .PHONY: deploy
-deploy: manifests ## Deploy the operator with config/default.
-	$(KUBECTL) apply --server-side -k config/default
+deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG if set).
+	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
 
 .PHONY: undeploy
 undeploy: ## Remove what deploy created.
