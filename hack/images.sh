@@ -8,13 +8,20 @@
 #                                                   User 11211:11211, Entrypoint /usr/bin/memcached
 #   localhost/pause:busybox-<version>                the pod sandbox ("pause") image: Debian's
 #                                                   static busybox running `sleep`
+#   localhost/memcached-operator:<Cargo version>     the operator, from the Dockerfile (operator)
 #
 # Usage:
 #   hack/images.sh build                 build the archives that are missing (needs root for apt-get
 #                                        when packages are missing)
 #   hack/images.sh import SOCKET         build if needed, then import both into the containerd at
 #                                        SOCKET, namespace k8s.io (where the kubelet's CRI looks)
-#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE and the archive paths
+#   hack/images.sh operator              build the operator image (cached): the Dockerfile's builder
+#                                        stage's `cargo build` run here (static glibc instead of
+#                                        musl) in the .dockerignore'd context, then its runtime
+#                                        stage built by `buildah bud` (root; vfs storage)
+#   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE
+#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, OPERATOR_IMAGE and the archive
+#                                        paths
 #
 # Image references: containerd's CRI normalizes names as Docker does. `memcached:1.6.18-debian`
 # would mean docker.io/library/memcached:1.6.18-debian; `localhost/...` is taken as a registry
@@ -85,11 +92,109 @@ archive_paths() {
 
 print_env() {
 	image_names
+	operator_paths
 	printf 'MEMCACHED_IMAGE=%q\nPAUSE_IMAGE=%q\n' "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}"
+	printf 'OPERATOR_IMAGE=%q\nOPERATOR_ARCHIVE=%q\n' "${OPERATOR_IMAGE}" "${OPERATOR_ARCHIVE}"
 	if [[ -n "$(pkg_version memcached)" && -n "$(pkg_version busybox-static)" ]]; then
 		archive_paths
 		printf 'MEMCACHED_ARCHIVE=%q\nPAUSE_ARCHIVE=%q\n' "${MEMCACHED_ARCHIVE}" "${PAUSE_ARCHIVE}"
 	fi
+}
+
+# ---------------------------------------------------------------- the operator image
+
+ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+OPERATOR_RECIPE_VERSION=1
+OPERATOR_PACKAGES=(buildah ca-certificates libc6-dev)
+
+# OPERATOR_IMAGE (localhost/memcached-operator:<version in Cargo.toml>, or $OPERATOR_IMAGE) and
+# OPERATOR_ARCHIVE, whose name carries a hash of everything the image is made of: the build
+# context's files (.dockerignore applied: sources, Cargo.toml, Cargo.lock), the Dockerfile, the
+# Rust toolchain, and the versions of the packages that supply CA certificates, glibc and buildah.
+operator_paths() {
+	local version key
+	version="$(sed -n 's/^version = "\(.*\)"/\1/p' "${ROOT}/Cargo.toml" | head -n1)"
+	OPERATOR_IMAGE="${OPERATOR_IMAGE:-localhost/memcached-operator:${version}}"
+	key="$(
+		cd "${ROOT}"
+		printf 'recipe=%s image=%s\n' "${OPERATOR_RECIPE_VERSION}" "${OPERATOR_IMAGE}"
+		rustc -vV 2>/dev/null || true
+		for p in "${OPERATOR_PACKAGES[@]}"; do printf '%s %s\n' "${p}" "$(pkg_version "${p}")"; done
+		sha256sum Dockerfile .dockerignore hack/dockerfile.py
+		python3 hack/dockerfile.py context . | tr '\n' '\0' | xargs -0 sha256sum
+	)"
+	key="$(sha256sum <<<"${key}" | cut -c1-12)"
+	OPERATOR_ARCHIVE="${BIN_ROOT}/memcached-operator-${version}-${key}.oci.tar"
+}
+
+# The Dockerfile's builder stage, run here: its `cargo build` RUN (hack/dockerfile.py
+# builder-script) in a copy of the build context, static through crt-static on the gnu target
+# (no musl target here), and the files the runtime stage copies from it, in OUT.
+operator_builder_stage() { # OUT
+	local out="$1" ctx="${BIN_ROOT}/operator-context" script
+	script="$(python3 "${HACK_DIR}/dockerfile.py" builder-script "${ROOT}/Dockerfile")"
+	rm -rf "${ctx}"
+	mkdir -p "${ctx}"
+	(cd "${ROOT}" && python3 hack/dockerfile.py context . | tar --no-recursion -cf - -T -) | tar -C "${ctx}" -xf -
+	mkdir -p "${out}/etc/ssl/certs"
+	# The rust image's ca-certificates are Debian's too.
+	cp -L /etc/ssl/certs/ca-certificates.crt "${out}/etc/ssl/certs/ca-certificates.crt"
+	# The Dockerfile's cache mount on /src/target: the worktree's target directory (warm builds).
+	local target_dir="${CARGO_TARGET_DIR:-${ROOT}/target}"
+	mkdir -p "${target_dir}"
+	ln -s "${target_dir}" "${ctx}/target"
+	log "builder stage: cargo build (static, $(rustc -V)) in ${ctx}"
+	(
+		cd "${ctx}"
+		unset CARGO_TARGET_DIR
+		export BUILDER_OUT="${out}" RUSTFLAGS="-C target-feature=+crt-static"
+		timed "builder stage" nice -n "${BUILD_NICE:-5}" bash -c "${script}"
+	)
+}
+
+build_operator() {
+	mkdir -p "${BIN_ROOT}"
+	ensure_packages "${OPERATOR_PACKAGES[@]}"
+	operator_paths
+	exec 9>"${BIN_ROOT}/.operator.lock"
+	flock 9
+	if [[ -s "${OPERATOR_ARCHIVE}" ]]; then
+		log "${OPERATOR_IMAGE} cached (${OPERATOR_ARCHIVE})"
+		flock -u 9
+		return 0
+	fi
+	rm -rf "${BIN_ROOT}"/.tmp.operator.*
+	local work t0=${SECONDS}
+	work="$(mktemp -d "${BIN_ROOT}/.tmp.operator.XXXXXX")"
+	operator_builder_stage "${work}/builder"
+	# The runtime stage verbatim; `COPY --from=builder` reads the directory the builder stage filled.
+	python3 "${HACK_DIR}/dockerfile.py" runtime-stage "${ROOT}/Dockerfile" >"${work}/Dockerfile.runtime"
+	mkdir -p "${work}/context"
+	local -a buildah=(buildah --root "${work}/storage/root" --runroot "${work}/storage/run" --storage-driver vfs)
+	"${buildah[@]}" bud --quiet --identity-label=false --timestamp 0 \
+		--build-context builder="${work}/builder" \
+		-f "${work}/Dockerfile.runtime" -t "${OPERATOR_IMAGE}" "${work}/context" >"${work}/bud.log" 2>&1 ||
+		{
+			cat "${work}/bud.log" >&2
+			die "buildah bud of the Dockerfile's runtime stage failed"
+		}
+	"${buildah[@]}" push --quiet "${OPERATOR_IMAGE}" "oci-archive:${work}/image.tar:${OPERATOR_IMAGE##*:}" >/dev/null
+	mv "${work}/image.tar" "${OPERATOR_ARCHIVE}"
+	rm -rf "${work}"
+	# Older archives of this image: keep the newest three.
+	find "${BIN_ROOT}" -maxdepth 1 -name 'memcached-operator-*.oci.tar' -printf '%T@ %p\n' | sort -rn |
+		tail -n +4 | cut -d' ' -f2- | xargs -r rm -f
+	log "built ${OPERATOR_IMAGE}: ${OPERATOR_ARCHIVE} ($(du -h "${OPERATOR_ARCHIVE}" | cut -f1)) in $((SECONDS - t0))s"
+	flock -u 9
+}
+
+import_operator() { # SOCKET
+	local sock="$1" refs
+	build_operator
+	ctr --address "${sock}" -n k8s.io images import --base-name "${OPERATOR_IMAGE%:*}" "${OPERATOR_ARCHIVE}" >/dev/null
+	refs="$(ctr --address "${sock}" -n k8s.io images ls -q)"
+	grep -qx "${OPERATOR_IMAGE}" <<<"${refs}" || die "${OPERATOR_IMAGE} not in containerd after import"
+	log "imported ${OPERATOR_IMAGE} into ${sock} (namespace k8s.io)"
 }
 
 # oci_image ARCHIVE TAG ROOTFS_FN CONFIG_ARGS... : an OCI layout with one layer made by
@@ -192,6 +297,11 @@ main() {
 	import)
 		[[ $# -eq 2 ]] || die "usage: $0 import SOCKET"
 		import_images "$2"
+		;;
+	operator) build_operator ;;
+	import-operator)
+		[[ $# -eq 2 ]] || die "usage: $0 import-operator SOCKET"
+		import_operator "$2"
 		;;
 	*) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2 && exit 2 ;;
 	esac

@@ -167,7 +167,15 @@ write_cni_config() {
 	EOF
 }
 
-# The bridge exists before the first pod, so CoreDNS can listen on its gateway address.
+# real_node_bridge_up : before the apiserver starts (it listens on the bridge's gateway): saves the
+# sysctls, then creates the bridge.
+real_node_bridge_up() {
+	save_sysctls
+	create_bridge
+}
+
+# The bridge exists before the apiserver and the first pod, so they (and CoreDNS) can listen on its
+# gateway address.
 create_bridge() {
 	local gw prefix
 	gw="$(rn_gateway)"
@@ -369,13 +377,11 @@ real_node_up() {
 		MEMCACHED_IMAGE=${MEMCACHED_IMAGE}
 		PAUSE_IMAGE=${PAUSE_IMAGE}
 	EOF
-	save_sysctls
 	write_containerd_config
 	write_cni_config
 	write_kubelet_config "${kubelet_port}" "${kubelet_healthz}"
 	write_kube_proxy_config "${proxy_healthz}" "${proxy_metrics}"
 	write_corefile "${dns_health}" "${dns_ready}"
-	create_bridge
 
 	start containerd containerd --config="$(rn_dir)/containerd/config.toml" --log-level=warn
 	wait_for "containerd socket" containerd rn_ctr version

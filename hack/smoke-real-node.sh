@@ -303,6 +303,27 @@ if [[ ${#pids[@]} -gt 0 ]]; then
 	else
 		fail "inside a pod's network namespace: '${got_pod}'"
 	fi
+	# The apiserver from a pod: kubernetes.default.svc (10.96.0.1:443, kube-proxy -> the apiserver
+	# on the bridge), its certificate checked against the pod's CA, the pod's ServiceAccount token.
+	sa="/proc/${pids[0]}/root/var/run/secrets/kubernetes.io/serviceaccount"
+	version="$(nsenter --net="/proc/${pids[0]}/ns/net" python3 - "${sa}" 2>&1 <<-'PY' || true
+		import http.client, json, socket, ssl, sys
+		sa = sys.argv[1]
+		ctx = ssl.create_default_context(cafile=sa + "/ca.crt")
+		# The host's resolver is not the pod's: connect to the ClusterIP, check the Service's name.
+		conn = http.client.HTTPSConnection("kubernetes.default.svc", 443, context=ctx, timeout=5)
+		conn.sock = ctx.wrap_socket(socket.create_connection(("10.96.0.1", 443), 5),
+		                            server_hostname="kubernetes.default.svc")
+		conn.request("GET", "/version", headers={"Authorization": "Bearer " + open(sa + "/token").read()})
+		print(json.load(conn.getresponse())["gitVersion"])
+		PY
+	)"
+	if [[ "${version}" == v1.* ]]; then
+		ok "inside a pod's network namespace: GET https://kubernetes.default.svc/version with its token = ${version}"
+	else
+		fail "pod -> apiserver: ${version}"
+	fi
+	if k logs -n "${NS}" deployment/memcached --tail=1 >/dev/null 2>&1; then ok "kubectl logs reaches the kubelet"; else fail "kubectl logs: $(k logs -n "${NS}" deployment/memcached --tail=1 2>&1)"; fi
 fi
 
 i=0
