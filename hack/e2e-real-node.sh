@@ -5,10 +5,12 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-[[ "$(id -u)" -eq 0 ]] || {
-	echo "$0: the real node needs root (containerd, runc, bridges, iptables)" >&2
-	exit 2
-}
+if [[ "$(id -u)" -ne 0 ]]; then
+	# CI sets REQUIRE_REAL_NODE=1, so there a missing root fails instead of skipping.
+	echo "SKIPPED: the real-node suite needs root (containerd, runc, bridges, iptables)" >&2
+	[[ -z "${REQUIRE_REAL_NODE:-}" ]] || exit 2
+	exit 0
+fi
 dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-real-node-e2e.XXXXXX")"
 status=1
 

@@ -20,6 +20,17 @@ export KUBECONFIG
 kubectl apply --server-side --field-manager=run-local -k "${ROOT}/config/local" >/dev/null
 kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --timeout=60s >/dev/null
 
+# With a real node (`make run-local REAL_NODE=1`), the Memcacheds in `default` run there as real
+# containers of the memcached image built from Debian's package; elsewhere, on kwok's fake nodes.
+where="kwok's fake nodes (no containers)"
+if [[ -n "${REAL_NODE_NAME:-}" ]]; then
+	export RELATED_IMAGE_MEMCACHED="${MEMCACHED_IMAGE}"
+	kubectl annotate --overwrite namespace default \
+		scheduler.alpha.kubernetes.io/node-selector=type=real \
+		'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key": "memcached-operator.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]' >/dev/null
+	where="the real node ${REAL_NODE_NAME}, as real memcached containers (${MEMCACHED_IMAGE}); try: memcached at the pod IPs, port 11211"
+fi
+
 operator_kubeconfig="${DIR}/operator.kubeconfig"
 write_sa_kubeconfig "${NS}" "${SA}" "${operator_kubeconfig}" 24h
 
@@ -31,6 +42,8 @@ cat <<MSG
     kubectl apply -k config/samples
     kubectl get memcached,deployments,pods -o wide
     kubectl wait --for=condition=Available memcached/memcached-sample
+
+  Memcacheds in namespace default run on ${where}.
 
   Metrics: curl -s 127.0.0.1:8080/metrics   Health: curl -s 127.0.0.1:8081/readyz
   Stop the operator with Ctrl-C; stop the control plane with: make cluster-down
