@@ -152,6 +152,10 @@ MEMCACHED_IMG ?=
 deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG if set).
 	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
 
+.PHONY: deploy-local
+deploy-local: manifests ## On `make cluster-up-real`'s cluster: the operator's own image as a pod on the real node; Memcacheds in namespace default run real memcached.
+	hack/deploy-local.sh $(LOCAL_CLUSTER_DIR)
+
 .PHONY: undeploy
 undeploy: ## Remove what deploy created.
 	$(KUBECTL) delete --ignore-not-found -k config/default

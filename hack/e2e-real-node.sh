@@ -31,6 +31,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The operator's image (the Dockerfile's stages, a static release build; cached) before the
+# cluster, so its build time is not the tests'; the tests import it into the node. Prometheus
+# scrapes the operator pod in tests/real_node/operator_pod.rs; curl reads HTTPS /metrics.
+# shellcheck source=hack/lib.sh
+source "${ROOT}/hack/lib.sh"
+LOG_TAG=e2e-real-node
+ensure_packages prometheus curl
+timed "operator image" "${ROOT}/hack/images.sh" operator
+
 start=${SECONDS}
 REAL_NODE=1 "${ROOT}/hack/cluster.sh" up "${dir}"
 echo "control plane and real node up in $((SECONDS - start))s"

@@ -7,6 +7,7 @@
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod memcached;
+mod operator_pod;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -52,6 +53,16 @@ impl RealNode {
         self.var("MEMCACHED_IMAGE")
     }
 
+    /// The kubelet's HTTPS endpoint (anonymous, AlwaysAllow on this throwaway node), e.g. for
+    /// `/metrics/probes`.
+    pub fn kubelet_url(&self) -> String {
+        format!(
+            "https://{}:{}",
+            self.var("REAL_NODE_GATEWAY"),
+            self.var("KUBELET_PORT")
+        )
+    }
+
     /// CoreDNS behind the kube-dns ClusterIP, which kube-proxy routes.
     pub fn dns(&self) -> SocketAddr {
         SocketAddr::new(self.var("REAL_NODE_DNS_IP").parse().unwrap(), 53)
@@ -80,6 +91,12 @@ impl RealNode {
 /// PodNodeSelector admission, enabled with the real node).
 pub async fn real_namespace(client: &Client, prefix: &str) -> String {
     let name = harness::namespace(client, prefix).await;
+    send_pods_to_real_node(client, &name).await;
+    name
+}
+
+/// Annotates (creating it if needed) namespace `name` so its pods go to the real node.
+pub async fn send_pods_to_real_node(client: &Client, name: &str) {
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "annotations": {
             "scheduler.alpha.kubernetes.io/node-selector": "type=real",
@@ -89,7 +106,6 @@ pub async fn real_namespace(client: &Client, prefix: &str) -> String {
     }))
     .unwrap();
     harness::apply(&Api::<Namespace>::all(client.clone()), &ns).await;
-    name
 }
 
 /// The running pods of Memcached `name`, by pod name.

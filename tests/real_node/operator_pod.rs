@@ -1,0 +1,728 @@
+//! The operator as its users run it: its own image (`make operator-image`), deployed by
+//! `make deploy IMG=...`, as a pod on the real node, probed by the kubelet, scraped by a real
+//! Prometheus, and restarted by a rollout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::net::{free_port, http_get, metric_value};
+
+use crate::harness::{
+    CONVERGE, OPERATOR_NAMESPACE, admin, apply, cluster, create, kubectl, memcached, namespace,
+    set_size, wait_converged, wait_for,
+};
+use crate::{Process, RealNode, pod_ip, pods_of, real_namespace, send_pods_to_real_node};
+
+/// What config/default names them (namePrefix `memcached-operator-`).
+const DEPLOYMENT: &str = "memcached-operator-controller-manager";
+const METRICS_SERVICE: &str = "memcached-operator-controller-manager-metrics-service";
+const METRICS_READER: &str = "memcached-operator-metrics-reader";
+/// The Lease of the shipped args (`--leader-elect`, the default id).
+const LEASE: &str = "memcached-operator-lock";
+const OPERATOR_PODS: &str =
+    "control-plane=controller-manager,app.kubernetes.io/name=memcached-operator";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `make ARGS` in the repository against the test cluster; its output, or a panic with it.
+fn make(args: &[&str]) -> String {
+    let out = Command::new("make")
+        .args(args)
+        .current_dir(repo())
+        .env("KUBECONFIG", cluster().kubeconfig())
+        .stdin(Stdio::null())
+        .output()
+        .expect("make runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "make {}:\n{text}", args.join(" "));
+    text
+}
+
+/// The operator image (`hack/images.sh operator`: the Dockerfile's stages, cached), imported into
+/// the node's containerd.
+fn operator_image(node: &RealNode) -> String {
+    let images = repo().join("hack/images.sh");
+    let status = Command::new(&images)
+        .args(["import-operator", node.var("REAL_NODE_CONTAINERD_SOCKET")])
+        .status()
+        .expect("hack/images.sh runs");
+    assert!(status.success(), "hack/images.sh import-operator");
+    let env = Command::new(&images).arg("--print-env").output().unwrap();
+    String::from_utf8_lossy(&env.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("OPERATOR_IMAGE="))
+        .expect("OPERATOR_IMAGE from hack/images.sh --print-env")
+        .to_string()
+}
+
+/// The operator as `make deploy IMG=... MEMCACHED_IMG=...` installs it, its namespace sending its
+/// pods to the real node. `make undeploy` when dropped (after printing its pods' logs if the test
+/// failed), so later tests find no operator, CRD or namespace of it.
+struct Deployed {
+    client: Client,
+    image: String,
+}
+
+impl Deployed {
+    async fn new(client: &Client, node: &RealNode) -> Deployed {
+        let image = operator_image(node);
+        // Before `make deploy`: its server-side apply of the Namespace leaves alone the
+        // annotations another field manager owns.
+        send_pods_to_real_node(client, OPERATOR_NAMESPACE).await;
+        // (-o manifests: the CRD is generated and checked elsewhere; this is the deploy itself.)
+        make(&[
+            "-o",
+            "manifests",
+            "deploy",
+            &format!("IMG={image}"),
+            &format!("MEMCACHED_IMG={}", node.memcached_image()),
+        ]);
+        let deployed = Deployed {
+            client: client.clone(),
+            image,
+        };
+        deployed.wait_rolled_out(1).await;
+        deployed
+    }
+
+    fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client.clone(), OPERATOR_NAMESPACE)
+    }
+
+    async fn all_pods(&self) -> Vec<Pod> {
+        operator_pods(&self.client).await
+    }
+
+    /// The pods not being deleted.
+    async fn pods(&self) -> Vec<Pod> {
+        let mut pods = self.all_pods().await;
+        pods.retain(|p| p.metadata.deletion_timestamp.is_none());
+        pods
+    }
+
+    async fn pod_names(&self) -> BTreeSet<String> {
+        self.pods().await.iter().map(|p| p.name_any()).collect()
+    }
+
+    /// Waits until the Deployment runs `replicas` ready pods of its current template and no other.
+    async fn wait_rolled_out(&self, replicas: i32) {
+        wait_for(
+            &format!("the operator Deployment rolled out with {replicas} ready pods"),
+            Duration::from_secs(120),
+            || async {
+                let d = self.deployments().get(DEPLOYMENT).await.ok()?;
+                let status = d.status?;
+                let done = status.observed_generation >= d.metadata.generation
+                    && status.updated_replicas == Some(replicas)
+                    && status.ready_replicas == Some(replicas)
+                    && status.replicas == Some(replicas);
+                (done && self.all_pods().await.len() == replicas as usize).then_some(())
+            },
+        )
+        .await;
+    }
+
+    async fn lease_holder(&self) -> Option<String> {
+        lease_holder(&self.client).await
+    }
+}
+
+/// Every pod of the operator's Deployment, those being deleted included (they still run).
+async fn operator_pods(client: &Client) -> Vec<Pod> {
+    let mut pods = Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .list(&ListParams::default().labels(OPERATOR_PODS))
+        .await
+        .unwrap()
+        .items;
+    pods.sort_by_key(|p| p.name_any());
+    pods
+}
+
+/// The Lease's holder, if any.
+async fn lease_holder(client: &Client) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .get_opt(LEASE)
+        .await
+        .ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        let kubeconfig = cluster().kubeconfig();
+        let kubectl = |args: &[&str]| {
+            let _ = Command::new("kubectl")
+                .args(args)
+                .env("KUBECONFIG", &kubeconfig)
+                .status();
+        };
+        if std::thread::panicking() {
+            kubectl(&["get", "pods", "-o", "wide", "-n", OPERATOR_NAMESPACE]);
+            kubectl(&[
+                "logs",
+                "-n",
+                OPERATOR_NAMESPACE,
+                "-l",
+                OPERATOR_PODS,
+                "--prefix",
+                "--tail=40",
+            ]);
+        }
+        let out = Command::new("make")
+            .arg("undeploy")
+            .current_dir(repo())
+            .env("KUBECONFIG", &kubeconfig)
+            .output();
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "make undeploy failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("make undeploy: {e}"),
+        }
+    }
+}
+
+/// GET `url` with curl, as a scraper would: TLS not verified (the operator's certificate is
+/// self-signed, the kubelet's too), with `token` as the bearer token. Status 0 when nothing answered.
+async fn curl(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut command = tokio::process::Command::new("curl");
+    command.args(["-sk", "--max-time", "3", "-w", "\n%{http_code}", url]);
+    if let Some(token) = token {
+        command
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {token}"));
+    }
+    let out = command.output().await.expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn metrics_url(pod: &Pod) -> String {
+    format!("https://{}:8443/metrics", pod_ip(pod))
+}
+
+/// A token of a fresh ServiceAccount in `ns`; bound to the shipped metrics-reader ClusterRole when
+/// `reader`, as a Prometheus is told to do (config/rbac/metrics_reader_role.yaml).
+async fn service_account_token(client: &Client, ns: &str, name: &str, reader: bool) -> String {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    apply(
+        &sas,
+        &ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    if reader {
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{ns}-{name}")),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: METRICS_READER.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            }]),
+        };
+        apply(&Api::<ClusterRoleBinding>::all(client.clone()), &binding).await;
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    sas.create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("a ServiceAccount token")
+        .status
+        .expect("TokenRequest status")
+        .token
+}
+
+/// The leader_election_master_status of one operator pod, read from its HTTPS /metrics.
+async fn leads(pod: &Pod, token: &str) -> Option<bool> {
+    let (status, body) = curl(&metrics_url(pod), Some(token)).await;
+    if status != 200 {
+        return None;
+    }
+    metric_value(
+        &body,
+        &format!("leader_election_master_status{{name=\"{LEASE}\"}}"),
+    )
+    .map(|v| v == 1.0)
+}
+
+#[tokio::test]
+async fn make_deploy_runs_the_operators_own_image_confined_on_the_real_node() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let op = Deployed::new(&client, &node).await;
+
+    let pods = op.pods().await;
+    let [pod] = &pods[..] else {
+        panic!("one operator pod, found {}", pods.len())
+    };
+    let name = pod.name_any();
+    let uid = pod.metadata.uid.clone().unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(node.name()), "{name}");
+    let container = &spec.containers[0];
+    assert_eq!(container.image.as_deref(), Some(op.image.as_str()));
+    let args = container.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--leader-elect".to_string()), "{args:?}");
+    assert!(args.contains(&"--metrics-secure".to_string()), "{args:?}");
+
+    // The kubelet's own probes: readiness (/readyz) and liveness (/healthz, first after 15 s)
+    // succeeded, and none failed.
+    let probes = format!("{}/metrics/probes", node.kubelet_url());
+    let count = |text: &str, probe: &str, result: &str| {
+        metric_value(
+            text,
+            &format!(
+                r#"prober_probe_total{{container="manager",namespace="{OPERATOR_NAMESPACE}",pod="{name}",pod_uid="{uid}",probe_type="{probe}",result="{result}"}}"#
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    let text = wait_for(
+        "the kubelet's first liveness probe of the operator",
+        Duration::from_secs(60),
+        || async {
+            let (status, text) = curl(&probes, None).await;
+            (status == 200 && count(&text, "Liveness", "successful") >= 1.0).then_some(text)
+        },
+    )
+    .await;
+    assert!(count(&text, "Readiness", "successful") >= 1.0);
+    for probe in ["Liveness", "Readiness"] {
+        for result in ["failed", "unknown"] {
+            assert_eq!(count(&text, probe, result), 0.0, "{probe} probes {result}");
+        }
+    }
+    let pod = Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .get(&name)
+        .await
+        .unwrap();
+    let status = &pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    assert!(status.ready, "Ready by the kubelet's readiness probe");
+    assert_eq!(status.restart_count, 0, "never restarted");
+
+    // What runs: the image's static binary as uid 65532, confined as config/manager asks.
+    let processes = Process::in_pod(&uid, "memcached-opera"); // comm keeps 15 characters
+    let [process] = &processes[..] else {
+        panic!("one operator process in {name}, found {}", processes.len())
+    };
+    assert_eq!(process.status("Uid"), "65532 65532 65532 65532");
+    assert_eq!(process.status("Gid"), "65532 65532 65532 65532");
+    assert_eq!(
+        process.status("CapEff"),
+        "0000000000000000",
+        "no capabilities"
+    );
+    assert_eq!(process.status("NoNewPrivs"), "1");
+    assert_eq!(process.status("Seccomp"), "2", "seccomp RuntimeDefault");
+    assert!(process.root_is_read_only(), "read-only root file system");
+
+    // It reached the API server from the pod (kubernetes.default.svc, its ServiceAccount):
+    // it leads, by the Lease and by its own metrics.
+    wait_for("the pod to hold the Lease", CONVERGE, || async {
+        (op.lease_holder().await.as_deref() == Some(name.as_str())).then_some(())
+    })
+    .await;
+
+    // And what it deploys is real memcached on the real node.
+    let ns = real_namespace(&client, "deployed").await;
+    create(&client, &ns, &memcached("cache", 2)).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    for pod in pods_of(&client, &ns, "cache").await {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(node.name()));
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some(node.memcached_image()),
+            "MEMCACHED_IMG became RELATED_IMAGE_MEMCACHED"
+        );
+        let ip = pod_ip(&pod);
+        let mut conn = Connection::connect(SocketAddr::new(ip.into(), 11211))
+            .await
+            .unwrap();
+        conn.set("k", b"deployed").await.unwrap();
+        assert_eq!(conn.get("k").await.unwrap(), Some("deployed".into()));
+    }
+}
+
+/// Debian's Prometheus (2.42) as a process on 127.0.0.1, scraping one target every second the way
+/// config/prometheus's ServiceMonitor says: HTTPS, a bearer token file, the self-signed certificate
+/// not verified. Debian builds it without kubernetes_sd, so the target is the metrics Service's
+/// ClusterIP (kube-proxy routes it to the operator pod). Killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, target: &str, token_file: &Path) -> Prometheus {
+        std::fs::create_dir_all(dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+- job_name: memcached-operator
+  scheme: https
+  metrics_path: /metrics
+  bearer_token_file: {token}
+  tls_config: {{insecure_skip_verify: true}}
+  static_configs:
+  - targets: ["{target}"]
+"#,
+                token = token_file.display()
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus runs (Debian's package: apt-get install prometheus)");
+        Prometheus { child, port }
+    }
+
+    /// The value of a PromQL expression that gives one sample, if it gives one.
+    async fn value(&self, promql: &str) -> Option<f64> {
+        let encoded: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (status, body) = http_get(self.port, &format!("/api/v1/query?query={encoded}")).await?;
+        if status != 200 {
+            return None;
+        }
+        let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let result = answer["data"]["result"].as_array()?;
+        let [sample] = &result[..] else { return None };
+        sample["value"][1].as_str()?.parse().ok()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_operator_pod_with_a_metrics_reader_token() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let op = Deployed::new(&client, &node).await;
+    let ns = real_namespace(&client, "scraped").await;
+    create(&client, &ns, &memcached("cache", 1)).await;
+    wait_converged(&client, &ns, "cache", 1).await;
+
+    let monitoring = namespace(&client, "monitoring").await;
+    let token = service_account_token(&client, &monitoring, "prometheus", true).await;
+    let stranger = service_account_token(&client, &monitoring, "stranger", false).await;
+    // The operator asks the API server who scrapes (--metrics-secure): nobody without a token,
+    // nobody without the metrics-reader role.
+    let pods = op.pods().await;
+    let url = metrics_url(&pods[0]);
+    assert_eq!(curl(&url, None).await.0, 401, "no token");
+    assert_eq!(
+        curl(&url, Some(&stranger)).await.0,
+        403,
+        "a token without the role"
+    );
+    assert_eq!(
+        curl(&url, Some(&token)).await.0,
+        200,
+        "a metrics reader's token"
+    );
+
+    let service = Api::<Service>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .get(METRICS_SERVICE)
+        .await
+        .unwrap();
+    let cluster_ip = service.spec.unwrap().cluster_ip.unwrap();
+    let dir = cluster().dir.join(format!("prometheus-{monitoring}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let prometheus = Prometheus::start(&dir, &format!("{cluster_ip}:8443"), &token_file);
+
+    let (up, reconciles) = wait_for(
+        "Prometheus to scrape the operator's reconciles",
+        Duration::from_secs(60),
+        || async {
+            let up = prometheus.value(r#"up{job="memcached-operator"}"#).await?;
+            let reconciles = prometheus
+                .value(r#"sum(controller_runtime_reconcile_total{job="memcached-operator"})"#)
+                .await?;
+            (up == 1.0 && reconciles > 0.0).then_some((up, reconciles))
+        },
+    )
+    .await;
+    let leader = prometheus
+        .value(&format!(
+            r#"leader_election_master_status{{job="memcached-operator",name="{LEASE}"}}"#
+        ))
+        .await;
+    println!(
+        "Prometheus: up {up}, controller_runtime_reconcile_total {reconciles}, leader {leader:?}"
+    );
+    assert_eq!(leader, Some(1.0), "the one replica leads");
+}
+
+/// What a watcher saw of the operator's leadership while its pods were replaced.
+#[derive(Default, Debug)]
+struct Leadership {
+    rounds: u32,
+    /// Rounds in which two pods said they led, in two rounds running.
+    split: u32,
+    /// Pods that said they led, in the order they first did.
+    leaders: Vec<String>,
+    /// Lease holders in the order seen.
+    holders: Vec<String>,
+    /// Lease holders that named no pod of the Deployment.
+    strangers: BTreeSet<String>,
+}
+
+/// Every ~100 ms: the Lease's holder, and every operator pod's leader_election_master_status
+/// read from its /metrics at the same time.
+struct LeaderWatch {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Leadership>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaderWatch {
+    fn start(op: &Deployed, token: String) -> LeaderWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Leadership::default()));
+        let client = op.client.clone();
+        let task = tokio::spawn({
+            let (stop, seen) = (stop.clone(), seen.clone());
+            async move {
+                let mut split_before = false;
+                while !stop.load(Ordering::SeqCst) {
+                    let holder = lease_holder(&client).await;
+                    let pods: Vec<Pod> = operator_pods(&client)
+                        .await
+                        .into_iter()
+                        .filter(|p| p.status.as_ref().is_some_and(|s| s.pod_ip.is_some()))
+                        .collect();
+                    let claims = futures::future::join_all(pods.iter().map(|p| leads(p, &token)));
+                    let claimed: Vec<String> = claims
+                        .await
+                        .into_iter()
+                        .zip(&pods)
+                        .filter(|(leads, _)| *leads == Some(true))
+                        .map(|(_, p)| p.name_any())
+                        .collect();
+                    let names: BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        seen.rounds += 1;
+                        let split = claimed.len() > 1;
+                        if split && split_before {
+                            seen.split += 1;
+                        }
+                        split_before = split;
+                        for name in claimed {
+                            if !seen.leaders.contains(&name) {
+                                seen.leaders.push(name);
+                            }
+                        }
+                        if let Some(holder) = holder {
+                            if seen.holders.last() != Some(&holder) {
+                                seen.holders.push(holder.clone());
+                            }
+                            if !names.contains(&holder) {
+                                seen.strangers.insert(holder);
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        LeaderWatch { stop, seen, task }
+    }
+
+    fn holders(&self) -> Vec<String> {
+        self.seen.lock().unwrap().holders.clone()
+    }
+
+    async fn stop(self) -> Leadership {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_of_two_replicas_keeps_one_leader_and_loses_no_work() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let op = Deployed::new(&client, &node).await;
+    let (ok, out) = kubectl(&[
+        "scale",
+        "-n",
+        OPERATOR_NAMESPACE,
+        &format!("deployment/{DEPLOYMENT}"),
+        "--replicas=2",
+    ])
+    .await;
+    assert!(ok, "kubectl scale: {out}");
+    op.wait_rolled_out(2).await;
+    let monitoring = namespace(&client, "monitoring").await;
+    let token = service_account_token(&client, &monitoring, "watcher", true).await;
+
+    let ns = real_namespace(&client, "restart").await;
+    create(&client, &ns, &memcached("cache", 1)).await;
+    wait_converged(&client, &ns, "cache", 1).await;
+    let before = op.pod_names().await;
+    let watch = LeaderWatch::start(&op, token.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first_holder = op
+        .lease_holder()
+        .await
+        .expect("a leader before the restart");
+    assert!(
+        before.contains(&first_holder),
+        "{first_holder} of {before:?}"
+    );
+
+    let (ok, out) = kubectl(&[
+        "rollout",
+        "restart",
+        "-n",
+        OPERATOR_NAMESPACE,
+        &format!("deployment/{DEPLOYMENT}"),
+    ])
+    .await;
+    assert!(ok, "kubectl rollout restart: {out}");
+    // Work arrives while pods are replaced: once the first new pod exists, and again as soon as
+    // the Lease has changed hands.
+    wait_for("a pod of the restarted template", CONVERGE, || async {
+        let now = op.pod_names().await;
+        now.iter().any(|p| !before.contains(p)).then_some(())
+    })
+    .await;
+    set_size(&client, &ns, "cache", 2).await;
+    wait_for("the Lease to change hands", CONVERGE, || async {
+        (watch.holders().len() > 1).then_some(())
+    })
+    .await;
+    set_size(&client, &ns, "cache", 3).await;
+
+    let (ok, out) = kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        OPERATOR_NAMESPACE,
+        &format!("deployment/{DEPLOYMENT}"),
+        "--timeout=180s",
+    ])
+    .await;
+    assert!(ok, "kubectl rollout status: {out}");
+    op.wait_rolled_out(2).await;
+    // No work lost: the last size is what runs, for the Memcached's latest generation.
+    wait_converged(&client, &ns, "cache", 3).await;
+    let after = op.pod_names().await;
+    // A last look with only the new pods up.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = watch.stop().await;
+    println!("rolling restart: {seen:?}");
+
+    assert!(
+        before.is_disjoint(&after),
+        "every pod replaced: {before:?} -> {after:?}"
+    );
+    assert!(seen.rounds >= 20, "the watcher ran: {} rounds", seen.rounds);
+    assert_eq!(seen.split, 0, "rounds in which two pods led at once");
+    assert!(
+        seen.strangers.is_empty(),
+        "Lease holders that were no pod: {:?}",
+        seen.strangers
+    );
+    let last = op.lease_holder().await.expect("a leader after the restart");
+    assert!(
+        after.contains(&last),
+        "the leader {last} is a new pod of {after:?}"
+    );
+    let mut leading = BTreeMap::new();
+    for pod in op.pods().await {
+        leading.insert(pod.name_any(), leads(&pod, &token).await);
+    }
+    assert_eq!(
+        leading.values().filter(|l| **l == Some(true)).count(),
+        1,
+        "exactly one leader after the restart: {leading:?}"
+    );
+    assert_eq!(leading.get(&last), Some(&Some(true)), "{leading:?}");
+    assert!(
+        seen.holders.len() >= 2,
+        "the Lease changed hands: {:?}",
+        seen.holders
+    );
+}
