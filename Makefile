@@ -63,7 +63,7 @@ test-chaos: ## Chaos suite: API server hung and killed, etcd killed, watch expir
 
 .PHONY: test-real-node
 test-real-node: ## Real-node tests (root): a control plane with a real node, runs tests/real_node, tears it down.
-	hack/e2e-real-node.sh
+	REAL_NODE=1 hack/e2e.sh
 
 ##@ Benchmarks
 

@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# Runs the end-to-end suite (tests/e2e) on a fresh local control plane and always tears it down.
+# Runs an end-to-end suite on a fresh local control plane and always tears it down:
+#   hack/e2e.sh [FILTER...]              tests/e2e on fake (kwok) nodes
+#   REAL_NODE=1 hack/e2e.sh [FILTER...]  tests/real_node: memcached and the operator as real
+#                                        containers on a real node (root; skipped without root
+#                                        unless REQUIRE_REAL_NODE=1, as in CI)
 # Set E2E_KEEP=1 to keep the cluster directory (logs, kubeconfig) after a failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-e2e.XXXXXX")"
+REAL_NODE="${REAL_NODE:-0}"
+suite=e2e features=e2e
+if [[ "${REAL_NODE}" == 1 ]]; then
+	suite=real_node features=real-node
+	if [[ "$(id -u)" -ne 0 ]]; then
+		echo "SKIPPED: the real-node suite needs root (containerd, runc, bridges, iptables)" >&2
+		[[ -z "${REQUIRE_REAL_NODE:-}" ]] || exit 2
+		exit 0
+	fi
+fi
+dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-${suite}.XXXXXX")"
 status=1
 
 cleanup() {
@@ -24,13 +38,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ "${REAL_NODE}" == 1 ]]; then
+	# The operator's image (the Dockerfile's stages, a static release build; cached) before the
+	# cluster, so its build time is not the tests'; the tests import it into the node. Prometheus
+	# scrapes the operator pod in tests/real_node/operator_pod.rs; curl reads HTTPS /metrics.
+	# shellcheck source=hack/lib.sh
+	source "${ROOT}/hack/lib.sh"
+	LOG_TAG=e2e-real-node
+	ensure_packages prometheus curl
+	timed "operator image" "${ROOT}/hack/images.sh" operator
+fi
+
 start=${SECONDS}
-"${ROOT}/hack/cluster.sh" up "${dir}"
+REAL_NODE="${REAL_NODE}" "${ROOT}/hack/cluster.sh" up "${dir}"
 echo "control plane up in $((SECONDS - start))s"
 
 export E2E_CLUSTER_DIR="${dir}"
 cd "${ROOT}"
 # One test at a time: each runs its own operator processes, and two cores are shared with the
 # control plane.
-cargo test --locked --features e2e --test e2e -- --test-threads=1 "$@"
+cargo test --locked --features "${features}" --test "${suite}" -- --test-threads=1 "$@"
 status=0

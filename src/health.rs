@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::Client;
+use tokio::sync::Notify;
 
 #[derive(Default)]
 pub struct Health {
@@ -55,6 +56,8 @@ impl Health {
 #[derive(Clone, Default)]
 pub struct Caches {
     pending: Arc<AtomicUsize>,
+    /// Woken whenever a handle of this set is released.
+    released: Arc<Notify>,
     parent: Option<Box<Caches>>,
 }
 
@@ -63,13 +66,16 @@ impl Caches {
     pub fn subset(&self) -> Caches {
         Caches {
             pending: Arc::default(),
+            released: Arc::default(),
             parent: Some(Box::new(self.clone())),
         }
     }
 
     /// One more watch: the set (and its parents) is not synced until the handle is released.
     pub fn watch(&self) -> Unsynced {
-        self.each(|pending| pending.fetch_add(1, Ordering::SeqCst));
+        self.each(|set| {
+            set.pending.fetch_add(1, Ordering::SeqCst);
+        });
         Unsynced(self.clone())
     }
 
@@ -77,10 +83,23 @@ impl Caches {
         self.pending.load(Ordering::SeqCst) == 0
     }
 
-    fn each(&self, f: impl Fn(&AtomicUsize) -> usize) {
+    /// Returns once every watch of the set has had its first list.
+    pub async fn wait_synced(&self) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if self.synced() {
+                return;
+            }
+            released.await;
+        }
+    }
+
+    fn each(&self, f: impl Fn(&Caches)) {
         let mut set = Some(self);
         while let Some(s) = set {
-            f(&s.pending);
+            f(s);
             set = s.parent.as_deref();
         }
     }
@@ -93,8 +112,10 @@ pub struct Unsynced(Caches);
 
 impl Unsynced {
     pub fn release(self) {
-        self.0
-            .each(|pending| pending.fetch_sub(1, Ordering::SeqCst));
+        self.0.each(|set| {
+            set.pending.fetch_sub(1, Ordering::SeqCst);
+            set.released.notify_waiters();
+        });
     }
 }
 

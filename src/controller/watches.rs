@@ -296,17 +296,12 @@ fn became_leader(
 ) -> impl Stream<Item = ()> + Send + 'static {
     futures::stream::once(async move {
         let gained = leading.wait_for(|l| *l).await.is_ok();
-        while !caches.synced() {
-            tokio::time::sleep(CACHE_POLL).await;
-        }
+        caches.wait_synced().await;
         gained
     })
     .filter(|gained| future::ready(*gained))
     .map(|_| ())
 }
-
-/// How often the leader gate looks whether the caches are filled.
-const CACHE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// managedFields are most of a cached object's size (one entry per writer: us, the
 /// kube-controller-manager, the kubelet) and nothing here reads them.

@@ -1,6 +1,7 @@
 //! A local cluster directory written by `hack/cluster.sh up`: its admin kubeconfig, kubectl as the
 //! admin, and kubeconfigs for ServiceAccounts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +18,17 @@ pub struct LocalCluster {
 impl LocalCluster {
     pub fn at(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
+    }
+
+    /// `DIR/env` (KUBECONFIG, ETCD_ENDPOINT, REAL_NODE_*, ... as `hack/cluster.sh up` wrote it).
+    pub fn env(&self) -> Result<BTreeMap<String, String>> {
+        let text = std::fs::read_to_string(self.dir.join("env"))
+            .with_context(|| format!("{}/env (is the cluster up?)", self.dir.display()))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
     }
 
     /// The cluster admin's kubeconfig.

@@ -44,6 +44,15 @@ fn signal_component(component: &str, signal: &str) {
     assert!(status.success(), "kill -{signal} {component}");
 }
 
+/// Waits until a read reaches storage again (the API server up, and etcd behind it).
+async fn serving_reads(client: &Client) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    wait_for("the API server to serve reads again", RECOVERY, || async {
+        namespaces.list(&ListParams::default().limit(1)).await.ok()
+    })
+    .await;
+}
+
 /// The same Memcacheds in several namespaces, with the size each should have.
 struct Fleet {
     client: Client,
@@ -299,12 +308,7 @@ async fn killed_and_restarted(component: &str, prefix: &str) {
     fleet.resize(3, 2).await;
     signal_component(component, "KILL");
     let killed = Instant::now();
-    // Back when a read reaches storage again.
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    wait_for("the API server to serve reads again", RECOVERY, || async {
-        namespaces.list(&ListParams::default().limit(1)).await.ok()
-    })
-    .await;
+    serving_reads(&client).await;
     let back = killed.elapsed();
     fleet.resize(5, 3).await;
     let recovered = fleet.converged_within(RECOVERY).await;
@@ -331,12 +335,11 @@ async fn etcd_killed_and_restarted() {
 
 /// etcd's current revision, and a compaction up to it, through its JSON gateway.
 fn compact_etcd() -> i64 {
-    let env = std::fs::read_to_string(harness::cluster().dir.join("env")).unwrap();
-    let endpoint = env
-        .lines()
-        .find_map(|l| l.strip_prefix("ETCD_ENDPOINT="))
-        .expect("ETCD_ENDPOINT in the cluster's env")
-        .to_string();
+    let endpoint = harness::cluster()
+        .env()
+        .unwrap()
+        .remove("ETCD_ENDPOINT")
+        .expect("ETCD_ENDPOINT in the cluster's env");
     let post = |path: &str, body: &str| {
         let out = std::process::Command::new("curl")
             .args([
@@ -380,10 +383,7 @@ async fn a_watch_that_expires_misses_no_change() {
     fleet.resize(4, 3).await;
     let revision = compact_etcd();
     signal_component("kube-apiserver", "KILL");
-    wait_for("the API server to answer again", RECOVERY, || async {
-        client.apiserver_version().await.ok()
-    })
-    .await;
+    serving_reads(&client).await;
     op.signal("CONT");
     let resumed = Instant::now();
     let recovered = fleet.converged_within(RECOVERY).await;

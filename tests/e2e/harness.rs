@@ -199,12 +199,23 @@ pub async fn bind_cluster_role(
         ..Default::default()
     };
     apply(&Api::<ClusterRole>::all(client.clone()), &role).await;
+    bind_existing_cluster_role(client, name, name, sa, sa_ns).await;
+}
+
+/// A ClusterRoleBinding `binding` of the existing ClusterRole `role` to ServiceAccount `sa` in `sa_ns`.
+pub async fn bind_existing_cluster_role(
+    client: &Client,
+    binding: &str,
+    role: &str,
+    sa: &str,
+    sa_ns: &str,
+) {
     let binding = ClusterRoleBinding {
-        metadata: meta(name, None),
+        metadata: meta(binding, None),
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "ClusterRole".into(),
-            name: name.into(),
+            name: role.into(),
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
@@ -462,5 +473,26 @@ pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) ->
             (status.nodes == running && running.len() == size as usize).then_some(running)
         },
     )
+    .await
+}
+
+/// Waits until Memcached `name` reports Degraded=True for `reason`; its message.
+pub async fn wait_degraded(
+    mcs: &Api<Memcached>,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> String {
+    wait_for(&format!("Degraded=True {reason}"), timeout, || async {
+        let c = mcs
+            .get(name)
+            .await
+            .ok()?
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded")?;
+        (c.status == "True" && c.reason == reason).then_some(c.message)
+    })
     .await
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, kubectl, memcached,
-    namespace, set_size, wait_converged, wait_for,
+    namespace, set_size, wait_converged, wait_degraded, wait_for,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -443,20 +443,7 @@ async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
     )
     .await
     .unwrap();
-    let message = wait_for(
-        "Degraded=True InvalidSpec",
-        Duration::from_secs(20),
-        || async {
-            let mc = mcs.get("cache").await.ok()?;
-            let c = mc
-                .status?
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Degraded")?;
-            (c.status == "True" && c.reason == "InvalidSpec").then_some(c.message)
-        },
-    )
-    .await;
+    let message = wait_degraded(&mcs, "cache", "InvalidSpec", Duration::from_secs(20)).await;
     assert!(
         message.contains("spec.resources.limits.memory") && message.contains("spec.maxMemoryMiB"),
         "{message}"
@@ -916,16 +903,7 @@ async fn a_deployment_the_api_server_refuses_is_reported_not_retried_hot() {
     create(&client, &ns, &mc).await;
 
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
-    let degraded = wait_for("Degraded=True InvalidSpec", CONVERGE, || async {
-        let mc = mcs.get("cache").await.ok()?;
-        let c = mc
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded")?;
-        (c.status == "True" && c.reason == "InvalidSpec").then_some(c.message)
-    })
-    .await;
+    let degraded = wait_degraded(&mcs, "cache", "InvalidSpec", CONVERGE).await;
     assert!(
         degraded.starts_with("the API server refused Deployment cache: ")
             && degraded.contains("images tagged untrusted are not allowed in this namespace"),

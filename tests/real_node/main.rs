@@ -16,20 +16,14 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-/// `DIR/env` of the cluster `hack/e2e-real-node.sh` started: the real node's facts.
+/// `DIR/env` of the cluster started (`REAL_NODE=1 hack/e2e.sh`): the real node's facts.
 pub struct RealNode {
     env: BTreeMap<String, String>,
 }
 
 impl RealNode {
     pub fn get() -> RealNode {
-        let text = std::fs::read_to_string(harness::cluster().dir.join("env"))
-            .expect("the cluster's env file");
-        let env = text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env = harness::cluster().env().expect("the cluster's env file");
         let node = RealNode { env };
         assert!(
             node.env.contains_key("REAL_NODE_NAME"),

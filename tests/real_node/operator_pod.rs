@@ -14,7 +14,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator_testkit::memcached::Connection;
@@ -241,24 +240,14 @@ async fn service_account_token(client: &Client, ns: &str, name: &str, reader: bo
     )
     .await;
     if reader {
-        let binding = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(format!("{ns}-{name}")),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: METRICS_READER.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some(ns.into()),
-                ..Default::default()
-            }]),
-        };
-        apply(&Api::<ClusterRoleBinding>::all(client.clone()), &binding).await;
+        crate::harness::bind_existing_cluster_role(
+            client,
+            &format!("{ns}-{name}"),
+            METRICS_READER,
+            name,
+            ns,
+        )
+        .await;
     }
     let request = TokenRequest {
         spec: TokenRequestSpec {
