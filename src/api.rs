@@ -6,7 +6,11 @@
 // Several printcolumn(...) share argument names, which clippy takes for duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -17,6 +21,8 @@ pub const MAX_SIZE: i32 = 1000;
 pub const DEFAULT_MAX_MEMORY_MIB: i32 = 64;
 /// memcached's well-known port.
 pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
+/// Largest item memcached accepts (`-I`), in MiB: its own upper limit.
+pub const MAX_ITEM_SIZE_MIB: i32 = 1024;
 
 /// Desired state of a Memcached cluster.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -60,6 +66,9 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.maxItemSizeMiB) || self.maxItemSizeMiB * 2 <= self.maxMemoryMiB")
+    .message("must be at most half of maxMemoryMiB: memcached refuses to start otherwise")
+    .field_path(".maxItemSizeMiB"))]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the cluster down without deleting it.
     #[schemars(range(min = 0, max = 1000))]
@@ -86,6 +95,173 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = bounded_resources)]
     pub resources: Option<ResourceRequirements>,
+
+    /// memcached worker threads (its -t flag). Unset: memcached's default, 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub threads: Option<i32>,
+
+    /// Most simultaneous client connections per pod (memcached's -c flag). Unset: memcached's
+    /// default, 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_connections: Option<i32>,
+
+    /// Largest item memcached stores, in MiB (its -I flag): at most half of maxMemoryMiB, as
+    /// memcached requires. Unset: memcached's default, 1 MiB.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "maxItemSizeMiB"
+    )]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_item_size_mib: Option<i32>,
+
+    /// The PodDisruptionBudget the operator keeps for the pods, so that a node drain evicts one
+    /// memcached at a time. None is kept while size is below 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_disruption_budget: Option<DisruptionBudgetSpec>,
+
+    /// How pods are replaced when the pod template changes. The defaults keep every desired pod
+    /// serving throughout: one extra pod at a time, none taken away before its replacement is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+
+    /// How the pods are spread over nodes (see Spread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+
+    /// Node labels the pods must run on (the pod's nodeSelector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+
+    /// Node and pod affinity for the pods. `spread: Required` adds its anti-affinity term to the
+    /// ones given here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+
+    /// Secrets for pulling the memcached image from a private registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+
+    /// Extra labels on the pods. The operator's own app.kubernetes.io/name, instance and
+    /// managed-by labels select the pods and cannot be set here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(
+        "!('app.kubernetes.io/name' in self) && !('app.kubernetes.io/instance' in self) && !('app.kubernetes.io/managed-by' in self)"
+    ).message(
+        "must not set app.kubernetes.io/name, app.kubernetes.io/instance or app.kubernetes.io/managed-by: the operator selects its pods by them"
+    ))]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+}
+
+/// The operator's PodDisruptionBudget for a Memcached's pods.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudgetSpec {
+    /// false: no PodDisruptionBudget (e.g. a one-node cluster, where a budget would stall drains).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+
+    /// Pods a voluntary disruption (a drain's eviction) may take down at once.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: i32,
+}
+
+impl Default for DisruptionBudgetSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_unavailable: 1,
+        }
+    }
+}
+
+/// The Deployment's rolling update, and how a pod leaves.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.maxSurge > 0 || self.maxUnavailable > 0")
+    .message("maxSurge and maxUnavailable must not both be 0: the rollout could not replace any pod")
+    .field_path(".maxSurge"))]
+pub struct RolloutSpec {
+    /// Pods above size during a rollout.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_surge: i32,
+
+    /// Pods below size during a rollout.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_unavailable: i32,
+
+    /// Seconds a new pod must stay Ready before the rollout counts it and moves on.
+    #[serde(default = "default_min_ready_seconds")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub min_ready_seconds: i32,
+
+    /// Seconds a stopping pod keeps serving after it has left the Service, so clients that
+    /// still hold its address (DNS caches) are not refused. The grace period is this plus 20.
+    #[serde(default = "default_pre_stop_delay_seconds")]
+    #[schemars(range(min = 0, max = 300))]
+    pub pre_stop_delay_seconds: i32,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self {
+            max_surge: 1,
+            max_unavailable: 0,
+            min_ready_seconds: default_min_ready_seconds(),
+            pre_stop_delay_seconds: default_pre_stop_delay_seconds(),
+        }
+    }
+}
+
+/// How a Memcached's pods are spread over nodes. Preferred (the default): over nodes and zones
+/// where the scheduler can. Required: never two pods of this Memcached on one node (pods stay
+/// Pending while there are fewer nodes than size, and a rollout needs a spare node for its extra
+/// pod). Off: the scheduler's defaults and `affinity` only.
+#[derive(
+    schemars::JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum Spread {
+    /// Spread over nodes and zones where the scheduler can (topology spread, ScheduleAnyway).
+    #[default]
+    Preferred,
+    /// At most one pod per node (required pod anti-affinity); zones stay preferred.
+    Required,
+    /// No spreading of the operator's own.
+    Off,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> i32 {
+    1
+}
+
+fn default_min_ready_seconds() -> i32 {
+    5
+}
+
+fn default_pre_stop_delay_seconds() -> i32 {
+    10
 }
 
 /// A non-negative Kubernetes quantity: an integer, or a string in the Quantity grammar without a
@@ -156,6 +332,10 @@ pub struct MemcachedStatus {
     /// Pods that are Ready.
     #[serde(default)]
     pub ready_replicas: i32,
+
+    /// Pods that have been Ready for the rollout's minReadySeconds.
+    #[serde(default)]
+    pub available_replicas: i32,
 
     /// Label selector of the memcached pods, for the scale subresource and autoscalers.
     #[serde(default, skip_serializing_if = "Option::is_none")]

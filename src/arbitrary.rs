@@ -3,13 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proptest::collection::btree_map;
 use proptest::option;
 use proptest::prelude::*;
 
-use crate::api::{MAX_SIZE, MemcachedSpec};
+use crate::api::{
+    DisruptionBudgetSpec, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec, RolloutSpec, Spread,
+};
 
 /// A non-negative quantity in one of the forms the API accepts: plain, decimal, milli, binary
 /// and decimal suffixes, exponent.
@@ -52,6 +54,113 @@ fn image() -> impl Strategy<Value = Option<String>> {
     ])
 }
 
+fn labels() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
+    option::of(btree_map(
+        "(example.com/)?[a-z][a-z0-9-]{0,10}[a-z0-9]",
+        "[a-zA-Z0-9]([a-zA-Z0-9._-]{0,20}[a-zA-Z0-9])?",
+        0..3,
+    ))
+}
+
+fn tolerations() -> impl Strategy<Value = Option<Vec<Toleration>>> {
+    let toleration = (
+        "[a-z]{1,10}(/[a-z]{1,10})?",
+        option::of("[a-z0-9]{1,10}"),
+        prop_oneof![
+            Just("NoSchedule"),
+            Just("PreferNoSchedule"),
+            Just("NoExecute")
+        ],
+    )
+        .prop_map(|(key, value, effect)| Toleration {
+            operator: Some(if value.is_some() { "Equal" } else { "Exists" }.to_string()),
+            key: Some(key),
+            value,
+            effect: Some(effect.to_string()),
+            ..Toleration::default()
+        });
+    option::of(proptest::collection::vec(toleration, 0..3))
+}
+
+/// `spec` with tuning flags, a disruption budget, a rollout and a spread; the item size is one
+/// admission accepts (at most half of maxMemoryMiB).
+fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
+    let max_memory_mib = spec.max_memory_mib;
+    let item_size = option::of(1..=(max_memory_mib / 2).clamp(1, MAX_ITEM_SIZE_MIB))
+        .prop_map(move |size| size.filter(|s| s * 2 <= max_memory_mib));
+    let budget = option::of(
+        (any::<bool>(), 1..=10i32).prop_map(|(enabled, max_unavailable)| DisruptionBudgetSpec {
+            enabled,
+            max_unavailable,
+        }),
+    );
+    let rollout = option::of((0..=3i32, 0..=3i32, 0..=60i32, 0..=30i32).prop_filter_map(
+        "the schema refuses a rollout that can replace no pod",
+        |(max_surge, max_unavailable, min_ready_seconds, pre_stop_delay_seconds)| {
+            (max_surge + max_unavailable > 0).then_some(RolloutSpec {
+                max_surge,
+                max_unavailable,
+                min_ready_seconds,
+                pre_stop_delay_seconds,
+            })
+        },
+    ));
+    let spread = option::of(prop_oneof![
+        Just(Spread::Preferred),
+        Just(Spread::Required),
+        Just(Spread::Off)
+    ]);
+    (
+        option::of(1..=256i32),
+        option::of(1..=65536i32),
+        item_size,
+        budget,
+        rollout,
+        spread,
+    )
+        .prop_map(
+            move |(threads, connections, item_size, budget, rollout, spread)| MemcachedSpec {
+                threads,
+                max_connections: connections,
+                max_item_size_mib: item_size,
+                pod_disruption_budget: budget,
+                rollout,
+                spread,
+                ..spec.clone()
+            },
+        )
+}
+
+/// `spec` with scheduling fields and pod metadata (`affinity` aside: the API server's own type,
+/// passed through as given).
+fn with_scheduling(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
+    let pull_secrets = option::of(proptest::collection::vec(
+        "[a-z][a-z0-9-]{0,10}".prop_map(|name| LocalObjectReference { name }),
+        0..2,
+    ));
+    (
+        labels(),
+        tolerations(),
+        option::of("[a-z][a-z0-9-]{0,20}"),
+        pull_secrets,
+        option::of(btree_map("[a-z][a-z0-9./-]{0,15}[a-z]", ".{0,20}", 0..3)),
+        labels(),
+    )
+        .prop_map(
+            move |(node_selector, tolerations, priority, pull_secrets, annotations, pod_labels)| {
+                MemcachedSpec {
+                    node_selector,
+                    tolerations,
+                    priority_class_name: priority,
+                    image_pull_secrets: pull_secrets,
+                    pod_annotations: annotations,
+                    pod_labels,
+                    ..spec.clone()
+                }
+            },
+        )
+}
+
 /// Any spec the schema admits.
 pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
     let resources = option::of((quantities(), quantities()).prop_map(|(requests, limits)| {
@@ -61,13 +170,29 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
             ..Default::default()
         }
     }));
-    (0..=MAX_SIZE, image(), 1..=65535i32, 1..=65536i32, resources).prop_map(
-        |(size, image, container_port, max_memory_mib, resources)| MemcachedSpec {
-            size,
-            image,
-            container_port,
-            max_memory_mib,
-            resources,
-        },
-    )
+    (0..=MAX_SIZE, image(), 1..=65535i32, 1..=65536i32, resources)
+        .prop_map(
+            |(size, image, container_port, max_memory_mib, resources)| MemcachedSpec {
+                size,
+                image,
+                container_port,
+                max_memory_mib,
+                resources,
+                threads: None,
+                max_connections: None,
+                max_item_size_mib: None,
+                pod_disruption_budget: None,
+                rollout: None,
+                spread: None,
+                node_selector: None,
+                tolerations: None,
+                affinity: None,
+                priority_class_name: None,
+                image_pull_secrets: None,
+                pod_annotations: None,
+                pod_labels: None,
+            },
+        )
+        .prop_flat_map(with_tuning)
+        .prop_flat_map(with_scheduling)
 }

@@ -48,6 +48,7 @@ pub mod apiserver {
     use http::{Request, Response, StatusCode};
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::Client;
     use kube::client::Body;
     use kube::runtime::events::Reporter;
@@ -66,6 +67,7 @@ pub mod apiserver {
     pub struct Caches {
         pub deployments: Writer<Deployment>,
         pub services: Writer<Service>,
+        pub budgets: Writer<PodDisruptionBudget>,
     }
 
     impl Caches {
@@ -76,6 +78,9 @@ pub mod apiserver {
         pub fn add_service(&mut self, s: Service) {
             self.services.apply_watcher_event(&watcher::Event::Apply(s));
         }
+        pub fn add_budget(&mut self, b: PodDisruptionBudget) {
+            self.budgets.apply_watcher_event(&watcher::Event::Apply(b));
+        }
     }
 
     pub fn context() -> (Arc<Context>, ApiServer, Caches) {
@@ -83,11 +88,14 @@ pub mod apiserver {
         let client = Client::new(service, "default");
         let (deployments, dw) = reflector::store();
         let (services, sw) = reflector::store();
+        let (budgets, bw) = reflector::store();
         let ctx = Context {
             client: client.clone(),
             deployments,
             services,
+            pod_disruption_budgets: budgets,
             pods: Default::default(),
+            rollouts: Arc::new(crate::controller::Rollouts::new(10)),
             events: Events::new(
                 client.clone(),
                 Reporter {
@@ -106,6 +114,7 @@ pub mod apiserver {
             Caches {
                 deployments: dw,
                 services: sw,
+                budgets: bw,
             },
         )
     }

@@ -63,6 +63,7 @@ async fn run(args: RunArgs) -> ExitCode {
     let settings = Settings {
         watch_namespace: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
+        max_concurrent_rollouts: args.max_concurrent_rollouts,
         default_image: args.memcached_image.clone(),
         instance: identity.clone(),
     };

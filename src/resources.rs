@@ -1,18 +1,23 @@
-//! Pure builders for the objects a Memcached owns: its Deployment and its headless Service.
-//! No API calls here; the controller applies what these return.
+//! Pure builders for the objects a Memcached owns: its Deployment, its headless Service and its
+//! PodDisruptionBudget. No API calls here; the controller applies what these return.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction,
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, Lifecycle, LifecycleHandler, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, TCPSocketAction,
+    TopologySpreadConstraint,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::api::Memcached;
+use crate::api::{Memcached, MemcachedSpec, Spread};
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
 pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
@@ -27,6 +32,11 @@ pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+const TOPOLOGY_HOSTNAME: &str = "kubernetes.io/hostname";
+const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// Seconds a pod gets to stop after its preStop delay: memcached exits at once on SIGTERM, so
+/// this is margin, and with the default delay it gives Kubernetes' default grace of 30 s.
+const STOP_MARGIN_SECONDS: i64 = 20;
 
 /// Label selector (as a string) that finds everything this operator manages.
 pub fn managed_by_selector() -> String {
@@ -87,6 +97,7 @@ pub fn image<'a>(mc: &'a Memcached, default_image: &'a str) -> &'a str {
 /// The Deployment a Memcached should have.
 pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
     let port = mc.spec.container_port;
+    let rollout = mc.spec.rollout.clone().unwrap_or_default();
     let tcp_probe = |initial_delay, period| Probe {
         tcp_socket: Some(TCPSocketAction {
             port: IntOrString::String("memcached".to_string()),
@@ -100,15 +111,7 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
         name: "memcached".to_string(),
         image: Some(image(mc, default_image).to_string()),
         command: Some(vec!["memcached".to_string()]),
-        args: Some(vec![
-            "-m".to_string(),
-            mc.spec.max_memory_mib.to_string(),
-            "-p".to_string(),
-            port.to_string(),
-            "-o".to_string(),
-            "modern".to_string(),
-            "-v".to_string(),
-        ]),
+        args: Some(memcached_args(&mc.spec)),
         ports: Some(vec![ContainerPort {
             name: Some("memcached".to_string()),
             container_port: port,
@@ -116,6 +119,17 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
             ..ContainerPort::default()
         }]),
         readiness_probe: Some(tcp_probe(1, 5)),
+        // Kubernetes takes a stopping pod out of the Service at once, but clients may still hold
+        // its address from DNS for a few seconds: it keeps serving them until they have moved on.
+        lifecycle: (rollout.pre_stop_delay_seconds > 0).then(|| Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: i64::from(rollout.pre_stop_delay_seconds),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         liveness_probe: Some(tcp_probe(10, 10)),
         resources: mc.spec.resources.clone(),
         security_context: Some(SecurityContext {
@@ -139,13 +153,31 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
                 match_labels: Some(selector_labels(mc)),
                 ..LabelSelector::default()
             },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(rollout.max_surge)),
+                    max_unavailable: Some(IntOrString::Int(rollout.max_unavailable)),
+                }),
+            }),
+            min_ready_seconds: Some(rollout.min_ready_seconds),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(mc)),
+                    labels: Some(pod_labels(mc)),
+                    annotations: mc.spec.pod_annotations.clone(),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
+                    termination_grace_period_seconds: Some(
+                        i64::from(rollout.pre_stop_delay_seconds) + STOP_MARGIN_SECONDS,
+                    ),
+                    topology_spread_constraints: topology_spread(mc),
+                    affinity: affinity(mc),
+                    node_selector: mc.spec.node_selector.clone(),
+                    tolerations: mc.spec.tolerations.clone(),
+                    priority_class_name: mc.spec.priority_class_name.clone(),
+                    image_pull_secrets: mc.spec.image_pull_secrets.clone(),
                     // memcached needs no API access.
                     automount_service_account_token: Some(false),
                     security_context: Some(PodSecurityContext {
@@ -163,6 +195,106 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
         }),
         status: None,
     }
+}
+
+/// memcached's command-line flags for a spec; tuning flags only when set, so memcached's own
+/// defaults apply otherwise.
+fn memcached_args(spec: &MemcachedSpec) -> Vec<String> {
+    let mut args = vec![
+        "-m".to_string(),
+        spec.max_memory_mib.to_string(),
+        "-p".to_string(),
+        spec.container_port.to_string(),
+    ];
+    for (flag, value, unit) in [
+        ("-t", spec.threads, ""),
+        ("-c", spec.max_connections, ""),
+        ("-I", spec.max_item_size_mib, "m"),
+    ] {
+        if let Some(value) = value {
+            args.extend([flag.to_string(), format!("{value}{unit}")]);
+        }
+    }
+    args.extend(["-o", "modern", "-v"].map(String::from));
+    args
+}
+
+/// The user's pod labels under the operator's own, which select the pods and so always win
+/// (admission refuses the user's attempt to set them).
+fn pod_labels(mc: &Memcached) -> BTreeMap<String, String> {
+    let mut all = mc.spec.pod_labels.clone().unwrap_or_default();
+    all.extend(labels(mc));
+    all
+}
+
+/// Soft spreading over nodes and zones: a node drain or a zone outage takes as few of one
+/// Memcached's pods as the cluster allows, and scheduling never waits for it.
+fn topology_spread(mc: &Memcached) -> Option<Vec<TopologySpreadConstraint>> {
+    let keys: &[&str] = match mc.spec.spread.unwrap_or_default() {
+        Spread::Off => return None,
+        Spread::Preferred => &[TOPOLOGY_HOSTNAME, TOPOLOGY_ZONE],
+        // Nodes are taken care of by the required anti-affinity.
+        Spread::Required => &[TOPOLOGY_ZONE],
+    };
+    Some(
+        keys.iter()
+            .map(|key| TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: key.to_string(),
+                when_unsatisfiable: "ScheduleAnyway".to_string(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(selector_labels(mc)),
+                    ..LabelSelector::default()
+                }),
+                ..TopologySpreadConstraint::default()
+            })
+            .collect(),
+    )
+}
+
+/// The user's affinity, plus with `spread: Required` a term that keeps two pods of this
+/// Memcached off one node.
+fn affinity(mc: &Memcached) -> Option<Affinity> {
+    let mut affinity = mc.spec.affinity.clone();
+    if mc.spec.spread == Some(Spread::Required) {
+        let term = PodAffinityTerm {
+            topology_key: TOPOLOGY_HOSTNAME.to_string(),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            }),
+            ..PodAffinityTerm::default()
+        };
+        affinity
+            .get_or_insert_default()
+            .pod_anti_affinity
+            .get_or_insert_with(PodAntiAffinity::default)
+            .required_during_scheduling_ignored_during_execution
+            .get_or_insert_default()
+            .push(term);
+    }
+    affinity
+}
+
+/// The PodDisruptionBudget a Memcached should have: none below two pods (one pod cannot stay
+/// up through a drain anyway) or when the user turned it off.
+pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
+    let budget = mc.spec.pod_disruption_budget.clone().unwrap_or_default();
+    if !budget.enabled || mc.spec.size < 2 {
+        return None;
+    }
+    Some(PodDisruptionBudget {
+        metadata: owned_metadata(mc),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(budget.max_unavailable)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
 }
 
 /// The headless Service through which clients find every memcached pod by DNS.
@@ -291,6 +423,194 @@ mod tests {
         assert!(!is_controlled_by(&meta, &mc));
         meta.owner_references = None;
         assert!(!is_controlled_by(&meta, &mc));
+    }
+
+    fn pod_of(mc: &Memcached) -> PodSpec {
+        deployment(mc, "img").spec.unwrap().template.spec.unwrap()
+    }
+
+    fn spec_from(json: serde_json::Value) -> Memcached {
+        let mut mc = memcached("cache", 3);
+        let mut spec = serde_json::to_value(&mc.spec).unwrap();
+        spec.as_object_mut()
+            .unwrap()
+            .extend(json.as_object().unwrap().clone());
+        mc.spec = serde_json::from_value(spec).unwrap();
+        mc
+    }
+
+    #[test]
+    fn rollouts_by_default_keep_every_pod_serving_until_its_replacement_is_ready() {
+        let d = deployment(&memcached("cache", 3), "img").spec.unwrap();
+        let rolling = d.strategy.unwrap().rolling_update.unwrap();
+        assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+        assert_eq!(d.min_ready_seconds, Some(5));
+        let pod = d.template.spec.unwrap();
+        let pre_stop = pod.containers[0]
+            .lifecycle
+            .clone()
+            .unwrap()
+            .pre_stop
+            .unwrap();
+        assert_eq!(pre_stop.sleep.unwrap().seconds, 10);
+        assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    }
+
+    #[test]
+    fn rollout_settings_reach_the_deployment() {
+        let mc = spec_from(serde_json::json!({"rollout": {
+            "maxSurge": 2, "maxUnavailable": 1, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
+        let d = deployment(&mc, "img").spec.unwrap();
+        let rolling = d.strategy.unwrap().rolling_update.unwrap();
+        assert_eq!(
+            (rolling.max_surge, rolling.max_unavailable),
+            (Some(IntOrString::Int(2)), Some(IntOrString::Int(1)))
+        );
+        assert_eq!(d.min_ready_seconds, Some(0));
+        let pod = d.template.spec.unwrap();
+        assert_eq!(pod.containers[0].lifecycle, None, "no delay, no hook");
+        assert_eq!(pod.termination_grace_period_seconds, Some(20));
+    }
+
+    #[test]
+    fn pods_spread_softly_over_nodes_and_zones_by_default() {
+        let pod = pod_of(&memcached("cache", 3));
+        let spread = pod.topology_spread_constraints.unwrap();
+        let keys: Vec<_> = spread.iter().map(|c| c.topology_key.as_str()).collect();
+        assert_eq!(keys, [TOPOLOGY_HOSTNAME, TOPOLOGY_ZONE]);
+        assert!(
+            spread
+                .iter()
+                .all(|c| c.when_unsatisfiable == "ScheduleAnyway"
+                    && c.max_skew == 1
+                    && c.label_selector.as_ref().unwrap().match_labels.as_ref()
+                        == Some(&selector_labels(&memcached("cache", 3))))
+        );
+        assert_eq!(pod.affinity, None);
+    }
+
+    #[test]
+    fn required_spread_keeps_two_pods_off_one_node_beside_the_users_affinity() {
+        let mc = spec_from(serde_json::json!({
+            "spread": "Required",
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}}
+        }));
+        let pod = pod_of(&mc);
+        let affinity = pod.affinity.unwrap();
+        assert!(
+            affinity.node_affinity.is_some(),
+            "the user's affinity is kept"
+        );
+        let terms = affinity
+            .pod_anti_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap();
+        assert_eq!(terms.len(), 1);
+        assert_eq!(terms[0].topology_key, TOPOLOGY_HOSTNAME);
+        let keys: Vec<_> = pod
+            .topology_spread_constraints
+            .unwrap()
+            .into_iter()
+            .map(|c| c.topology_key)
+            .collect();
+        assert_eq!(keys, [TOPOLOGY_ZONE], "zones stay preferred");
+
+        let off = pod_of(&spec_from(serde_json::json!({"spread": "Off"})));
+        assert_eq!(
+            (off.topology_spread_constraints, off.affinity),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn scheduling_fields_reach_the_pod() {
+        let mc = spec_from(serde_json::json!({
+            "nodeSelector": {"disk": "ssd"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "cache", "effect": "NoSchedule"}],
+            "priorityClassName": "high",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "podAnnotations": {"prometheus.io/scrape": "true"},
+            "podLabels": {"team": "web"},
+        }));
+        let template = deployment(&mc, "img").spec.unwrap().template;
+        let pod = template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()["disk"], "ssd");
+        assert_eq!(pod.tolerations.unwrap()[0].value.as_deref(), Some("cache"));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "regcred");
+        let meta = template.metadata.unwrap();
+        assert_eq!(meta.annotations.unwrap()["prometheus.io/scrape"], "true");
+        let labels = meta.labels.unwrap();
+        assert_eq!(labels["team"], "web");
+        assert_eq!(labels[LABEL_INSTANCE], "cache");
+    }
+
+    #[test]
+    fn the_operators_labels_win_over_pod_labels() {
+        // Admission refuses these; an object stored before that rule must still be selected.
+        let mc = spec_from(serde_json::json!({"podLabels": {LABEL_INSTANCE: "other"}}));
+        let labels = deployment(&mc, "img")
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .labels
+            .unwrap();
+        assert_eq!(labels[LABEL_INSTANCE], "cache");
+    }
+
+    #[test]
+    fn tuning_flags_reach_memcached_only_when_set() {
+        let mc = spec_from(
+            serde_json::json!({"threads": 8, "maxConnections": 4096, "maxItemSizeMiB": 2}),
+        );
+        let args = pod_of(&mc).containers[0].args.clone().unwrap();
+        assert_eq!(
+            args,
+            [
+                "-m", "64", "-p", "11211", "-t", "8", "-c", "4096", "-I", "2m", "-o", "modern",
+                "-v"
+            ]
+        );
+        let defaults = pod_of(&memcached("cache", 1)).containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(
+            !defaults
+                .iter()
+                .any(|a| ["-t", "-c", "-I"].contains(&a.as_str()))
+        );
+    }
+
+    #[test]
+    fn a_budget_exists_from_two_pods_unless_turned_off() {
+        assert_eq!(pod_disruption_budget(&memcached("cache", 1)), None);
+        let budget = pod_disruption_budget(&memcached("cache", 2)).unwrap();
+        assert!(is_controlled_by(&budget.metadata, &memcached("cache", 2)));
+        let spec = budget.spec.unwrap();
+        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(
+            spec.selector.unwrap().match_labels.unwrap(),
+            selector_labels(&memcached("cache", 2))
+        );
+        assert_eq!(spec.min_available, None);
+
+        let wider = spec_from(serde_json::json!({"podDisruptionBudget": {"maxUnavailable": 2}}));
+        assert_eq!(
+            pod_disruption_budget(&wider)
+                .unwrap()
+                .spec
+                .unwrap()
+                .max_unavailable,
+            Some(IntOrString::Int(2))
+        );
+        let off = spec_from(serde_json::json!({"podDisruptionBudget": {"enabled": false}}));
+        assert_eq!(pod_disruption_budget(&off), None);
     }
 
     proptest::proptest! {

@@ -22,6 +22,8 @@ pub enum Reason {
     Converged,
     Creating,
     Reconciling,
+    /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
+    RolloutQueued,
     AsExpected,
     /// An object of the Memcached's name belongs to someone else.
     ResourceExists,
@@ -39,6 +41,7 @@ impl Reason {
             Self::Converged => "Converged",
             Self::Creating => "Creating",
             Self::Reconciling => "Reconciling",
+            Self::RolloutQueued => "RolloutQueued",
             Self::AsExpected => "AsExpected",
             Self::ResourceExists => "ResourceExists",
             Self::InvalidSpec => "InvalidSpec",
@@ -56,6 +59,8 @@ pub struct Observed<'a> {
     pub pods: Vec<String>,
     /// Set when the operator must not apply anything for this Memcached.
     pub blocked: Option<Blocked>,
+    /// The operator's new pod template waits for a rollout slot; the limit is in the message.
+    pub rollout_queued: Option<usize>,
 }
 
 /// Why nothing is applied for a Memcached.
@@ -117,6 +122,7 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
         .unwrap_or_default();
     let replicas = deploy_status.replicas.unwrap_or(0);
     let ready = deploy_status.ready_replicas.unwrap_or(0);
+    let available_replicas = deploy_status.available_replicas.unwrap_or(0);
     let updated = deploy_status.updated_replicas.unwrap_or(0);
     let deploy_observed_spec = observed.deployment.is_some_and(|d| {
         d.metadata.generation.is_some()
@@ -137,7 +143,12 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
             cond(DEGRADED, true, b.reason().as_str(), b.message()),
         ),
         None => {
-            let progressing = if converged {
+            let progressing = if let Some(limit) = observed.rollout_queued {
+                let message = format!(
+                    "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
+                );
+                cond(PROGRESSING, true, Reason::RolloutQueued.as_str(), &message)
+            } else if converged {
                 cond(
                     PROGRESSING,
                     false,
@@ -175,6 +186,7 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
         nodes: pods,
         replicas,
         ready_replicas: ready,
+        available_replicas,
         selector: Some(selector_string(mc)),
         observed_generation: generation,
         conditions,

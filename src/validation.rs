@@ -11,6 +11,16 @@ use crate::api::MemcachedSpec;
 
 /// Why the spec cannot be applied, naming the fields.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
+    // Admission refuses this too; checked again for objects stored before that rule existed,
+    // since memcached would not start.
+    if let Some(item) = spec.max_item_size_mib
+        && item * 2 > spec.max_memory_mib
+    {
+        return Err(format!(
+            "spec.maxItemSizeMiB ({item}) must be at most half of spec.maxMemoryMiB ({})",
+            spec.max_memory_mib
+        ));
+    }
     let Some(resources) = spec.resources.as_ref() else {
         return Ok(());
     };
@@ -201,5 +211,15 @@ mod tests {
             Ok(()),
             "a request without a limit is not bounded"
         );
+    }
+
+    #[test]
+    fn an_item_size_above_half_the_memory_is_named() {
+        let mut spec = with(&[], &[]);
+        spec.max_item_size_mib = Some(33);
+        let err = validate(&spec).unwrap_err();
+        assert!(err.starts_with("spec.maxItemSizeMiB (33)"), "{err}");
+        spec.max_item_size_mib = Some(32);
+        assert_eq!(validate(&spec), Ok(()));
     }
 }

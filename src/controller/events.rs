@@ -31,6 +31,8 @@ pub enum Change {
         to: i64,
     },
     Updated,
+    /// No longer wanted (a disruption budget below two pods).
+    Deleted,
 }
 
 impl Change {
@@ -46,7 +48,9 @@ impl Change {
                 .and_then(|v| v["spec"]["replicas"].as_i64())
         };
         match (replicas(before), replicas(after)) {
-            (Some(from), Some(to)) if from != to && spec_changed(mc) => Change::Scaled { from, to },
+            (Some(from), Some(to)) if from != to && super::reconcile::spec_changed(mc) => {
+                Change::Scaled { from, to }
+            }
             (Some(was), Some(to)) if was != to => Change::DriftRestored { was, to },
             _ => Change::Updated,
         }
@@ -58,6 +62,7 @@ impl Change {
             Change::Scaled { .. } => "Scaled",
             Change::DriftRestored { .. } => "DriftRestored",
             Change::Updated => "Updated",
+            Change::Deleted => "Deleted",
         }
     }
 
@@ -71,12 +76,9 @@ impl Change {
                 format!("Restored {kind} {name} to {to} replicas (was changed to {was})")
             }
             Change::Updated => format!("Updated {kind} {name} to match the Memcached spec"),
+            Change::Deleted => format!("Deleted {kind} {name}: no longer wanted by the spec"),
         }
     }
-}
-
-fn spec_changed(mc: &Memcached) -> bool {
-    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
 }
 
 /// Publishes events as this controller instance.

@@ -4,11 +4,13 @@
 mod events;
 mod pod_index;
 mod reconcile;
+pub(crate) mod rollouts;
 mod watches;
 mod workers;
 
 pub use events::Events;
 pub use reconcile::{Context, error_policy, reconcile};
+pub use rollouts::Rollouts;
 pub use watches::{parse_event, run};
 
 use crate::watch_namespace::WatchNamespace;
@@ -18,6 +20,8 @@ use crate::watch_namespace::WatchNamespace;
 pub struct Settings {
     pub watch_namespace: WatchNamespace,
     pub max_concurrent_reconciles: u16,
+    /// Deployments that may roll at once for a pod template change of the operator's own.
+    pub max_concurrent_rollouts: u16,
     /// memcached image for CRs that do not set `spec.image` (RELATED_IMAGE_MEMCACHED).
     pub default_image: String,
     /// Identity in events (the pod name when in a cluster).

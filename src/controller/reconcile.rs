@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -19,6 +20,7 @@ use tracing::warn;
 
 use super::events::{Change, Events};
 use super::pod_index::PodIndex;
+use super::rollouts::Rollouts;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::backoff::Backoff;
 use crate::drift::needs_apply;
@@ -37,13 +39,17 @@ const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// How often an apply the API server refused is tried again without a spec change: what refused
 /// it (a quota, an admission policy) may change without the Memcached changing.
 const REFUSED_RECHECK: Duration = Duration::from_secs(300);
+/// How often a pod template change waiting for a rollout slot asks again.
+const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
+    pub pod_disruption_budgets: Store<PodDisruptionBudget>,
     pub pods: Arc<PodIndex>,
+    pub rollouts: Arc<Rollouts>,
     pub events: Events,
     pub default_image: String,
     pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
@@ -86,31 +92,63 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
+    let desired_budget = resources::pod_disruption_budget(mc);
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
-    let (existing_deployment, existing_service) = tokio::try_join!(
+    let (existing_deployment, existing_service, existing_budget) = tokio::try_join!(
         lookup(&deployments, &ctx.deployments, mc),
         lookup(&services, &ctx.services, mc),
+        // One we no longer want is deleted only if it is ours, and ours are in the cache.
+        async {
+            match desired_budget {
+                Some(_) => lookup(&budgets, &ctx.pod_disruption_budgets, mc).await,
+                None => Ok(cached(&ctx.pod_disruption_budgets, mc)),
+            }
+        },
     )?;
     let mut blocked = blocked(
         mc,
         existing_deployment.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
+        existing_budget.as_deref().map(|b| &b.metadata),
     );
 
+    let mut rollout_queued = None;
     let deployment = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
         Some(_) => existing_deployment,
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
-            // 4. Ensure the headless Service, at the same time.
+            // 4. Ensure the headless Service and the disruption budget, at the same time.
             let desired = resources::deployment(mc, &ctx.default_image);
+            let queued = rollout_must_wait(ctx, mc, existing_deployment.as_deref(), &desired);
+            if queued {
+                rollout_queued = Some(ctx.rollouts.limit());
+            }
+            let deployment = async {
+                match (&existing_deployment, queued) {
+                    (Some(existing), true) => Ok(existing.clone()),
+                    _ => {
+                        let existing = existing_deployment.clone();
+                        ensure(ctx, mc, &deployments, existing, desired, Announce::Always).await
+                    }
+                }
+            };
             let applied = tokio::try_join!(
-                ensure(ctx, mc, &deployments, existing_deployment.clone(), desired),
-                ensure(ctx, mc, &services, existing_service, resources::service(mc)),
+                deployment,
+                ensure(
+                    ctx,
+                    mc,
+                    &services,
+                    existing_service,
+                    resources::service(mc),
+                    Announce::Always
+                ),
+                ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
             );
             match applied {
-                Ok((deployment, _)) => Some(deployment),
+                Ok((deployment, _, _)) => Some(deployment),
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
                     blocked = Some(Blocked::Refused { refusal, message });
@@ -125,6 +163,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         deployment: deployment.as_deref(),
         pods: ctx.pods.pods_of(&ns, &mc.name_any()),
         blocked: blocked.clone(),
+        rollout_queued,
     };
     let new_status =
         status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
@@ -133,7 +172,10 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     }
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
-        return Ok(Action::await_change());
+        return Ok(match rollout_queued {
+            Some(_) => Action::requeue(ROLLOUT_WAIT),
+            None => Action::await_change(),
+        });
     };
     ctx.events.blocked(mc, &blocked);
     match blocked {
@@ -145,16 +187,84 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     }
 }
 
+/// Whether applying `desired` would roll the pods for a reason the Memcached's spec did not
+/// give (an operator upgrade) while the rollout budget is spent; see rollouts.rs.
+fn rollout_must_wait(
+    ctx: &Context,
+    mc: &Memcached,
+    existing: Option<&Deployment>,
+    desired: &Deployment,
+) -> bool {
+    let Some(existing) = existing else {
+        return false;
+    };
+    let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
+    if spec_changed(mc) || !needs_apply(&template(desired), &template(existing)) {
+        return false;
+    }
+    !ctx.rollouts
+        .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
+}
+
+/// The user changed the spec since the last status was written.
+pub fn spec_changed(mc: &Memcached) -> bool {
+    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
+}
+
+/// The disruption budget as wanted: applied, or ours deleted when none is wanted any more.
+async fn ensure_budget(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<PodDisruptionBudget>,
+    existing: Option<Arc<PodDisruptionBudget>>,
+    desired: Option<PodDisruptionBudget>,
+) -> Result<()> {
+    match (desired, existing) {
+        // Its creation follows from the Deployment's, which has the event.
+        (Some(desired), existing) => {
+            ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
+        }
+        (None, Some(existing)) if is_controlled_by(&existing.metadata, mc) => {
+            let name = existing.name_any();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: existing.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => ctx.events.applied(mc, existing.as_ref(), &Change::Deleted),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => {
+                    return Err(Error::Apply {
+                        kind: "PodDisruptionBudget".into(),
+                        name,
+                        source,
+                    });
+                }
+            }
+        }
+        (None, _) => {}
+    }
+    Ok(())
+}
+
 /// Why nothing may be applied: an object of our name that this Memcached does not control is
 /// left untouched, and a spec that cannot work is not applied (the pods running now keep serving).
 fn blocked(
     mc: &Memcached,
     deployment: Option<&ObjectMeta>,
     service: Option<&ObjectMeta>,
+    budget: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
-    let foreign = [("Deployment", deployment), ("Service", service)]
-        .into_iter()
-        .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)));
+    let foreign = [
+        ("Deployment", deployment),
+        ("Service", service),
+        ("PodDisruptionBudget", budget),
+    ]
+    .into_iter()
+    .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)));
     if let Some((kind, _)) = foreign {
         return Some(Blocked::ResourceExists {
             message: status::conflict_message(kind, mc),
@@ -191,12 +301,10 @@ async fn lookup<K>(api: &Api<K>, cache: &Store<K>, mc: &Memcached) -> Result<Opt
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    let name = mc.name_any();
-    if let Some(cached) =
-        cache.get(&ObjectRef::new(&name).within(&mc.namespace().unwrap_or_default()))
-    {
+    if let Some(cached) = cached(cache, mc) {
         return Ok(Some(cached));
     }
+    let name = mc.name_any();
     match api.get_opt(&name).await {
         Ok(found) => Ok(found.map(Arc::new)),
         Err(source) => Err(Error::Read {
@@ -207,6 +315,22 @@ where
     }
 }
 
+/// The owned object of the Memcached's name in the cache of labelled objects.
+fn cached<K>(cache: &Store<K>, mc: &Memcached) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    cache.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
+}
+
+/// Which applies get a Normal event.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    Always,
+    /// Changes to an existing object only.
+    Changes,
+}
+
 /// Applies `desired` unless `existing` already holds it; returns the object as it now is.
 async fn ensure<K>(
     ctx: &Context,
@@ -214,6 +338,7 @@ async fn ensure<K>(
     api: &Api<K>,
     existing: Option<Arc<K>>,
     desired: K,
+    announce: Announce,
 ) -> Result<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
@@ -237,7 +362,9 @@ where
             source,
         })?;
     let change = Change::between(existing.as_deref(), &applied, mc);
-    ctx.events.applied(mc, &applied, &change);
+    if announce == Announce::Always || change != Change::Created {
+        ctx.events.applied(mc, &applied, &change);
+    }
     Ok(Arc::new(applied))
 }
 
@@ -272,10 +399,11 @@ mod tests {
     use super::*;
     use crate::fixtures::apiserver::{self, ApiServer};
     use crate::fixtures::{deployment_with_status, memcached};
-    use crate::status::{AVAILABLE, DEGRADED};
+    use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
 
     const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
     const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
+    const BUDGET: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
     const STATUS: &str =
         "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
@@ -290,12 +418,25 @@ mod tests {
     where
         F: Future<Output = ApiServer> + Send + 'static,
     {
+        scenario_then(mc, ctx, api, script).await.0
+    }
+
+    /// As `scenario`, handing the API server back for the next one.
+    async fn scenario_then<F>(
+        mc: Memcached,
+        ctx: Arc<Context>,
+        api: ApiServer,
+        script: impl FnOnce(ApiServer) -> F,
+    ) -> (Result<Action>, ApiServer)
+    where
+        F: Future<Output = ApiServer> + Send + 'static,
+    {
         let server = tokio::spawn(script(api));
         let result = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mc), ctx))
             .await
             .expect("reconcile sent a request the script did not expect");
-        server.await.expect("the script's assertions hold");
-        result
+        let api = server.await.expect("the script's assertions hold");
+        (result, api)
     }
 
     /// Splits requests answered in any order into event creations and the one status apply.
@@ -331,6 +472,7 @@ mod tests {
         let action = scenario(mc.clone(), ctx, api, |mut api| async move {
             api.not_found(DEPLOYMENT).await;
             api.not_found(SERVICE).await;
+            api.not_found(BUDGET).await;
             let apply = api.echo("PATCH", DEPLOYMENT).await;
             assert!(
                 apply
@@ -346,7 +488,14 @@ mod tests {
             // The Service apply goes out with the Deployment's, before either answer's event.
             let svc = api.echo("PATCH", SERVICE).await;
             assert_eq!(svc.body["spec"]["clusterIP"], "None");
-            // Then the status, with the events going out in the background.
+            let budget = api.echo("PATCH", BUDGET).await;
+            assert_eq!(budget.body["spec"]["maxUnavailable"], 1);
+            assert_eq!(
+                budget.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+                "cache"
+            );
+            // Then the status, with the events going out in the background; the budget's
+            // creation has none of its own (it comes with the Deployment's).
             let (events, status) = events_and_status(api.echo_any_order(3, &mc).await);
             let mut events: Vec<_> = events.into_iter().map(|e| e.body).collect();
             events.sort_by_key(|e| e["note"].to_string());
@@ -390,6 +539,10 @@ mod tests {
         let d = deployment_with_status(mc, mc.spec.size, mc.spec.size);
         caches.add_deployment(d.clone());
         caches.add_service(resources::service(mc));
+        if let Some(mut budget) = resources::pod_disruption_budget(mc) {
+            budget.metadata.uid = Some("uid-budget".into());
+            caches.add_budget(budget);
+        }
         let observed = Observed {
             deployment: Some(&d),
             ..Default::default()
@@ -597,5 +750,105 @@ mod tests {
                 .render()
                 .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
         );
+    }
+    #[tokio::test]
+    async fn below_two_pods_the_budget_is_deleted() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        converged(&mut mc, &mut caches);
+        mc.spec.size = 1;
+        mc.metadata.generation = Some(2);
+        scenario(mc.clone(), ctx, api, |mut api| async move {
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert_eq!(apply.body["spec"]["replicas"], 1);
+            let delete = api
+                .expect(
+                    "DELETE",
+                    BUDGET,
+                    StatusCode::OK,
+                    |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                )
+                .await;
+            assert_eq!(
+                delete.body["preconditions"]["uid"], "uid-budget",
+                "only the budget we saw"
+            );
+            let (events, _status) = events_and_status(api.echo_any_order(3, &mc).await);
+            let mut notes: Vec<_> = events.iter().map(|e| e.body["note"].to_string()).collect();
+            notes.sort();
+            assert_eq!(
+                notes,
+                [
+                    "\"Deleted PodDisruptionBudget cache: no longer wanted by the spec\"",
+                    "\"Scaled Deployment cache from 3 to 1 replicas\""
+                ]
+            );
+            api
+        })
+        .await
+        .unwrap();
+    }
+
+    /// An operator whose pod template differs from the one running, for a Memcached whose spec
+    /// did not change: an upgrade.
+    fn upgraded_operator(limit: u16) -> (Arc<Context>, ApiServer, apiserver::Caches) {
+        let (ctx, api, caches) = apiserver::context();
+        let mut ctx = Arc::into_inner(ctx).unwrap();
+        ctx.default_image = "memcached:next".into();
+        ctx.rollouts = Arc::new(Rollouts::new(limit));
+        (Arc::new(ctx), api, caches)
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
+        let (ctx, api, mut caches) = upgraded_operator(1);
+        let mut first = memcached("cache", 3);
+        converged(&mut first, &mut caches);
+        let mut second = memcached("other", 3);
+        converged(&mut second, &mut caches);
+
+        let (action, api) = scenario_then(first.clone(), ctx.clone(), api, |mut api| async move {
+            let apply = api.echo("PATCH", DEPLOYMENT).await;
+            assert_eq!(
+                apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
+                "memcached:next"
+            );
+            let (events, _) = events_and_status(api.echo_any_order(2, &first).await);
+            assert_eq!(events[0].body["reason"], "Updated");
+            api
+        })
+        .await;
+        assert_eq!(action.unwrap(), Action::await_change());
+
+        // The budget of 1 is spent: the second waits, says so, and asks again later.
+        let status_path = STATUS.replace("/cache/", "/other/");
+        let reported = second.clone();
+        let (action, api) = scenario_then(second.clone(), ctx.clone(), api, |mut api| async move {
+            let status = api.echo_status(&status_path, &reported).await;
+            assert_eq!(
+                condition(&status.body, PROGRESSING),
+                ("True".into(), "RolloutQueued".into())
+            );
+            api
+        })
+        .await;
+        assert_eq!(action.unwrap(), Action::requeue(ROLLOUT_WAIT));
+
+        // Its own spec change never waits.
+        let mut changed = second;
+        changed.spec.size = 4;
+        changed.metadata.generation = Some(2);
+        let path = DEPLOYMENT.replace("/cache", "/other");
+        scenario(changed.clone(), ctx, api, |mut api| async move {
+            let apply = api.echo("PATCH", &path).await;
+            assert_eq!(
+                apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
+                "memcached:next"
+            );
+            api.echo_any_order(2, &changed).await;
+            api
+        })
+        .await
+        .unwrap();
     }
 }

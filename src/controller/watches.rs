@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::PartialObjectMeta;
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
@@ -24,6 +25,7 @@ use super::Settings;
 use super::events::Events;
 use super::pod_index::PodIndex;
 use super::reconcile::{Context, error_policy, reconcile};
+use super::rollouts::Rollouts;
 use super::workers::Workers;
 use crate::api::Memcached;
 use crate::backoff::Backoff;
@@ -57,6 +59,8 @@ pub fn run(
         client,
         default_image: settings.default_image.clone(),
         backoff: Arc::new(Backoff::default()),
+        // One budget for every scope: an operator upgrade rolls all of them.
+        rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
         metrics,
         // One set of workers for every scope: the limit is the process's, as in controller-runtime.
         workers: Arc::new(Workers::new(
@@ -81,6 +85,7 @@ struct Shared {
     events: Events,
     default_image: String,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
+    rollouts: Arc<Rollouts>,
     metrics: Arc<Metrics>,
     workers: Arc<Workers<ObjectRef<Memcached>>>,
 }
@@ -118,13 +123,23 @@ fn scope_controller(
         Some(ObjectRef::from_obj(mc))
     }));
 
+    let rollouts = shared.rollouts.clone();
     let (deployments, deployment_events) =
-        owned_stream::<Deployment>(scope.api(client), caches.watch());
-    let (services, service_events) = owned_stream::<Service>(scope.api(client), caches.watch());
+        owned_stream::<Deployment>(scope.api(client), caches.watch(), move |event| {
+            rollouts.observe(event)
+        });
+    let (services, service_events) =
+        owned_stream::<Service>(scope.api(client), caches.watch(), |_| {});
+    let (budgets, budget_events) =
+        owned_stream::<PodDisruptionBudget>(scope.api(client), caches.watch(), |_| {});
     let deployment_events =
         deployment_events.filter(unless_waiting(workers.clone(), controller_of::<Deployment>));
     let service_events =
         service_events.filter(unless_waiting(workers.clone(), controller_of::<Service>));
+    let budget_events = budget_events.filter(unless_waiting(
+        workers.clone(),
+        controller_of::<PodDisruptionBudget>,
+    ));
 
     let pods = Arc::new(PodIndex::default());
     let pod_events = watcher(
@@ -149,7 +164,9 @@ fn scope_controller(
         client: client.clone(),
         deployments,
         services,
+        pod_disruption_budgets: budgets,
         pods,
+        rollouts: shared.rollouts.clone(),
         events: shared.events.clone(),
         default_image: shared.default_image.clone(),
         backoff: shared.backoff.clone(),
@@ -163,6 +180,7 @@ fn scope_controller(
     let controller = Controller::for_stream(memcacheds, mc_reader)
         .owns_stream(deployment_events)
         .owns_stream(service_events)
+        .owns_stream(budget_events)
         .watches_stream(pod_events, |pod| memcached_of_pod(&pod))
         .reconcile_all_on(became_leader(leading.clone(), synced))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -316,10 +334,12 @@ fn owned_watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Watches owned objects by our label into a cache, and yields them as reconcile triggers.
+/// Watches owned objects by our label into a cache, shows each event to `observe`, and yields
+/// the objects as reconcile triggers.
 fn owned_stream<K>(
     api: Api<K>,
     unsynced: Unsynced,
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -331,6 +351,11 @@ where
     let stream = watcher(api, owned_watch_config())
         .default_backoff()
         .inspect(released_on_first_list(unsynced))
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                observe(event);
+            }
+        })
         .modify(drop_managed_fields)
         .reflect(writer)
         .applied_objects();

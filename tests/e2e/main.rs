@@ -12,8 +12,9 @@ use harness::{
     namespace, set_size, wait_converged, wait_degraded, wait_for,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -391,6 +392,34 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
         (
             serde_json::json!({"size": 1, "resources": {"requests": {"memory": "lots"}}}),
             "spec.resources.requests[memory]",
+        ),
+        (
+            serde_json::json!({"size": 1, "threads": -1}),
+            "spec.threads",
+        ),
+        (
+            serde_json::json!({"size": 1, "maxConnections": 0}),
+            "spec.maxConnections",
+        ),
+        (
+            serde_json::json!({"size": 1, "maxMemoryMiB": 64, "maxItemSizeMiB": 40}),
+            "spec.maxItemSizeMiB",
+        ),
+        (
+            serde_json::json!({"size": 1, "rollout": {"maxSurge": 0}}),
+            "spec.rollout.maxSurge",
+        ),
+        (
+            serde_json::json!({"size": 1, "podDisruptionBudget": {"maxUnavailable": 0}}),
+            "spec.podDisruptionBudget.maxUnavailable",
+        ),
+        (
+            serde_json::json!({"size": 1, "podLabels": {"app.kubernetes.io/instance": "other"}}),
+            "spec.podLabels",
+        ),
+        (
+            serde_json::json!({"size": 1, "spread": "Sometimes"}),
+            "spec.spread",
         ),
     ];
     for (i, (spec, field)) in cases.into_iter().enumerate() {
@@ -971,6 +1000,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
@@ -1009,7 +1039,163 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
             .patch(&s.name_any(), &apply, &kube::api::Patch::Apply(&s))
             .await
             .unwrap_or_else(|e| panic!("the API server refused the Service for {spec:?}: {e}"));
+        if let Some(b) = resources::pod_disruption_budget(&mc) {
+            budgets
+                .patch(&b.name_any(), &apply, &kube::api::Patch::Apply(&b))
+                .await
+                .unwrap_or_else(|e| panic!("the API server refused the budget for {spec:?}: {e}"));
+        }
     }
     println!("{cases} generated specs admitted; {valid} passed validation and were accepted");
     assert!(valid >= 20, "too few valid specs to mean anything: {valid}");
+}
+
+/// A kwok node of this test's own, tainted so that only pods that ask for it land there.
+async fn dedicated_node(client: &Client, name: &str, pool: &str, schedulable: bool) {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "pool": pool},
+        },
+        "spec": {
+            "unschedulable": !schedulable,
+            "taints": [{"key": "pool", "value": pool, "effect": "NoSchedule"}],
+        },
+        "status": {
+            "allocatable": {"cpu": "100", "memory": "100Gi", "pods": "110"},
+            "capacity": {"cpu": "100", "memory": "100Gi", "pods": "110"},
+        },
+    }))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+}
+
+#[tokio::test]
+async fn a_drain_evicts_one_memcached_pod_at_a_time() {
+    let client = admin().await;
+    let ns = namespace(&client, "drain").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let (from, to) = (format!("{ns}-a"), format!("{ns}-b"));
+    dedicated_node(&client, &from, &ns, true).await;
+    dedicated_node(&client, &to, &ns, false).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    // All three pods on one node, through the scheduling fields (nothing else may land there).
+    let mut mc = memcached("cache", 3);
+    mc.spec.node_selector = Some([("pool".to_string(), ns.clone())].into());
+    mc.spec.tolerations = Some(vec![
+        serde_json::from_value(serde_json::json!(
+            {"key": "pool", "operator": "Equal", "value": ns, "effect": "NoSchedule"}
+        ))
+        .unwrap(),
+    ]);
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    wait_for("the budget to allow one disruption", CONVERGE, || async {
+        let b = budgets.get("cache").await.ok()?;
+        let status = b.status?;
+        (status.disruptions_allowed == 1 && status.current_healthy == 3).then_some(())
+    })
+    .await;
+
+    // The Eviction API: one pod may go; while it is replaced, the next is refused.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let evict = |name: String| {
+        let pods = pods.clone();
+        async move { pods.evict(&name, &kube::api::EvictParams::default()).await }
+    };
+    evict(names[0].clone())
+        .await
+        .expect("the first eviction is allowed");
+    match evict(names[1].clone()).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 429, "{status:?}");
+            assert!(
+                status.message.contains("disruption budget"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("the second eviction must be refused while one pod is down: {other:?}"),
+    }
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // A drain moves the pods to the other node one at a time.
+    let spare = serde_json::json!({"spec": {"unschedulable": false}});
+    nodes
+        .patch(
+            &to,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&spare),
+        )
+        .await
+        .unwrap();
+    let watching = tokio::spawn({
+        let (pods, to) = (pods.clone(), to.clone());
+        async move {
+            let mut fewest = i32::MAX;
+            loop {
+                let list = pods
+                    .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+                    .await
+                    .unwrap();
+                let ready = list.iter().filter(|p| is_ready(p)).count() as i32;
+                fewest = fewest.min(ready);
+                let moved = list.iter().filter(|p| is_ready(p)).all(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(to.as_str())
+                });
+                if moved && ready == 3 {
+                    return fewest;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let started = Instant::now();
+    let (ok, out) = kubectl(&[
+        "drain",
+        &from,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=120s",
+    ])
+    .await;
+    assert!(ok, "kubectl drain: {out}");
+    let fewest = tokio::time::timeout(CONVERGE, watching)
+        .await
+        .expect("every pod moved to the other node")
+        .unwrap();
+    println!(
+        "drain: {:.1} s, at least {fewest} of 3 pods ready throughout",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(fewest >= 2, "the drain took {} pods at once", 3 - fewest);
+    assert!(
+        out.matches("evicted").count() >= 3,
+        "kubectl evicted each pod: {out}"
+    );
+    for node in [from, to] {
+        nodes.delete(&node, &DeleteParams::default()).await.ok();
+    }
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
