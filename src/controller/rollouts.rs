@@ -10,8 +10,9 @@
 //! seen the spec, or not every replica is updated and available. A rollout past its progress
 //! deadline stops counting, so a stuck one does not hold a slot for ever.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
@@ -22,6 +23,9 @@ use super::lock;
 /// (namespace, name) of a Deployment.
 type Key = (String, String);
 
+/// How long a granted rollout counts before the watch shows it: the apply may have failed.
+const RESERVATION: Duration = Duration::from_secs(30);
+
 pub struct Rollouts {
     /// 0: no limit.
     limit: usize,
@@ -31,6 +35,8 @@ pub struct Rollouts {
 #[derive(Default)]
 struct State {
     rolling: HashSet<Key>,
+    /// Granted, and not yet seen rolling by the watch.
+    reserved: HashMap<Key, Instant>,
     /// A relist in progress: it replaces `rolling` when complete, as a reflector store does.
     relist: Option<HashSet<Key>>,
 }
@@ -47,13 +53,21 @@ impl Rollouts {
     pub fn observe(&self, event: &watcher::Event<Deployment>) {
         let mut state = lock(&self.state);
         match event {
-            watcher::Event::Apply(d) => update(&mut state.rolling, d),
+            watcher::Event::Apply(d) => {
+                if is_rolling(d) {
+                    state.reserved.remove(&key(d));
+                }
+                update(&mut state.rolling, d);
+            }
             watcher::Event::Delete(d) => {
                 state.rolling.remove(&key(d));
+                state.reserved.remove(&key(d));
             }
             watcher::Event::Init => state.relist = Some(HashSet::new()),
             watcher::Event::InitApply(d) => {
-                let State { rolling, relist } = &mut *state;
+                let State {
+                    rolling, relist, ..
+                } = &mut *state;
                 update(relist.as_mut().unwrap_or(rolling), d);
             }
             watcher::Event::InitDone => {
@@ -68,18 +82,28 @@ impl Rollouts {
     /// means counted at once, before the watch shows it rolling, so concurrent reconciles cannot
     /// all take the last slot.
     pub fn try_start(&self, namespace: &str, name: &str) -> bool {
+        self.try_start_at(namespace, name, Instant::now())
+    }
+
+    fn try_start_at(&self, namespace: &str, name: &str, now: Instant) -> bool {
         if self.limit == 0 {
             return true;
         }
         let mut state = lock(&self.state);
         let key = (namespace.to_string(), name.to_string());
-        if state.rolling.contains(&key) {
+        if state.rolling.contains(&key) || state.reserved.contains_key(&key) {
             return true;
         }
-        if state.rolling.len() >= self.limit {
+        let State {
+            rolling, reserved, ..
+        } = &mut *state;
+        reserved.retain(|k, granted| {
+            now.duration_since(*granted) < RESERVATION && !rolling.contains(k)
+        });
+        if rolling.len() + reserved.len() >= self.limit {
             return false;
         }
-        state.rolling.insert(key);
+        reserved.insert(key, now);
         true
     }
 
@@ -88,7 +112,8 @@ impl Rollouts {
     }
 
     pub fn rolling(&self) -> usize {
-        lock(&self.state).rolling.len()
+        let state = lock(&self.state);
+        state.rolling.len() + state.reserved.len()
     }
 }
 
@@ -165,6 +190,16 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_the_watch_never_confirms_lapses() {
+        // The apply after the grant failed: nothing of the Deployment changed.
+        let rollouts = Rollouts::new(1);
+        let now = Instant::now();
+        assert!(rollouts.try_start_at("default", "a", now));
+        assert!(!rollouts.try_start_at("default", "b", now + RESERVATION / 2));
+        assert!(rollouts.try_start_at("default", "b", now + RESERVATION));
+    }
+
+    #[test]
     fn a_deleted_or_stuck_deployment_frees_its_slot() {
         let rollouts = Rollouts::new(1);
         rollouts.observe(&watcher::Event::Apply(deployment("a", true)));
@@ -178,6 +213,8 @@ mod tests {
             .get_or_insert_with(DeploymentStatus::default)
             .updated_replicas = Some(1);
         assert!(is_rolling(&stuck));
+        rollouts.observe(&watcher::Event::Apply(stuck.clone()));
+        assert!(!rollouts.try_start("default", "c"), "b is rolling");
         stuck.status.as_mut().unwrap().conditions = Some(vec![DeploymentCondition {
             type_: "Progressing".into(),
             status: "False".into(),

@@ -1199,3 +1199,105 @@ fn is_ready(p: &Pod) -> bool {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
+
+/// `kubectl rollout status`'s test of a Deployment still rolling.
+fn is_rolling(d: &Deployment) -> bool {
+    let Some(status) = &d.status else {
+        return true;
+    };
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    d.metadata.generation > status.observed_generation
+        || updated < want
+        || status.replicas.unwrap_or(0) > updated
+        || status.available_replicas.unwrap_or(0) < updated
+}
+
+#[tokio::test]
+async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
+    let client = admin().await;
+    let ns = namespace(&client, "upgrade").await;
+    let options = |image: &str, extra: &[&str]| OperatorOptions {
+        watch_namespace: Some(ns.clone()),
+        env: vec![("RELATED_IMAGE_MEMCACHED".into(), image.into())],
+        extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        ..OperatorOptions::default()
+    };
+    let names = ["a", "b", "c"];
+    let old = Operator::start(&client, options("memcached:old", &[])).await;
+    for name in names {
+        create(&client, &ns, &memcached(name, 1)).await;
+    }
+    for name in names {
+        wait_converged(&client, &ns, name, 1).await;
+    }
+    drop(old);
+
+    // The new operator version brings a new default image; one Deployment may roll at a time.
+    let _new = Operator::start(
+        &client,
+        options("memcached:new", &["--max-concurrent-rollouts=1"]),
+    )
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    let (mut most_rolling, mut queued_seen) = (0, false);
+    loop {
+        let list = deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let rolling = list.iter().filter(|d| is_rolling(d)).count();
+        most_rolling = most_rolling.max(rolling);
+        queued_seen |= mcs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .iter()
+            .any(|mc| {
+                condition(mc, "Progressing").is_some_and(|(_, reason)| reason == "RolloutQueued")
+            });
+        let image = |d: &Deployment| {
+            d.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
+                .image
+                .clone()
+        };
+        let done = list.len() == names.len()
+            && list
+                .iter()
+                .all(|d| image(d).as_deref() == Some("memcached:new") && !is_rolling(d));
+        if done {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the upgrade did not finish: {:?}",
+            list.iter()
+                .map(|d| (d.name_any(), image(d), is_rolling(d)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "upgrade of {} Memcacheds: {:.1} s, at most {most_rolling} rolling at once",
+        names.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(most_rolling, 1, "one Deployment rolled at a time");
+    assert!(
+        queued_seen,
+        "the waiting Memcacheds said so (Progressing RolloutQueued)"
+    );
+    for name in names {
+        wait_converged(&client, &ns, name, 1).await;
+    }
+}
