@@ -146,7 +146,10 @@ pub struct MemcachedSpec {
 
     /// PriorityClass of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub priority_class_name: Option<String>,
 
     /// Secrets for pulling the memcached image from a private registry.

@@ -54,12 +54,18 @@ fn image() -> impl Strategy<Value = Option<String>> {
     ])
 }
 
+/// Label maps as users write them: mostly valid, sometimes not (the schema cannot check map keys;
+/// validation.rs does).
 fn labels() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
-    option::of(btree_map(
-        "(example.com/)?[a-z][a-z0-9-]{0,10}[a-z0-9]",
-        "[a-zA-Z0-9]([a-zA-Z0-9._-]{0,20}[a-zA-Z0-9])?",
-        0..3,
-    ))
+    let key = prop_oneof![
+        4 => "(example\\.com/)?[a-z][a-z0-9-]{0,10}[a-z0-9]",
+        1 => "[a-zA-Z0-9./*_ -]{1,12}",
+    ];
+    let value = prop_oneof![
+        4 => "[a-zA-Z0-9]([a-zA-Z0-9._-]{0,20}[a-zA-Z0-9])?",
+        1 => ".{0,8}",
+    ];
+    option::of(btree_map(key, value, 0..3))
 }
 
 fn tolerations() -> impl Strategy<Value = Option<Vec<Toleration>>> {
@@ -141,9 +147,13 @@ fn with_scheduling(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> 
     (
         labels(),
         tolerations(),
-        option::of("[a-z][a-z0-9-]{0,20}"),
+        option::of("[a-z]([a-z0-9-]{0,20}[a-z0-9])?"),
         pull_secrets,
-        option::of(btree_map("[a-z][a-z0-9./-]{0,15}[a-z]", ".{0,20}", 0..3)),
+        option::of(btree_map(
+            "[a-z][a-z0-9./-]{0,15}[a-z]|.{1,6}",
+            ".{0,20}",
+            0..3,
+        )),
         labels(),
     )
         .prop_map(

@@ -21,6 +21,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
             spec.max_memory_mib
         ));
     }
+    pod_metadata(spec)?;
     let Some(resources) = spec.resources.as_ref() else {
         return Ok(());
     };
@@ -71,6 +72,79 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Label and annotation keys and label values, as the API server checks them in a pod template.
+/// The CRD schema cannot check map keys, and a refused Deployment would only say so after the
+/// fact; here the Memcached's own field is named.
+fn pod_metadata(spec: &MemcachedSpec) -> Result<(), String> {
+    let maps = [
+        ("nodeSelector", spec.node_selector.as_ref(), true),
+        ("podLabels", spec.pod_labels.as_ref(), true),
+        ("podAnnotations", spec.pod_annotations.as_ref(), false),
+    ];
+    for (field, map, values_are_labels) in maps {
+        for (key, value) in map.into_iter().flatten() {
+            qualified_name(key).map_err(|e| format!("spec.{field}: key {key:?} {e}"))?;
+            if values_are_labels {
+                label_value(value).map_err(|e| format!("spec.{field}[{key}]: {value:?} {e}"))?;
+            } else if value
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'))
+            {
+                // Server-side apply bodies are parsed as YAML, which refuses what it does not
+                // count as printable.
+                return Err(format!(
+                    "spec.{field}[{key}]: {value:?} contains a control character"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `[prefix/]name`: prefix a DNS subdomain, name up to 63 alphanumerics, '-', '_' or '.',
+/// beginning and ending alphanumeric.
+fn qualified_name(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if prefix.len() > 253 || !prefix.split('.').all(label_ok) {
+            return Err("has a prefix that is not a lowercase DNS subdomain".into());
+        }
+    }
+    if name.is_empty() {
+        return Err("has an empty name part".into());
+    }
+    label_value(name).map_err(|e| format!("has a name part that {}", e.trim_start_matches("is ")))
+}
+
+/// Up to 63 alphanumerics, '-', '_' or '.', beginning and ending alphanumeric; or empty.
+fn label_value(value: &str) -> Result<(), String> {
+    let edges_ok = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    let ok = value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && edges_ok(value.chars().next())
+        && edges_ok(value.chars().last());
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            "is not a label value: at most 63 of [A-Za-z0-9-_.], beginning and ending alphanumeric"
+                .into(),
+        )
+    }
 }
 
 /// A Kubernetes quantity in base units (bytes for memory): "128Mi", "1G", "1.5Gi", "1e9", "500m".
@@ -221,5 +295,46 @@ mod tests {
         assert!(err.starts_with("spec.maxItemSizeMiB (33)"), "{err}");
         spec.max_item_size_mib = Some(32);
         assert_eq!(validate(&spec), Ok(()));
+    }
+
+    #[test]
+    fn pod_label_and_annotation_keys_are_checked_naming_the_field() {
+        let mut spec = with(&[], &[]);
+        spec.node_selector = Some([("example*com/disk".to_string(), "ssd".to_string())].into());
+        let err = validate(&spec).unwrap_err();
+        assert!(
+            err.starts_with("spec.nodeSelector: key \"example*com/disk\""),
+            "{err}"
+        );
+        spec.node_selector = Some([("disk".to_string(), "fast ssd".to_string())].into());
+        assert!(
+            validate(&spec)
+                .unwrap_err()
+                .starts_with("spec.nodeSelector[disk]")
+        );
+        spec.node_selector = Some([("example.com/disk".to_string(), "ssd".to_string())].into());
+        assert_eq!(validate(&spec), Ok(()));
+
+        spec.pod_labels = Some([("team".to_string(), "-web".to_string())].into());
+        assert!(
+            validate(&spec)
+                .unwrap_err()
+                .starts_with("spec.podLabels[team]")
+        );
+        spec.pod_labels = Some([("team".to_string(), String::new())].into());
+        assert_eq!(validate(&spec), Ok(()), "an empty label value is valid");
+
+        spec.pod_annotations =
+            Some([("bad key".to_string(), "any value at all".to_string())].into());
+        assert!(
+            validate(&spec)
+                .unwrap_err()
+                .starts_with("spec.podAnnotations: key")
+        );
+        spec.pod_annotations =
+            Some([("a.b/c_d".to_string(), "any value at all".to_string())].into());
+        assert_eq!(validate(&spec), Ok(()));
+        spec.pod_annotations = Some([("a".to_string(), "bell\u{7}".to_string())].into());
+        assert!(validate(&spec).unwrap_err().contains("control character"));
     }
 }

@@ -38,11 +38,17 @@ impl LocalCluster {
 
     /// A client with the cluster admin's credentials.
     pub async fn admin(&self) -> Result<Client> {
+        Ok(Client::try_from(self.admin_config().await?)?)
+    }
+
+    /// The admin's client configuration, e.g. to turn off kube's retries of 429 (which would
+    /// hide a refused eviction for minutes).
+    pub async fn admin_config(&self) -> Result<Config> {
         let kubeconfig = Kubeconfig::read_from(self.kubeconfig())?;
         let mut config =
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         config.read_timeout = Some(Duration::from_secs(120));
-        Ok(Client::try_from(config)?)
+        Ok(config)
     }
 
     /// Runs kubectl as the admin: whether it succeeded, and its stdout then stderr.

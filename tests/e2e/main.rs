@@ -1104,8 +1104,23 @@ async fn a_drain_evicts_one_memcached_pod_at_a_time() {
     })
     .await;
 
-    // The Eviction API: one pod may go; while it is replaced, the next is refused.
+    // The Eviction API: one pod may go; while it is down (its replacement has nowhere to run,
+    // both nodes being cordoned), the next is refused.
+    let cordon =
+        |unschedulable: bool| serde_json::json!({"spec": {"unschedulable": unschedulable}});
+    nodes
+        .patch(
+            &from,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&cordon(true)),
+        )
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // kube's client retries 429 for minutes; a refused eviction must be seen as the API says it.
+    let mut config = harness::cluster().admin_config().await.unwrap();
+    config.default_retry = false;
+    let evictions: Api<Pod> = Api::namespaced(Client::try_from(config).unwrap(), &ns);
     let names: Vec<String> = pods
         .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
         .await
@@ -1114,8 +1129,12 @@ async fn a_drain_evicts_one_memcached_pod_at_a_time() {
         .map(|p| p.name_any())
         .collect();
     let evict = |name: String| {
-        let pods = pods.clone();
-        async move { pods.evict(&name, &kube::api::EvictParams::default()).await }
+        let evictions = evictions.clone();
+        async move {
+            evictions
+                .evict(&name, &kube::api::EvictParams::default())
+                .await
+        }
     };
     evict(names[0].clone())
         .await
@@ -1131,18 +1150,18 @@ async fn a_drain_evicts_one_memcached_pod_at_a_time() {
         }
         other => panic!("the second eviction must be refused while one pod is down: {other:?}"),
     }
-    wait_converged(&client, &ns, "cache", 3).await;
 
-    // A drain moves the pods to the other node one at a time.
-    let spare = serde_json::json!({"spec": {"unschedulable": false}});
+    // With room on the other node the replacement runs there; then a drain moves the other two
+    // one at a time.
     nodes
         .patch(
             &to,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&spare),
+            &kube::api::Patch::Merge(&cordon(false)),
         )
         .await
         .unwrap();
+    wait_converged(&client, &ns, "cache", 3).await;
     let watching = tokio::spawn({
         let (pods, to) = (pods.clone(), to.clone());
         async move {
@@ -1184,8 +1203,8 @@ async fn a_drain_evicts_one_memcached_pod_at_a_time() {
     );
     assert!(fewest >= 2, "the drain took {} pods at once", 3 - fewest);
     assert!(
-        out.matches("evicted").count() >= 3,
-        "kubectl evicted each pod: {out}"
+        out.matches("evicted").count() >= 2,
+        "kubectl evicted each pod left on the node: {out}"
     );
     for node in [from, to] {
         nodes.delete(&node, &DeleteParams::default()).await.ok();
@@ -1228,9 +1247,16 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     for name in names {
         create(&client, &ns, &memcached(name, 1)).await;
     }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for name in names {
         wait_converged(&client, &ns, name, 1).await;
     }
+    // Ready is not yet available: minReadySeconds has to pass before the rollouts are complete.
+    wait_for("every first rollout to complete", CONVERGE, || async {
+        let list = deployments.list(&ListParams::default()).await.ok()?.items;
+        (list.len() == names.len() && !list.iter().any(is_rolling)).then_some(())
+    })
+    .await;
     drop(old);
 
     // The new operator version brings a new default image; one Deployment may roll at a time.
@@ -1239,7 +1265,6 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
         options("memcached:new", &["--max-concurrent-rollouts=1"]),
     )
     .await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let started = Instant::now();
     let (mut most_rolling, mut queued_seen) = (0, false);
