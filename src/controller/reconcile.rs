@@ -121,34 +121,24 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
             // 4. Ensure the headless Service and the disruption budget, at the same time.
-            let desired = resources::deployment(mc, &ctx.default_image);
-            let queued = rollout_must_wait(ctx, mc, existing_deployment.as_deref(), &desired);
-            if queued {
-                rollout_queued = Some(ctx.rollouts.limit());
-            }
-            let deployment = async {
-                match (&existing_deployment, queued) {
-                    (Some(existing), true) => Ok(existing.clone()),
-                    _ => {
-                        let existing = existing_deployment.clone();
-                        ensure(ctx, mc, &deployments, existing, desired, Announce::Always).await
-                    }
-                }
-            };
+            let service = resources::service(mc);
             let applied = tokio::try_join!(
-                deployment,
+                ensure_deployment(ctx, mc, &deployments, existing_deployment.clone()),
                 ensure(
                     ctx,
                     mc,
                     &services,
                     existing_service,
-                    resources::service(mc),
+                    service,
                     Announce::Always
                 ),
                 ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
             );
             match applied {
-                Ok((deployment, _, _)) => Some(deployment),
+                Ok(((deployment, queued), _, _)) => {
+                    rollout_queued = queued.then(|| ctx.rollouts.limit());
+                    Some(deployment)
+                }
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
                     blocked = Some(Blocked::Refused { refusal, message });
@@ -187,17 +177,32 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     }
 }
 
+/// The Deployment as the spec wants it, unless that would start a rollout that must wait for
+/// the budget (then the Deployment as it is, and true).
+async fn ensure_deployment(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<Deployment>,
+    existing: Option<Arc<Deployment>>,
+) -> Result<(Arc<Deployment>, bool)> {
+    let desired = resources::deployment(mc, &ctx.default_image);
+    if let Some(existing) = &existing
+        && rollout_must_wait(ctx, mc, existing, &desired)
+    {
+        return Ok((existing.clone(), true));
+    }
+    let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
+    Ok((applied, false))
+}
+
 /// Whether applying `desired` would roll the pods for a reason the Memcached's spec did not
 /// give (an operator upgrade) while the rollout budget is spent; see rollouts.rs.
 fn rollout_must_wait(
     ctx: &Context,
     mc: &Memcached,
-    existing: Option<&Deployment>,
+    existing: &Deployment,
     desired: &Deployment,
 ) -> bool {
-    let Some(existing) = existing else {
-        return false;
-    };
     let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
     if spec_changed(mc) || !needs_apply(&template(desired), &template(existing)) {
         return false;
