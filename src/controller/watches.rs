@@ -136,10 +136,14 @@ fn scope_controller(
         deployment_events.filter(unless_waiting(workers.clone(), controller_of::<Deployment>));
     let service_events =
         service_events.filter(unless_waiting(workers.clone(), controller_of::<Service>));
-    let budget_events = budget_events.filter(unless_waiting(
-        workers.clone(),
-        controller_of::<PodDisruptionBudget>,
-    ));
+    // The disruption controller rewrites a budget's status whenever a pod's readiness changes;
+    // the pod watch already reports that, so only spec changes (and creation) trigger.
+    let budget_events = budget_events
+        .predicate_filter(predicates::generation, Default::default())
+        .filter(unless_waiting(
+            workers.clone(),
+            controller_of::<PodDisruptionBudget>,
+        ));
 
     let pods = Arc::new(PodIndex::default());
     let pod_events = watcher(
