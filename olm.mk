@@ -66,7 +66,7 @@ scorecard-static: scorecard-test ## Run the scorecard's built-in (static) tests 
 bundle-check: operator-sdk opm ## Fail if bundle/, bundle.Dockerfile, catalog/ or catalog.Dockerfile drift from config/.
 	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh --check
 	hack/olm/check-bundle-dockerfile.sh
-	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
 
 .PHONY: bundle-build
 bundle-build: ## Build the bundle image (bundle.Dockerfile).
@@ -77,8 +77,8 @@ bundle-push: ## Push the bundle image.
 	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
 
 .PHONY: catalog
-catalog: opm ## Regenerate catalog/ (file-based catalog, opm render of bundle/) and catalog.Dockerfile; opm validate.
-	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh
+catalog: opm ## Update catalog/ (every release; bundle/ rendered, its channel entries set) and catalog.Dockerfile; opm validate.
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh
 
 .PHONY: catalog-build
 catalog-build: ## Build the catalog image (catalog.Dockerfile: opm serve of catalog/).

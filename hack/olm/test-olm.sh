@@ -33,7 +33,7 @@ CSV_NAME="$(yq -r '.metadata.name' "${REPO_ROOT}/bundle/manifests/${PACKAGE}.clu
 DEPLOYMENT="$(yq -r '.spec.install.spec.deployments[0].name' "${REPO_ROOT}/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml")"
 SA="$(yq -r '.spec.install.spec.deployments[0].spec.template.spec.serviceAccountName' "${REPO_ROOT}/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml")"
 IMAGE="$(yq -r '.spec.install.spec.deployments[0].spec.template.spec.containers[0].image' "${REPO_ROOT}/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml")"
-DEFAULT_CHANNEL="$(yq -r 'select(.schema == "olm.package") | .defaultChannel' "${REPO_ROOT}/catalog/${PACKAGE}/index.yaml")"
+DEFAULT_CHANNEL="$(yq -r 'select(.schema == "olm.package") | .defaultChannel' "${REPO_ROOT}/catalog/${PACKAGE}/package.yaml")"
 
 LOG_TAG=olm/test-olm
 # shellcheck source=hack/lib.sh
@@ -97,7 +97,7 @@ jp() { kctl get "$@" 2>/dev/null; } # RESOURCE... -o jsonpath=... : empty on err
 
 # ---------------------------------------------------------------- setup
 for p in 8080 8443; do port_free "${p}" || die "port ${p} is in use (OLM's operators bind it; stop whatever holds it)"; done
-[[ -f "${REPO_ROOT}/catalog/${PACKAGE}/index.yaml" ]] || die "catalog/${PACKAGE}/index.yaml not found: run make catalog"
+[[ -f "${REPO_ROOT}/catalog/${PACKAGE}/package.yaml" ]] || die "catalog/${PACKAGE}/package.yaml not found: run make catalog"
 
 OPM="${OPM:-$("${OLM_HACK_DIR}/build-tools.sh" --path opm)}"
 OLM_DIR="${OLM_DIR:-$("${OLM_HACK_DIR}/build-tools.sh" --path olm)}"
