@@ -4,7 +4,7 @@
 # $(MEMCACHED_OPERATOR_CACHE)/bin/<tool>-<version>/ (pins: hack/olm/versions.env).
 
 # OPERATOR_SDK_VERSION, OPM_VERSION, OLM_VERSION, BUNDLE_VERSION, BUNDLE_CREATED_AT,
-# BUNDLE_CHANNELS, BUNDLE_DEFAULT_CHANNEL.
+# BUNDLE_REPLACES, BUNDLE_SKIP_RANGE_MIN, BUNDLE_CHANNELS, BUNDLE_DEFAULT_CHANNEL.
 include hack/olm/versions.env
 
 # The bundle's version (CSV memcached-operator.v$(VERSION)).
@@ -15,6 +15,9 @@ IMG ?= $(IMAGE_TAG_BASE):$(VERSION)
 BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
 CATALOG_IMG ?= $(IMAGE_TAG_BASE)-catalog:v$(VERSION)
 CONTAINER_TOOL ?= docker
+# The version it upgrades from (CSV spec.replaces) and the bottom of its olm.skipRange.
+REPLACES ?= $(BUNDLE_REPLACES)
+SKIP_RANGE_MIN ?= $(BUNDLE_SKIP_RANGE_MIN)
 CHANNELS ?= $(BUNDLE_CHANNELS)
 DEFAULT_CHANNEL ?= $(BUNDLE_DEFAULT_CHANNEL)
 # The CSV's createdAt: pinned so that `make bundle` is reproducible (bump it with VERSION).
@@ -29,7 +32,7 @@ OPM_IMAGE ?= operator-framework/opm:$(OPM_VERSION)
 
 # What the bundle scripts read from the environment.
 OLM_BUNDLE_ENV = VERSION=$(VERSION) IMG=$(IMG) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) \
-	CREATED_AT=$(CREATED_AT) OPERATOR_SDK=$(OPERATOR_SDK)
+	CREATED_AT=$(CREATED_AT) REPLACES=$(REPLACES) SKIP_RANGE_MIN=$(SKIP_RANGE_MIN) OPERATOR_SDK=$(OPERATOR_SDK)
 
 ##@ OLM bundle and catalog
 
