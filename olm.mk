@@ -99,6 +99,6 @@ olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); p
 	@hack/olm/build-tools.sh --path olm
 
 .PHONY: test-olm
-test-olm: opm ## Install catalog/ through real OLM on a local control plane (like operator-sdk run bundle); tear down.
+test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked
 	OPM=$(OPM) OPERATOR_BIN=$(CURDIR)/target/debug/memcached-operator hack/olm/test-olm.sh $(CURDIR)/.cluster/olm-test
