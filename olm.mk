@@ -4,7 +4,7 @@
 # $(MEMCACHED_OPERATOR_CACHE)/bin/<tool>-<version>/ (pins: hack/olm/versions.env).
 
 # OPERATOR_SDK_VERSION, OPM_VERSION, OLM_VERSION, BUNDLE_VERSION, BUNDLE_CREATED_AT,
-# BUNDLE_CHANNELS, BUNDLE_DEFAULT_CHANNEL.
+# BUNDLE_REPLACES, BUNDLE_SKIP_RANGE_MIN, BUNDLE_CHANNELS, BUNDLE_DEFAULT_CHANNEL.
 include hack/olm/versions.env
 
 # The bundle's version (CSV memcached-operator.v$(VERSION)).
@@ -15,6 +15,9 @@ IMG ?= $(IMAGE_TAG_BASE):$(VERSION)
 BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
 CATALOG_IMG ?= $(IMAGE_TAG_BASE)-catalog:v$(VERSION)
 CONTAINER_TOOL ?= docker
+# The version it upgrades from (CSV spec.replaces) and the bottom of its olm.skipRange.
+REPLACES ?= $(BUNDLE_REPLACES)
+SKIP_RANGE_MIN ?= $(BUNDLE_SKIP_RANGE_MIN)
 CHANNELS ?= $(BUNDLE_CHANNELS)
 DEFAULT_CHANNEL ?= $(BUNDLE_DEFAULT_CHANNEL)
 # The CSV's createdAt: pinned so that `make bundle` is reproducible (bump it with VERSION).
@@ -29,7 +32,7 @@ OPM_IMAGE ?= operator-framework/opm:$(OPM_VERSION)
 
 # What the bundle scripts read from the environment.
 OLM_BUNDLE_ENV = VERSION=$(VERSION) IMG=$(IMG) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) \
-	CREATED_AT=$(CREATED_AT) OPERATOR_SDK=$(OPERATOR_SDK)
+	CREATED_AT=$(CREATED_AT) REPLACES=$(REPLACES) SKIP_RANGE_MIN=$(SKIP_RANGE_MIN) OPERATOR_SDK=$(OPERATOR_SDK)
 
 ##@ OLM bundle and catalog
 
@@ -66,7 +69,7 @@ scorecard-static: scorecard-test ## Run the scorecard's built-in (static) tests 
 bundle-check: operator-sdk opm ## Fail if bundle/, bundle.Dockerfile, catalog/ or catalog.Dockerfile drift from config/.
 	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh --check
 	hack/olm/check-bundle-dockerfile.sh
-	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
 
 .PHONY: bundle-build
 bundle-build: ## Build the bundle image (bundle.Dockerfile).
@@ -77,8 +80,8 @@ bundle-push: ## Push the bundle image.
 	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
 
 .PHONY: catalog
-catalog: opm ## Regenerate catalog/ (file-based catalog, opm render of bundle/) and catalog.Dockerfile; opm validate.
-	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh
+catalog: opm ## Update catalog/ (every release; bundle/ rendered, its channel entries set) and catalog.Dockerfile; opm validate.
+	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh
 
 .PHONY: catalog-build
 catalog-build: ## Build the catalog image (catalog.Dockerfile: opm serve of catalog/).
@@ -96,6 +99,6 @@ olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); p
 	@hack/olm/build-tools.sh --path olm
 
 .PHONY: test-olm
-test-olm: opm ## Install catalog/ through real OLM on a local control plane (like operator-sdk run bundle); tear down.
+test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked
 	OPM=$(OPM) OPERATOR_BIN=$(CURDIR)/target/debug/memcached-operator hack/olm/test-olm.sh $(CURDIR)/.cluster/olm-test

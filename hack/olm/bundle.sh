@@ -3,6 +3,8 @@
 #   kubectl kustomize config/manifests (+ IMG for the manager's image and the CSV's containerImage)
 #   | operator-sdk generate bundle --package memcached-operator --version $VERSION ...
 #   then pins the CSV's createdAt (operator-sdk stamps the current time) to BUNDLE_CREATED_AT.
+# The upgrade graph: the CSV gets spec.replaces memcached-operator.v$REPLACES and the annotation
+# olm.skipRange ">=$SKIP_RANGE_MIN <$VERSION" (each left out when its variable is empty).
 #
 # Usage:
 #   hack/olm/bundle.sh            regenerate bundle/ and bundle.Dockerfile in the repo, then validate
@@ -11,8 +13,8 @@
 #                                 differs from the committed bundle/ or bundle.Dockerfile (drift)
 #
 # Environment (defaults from hack/olm/versions.env): VERSION, IMG, CHANNELS, DEFAULT_CHANNEL,
-# CREATED_AT; OPERATOR_SDK (path; built and cached by hack/olm/build-tools.sh when unset);
-# KUSTOMIZE (default: kubectl kustomize).
+# CREATED_AT, REPLACES, SKIP_RANGE_MIN (set and empty: none); OPERATOR_SDK (path; built and
+# cached by hack/olm/build-tools.sh when unset); KUSTOMIZE (default: kubectl kustomize).
 set -euo pipefail
 
 OLM_HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +28,8 @@ IMG="${IMG:-${IMAGE_TAG_BASE:-memcached-operator}:${VERSION}}"
 CHANNELS="${CHANNELS:-${BUNDLE_CHANNELS}}"
 DEFAULT_CHANNEL="${DEFAULT_CHANNEL:-${BUNDLE_DEFAULT_CHANNEL}}"
 CREATED_AT="${CREATED_AT:-${BUNDLE_CREATED_AT}}"
+REPLACES="${REPLACES-${BUNDLE_REPLACES}}"
+SKIP_RANGE_MIN="${SKIP_RANGE_MIN-${BUNDLE_SKIP_RANGE_MIN}}"
 read -r -a KUSTOMIZE_CMD <<<"${KUSTOMIZE:-kubectl kustomize}"
 
 TMP_DIRS=()
@@ -76,6 +80,20 @@ patches:
       path: /metadata/annotations/containerImage
       value: "${IMG}"
 EOF
+	if [[ -n "${REPLACES}" ]]; then
+		cat >>"${overlay}/kustomization.yaml" <<EOF
+    - op: add
+      path: /spec/replaces
+      value: "${PACKAGE}.v${REPLACES}"
+EOF
+	fi
+	if [[ -n "${SKIP_RANGE_MIN}" ]]; then
+		cat >>"${overlay}/kustomization.yaml" <<EOF
+    - op: add
+      path: /metadata/annotations/olm.skipRange
+      value: ">=${SKIP_RANGE_MIN} <${VERSION}"
+EOF
+	fi
 	"${KUSTOMIZE_CMD[@]}" "${overlay}"
 }
 
@@ -130,7 +148,7 @@ main() {
 		diff -ru "${REPO_ROOT}/bundle" "${tmp}/bundle" || rc=1
 		diff -u "${REPO_ROOT}/bundle.Dockerfile" "${tmp}/bundle.Dockerfile" || rc=1
 		[[ ${rc} == 0 ]] || die "bundle/ or bundle.Dockerfile differ from what config/ generates: run make bundle"
-		log "bundle/ and bundle.Dockerfile match config/ (VERSION=${VERSION} IMG=${IMG})"
+		log "bundle/ and bundle.Dockerfile match config/ (VERSION=${VERSION} IMG=${IMG} REPLACES=${REPLACES})"
 		;;
 	-*) die "unknown flag: $1 (see the header of $0)" ;;
 	*)
