@@ -123,10 +123,10 @@ pub mod apiserver {
         }
     }
 
-    struct Reply(tower_test::mock::SendResponse<Response<Body>>);
+    pub struct Reply(tower_test::mock::SendResponse<Response<Body>>);
 
     impl Reply {
-        fn send(self, status: StatusCode, body: &Value) {
+        pub fn send(self, status: StatusCode, body: &Value) {
             self.0.send_response(
                 Response::builder()
                     .status(status)
@@ -165,6 +165,11 @@ pub mod apiserver {
                 body,
             };
             (seen, Reply(send))
+        }
+
+        /// The next request, whatever it is, for the caller to answer.
+        pub async fn receive_any(&mut self) -> (Seen, Reply) {
+            self.receive("any request").await
         }
 
         /// Answers the next request with `status` and `reply(body)`; returns what was sent.
