@@ -79,7 +79,7 @@ pub fn run(
         .scopes()
         .into_iter()
         .enumerate()
-        .map(|(index, scope)| scope_watches(&shared, index, scope, caches.subset()))
+        .map(|(index, scope)| scope_watches(&shared, index, scope, caches.subset(), &leading))
         .unzip();
     let scopes = Arc::new(scopes);
     let workers = usize::from(settings.max_concurrent_reconciles.max(1));
@@ -215,6 +215,7 @@ fn scope_watches(
     index: usize,
     scope: Scope,
     caches: Caches,
+    leading: &watch::Receiver<bool>,
 ) -> (ScopeState, Vec<JoinHandle<()>>) {
     let client = &shared.client;
     let queue = &shared.queue;
@@ -223,7 +224,7 @@ fn scope_watches(
     let events = shared.events.clone();
     let (memcacheds, mut mc_writer) = reflector::store::<Memcached>();
     let mut mc_unsynced = Some(caches.watch());
-    let mut mc_triggers = Triggers::new(queue.clone(), index);
+    let mut mc_triggers = Triggers::new(queue.clone(), index, &caches, leading);
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
         raw_memcacheds(client, &scope),
@@ -248,19 +249,19 @@ fn scope_watches(
     let (deployments, deployment_watch) = owned_watch::<Deployment>(
         scope.api(client),
         caches.watch(),
-        Triggers::new(queue.clone(), index),
+        Triggers::new(queue.clone(), index, &caches, leading),
         deployment_drifted,
     );
     let (services, service_watch) = owned_watch::<Service>(
         scope.api(client),
         caches.watch(),
-        Triggers::new(queue.clone(), index),
+        Triggers::new(queue.clone(), index, &caches, leading),
         service_drifted,
     );
 
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
-    let mut pod_triggers = Triggers::new(queue.clone(), index);
+    let mut pod_triggers = Triggers::new(queue.clone(), index, &caches, leading);
     let pod_watch = watcher(
         scope.api::<PartialObjectMeta<Pod>>(client),
         owned_watch_config(),
@@ -324,18 +325,37 @@ fn watched<K>(
 /// Queues the reconciles one watch's events call for, once the event is in the caches those
 /// reconciles read. The triggers of a relist wait for its end, since until then the store still
 /// holds the previous list.
+///
+/// Nothing is queued before this process leads and the scope's caches are filled: then
+/// `queue_all_on_leading` queues every Memcached, with whatever earlier events changed in the
+/// caches, so earlier triggers would only be reconciles that find the caches unfilled and retry.
 struct Triggers {
     queue: Arc<Queue<Key>>,
     scope: usize,
+    caches: Caches,
+    leading: watch::Receiver<bool>,
     relist: Option<Vec<(ObjectRef<Memcached>, Priority)>>,
 }
 
 impl Triggers {
-    fn new(queue: Arc<Queue<Key>>, scope: usize) -> Self {
+    fn new(
+        queue: Arc<Queue<Key>>,
+        scope: usize,
+        caches: &Caches,
+        leading: &watch::Receiver<bool>,
+    ) -> Self {
         Self {
             queue,
             scope,
+            caches: caches.clone(),
+            leading: leading.clone(),
             relist: None,
+        }
+    }
+
+    fn add(&self, key: ObjectRef<Memcached>, priority: Priority) {
+        if *self.leading.borrow() && self.caches.synced() {
+            self.queue.add((self.scope, key), priority);
         }
     }
 
@@ -348,7 +368,7 @@ impl Triggers {
             watcher::Event::Init => self.relist = Some(Vec::new()),
             watcher::Event::InitDone => {
                 for (key, priority) in self.relist.take().unwrap_or_default() {
-                    self.queue.add((self.scope, key), priority);
+                    self.add(key, priority);
                 }
             }
             _ => {
@@ -357,7 +377,7 @@ impl Triggers {
                 };
                 match (&mut self.relist, event) {
                     (Some(relist), watcher::Event::InitApply(_)) => relist.push((key, priority)),
-                    _ => self.queue.add((self.scope, key), priority),
+                    _ => self.add(key, priority),
                 }
             }
         }
