@@ -122,7 +122,9 @@ impl<K: Hash + Eq + Clone> Queue<K> {
         }
     }
 
-    /// Queues `key` after `delay`. A key already delayed keeps the earlier of the two times.
+    /// Queues `key` after `delay`. A key already delayed keeps the earlier of the two times; a
+    /// key already waiting (and not being processed) at this priority or higher is left as it
+    /// is: it runs sooner, with whatever changed by then.
     pub fn add_after(&self, key: K, delay: Duration, priority: Priority) {
         if delay.is_zero() {
             return self.add(key, priority);
@@ -130,6 +132,14 @@ impl<K: Hash + Eq + Clone> Queue<K> {
         let at = Instant::now() + delay;
         let mut state = lock(&self.state);
         if state.shutting_down {
+            return;
+        }
+        let waiting = state
+            .dirty
+            .get(&key)
+            .is_some_and(|w| w.priority >= priority)
+            && !state.processing.contains(&key);
+        if waiting {
             return;
         }
         let earliest = match state.due.get(&key) {
@@ -505,6 +515,27 @@ mod tests {
         assert_eq!(next(&q).await, Some(("a", Low)));
         q.done(&"a");
         assert_eq!(next(&q).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_add_of_a_waiting_key_adds_nothing() {
+        let q = queue();
+        q.add("a", Low);
+        q.add_after("a", Duration::from_secs(1), Low);
+        assert_eq!(next(&q).await, Some(("a", Low)));
+        q.done(&"a");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(next(&q).await, None, "the waiting run covered it");
+        q.add("b", Low);
+        let (b, _) = next(&q).await.unwrap();
+        q.add_after("b", Duration::from_secs(1), Low);
+        q.done(&b);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            next(&q).await,
+            Some(("b", Low)),
+            "a key being processed may have read the caches before the change: it runs again"
+        );
     }
 
     #[tokio::test(start_paused = true)]

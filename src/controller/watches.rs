@@ -41,6 +41,9 @@ use crate::watch_namespace::Scope;
 /// A queued reconcile: the watch scope (index into the scopes) and the Memcached.
 type Key = (usize, ObjectRef<Memcached>);
 
+/// How long a status refresh waits for further events of the same Memcached to join it.
+const STATUS_SETTLE: Duration = Duration::from_millis(500);
+
 /// Retry delay after a reconcile panicked (a bug): the backoff of an error, from this floor.
 const PANIC_RETRY: Duration = Duration::from_secs(1);
 
@@ -354,8 +357,17 @@ impl Triggers {
     }
 
     fn add(&self, key: ObjectRef<Memcached>, priority: Priority) {
-        if *self.leading.borrow() && self.caches.synced() {
-            self.queue.add((self.scope, key), priority);
+        if !(*self.leading.borrow() && self.caches.synced()) {
+            return;
+        }
+        match priority {
+            Priority::High => self.queue.add((self.scope, key), priority),
+            // A rollout moves pods and the Deployment's status through several states within a
+            // second; one reconcile after them reports the same as one per state, with fewer
+            // status writes in the way of the changes users wait for.
+            Priority::Low => self
+                .queue
+                .add_after((self.scope, key), STATUS_SETTLE, priority),
         }
     }
 
