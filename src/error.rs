@@ -22,6 +22,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// An object of an owned object's name exists and this Memcached does not control it.
+    #[error("{kind} of the Memcached's name belongs to someone else")]
+    Foreign { kind: String },
     /// The API server refused an owned object built from the spec; reported on the Memcached.
     #[error("{message}")]
     Refused { refusal: Refusal, message: String },
@@ -47,6 +50,7 @@ impl Error {
             Error::Apply { .. } => "apply",
             Error::Status { .. } => "status",
             Error::Refused { .. } => "refused",
+            Error::Foreign { .. } => "foreign",
         }
     }
 

@@ -132,10 +132,10 @@ pub mod apiserver {
         }
     }
 
-    struct Reply(tower_test::mock::SendResponse<Response<Body>>);
+    pub struct Reply(tower_test::mock::SendResponse<Response<Body>>);
 
     impl Reply {
-        fn send(self, status: StatusCode, body: &Value) {
+        pub fn send(self, status: StatusCode, body: &Value) {
             self.0.send_response(
                 Response::builder()
                     .status(status)
@@ -174,6 +174,11 @@ pub mod apiserver {
                 body,
             };
             (seen, Reply(send))
+        }
+
+        /// The next request, whatever it is, for the caller to answer.
+        pub async fn receive_any(&mut self) -> (Seen, Reply) {
+            self.receive("any request").await
         }
 
         /// Answers the next request with `status` and `reply(body)`; returns what was sent.

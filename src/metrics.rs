@@ -2,8 +2,8 @@
 //! written for Go operators work unchanged.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Value of the `controller` label.
@@ -15,6 +15,21 @@ const RECONCILE_BUCKETS: &[f64] = &[
     1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
     25.0, 30.0, 40.0, 50.0, 60.0,
 ];
+
+/// controller-runtime's workqueue histogram buckets: 10 ns to 1000 s, ×10 each.
+fn workqueue_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets")
+}
+
+/// The work queue's series (controller-runtime's `workqueue_*`), labelled for this controller.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    pub depth: IntGauge,
+    pub adds: IntCounter,
+    pub retries: IntCounter,
+    pub queue_duration: Histogram,
+    pub work_duration: Histogram,
+}
 
 /// Result label of `controller_runtime_reconcile_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +61,11 @@ pub struct Metrics {
     max_concurrent: IntGaugeVec,
     leader: IntGaugeVec,
     pub invalid_objects: IntGauge,
+    workqueue_depth: IntGaugeVec,
+    workqueue_adds: IntCounterVec,
+    workqueue_retries: IntCounterVec,
+    workqueue_queue_duration: HistogramVec,
+    workqueue_work_duration: HistogramVec,
 }
 
 impl Default for Metrics {
@@ -116,6 +136,46 @@ impl Metrics {
             "Memcached objects skipped because they could not be parsed",
         )
         .unwrap();
+        let queue_labels = &["controller", "name"];
+        let workqueue_depth = IntGaugeVec::new(
+            Opts::new("workqueue_depth", "Current depth of workqueue"),
+            queue_labels,
+        )
+        .unwrap();
+        let workqueue_adds = IntCounterVec::new(
+            Opts::new(
+                "workqueue_adds_total",
+                "Total number of adds handled by workqueue",
+            ),
+            queue_labels,
+        )
+        .unwrap();
+        let workqueue_retries = IntCounterVec::new(
+            Opts::new(
+                "workqueue_retries_total",
+                "Total number of retries handled by workqueue",
+            ),
+            queue_labels,
+        )
+        .unwrap();
+        let workqueue_queue_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested",
+            )
+            .buckets(workqueue_buckets()),
+            queue_labels,
+        )
+        .unwrap();
+        let workqueue_work_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes.",
+            )
+            .buckets(workqueue_buckets()),
+            queue_labels,
+        )
+        .unwrap();
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -125,6 +185,11 @@ impl Metrics {
             Box::new(max_concurrent.clone()),
             Box::new(leader.clone()),
             Box::new(invalid_objects.clone()),
+            Box::new(workqueue_depth.clone()),
+            Box::new(workqueue_adds.clone()),
+            Box::new(workqueue_retries.clone()),
+            Box::new(workqueue_queue_duration.clone()),
+            Box::new(workqueue_work_duration.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -150,6 +215,23 @@ impl Metrics {
             max_concurrent,
             leader,
             invalid_objects,
+            workqueue_depth,
+            workqueue_adds,
+            workqueue_retries,
+            workqueue_queue_duration,
+            workqueue_work_duration,
+        }
+    }
+
+    /// The work queue's series; they appear (at 0) from this call on.
+    pub fn queue(&self) -> QueueMetrics {
+        let labels = &[CONTROLLER, CONTROLLER];
+        QueueMetrics {
+            depth: self.workqueue_depth.with_label_values(labels),
+            adds: self.workqueue_adds.with_label_values(labels),
+            retries: self.workqueue_retries.with_label_values(labels),
+            queue_duration: self.workqueue_queue_duration.with_label_values(labels),
+            work_duration: self.workqueue_work_duration.with_label_values(labels),
         }
     }
 

@@ -1,19 +1,48 @@
 //! The Memcached controller: the reconcile (the tutorial's steps), the events it records, and
-//! the watches and workers that drive it.
+//! the watches, work queue and workers that drive it.
 
 mod events;
 mod pod_index;
+mod queue;
 mod reconcile;
 pub(crate) mod rollouts;
+mod trim;
 mod watches;
-mod workers;
 
 pub use events::Events;
+pub use queue::Priority;
 pub use reconcile::{Context, error_policy, reconcile};
 pub use rollouts::Rollouts;
 pub use watches::{parse_event, run};
 
+use std::time::Duration;
+
 use crate::watch_namespace::WatchNamespace;
+
+/// What a reconcile asks for next: nothing until a watch event says something changed, or
+/// another run after a delay (a recheck, or after an error a retry with backoff).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    pub const fn requeue(after: Duration) -> Self {
+        Self {
+            requeue_after: Some(after),
+        }
+    }
+
+    pub const fn await_change() -> Self {
+        Self {
+            requeue_after: None,
+        }
+    }
+
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.requeue_after
+    }
+}
 
 /// Settings of the controller, from flags and environment.
 #[derive(Clone, Debug)]

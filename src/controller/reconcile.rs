@@ -6,12 +6,12 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Action;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -120,24 +120,46 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         Some(_) => existing_deployment,
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
-            // 4. Ensure the headless Service and the disruption budget, at the same time.
-            let service = resources::service(mc);
-            let applied = tokio::try_join!(
-                ensure_deployment(ctx, mc, &deployments, existing_deployment.clone()),
-                ensure(
-                    ctx,
-                    mc,
-                    &services,
-                    existing_service,
-                    service,
-                    Announce::Always
-                ),
-                ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
-            );
+            // 4. Ensure the headless Service and the disruption budget.
+            let applied = if existing_deployment.is_none() && existing_service.is_none() {
+                // A new Memcached (or one whose objects someone else holds): the Deployment
+                // first, so that nothing is created while its name is someone else's.
+                async {
+                    let deployment = ensure_deployment(ctx, mc, &deployments, None).await?;
+                    let service = resources::service(mc);
+                    tokio::try_join!(
+                        ensure(ctx, mc, &services, None, service, Announce::Always),
+                        ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
+                    )?;
+                    Ok(deployment)
+                }
+                .await
+            } else {
+                let service = resources::service(mc);
+                tokio::try_join!(
+                    ensure_deployment(ctx, mc, &deployments, existing_deployment.clone()),
+                    ensure(
+                        ctx,
+                        mc,
+                        &services,
+                        existing_service,
+                        service,
+                        Announce::Always
+                    ),
+                    ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
+                )
+                .map(|(deployment, _, _)| deployment)
+            };
             match applied {
-                Ok(((deployment, queued), _, _)) => {
+                Ok((deployment, queued)) => {
                     rollout_queued = queued.then(|| ctx.rollouts.limit());
                     Some(deployment)
+                }
+                Err(Error::Foreign { kind }) => {
+                    blocked = Some(Blocked::ResourceExists {
+                        message: status::conflict_message(&kind, mc),
+                    });
+                    None
                 }
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
@@ -300,8 +322,11 @@ fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
     delay
 }
 
-/// The owned object of the Memcached's name: from the cache of labelled objects, else from the
-/// API server, since a foreign object of that name (which the cache never holds) must be seen.
+/// The owned object of the Memcached's name, from the cache of labelled objects. A foreign
+/// object of that name is never in that cache: `ensure` finds it by creating only if nothing of
+/// that name exists, so the common path (nothing there) costs no read. While the status reports
+/// one, it is looked up with a read instead, so each recheck costs one request and never a write
+/// attempt on someone else's object.
 async fn lookup<K>(api: &Api<K>, cache: &Store<K>, mc: &Memcached) -> Result<Option<Arc<K>>>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
@@ -309,12 +334,29 @@ where
     if let Some(cached) = cached(cache, mc) {
         return Ok(Some(cached));
     }
-    let name = mc.name_any();
-    match api.get_opt(&name).await {
+    if !reports_foreign_object(mc) {
+        return Ok(None);
+    }
+    read(api, &mc.name_any()).await
+}
+
+fn reports_foreign_object(mc: &Memcached) -> bool {
+    mc.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == status::DEGRADED && c.reason == status::Reason::ResourceExists.as_str()
+        })
+    })
+}
+
+async fn read<K>(api: &Api<K>, name: &str) -> Result<Option<Arc<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    match api.get_opt(name).await {
         Ok(found) => Ok(found.map(Arc::new)),
         Err(source) => Err(Error::Read {
             kind: K::kind(&()).into_owned(),
-            name,
+            name: name.to_string(),
             source,
         }),
     }
@@ -336,7 +378,13 @@ enum Announce {
     Changes,
 }
 
-/// Applies `desired` unless `existing` already holds it; returns the object as it now is.
+/// A resourceVersion no object has (etcd's first write is revision 2): an apply that carries it
+/// creates the object when there is none, and fails with a conflict when there is one.
+const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
+
+/// Applies `desired` unless `existing` already holds it; returns the object as it now is. With
+/// nothing cached, the apply only creates: if an object of that name exists, it is read, and
+/// left alone (`Error::Foreign`) unless this Memcached controls it.
 async fn ensure<K>(
     ctx: &Context,
     mc: &Memcached,
@@ -348,29 +396,65 @@ async fn ensure<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
 {
+    let name = desired.name_any();
+    let existing = match existing {
+        Some(existing) => Some(existing),
+        None => {
+            let mut create = desired.clone();
+            create.meta_mut().resource_version = Some(NO_OBJECT_HAS_THIS_VERSION.into());
+            match apply(api, &create).await {
+                Ok(created) => {
+                    if announce == Announce::Always {
+                        ctx.events.applied(mc, &created, &Change::Created);
+                    }
+                    return Ok(Arc::new(created));
+                }
+                Err(Error::Apply {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 409 => {}
+                Err(error) => return Err(error),
+            }
+            match read(api, &name).await? {
+                Some(found) if !is_controlled_by(found.meta(), mc) => {
+                    return Err(Error::Foreign {
+                        kind: K::kind(&()).into_owned(),
+                    });
+                }
+                // Ours, and not in the cache yet; or gone again, and then applied as new.
+                found => found,
+            }
+        }
+    };
     if let Some(existing) = &existing
         && !needs_apply(&desired, existing.as_ref())
     {
         return Ok(existing.clone());
     }
-    let name = desired.name_any();
-    let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER_NAME).force(),
-            &Patch::Apply(&desired),
-        )
-        .await
-        .map_err(|source| Error::Apply {
-            kind: K::kind(&()).into_owned(),
-            name,
-            source,
-        })?;
+    let applied = apply(api, &desired).await?;
     let change = Change::between(existing.as_deref(), &applied, mc);
     if announce == Announce::Always || change != Change::Created {
         ctx.events.applied(mc, &applied, &change);
     }
     Ok(Arc::new(applied))
+}
+
+async fn apply<K>(api: &Api<K>, desired: &K) -> Result<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let name = desired.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER_NAME).force(),
+        &Patch::Apply(desired),
+    )
+    .await
+    .map_err(|source| Error::Apply {
+        kind: K::kind(&()).into_owned(),
+        name,
+        source,
+    })
 }
 
 async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
@@ -475,9 +559,7 @@ mod tests {
         let (ctx, api, _caches) = apiserver::context();
         let mc = memcached("cache", 3);
         let action = scenario(mc.clone(), ctx, api, |mut api| async move {
-            api.not_found(DEPLOYMENT).await;
-            api.not_found(SERVICE).await;
-            api.not_found(BUDGET).await;
+            // No reads: an apply that only creates tells whether the name is free.
             let apply = api.echo("PATCH", DEPLOYMENT).await;
             assert!(
                 apply
@@ -485,23 +567,36 @@ mod tests {
                     .contains("fieldManager=memcached-operator")
             );
             assert!(apply.path_and_query.contains("force=true"));
+            assert_eq!(apply.body["metadata"]["resourceVersion"], "1");
             assert_eq!(apply.body["spec"]["replicas"], 3);
             assert_eq!(
                 apply.body["metadata"]["ownerReferences"][0]["uid"],
                 "uid-cache"
             );
-            // The Service apply goes out with the Deployment's, before either answer's event.
-            let svc = api.echo("PATCH", SERVICE).await;
+            // Then the Service and the budget, the status, and the events going out in the
+            // background.
+            let (mut services, rest): (Vec<_>, Vec<_>) = api
+                .echo_any_order(5, &mc)
+                .await
+                .into_iter()
+                .partition(|r| r.path() == SERVICE);
+            let svc = services.pop().expect("the Service is created");
+            assert_eq!(svc.method, "PATCH");
+            assert_eq!(svc.body["metadata"]["resourceVersion"], "1");
             assert_eq!(svc.body["spec"]["clusterIP"], "None");
-            let budget = api.echo("PATCH", BUDGET).await;
+            let budget = rest
+                .iter()
+                .find(|r| r.path() == BUDGET)
+                .expect("the budget is created");
+            assert_eq!(budget.body["metadata"]["resourceVersion"], "1");
             assert_eq!(budget.body["spec"]["maxUnavailable"], 1);
             assert_eq!(
                 budget.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
                 "cache"
             );
-            // Then the status, with the events going out in the background; the budget's
-            // creation has none of its own (it comes with the Deployment's).
-            let (events, status) = events_and_status(api.echo_any_order(3, &mc).await);
+            // The budget's creation has no event of its own (it comes with the Deployment's).
+            let rest = rest.into_iter().filter(|r| r.path() != BUDGET).collect();
+            let (events, status) = events_and_status(rest);
             let mut events: Vec<_> = events.into_iter().map(|e| e.body).collect();
             events.sort_by_key(|e| e["note"].to_string());
             let described: Vec<_> = events
@@ -598,18 +693,32 @@ mod tests {
         .unwrap();
     }
 
+    fn conflict(_: &serde_json::Value) -> serde_json::Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+               "message": "Operation cannot be fulfilled on deployments.apps \"cache\": the object has been modified"})
+    }
+
+    fn foreign_deployment(mc: &Memcached) -> serde_json::Value {
+        let mut foreign = resources::deployment(mc, "someone/else");
+        foreign.metadata.owner_references = None;
+        foreign.metadata.labels = None;
+        serde_json::to_value(&foreign).unwrap()
+    }
+
     #[tokio::test]
     async fn foreign_deployment_is_left_untouched_with_a_warning() {
         let (ctx, api, _caches) = apiserver::context();
         let mc = memcached("cache", 1);
-        let mut foreign = resources::deployment(&mc, "someone/else");
-        foreign.metadata.owner_references = None;
-        foreign.metadata.labels = None;
-        let foreign = serde_json::to_value(&foreign).unwrap();
+        let foreign = foreign_deployment(&mc);
         let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            // The create-only apply fails on the existing object, without changing it.
+            let create = api
+                .expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+                .await;
+            assert_eq!(create.body["metadata"]["resourceVersion"], "1");
             api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| foreign)
                 .await;
-            api.not_found(SERVICE).await;
+            // Nothing else is created.
             let status = api.echo_status(STATUS, &mc).await;
             assert_eq!(
                 condition(&status.body, DEGRADED),
@@ -628,6 +737,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
+        let (ctx, api, _caches) = apiserver::context();
+        let mut mc = memcached("cache", 1);
+        let blocked = Blocked::ResourceExists {
+            message: status::conflict_message("Deployment", &mc),
+        };
+        let observed = Observed {
+            blocked: Some(blocked),
+            ..Default::default()
+        };
+        mc.status = Some(status::desired_status(
+            &mc,
+            &observed,
+            &crate::fixtures::time(0),
+        ));
+        let foreign = foreign_deployment(&mc);
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            let mut reads = Vec::new();
+            for _ in 0..2 {
+                let (request, reply) = api.receive_any().await;
+                reads.push(request.path().to_string());
+                match request.path() {
+                    DEPLOYMENT => reply.send(StatusCode::OK, &foreign),
+                    _ => reply.send(StatusCode::NOT_FOUND, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})),
+                }
+            }
+            reads.sort();
+            assert_eq!(reads, [SERVICE, DEPLOYMENT]);
+            // The status already says so, and the Warning was published: nothing more.
+            api
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+    }
+
+    #[tokio::test]
+    async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 1);
+        let d = deployment_with_status(&mc, 1, 1);
+        caches.add_service(resources::service(&mc));
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Default::default()
+        };
+        mc.status = Some(status::desired_status(
+            &mc,
+            &observed,
+            &crate::fixtures::time(0),
+        ));
+        let ours = serde_json::to_value(&d).unwrap();
+        scenario(mc, ctx, api, |mut api| async move {
+            api.expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+                .await;
+            api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| ours)
+                .await;
+            api
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
     async fn refused_apply_is_reported_once_and_rechecked_slowly() {
         let (ctx, api, mut caches) = apiserver::context();
         let mc = memcached("cache", 1);
@@ -638,7 +811,6 @@ mod tests {
         };
         let reported = mc.clone();
         let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
-            api.not_found(DEPLOYMENT).await;
             api.expect(
                 "PATCH",
                 DEPLOYMENT,
@@ -722,8 +894,6 @@ mod tests {
         let mc = memcached("cache", 1);
         let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
         let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
-            api.not_found(DEPLOYMENT).await;
-            api.not_found(SERVICE).await;
             api.expect(
                 "PATCH",
                 DEPLOYMENT,
