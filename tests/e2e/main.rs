@@ -149,6 +149,12 @@ async fn converged_memcached_makes_no_writes() {
     let op = Operator::start(&client, OperatorOptions::default()).await;
     create(&client, &ns, &memcached("quiet", 2)).await;
     wait_converged(&client, &ns, "quiet", 2).await;
+    // Ready pods become available after minReadySeconds, and the status reports that too.
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    wait_for("the rollout to complete", CONVERGE, || async {
+        (!is_rolling(&deployments.get("quiet").await.ok()?)).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let d = Api::<Deployment>::namespaced(client.clone(), &ns)
         .get("quiet")
