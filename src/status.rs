@@ -244,6 +244,11 @@ fn keep_transition_time(mc: &Memcached, mut new: Condition, now: &Time) -> Condi
     new
 }
 
+/// The user changed the spec since the last status was written.
+pub fn spec_changed(mc: &Memcached) -> bool {
+    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
+}
+
 /// The named condition's status, for callers that only need True/False.
 pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
     status

@@ -48,7 +48,7 @@ impl Change {
                 .and_then(|v| v["spec"]["replicas"].as_i64())
         };
         match (replicas(before), replicas(after)) {
-            (Some(from), Some(to)) if from != to && super::reconcile::spec_changed(mc) => {
+            (Some(from), Some(to)) if from != to && crate::status::spec_changed(mc) => {
                 Change::Scaled { from, to }
             }
             (Some(was), Some(to)) if was != to => Change::DriftRestored { was, to },

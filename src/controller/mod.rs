@@ -5,6 +5,7 @@ mod events;
 mod pod_index;
 mod queue;
 mod reconcile;
+mod relisted;
 pub(crate) mod rollouts;
 mod trim;
 mod watches;

@@ -13,6 +13,7 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 
 use super::lock;
+use super::relisted::Relisted;
 use crate::resources::LABEL_INSTANCE;
 
 /// (namespace, name)
@@ -63,41 +64,19 @@ impl Index {
 /// Pod names by Memcached, fed every event of the pod watch (before the controller sees it, so
 /// the reconcile it triggers reads the index with the event applied).
 #[derive(Default)]
-pub struct PodIndex(Mutex<State>);
-
-#[derive(Default)]
-struct State {
-    live: Index,
-    /// A relist in progress: it replaces `live` when complete, as a reflector store does.
-    relist: Option<Index>,
-}
+pub struct PodIndex(Mutex<Relisted<Index>>);
 
 impl PodIndex {
     pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
-        let mut state = lock(&self.0);
-        match event {
-            watcher::Event::Apply(pod) => state.live.apply(pod),
-            watcher::Event::Delete(pod) => state
-                .live
-                .remove(&(pod.namespace().unwrap_or_default(), pod.name_any())),
-            watcher::Event::Init => state.relist = Some(Index::default()),
-            watcher::Event::InitApply(pod) => {
-                if let Some(index) = state.relist.as_mut() {
-                    index.apply(pod);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(index) = state.relist.take() {
-                    state.live = index;
-                }
-            }
-        }
+        lock(&self.0).observe(event, Index::apply, |index, pod| {
+            index.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()));
+        });
     }
 
     /// Sorted names of the pods of Memcached `name` in `namespace` that are not being deleted.
     pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<String> {
         lock(&self.0)
-            .live
+            .live()
             .pods
             .get(&(namespace.to_string(), name.to_string()))
             .map(|names| names.iter().cloned().collect())

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::Action;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -121,23 +122,10 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
             // 4. Ensure the headless Service and the disruption budget.
-            let applied = if existing_deployment.is_none() && existing_service.is_none() {
-                // A new Memcached (or one whose objects someone else holds): the Deployment
-                // first, so that nothing is created while its name is someone else's.
-                async {
-                    let deployment = ensure_deployment(ctx, mc, &deployments, None).await?;
-                    let service = resources::service(mc);
-                    tokio::try_join!(
-                        ensure(ctx, mc, &services, None, service, Announce::Always),
-                        ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
-                    )?;
-                    Ok(deployment)
-                }
-                .await
-            } else {
-                let service = resources::service(mc);
+            let new = existing_deployment.is_none() && existing_service.is_none();
+            let service = resources::service(mc);
+            let others = async {
                 tokio::try_join!(
-                    ensure_deployment(ctx, mc, &deployments, existing_deployment.clone()),
                     ensure(
                         ctx,
                         mc,
@@ -148,7 +136,19 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
                     ),
                     ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
                 )
-                .map(|(deployment, _, _)| deployment)
+            };
+            let deployment = ensure_deployment(ctx, mc, &deployments, existing_deployment.clone());
+            let applied = if new {
+                // A new Memcached (or one whose objects someone else holds): the Deployment
+                // first, so that nothing is created while its name is someone else's.
+                async {
+                    let deployment = deployment.await?;
+                    others.await?;
+                    Ok(deployment)
+                }
+                .await
+            } else {
+                tokio::try_join!(deployment, others).map(|(deployment, _)| deployment)
             };
             match applied {
                 Ok((deployment, queued)) => {
@@ -208,7 +208,9 @@ async fn ensure_deployment(
     existing: Option<Arc<Deployment>>,
 ) -> Result<(Arc<Deployment>, bool)> {
     let desired = resources::deployment(mc, &ctx.default_image);
+    // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
+        && needs_apply(&desired, existing.as_ref())
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
         return Ok((existing.clone(), true));
@@ -225,17 +227,14 @@ fn rollout_must_wait(
     existing: &Deployment,
     desired: &Deployment,
 ) -> bool {
-    let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
-    if spec_changed(mc) || !needs_apply(&template(desired), &template(existing)) {
+    fn template(d: &Deployment) -> Option<&PodTemplateSpec> {
+        d.spec.as_ref().map(|s| &s.template)
+    }
+    if status::spec_changed(mc) || !needs_apply(&template(desired), &template(existing)) {
         return false;
     }
     !ctx.rollouts
         .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
-}
-
-/// The user changed the spec since the last status was written.
-pub fn spec_changed(mc: &Memcached) -> bool {
-    mc.status.as_ref().and_then(|s| s.observed_generation) != mc.metadata.generation
 }
 
 /// The disruption budget as wanted: applied, or ours deleted when none is wanted any more.

@@ -19,6 +19,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use super::lock;
+use super::relisted::Relisted;
 
 /// (namespace, name) of a Deployment.
 type Key = (String, String);
@@ -34,11 +35,9 @@ pub struct Rollouts {
 
 #[derive(Default)]
 struct State {
-    rolling: HashSet<Key>,
+    rolling: Relisted<HashSet<Key>>,
     /// Granted, and not yet seen rolling by the watch.
     reserved: HashMap<Key, Instant>,
-    /// A relist in progress: it replaces `rolling` when complete, as a reflector store does.
-    relist: Option<HashSet<Key>>,
 }
 
 impl Rollouts {
@@ -53,29 +52,18 @@ impl Rollouts {
     pub fn observe(&self, event: &watcher::Event<Deployment>) {
         let mut state = lock(&self.state);
         match event {
-            watcher::Event::Apply(d) => {
-                if is_rolling(d) {
-                    state.reserved.remove(&key(d));
-                }
-                update(&mut state.rolling, d);
-            }
-            watcher::Event::Delete(d) => {
-                state.rolling.remove(&key(d));
+            // The watch now shows the rollout it granted, or shows it gone.
+            watcher::Event::Apply(d) if is_rolling(d) => {
                 state.reserved.remove(&key(d));
             }
-            watcher::Event::Init => state.relist = Some(HashSet::new()),
-            watcher::Event::InitApply(d) => {
-                let State {
-                    rolling, relist, ..
-                } = &mut *state;
-                update(relist.as_mut().unwrap_or(rolling), d);
+            watcher::Event::Delete(d) => {
+                state.reserved.remove(&key(d));
             }
-            watcher::Event::InitDone => {
-                if let Some(relist) = state.relist.take() {
-                    state.rolling = relist;
-                }
-            }
+            _ => {}
         }
+        state.rolling.observe(event, update, |rolling, d| {
+            rolling.remove(&key(d));
+        });
     }
 
     /// Whether the Deployment `namespace/name` may start a rollout nobody asked for now. Granted
@@ -91,12 +79,11 @@ impl Rollouts {
         }
         let mut state = lock(&self.state);
         let key = (namespace.to_string(), name.to_string());
-        if state.rolling.contains(&key) || state.reserved.contains_key(&key) {
+        if state.rolling.live().contains(&key) || state.reserved.contains_key(&key) {
             return true;
         }
-        let State {
-            rolling, reserved, ..
-        } = &mut *state;
+        let State { rolling, reserved } = &mut *state;
+        let rolling = rolling.live();
         reserved.retain(|k, granted| {
             now.duration_since(*granted) < RESERVATION && !rolling.contains(k)
         });
@@ -113,7 +100,7 @@ impl Rollouts {
 
     pub fn rolling(&self) -> usize {
         let state = lock(&self.state);
-        state.rolling.len() + state.reserved.len()
+        state.rolling.live().len() + state.reserved.len()
     }
 }
 

@@ -14,6 +14,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -28,25 +29,29 @@ pub trait Trim: Resource + Serialize + DeserializeOwned + Sized {
 
 impl Trim for Deployment {
     fn reuse_spec(&mut self, old: &Self) -> bool {
-        let unchanged = self.metadata.generation.is_some()
-            && self.metadata.generation == old.metadata.generation;
-        if unchanged {
-            self.spec.clone_from(&old.spec);
-        }
-        unchanged
+        reuse_by_generation(&self.metadata, &mut self.spec, old.meta(), &old.spec)
     }
 }
 
 impl Trim for PodDisruptionBudget {
     fn reuse_spec(&mut self, old: &Self) -> bool {
-        // The disruption controller rewrites the status often; the spec moves with the generation.
-        let unchanged = self.metadata.generation.is_some()
-            && self.metadata.generation == old.metadata.generation;
-        if unchanged {
-            self.spec.clone_from(&old.spec);
-        }
-        unchanged
+        reuse_by_generation(&self.metadata, &mut self.spec, old.meta(), &old.spec)
     }
+}
+
+/// The spec of an object whose generation moves with every spec change is `old`'s while the
+/// generation is the same.
+fn reuse_by_generation<S: Clone>(
+    meta: &ObjectMeta,
+    spec: &mut Option<S>,
+    old_meta: &ObjectMeta,
+    old_spec: &Option<S>,
+) -> bool {
+    let unchanged = meta.generation.is_some() && meta.generation == old_meta.generation;
+    if unchanged {
+        spec.clone_from(old_spec);
+    }
+    unchanged
 }
 
 impl Trim for Service {

@@ -232,7 +232,9 @@ fn scope_watches(
     let events = shared.events.clone();
     let (memcacheds, mut mc_writer) = reflector::store::<Memcached>();
     let mut mc_unsynced = Some(caches.watch());
-    let mut mc_triggers = Triggers::new(queue.clone(), index, &caches, leading);
+    // Each watch queues through triggers of its own (they hold that watch's relist).
+    let triggers = || Triggers::new(queue.clone(), index, &caches, leading);
+    let mut mc_triggers = triggers();
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
         raw_memcacheds(client, &scope),
@@ -258,7 +260,7 @@ fn scope_watches(
     let (deployments, deployment_watch) = owned_watch::<Deployment>(
         scope.api(client),
         caches.watch(),
-        Triggers::new(queue.clone(), index, &caches, leading),
+        triggers(),
         OwnedTriggers {
             drifted: deployment_drifted,
             on_status: true,
@@ -268,7 +270,7 @@ fn scope_watches(
     let (services, service_watch) = owned_watch::<Service>(
         scope.api(client),
         caches.watch(),
-        Triggers::new(queue.clone(), index, &caches, leading),
+        triggers(),
         OwnedTriggers {
             drifted: service_drifted,
             on_status: true,
@@ -280,7 +282,7 @@ fn scope_watches(
     let (budgets, budget_watch) = owned_watch::<PodDisruptionBudget>(
         scope.api(client),
         caches.watch(),
-        Triggers::new(queue.clone(), index, &caches, leading),
+        triggers(),
         OwnedTriggers {
             drifted: budget_drifted,
             on_status: false,
@@ -290,7 +292,7 @@ fn scope_watches(
 
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
-    let mut pod_triggers = Triggers::new(queue.clone(), index, &caches, leading);
+    let mut pod_triggers = triggers();
     let pod_watch = watcher(
         scope.api::<PartialObjectMeta<Pod>>(client),
         owned_watch_config(),
