@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The operator image: a static (musl) build of the Rust binary on an empty base.
-#   docker build -t memcached-operator:0.1.0 .        (make docker-build IMG=...)
+#   docker build -t memcached-operator:0.2.0 .        (make docker-build IMG=...)
 # Image names carry no registry: configure your container tool's registries (or mirrors) to
 # resolve them.
 
