@@ -95,6 +95,7 @@ pub mod apiserver {
             services,
             pod_disruption_budgets: budgets,
             pods: Default::default(),
+            own_writes: Default::default(),
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
             events: Events::new(
                 client.clone(),

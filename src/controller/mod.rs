@@ -2,6 +2,7 @@
 //! the watches, work queue and workers that drive it.
 
 mod events;
+mod own_writes;
 mod pod_index;
 mod queue;
 mod reconcile;

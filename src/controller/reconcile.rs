@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use super::events::{Change, Events};
+use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
 use crate::api::{Memcached, MemcachedStatus};
@@ -50,6 +51,8 @@ pub struct Context {
     pub services: Store<Service>,
     pub pod_disruption_budgets: Store<PodDisruptionBudget>,
     pub pods: Arc<PodIndex>,
+    /// Our writes to owned objects, so that their watches do not take them for drift.
+    pub own_writes: Arc<OwnWrites>,
     pub rollouts: Arc<Rollouts>,
     pub events: Events,
     pub default_image: String,
@@ -116,6 +119,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     );
 
     let mut rollout_queued = None;
+    let mut deployment_written = false;
     let deployment = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
         Some(_) => existing_deployment,
@@ -153,7 +157,8 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
             match applied {
                 Ok((deployment, queued)) => {
                     rollout_queued = queued.then(|| ctx.rollouts.limit());
-                    Some(deployment)
+                    deployment_written = deployment.written;
+                    Some(deployment.object)
                 }
                 Err(Error::Foreign { kind }) => {
                     blocked = Some(Blocked::ResourceExists {
@@ -170,7 +175,13 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         }
     };
 
-    // 5. Report status.
+    // 5. Report status, unless the Deployment was just written: its watch event queues a
+    //    status refresh, which sees the rollout the write started, and the queue serves it after
+    //    the spec changes that users wait for.
+    if deployment_written && blocked.is_none() {
+        ctx.events.unblocked(mc);
+        return Ok(Action::await_change());
+    }
     let observed = Observed {
         deployment: deployment.as_deref(),
         pods: ctx.pods.pods_of(&ns, &mc.name_any()),
@@ -206,14 +217,14 @@ async fn ensure_deployment(
     mc: &Memcached,
     api: &Api<Deployment>,
     existing: Option<Arc<Deployment>>,
-) -> Result<(Arc<Deployment>, bool)> {
+) -> Result<(Ensured<Deployment>, bool)> {
     let desired = resources::deployment(mc, &ctx.default_image);
     // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
         && needs_apply(&desired, existing.as_ref())
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
-        return Ok((existing.clone(), true));
+        return Ok((Ensured::unchanged(existing.clone()), true));
     }
     let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
     Ok((applied, false))
@@ -381,6 +392,22 @@ enum Announce {
 /// creates the object when there is none, and fails with a conflict when there is one.
 const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
+/// An owned object as it is after `ensure`.
+struct Ensured<K> {
+    object: Arc<K>,
+    /// Whether `ensure` changed it: its watch will bring the change back, and a status refresh.
+    written: bool,
+}
+
+impl<K> Ensured<K> {
+    fn unchanged(object: Arc<K>) -> Self {
+        Self {
+            object,
+            written: false,
+        }
+    }
+}
+
 /// Applies `desired` unless `existing` already holds it; returns the object as it now is. With
 /// nothing cached, the apply only creates: if an object of that name exists, it is read, and
 /// left alone (`Error::Foreign`) unless this Memcached controls it.
@@ -391,7 +418,7 @@ async fn ensure<K>(
     existing: Option<Arc<K>>,
     desired: K,
     announce: Announce,
-) -> Result<Arc<K>>
+) -> Result<Ensured<K>>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
 {
@@ -403,10 +430,14 @@ where
             create.meta_mut().resource_version = Some(NO_OBJECT_HAS_THIS_VERSION.into());
             match apply(api, &create).await {
                 Ok(created) => {
+                    let written = ctx.own_writes.record(None, &created);
                     if announce == Announce::Always {
                         ctx.events.applied(mc, &created, &Change::Created);
                     }
-                    return Ok(Arc::new(created));
+                    return Ok(Ensured {
+                        object: Arc::new(created),
+                        written,
+                    });
                 }
                 Err(Error::Apply {
                     source: kube::Error::Api(status),
@@ -428,14 +459,18 @@ where
     if let Some(existing) = &existing
         && !needs_apply(&desired, existing.as_ref())
     {
-        return Ok(existing.clone());
+        return Ok(Ensured::unchanged(existing.clone()));
     }
     let applied = apply(api, &desired).await?;
+    let written = ctx.own_writes.record(existing.as_deref(), &applied);
     let change = Change::between(existing.as_deref(), &applied, mc);
     if announce == Announce::Always || change != Change::Created {
         ctx.events.applied(mc, &applied, &change);
     }
-    Ok(Arc::new(applied))
+    Ok(Ensured {
+        object: Arc::new(applied),
+        written,
+    })
 }
 
 async fn apply<K>(api: &Api<K>, desired: &K) -> Result<K>
@@ -527,6 +562,18 @@ mod tests {
         (result, api)
     }
 
+    /// Requests answered in any order that must all be event creations: after a write of the
+    /// Deployment the status is left to the refresh its watch event queues.
+    fn events_only(seen: Vec<apiserver::Seen>) -> Vec<apiserver::Seen> {
+        assert!(
+            seen.iter()
+                .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS)),
+            "only events: {:?}",
+            seen.iter().map(|e| e.path()).collect::<Vec<_>>()
+        );
+        seen
+    }
+
     /// Splits requests answered in any order into event creations and the one status apply.
     fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apiserver::Seen) {
         let (mut status, events): (Vec<_>, Vec<_>) =
@@ -554,10 +601,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn new_cr_gets_deployment_service_events_and_status() {
-        let (ctx, api, _caches) = apiserver::context();
+    async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh() {
+        let (ctx, api, mut caches) = apiserver::context();
         let mc = memcached("cache", 3);
-        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+        let sent = mc.clone();
+        let (action, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
             // No reads: an apply that only creates tells whether the name is free.
             let apply = api.echo("PATCH", DEPLOYMENT).await;
             assert!(
@@ -572,10 +620,9 @@ mod tests {
                 apply.body["metadata"]["ownerReferences"][0]["uid"],
                 "uid-cache"
             );
-            // Then the Service and the budget, the status, and the events going out in the
-            // background.
+            // Then the Service and the budget, and the events going out in the background.
             let (mut services, rest): (Vec<_>, Vec<_>) = api
-                .echo_any_order(5, &mc)
+                .echo_any_order(4, &sent)
                 .await
                 .into_iter()
                 .partition(|r| r.path() == SERVICE);
@@ -595,8 +642,7 @@ mod tests {
             );
             // The budget's creation has no event of its own (it comes with the Deployment's).
             let rest = rest.into_iter().filter(|r| r.path() != BUDGET).collect();
-            let (events, status) = events_and_status(rest);
-            let mut events: Vec<_> = events.into_iter().map(|e| e.body).collect();
+            let mut events: Vec<_> = events_only(rest).into_iter().map(|e| e.body).collect();
             events.sort_by_key(|e| e["note"].to_string());
             let described: Vec<_> = events
                 .iter()
@@ -623,13 +669,23 @@ mod tests {
                     ),
                 ]
             );
+            api
+        })
+        .await;
+        assert_eq!(action.unwrap(), Action::await_change());
+
+        // The Deployment's watch event (in the cache, no pods yet) queues the status refresh.
+        caches.add_deployment(deployment_with_status(&mc, 3, 0));
+        caches.add_service(resources::service(&mc));
+        caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
+        let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+            let status = api.echo_status(STATUS, &mc).await;
             assert_eq!(condition(&status.body, AVAILABLE).0, "False");
             assert_eq!(status.body["status"]["observedGeneration"], 1);
             api
         })
-        .await
-        .unwrap();
-        assert_eq!(action, Action::await_change());
+        .await;
+        assert_eq!(action.unwrap(), Action::await_change());
     }
 
     /// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
@@ -675,7 +731,7 @@ mod tests {
         scenario(mc.clone(), ctx, api, |mut api| async move {
             let apply = api.echo("PATCH", DEPLOYMENT).await;
             assert_eq!(apply.body["spec"]["replicas"], 5);
-            let (events, status) = events_and_status(api.echo_any_order(2, &mc).await);
+            let events = events_only(api.echo_any_order(1, &mc).await);
             let [event] = &events[..] else {
                 panic!("one event, not {}", events.len())
             };
@@ -684,8 +740,6 @@ mod tests {
                 event.body["note"],
                 "Scaled Deployment cache from 3 to 5 replicas"
             );
-            assert_eq!(status.body["status"]["observedGeneration"], 2);
-            assert_eq!(condition(&status.body, AVAILABLE).0, "False");
             api
         })
         .await
@@ -947,7 +1001,7 @@ mod tests {
                 delete.body["preconditions"]["uid"], "uid-budget",
                 "only the budget we saw"
             );
-            let (events, _status) = events_and_status(api.echo_any_order(3, &mc).await);
+            let events = events_only(api.echo_any_order(2, &mc).await);
             let mut notes: Vec<_> = events.iter().map(|e| e.body["note"].to_string()).collect();
             notes.sort();
             assert_eq!(
@@ -987,7 +1041,7 @@ mod tests {
                 apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
                 "memcached:next"
             );
-            let (events, _) = events_and_status(api.echo_any_order(2, &first).await);
+            let events = events_only(api.echo_any_order(1, &first).await);
             assert_eq!(events[0].body["reason"], "Updated");
             api
         })
@@ -1019,7 +1073,7 @@ mod tests {
                 apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
                 "memcached:next"
             );
-            api.echo_any_order(2, &changed).await;
+            events_only(api.echo_any_order(1, &changed).await);
             api
         })
         .await

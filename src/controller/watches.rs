@@ -28,6 +28,7 @@ use tracing::{Instrument, debug, error, field, info, info_span, warn};
 
 use super::Settings;
 use super::events::Events;
+use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::queue::{Priority, Queue};
 use super::reconcile::{Context, error_policy, reconcile};
@@ -76,6 +77,7 @@ pub fn run(
         client,
         default_image: settings.default_image.clone(),
         backoff: Arc::new(Backoff::default()),
+        own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
         rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
         metrics,
@@ -137,6 +139,7 @@ struct Shared {
     events: Events,
     default_image: String,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
+    own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
     metrics: Arc<Metrics>,
     queue: Arc<Queue<Key>>,
@@ -261,6 +264,7 @@ fn scope_watches(
         scope.api(client),
         caches.watch(),
         triggers(),
+        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: deployment_drifted,
             on_status: true,
@@ -271,6 +275,7 @@ fn scope_watches(
         scope.api(client),
         caches.watch(),
         triggers(),
+        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: service_drifted,
             on_status: true,
@@ -283,6 +288,7 @@ fn scope_watches(
         scope.api(client),
         caches.watch(),
         triggers(),
+        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: budget_drifted,
             on_status: false,
@@ -325,6 +331,7 @@ fn scope_watches(
         services,
         pod_disruption_budgets: budgets,
         pods,
+        own_writes: shared.own_writes.clone(),
         rollouts: shared.rollouts.clone(),
         events: shared.events.clone(),
         default_image: shared.default_image.clone(),
@@ -598,13 +605,26 @@ struct OwnedTriggers<K> {
     on_status: bool,
 }
 
+impl<K> OwnedTriggers<K> {
+    /// How urgently a change from `old` (as cached) to `new` calls for a reconcile; `ours` when
+    /// it is the echo of our own write.
+    fn priority(&self, old: Option<&K>, new: &K, ours: bool) -> Option<Priority> {
+        match old {
+            Some(old) if !ours && (self.drifted)(old, new) => Some(Priority::High),
+            Some(_) if !self.on_status => None,
+            _ => Some(Priority::Low),
+        }
+    }
+}
+
 /// Watches owned objects by our label into a cache, shows each event (as cached) to `observe`,
-/// and queues their Memcached: at high priority when someone changed what we set or deleted the
-/// object, else (an object just created, or its status if `on_status`) at low.
+/// and queues their Memcached: at high priority when someone else changed what we set or deleted
+/// the object, else (an object just created, our own write, or its status if `on_status`) at low.
 fn owned_watch<K>(
     api: Api<K>,
     unsynced: Unsynced,
     mut triggers: Triggers,
+    own_writes: Arc<OwnWrites>,
     owned: OwnedTriggers<K>,
     observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
@@ -622,17 +642,19 @@ where
                     watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                         let old = cache.get(&ObjectRef::from_obj(&*obj));
                         trim(obj, old.as_deref());
-                        let priority = match old {
-                            Some(old) if (owned.drifted)(&old, obj) => Some(Priority::High),
-                            Some(_) if !owned.on_status => None,
-                            _ => Some(Priority::Low),
-                        };
-                        priority.and_then(|p| controller_of(&*obj).map(|key| (key, p)))
+                        let ours = own_writes.is_echo(&*obj);
+                        owned
+                            .priority(old.as_deref(), obj, ours)
+                            .and_then(|p| controller_of(&*obj).map(|key| (key, p)))
                     }
                     watcher::Event::Delete(obj) => {
                         controller_of(&*obj).map(|key| (key, Priority::High))
                     }
-                    watcher::Event::Init | watcher::Event::InitDone => None,
+                    watcher::Event::Init => {
+                        own_writes.forget();
+                        None
+                    }
+                    watcher::Event::InitDone => None,
                 };
                 observe(&event);
                 writer.apply_watcher_event(&event);
@@ -683,6 +705,49 @@ mod tests {
         assert_eq!(
             tokio::time::timeout(soon, queued.next()).await,
             Ok(Some(()))
+        );
+    }
+
+    #[test]
+    fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
+        let at = |generation: i64| Deployment {
+            metadata: kube::api::ObjectMeta {
+                generation: Some(generation),
+                ..Default::default()
+            },
+            ..Deployment::default()
+        };
+        let deployments = OwnedTriggers {
+            drifted: deployment_drifted,
+            on_status: true,
+        };
+        let (before, after) = (at(1), at(2));
+        assert_eq!(
+            deployments.priority(Some(&before), &after, false),
+            Some(Priority::High)
+        );
+        assert_eq!(
+            deployments.priority(Some(&before), &after, true),
+            Some(Priority::Low)
+        );
+        assert_eq!(
+            deployments.priority(Some(&before), &before, false),
+            Some(Priority::Low),
+            "a status change"
+        );
+        assert_eq!(
+            deployments.priority(None, &after, false),
+            Some(Priority::Low),
+            "a new object"
+        );
+        let budgets = OwnedTriggers {
+            drifted: deployment_drifted,
+            on_status: false,
+        };
+        assert_eq!(budgets.priority(Some(&before), &after, true), None);
+        assert_eq!(
+            budgets.priority(Some(&before), &after, false),
+            Some(Priority::High)
         );
     }
 
