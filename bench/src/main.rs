@@ -186,15 +186,19 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
 
         let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
         let latencies = size_change_latencies(&client, &deployments, &changed, 2, timeout).await?;
-        // Settle before the next scenario: status writes for pods still starting are not restart cost.
+        // Settle before the next scenario: status writes for pods still starting are not restart
+        // cost. Available, not only ready: with minReadySeconds a pod counts as available some
+        // seconds after it is ready, and that change is reported too.
         wait_count(
             &deployments,
-            "Deployments with all pods ready",
+            "Deployments with all pods available",
             args.crs,
             timeout,
             |d: &Deployment| {
-                d.status.as_ref().and_then(|s| s.ready_replicas)
-                    == d.spec.as_ref().and_then(|s| s.replicas)
+                let want = d.spec.as_ref().and_then(|s| s.replicas);
+                d.status
+                    .as_ref()
+                    .is_some_and(|s| s.ready_replicas == want && s.available_replicas == want)
             },
         )
         .await?;
@@ -212,9 +216,9 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
             |m: &Memcached| {
                 is_available(m)
                     && (!reports_ready
-                        || m.status
-                            .as_ref()
-                            .is_some_and(|s| s.ready_replicas == m.spec.size))
+                        || m.status.as_ref().is_some_and(|s| {
+                            s.ready_replicas == m.spec.size && s.available_replicas == m.spec.size
+                        }))
             },
         )
         .await?;
