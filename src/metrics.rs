@@ -2,8 +2,8 @@
 //! written for Go operators work unchanged.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Value of the `controller` label.
@@ -29,6 +29,8 @@ pub struct QueueMetrics {
     pub retries: IntCounter,
     pub queue_duration: Histogram,
     pub work_duration: Histogram,
+    pub unfinished_work: Gauge,
+    pub longest_running: Gauge,
 }
 
 /// Result label of `controller_runtime_reconcile_total`.
@@ -66,6 +68,8 @@ pub struct Metrics {
     workqueue_retries: IntCounterVec,
     workqueue_queue_duration: HistogramVec,
     workqueue_work_duration: HistogramVec,
+    workqueue_unfinished_work: GaugeVec,
+    workqueue_longest_running: GaugeVec,
 }
 
 impl Default for Metrics {
@@ -176,6 +180,24 @@ impl Metrics {
             queue_labels,
         )
         .unwrap();
+        // In flight, so a stuck reconcile shows before it ends (the histograms only see ends).
+        let workqueue_unfinished_work = GaugeVec::new(
+            Opts::new(
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has been done that is in progress and hasn't been \
+                 observed by work_duration. Large values indicate stuck threads.",
+            ),
+            queue_labels,
+        )
+        .unwrap();
+        let workqueue_longest_running = GaugeVec::new(
+            Opts::new(
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running.",
+            ),
+            queue_labels,
+        )
+        .unwrap();
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -190,6 +212,8 @@ impl Metrics {
             Box::new(workqueue_retries.clone()),
             Box::new(workqueue_queue_duration.clone()),
             Box::new(workqueue_work_duration.clone()),
+            Box::new(workqueue_unfinished_work.clone()),
+            Box::new(workqueue_longest_running.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -220,6 +244,8 @@ impl Metrics {
             workqueue_retries,
             workqueue_queue_duration,
             workqueue_work_duration,
+            workqueue_unfinished_work,
+            workqueue_longest_running,
         }
     }
 
@@ -232,6 +258,8 @@ impl Metrics {
             retries: self.workqueue_retries.with_label_values(labels),
             queue_duration: self.workqueue_queue_duration.with_label_values(labels),
             work_duration: self.workqueue_work_duration.with_label_values(labels),
+            unfinished_work: self.workqueue_unfinished_work.with_label_values(labels),
+            longest_running: self.workqueue_longest_running.with_label_values(labels),
         }
     }
 

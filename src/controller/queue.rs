@@ -14,7 +14,7 @@
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -52,7 +52,8 @@ struct Waiting {
 struct State<K> {
     /// Keys to be processed (again), whether queued or still being processed.
     dirty: HashMap<K, Waiting>,
-    processing: HashSet<K>,
+    /// Keys being processed, with when they were handed out.
+    processing: HashMap<K, Instant>,
     /// FIFOs per priority. A key can be in `low` as a stale entry after it moved up to `high`, or
     /// after it was taken: entries are checked against `dirty` when taken.
     high: VecDeque<K>,
@@ -98,7 +99,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
         Self {
             state: Mutex::new(State {
                 dirty: HashMap::new(),
-                processing: HashSet::new(),
+                processing: HashMap::new(),
                 high: VecDeque::new(),
                 low: VecDeque::new(),
                 high_in_a_row: 0,
@@ -138,7 +139,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
             .dirty
             .get(&key)
             .is_some_and(|w| w.priority >= priority)
-            && !state.processing.contains(&key);
+            && !state.processing.contains_key(&key);
         if waiting {
             return;
         }
@@ -246,6 +247,23 @@ impl<K: Hash + Eq + Clone> Queue<K> {
         }
     }
 
+    /// Sets the in-flight gauges from the keys being processed now: the seconds they have run
+    /// in all, and the longest. Called periodically, as client-go does every 500 ms.
+    pub fn update_unfinished_work(&self) {
+        let Some(m) = &self.metrics else {
+            return;
+        };
+        let state = lock(&self.state);
+        let now = Instant::now();
+        let running = state
+            .processing
+            .values()
+            .map(|started| now.saturating_duration_since(*started).as_secs_f64());
+        let (total, longest) = running.fold((0.0, 0.0_f64), |(t, l), s| (t + s, l.max(s)));
+        m.unfinished_work.set(total);
+        m.longest_running.set(longest);
+    }
+
     /// Keys waiting to be handed out (not counting delayed ones).
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -261,7 +279,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
         if let Some(m) = &self.metrics {
             m.adds.inc();
         }
-        let processing = state.processing.contains(&key);
+        let processing = state.processing.contains_key(&key);
         match state.dirty.entry(key.clone()) {
             Entry::Occupied(mut waiting) => {
                 let waiting = waiting.get_mut();
@@ -318,7 +336,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
             };
             // Stale entries: taken already (not dirty), being processed (queued again by
             // `done`), or moved up to the high FIFO.
-            let valid = !state.processing.contains(&key)
+            let valid = !state.processing.contains_key(&key)
                 && state.dirty.get(&key).is_some_and(|w| w.priority == from);
             if !valid {
                 continue;
@@ -328,7 +346,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
                 Priority::High => state.high_in_a_row + 1,
                 Priority::Low => 0,
             };
-            state.processing.insert(key.clone());
+            state.processing.insert(key.clone(), now);
             if let Some(m) = &self.metrics {
                 m.queue_duration
                     .observe(now.saturating_duration_since(waiting.since).as_secs_f64());
@@ -356,7 +374,7 @@ impl<K: Hash + Eq> State<K> {
     fn depth(&self) -> usize {
         let dirty_in_process = self
             .processing
-            .iter()
+            .keys()
             .filter(|k| self.dirty.contains_key(*k))
             .count();
         self.dirty.len() - dirty_in_process
@@ -419,7 +437,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_workers_never_share_a_key_and_lose_no_add() {
         let q = Arc::new(Queue::<u32>::new(None));
-        let running = Arc::new(Mutex::new(HashSet::new()));
+        let running = Arc::new(Mutex::new(std::collections::HashSet::new()));
         let processed = Arc::new(AtomicUsize::new(0));
         let mut workers = Vec::new();
         for _ in 0..4 {
@@ -587,6 +605,38 @@ mod tests {
         assert_eq!(next(&q).await, None, "no key after shutdown");
         q.add("late", High);
         assert_eq!(q.len(), 0, "adds after shutdown are ignored");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_gauges_show_a_stuck_reconcile_before_it_ends() {
+        let metrics = crate::metrics::Metrics::new();
+        let q = Queue::new(Some(metrics.queue()));
+        let gauges = |m: &crate::metrics::Metrics| {
+            let text = m.render();
+            let value = |name: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(name))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            };
+            (
+                value("workqueue_unfinished_work_seconds{"),
+                value("workqueue_longest_running_processor_seconds{"),
+            )
+        };
+        q.add("stuck", Low);
+        let (stuck, _) = q.get().await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        q.add("quick", Low);
+        let (quick, _) = q.get().await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        q.update_unfinished_work();
+        assert_eq!(gauges(&metrics), (5.0, 4.0), "4 s and 1 s in flight");
+        q.done(&quick);
+        q.done(&stuck);
+        q.update_unfinished_work();
+        assert_eq!(gauges(&metrics), (0.0, 0.0));
     }
 
     #[tokio::test]

@@ -47,6 +47,9 @@ type Key = (usize, ObjectRef<Memcached>);
 /// How long a status refresh waits for further events of the same Memcached to join it.
 const STATUS_SETTLE: Duration = Duration::from_millis(500);
 
+/// How often the in-flight work gauges are refreshed (client-go's interval).
+const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Retry delay after a reconcile panicked (a bug): the backoff of an error, from this floor.
 const PANIC_RETRY: Duration = Duration::from_secs(1);
 
@@ -103,6 +106,16 @@ pub fn run(
                 index,
             )));
         }
+        background.push(tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                let mut every = tokio::time::interval(UNFINISHED_WORK_INTERVAL);
+                loop {
+                    every.tick().await;
+                    queue.update_unfinished_work();
+                }
+            }
+        }));
         background.push(tokio::spawn({
             let (queue, shutdown) = (queue.clone(), shutdown.clone());
             async move {
