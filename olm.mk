@@ -98,6 +98,10 @@ olm-check: bundle-check bundle-validate scorecard-static ## Offline OLM checks: 
 olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); print their directory.
 	@hack/olm/build-tools.sh --path olm
 
+.PHONY: test-digests
+test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root).
+	hack/olm/test-digests.sh
+
 .PHONY: test-olm
 test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked

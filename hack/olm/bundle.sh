@@ -15,6 +15,10 @@
 # Environment (defaults from hack/olm/versions.env): VERSION, IMG, CHANNELS, DEFAULT_CHANNEL,
 # CREATED_AT, REPLACES, SKIP_RANGE_MIN (set and empty: none); OPERATOR_SDK (path; built and
 # cached by hack/olm/build-tools.sh when unset); KUSTOMIZE (default: kubectl kustomize).
+# For a release (see hack/olm/README.md, "Releasing"): RELATED_IMAGES, space-separated NAME=REF
+# pairs that replace the manager's RELATED_IMAGE_<NAME> values (so the CSV's relatedImages), and
+# USE_IMAGE_DIGESTS=true, which has operator-sdk replace every image's tag by the digest its
+# registry serves (--use-image-digests: the registry must be reachable and hold the images).
 set -euo pipefail
 
 OLM_HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -94,6 +98,30 @@ EOF
       value: ">=${SKIP_RANGE_MIN} <${VERSION}"
 EOF
 	fi
+	# After the CSV patch: the two above append operations to it.
+	local pair
+	for pair in ${RELATED_IMAGES:-}; do
+		[[ "${pair}" == ?*=?* ]] || die "RELATED_IMAGES: expected NAME=REF, got ${pair}"
+		cat >>"${overlay}/kustomization.yaml" <<EOF
+- target:
+    group: apps
+    kind: Deployment
+    labelSelector: control-plane=controller-manager
+  patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata:
+      name: controller-manager
+    spec:
+      template:
+        spec:
+          containers:
+          - name: manager
+            env:
+            - name: RELATED_IMAGE_${pair%%=*}
+              value: "${pair#*=}"
+EOF
+	done
 	"${KUSTOMIZE_CMD[@]}" "${overlay}"
 }
 
@@ -117,11 +145,13 @@ generate() {
 	# operator-sdk writes bundle.Dockerfile into its working directory, with paths relative to
 	# it, and reads manifests from stdin only when stdin is a pipe.
 	[[ -n "${OPERATOR_SDK:-}" ]] || OPERATOR_SDK="$("${OLM_HACK_DIR}/build-tools.sh" --path operator-sdk)"
+	local digests=()
+	[[ "${USE_IMAGE_DIGESTS:-false}" != true ]] || digests=(--use-image-digests)
 	# shellcheck disable=SC2002 # the pipe is the point
 	cat "${work}/manifests.yaml" | (cd "${work}/gen" && "${OPERATOR_SDK}" generate bundle --quiet --overwrite \
 		--package "${PACKAGE}" --version "${VERSION}" \
 		--channels "${CHANNELS}" --default-channel "${DEFAULT_CHANNEL}" \
-		--output-dir bundle) >&2
+		"${digests[@]}" --output-dir bundle) >&2
 	csv="${work}/gen/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml"
 	[[ -f "${csv}" ]] || die "operator-sdk wrote no ${csv##*/}"
 	n="$(grep -c '^    createdAt: ' "${csv}" || true)"
