@@ -145,12 +145,14 @@ install: manifests ## Install the CRD into the cluster in your KUBECONFIG.
 uninstall: ## Remove the CRD (and with it every Memcached).
 	$(KUBECTL) delete --ignore-not-found -k config/crd
 
-# The memcached image the operator deploys (RELATED_IMAGE_MEMCACHED); config/manager's when empty.
+# The memcached and exporter images the operator deploys (RELATED_IMAGE_MEMCACHED,
+# RELATED_IMAGE_MEMCACHED_EXPORTER); config/manager's when empty.
 MEMCACHED_IMG ?=
+EXPORTER_IMG ?=
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG if set).
-	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
+deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG, RELATED_IMAGE_MEMCACHED_EXPORTER=EXPORTER_IMG if set).
+	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' EXPORTER_IMG='$(EXPORTER_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
 
 .PHONY: deploy-local
 deploy-local: manifests ## On `make cluster-up-real`'s cluster: the operator's own image as a pod on the real node; Memcacheds in namespace default run real memcached.

@@ -18,6 +18,7 @@ use crate::controller::{self, Settings};
 use crate::health::Health;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::resources::Images;
 
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -64,7 +65,11 @@ async fn run(args: RunArgs) -> ExitCode {
         watch_namespace: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         max_concurrent_rollouts: args.max_concurrent_rollouts,
-        default_image: args.memcached_image.clone(),
+        images: Images {
+            memcached: args.memcached_image.clone(),
+            exporter: args.exporter_image.clone(),
+        },
+        service_monitors: service_monitors_served(&client).await,
         instance: identity.clone(),
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);
@@ -117,6 +122,33 @@ async fn run(args: RunArgs) -> ExitCode {
     endpoints_stop.cancel();
     info!("stopped");
     code
+}
+
+/// Whether to keep ServiceMonitors: the cluster serves their API. Asked a few times while the API
+/// server does not answer; after that taken as not served (logged), so that a start never waits
+/// long for an optional feature.
+async fn service_monitors_served(client: &Client) -> bool {
+    let mut delay = std::time::Duration::from_millis(500);
+    for attempt in 1..=5 {
+        match crate::service_monitor::served(client).await {
+            Ok(served) => {
+                info!(
+                    served,
+                    "ServiceMonitor API (monitoring.coreos.com/v1) discovery"
+                );
+                return served;
+            }
+            Err(error) if attempt == 5 => {
+                warn!(%error, "cannot tell whether the ServiceMonitor API is served; keeping no ServiceMonitors until restarted");
+            }
+            Err(error) => {
+                warn!(%error, "ServiceMonitor API discovery failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    false
 }
 
 async fn serve_endpoints(

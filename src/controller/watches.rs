@@ -38,6 +38,7 @@ use crate::backoff::Backoff;
 use crate::health::{Caches, Unsynced};
 use crate::metrics::Metrics;
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
+use crate::service_monitor::ServiceMonitor;
 use crate::watch_namespace::Scope;
 
 /// A queued reconcile: the watch scope (index into the scopes) and the Memcached.
@@ -74,7 +75,8 @@ pub fn run(
     let shared = Shared {
         events: Events::new(client.clone(), reporter),
         client,
-        default_image: settings.default_image.clone(),
+        images: settings.images.clone(),
+        service_monitors: settings.service_monitors,
         backoff: Arc::new(Backoff::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
         rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
@@ -135,7 +137,8 @@ pub fn run(
 struct Shared {
     client: Client,
     events: Events,
-    default_image: String,
+    images: crate::resources::Images,
+    service_monitors: bool,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     rollouts: Arc<Rollouts>,
     metrics: Arc<Metrics>,
@@ -290,6 +293,24 @@ fn scope_watches(
         |_| {},
     );
 
+    // Watched only where the API is served: a watch of an unserved resource fails forever.
+    let (service_monitors, monitor_watch) = match shared.service_monitors {
+        true => {
+            let (store, watch) = owned_watch::<ServiceMonitor>(
+                scope.api(client),
+                caches.watch(),
+                triggers(),
+                OwnedTriggers {
+                    drifted: monitor_drifted,
+                    on_status: false,
+                },
+                |_| {},
+            );
+            (Some(store), Some(watch))
+        }
+        false => (None, None),
+    };
+
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
     let mut pod_triggers = triggers();
@@ -324,21 +345,23 @@ fn scope_watches(
         deployments,
         services,
         pod_disruption_budgets: budgets,
+        service_monitors,
         pods,
         rollouts: shared.rollouts.clone(),
         events: shared.events.clone(),
-        default_image: shared.default_image.clone(),
+        images: shared.images.clone(),
         backoff: shared.backoff.clone(),
         metrics: shared.metrics.clone(),
         caches,
     });
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(mc_watch),
         tokio::spawn(deployment_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),
         tokio::spawn(pod_watch),
     ];
+    tasks.extend(monitor_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
 }
 
@@ -449,6 +472,10 @@ fn deployment_drifted(old: &Deployment, new: &Deployment) -> bool {
 }
 
 fn budget_drifted(old: &PodDisruptionBudget, new: &PodDisruptionBudget) -> bool {
+    old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
+}
+
+fn monitor_drifted(old: &ServiceMonitor, new: &ServiceMonitor) -> bool {
     old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
 }
 

@@ -1035,7 +1035,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
         }
         valid += 1;
         mc.metadata.uid = admitted.metadata.uid.or(Some(format!("uid-{i}")));
-        let d = resources::deployment(&mc, resources::FALLBACK_MEMCACHED_IMAGE);
+        let d = resources::deployment(&mc, &resources::Images::default());
         deployments
             .patch(&d.name_any(), &apply, &kube::api::Patch::Apply(&d))
             .await
