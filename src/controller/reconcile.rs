@@ -88,6 +88,8 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
+        ctx.metrics
+            .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
         return Ok(Action::await_change());
     }
     if !ctx.caches.synced() {
@@ -209,6 +211,8 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     if mc.status.as_ref() != Some(&new_status) {
         patch_status(ctx, mc, &new_status).await?;
     }
+    ctx.metrics
+        .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {

@@ -199,6 +199,11 @@ enum Next {
 /// in it, and a Memcached deleted meanwhile is skipped.
 async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
     let Some(mc) = scope.memcacheds.get(key) else {
+        // Deleted: its series go too.
+        scope
+            .ctx
+            .metrics
+            .forget_memcached(key.namespace.as_deref().unwrap_or_default(), &key.name);
         return Next::AwaitChange;
     };
     let span = reconcile_span(&mc);
