@@ -50,8 +50,10 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 test: lint test-unit test-e2e check-image test-real-node olm-check test-olm ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, OLM bundle checks, and an install through real OLM.
 
 .PHONY: test-unit
-test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
+test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.
 	$(CARGO) test --locked --workspace --lib --bins
+	hack/ensure-packages.sh prometheus
+	$(CARGO) test --locked --test monitoring
 
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.

@@ -54,6 +54,8 @@ impl ReconcileResult {
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Every registered metric's name, whether or not it has a series yet.
+    names: Vec<String>,
     reconcile_total: IntCounterVec,
     reconcile_errors: IntCounterVec,
     reconcile_errors_by_reason: IntCounterVec,
@@ -186,6 +188,7 @@ impl Metrics {
             queue_labels,
         )
         .unwrap();
+        let mut names = Vec::new();
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -202,14 +205,16 @@ impl Metrics {
             Box::new(workqueue_queue_duration.clone()),
             Box::new(workqueue_work_duration.clone()),
         ] {
+            names.extend(c.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(c).unwrap();
         }
         #[cfg(target_os = "linux")]
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .unwrap();
+        {
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            use prometheus::core::Collector;
+            names.extend(process.desc().iter().map(|d| d.fq_name.clone()));
+            registry.register(Box::new(process)).unwrap();
+        }
         // Series appear at 0 from the start, as in controller-runtime.
         for result in ["success", "error", "requeue", "requeue_after"] {
             reconcile_total.with_label_values(&[CONTROLLER, result]);
@@ -218,6 +223,7 @@ impl Metrics {
         active_workers.with_label_values(&[CONTROLLER]);
         Self {
             registry,
+            names,
             reconcile_total,
             reconcile_errors,
             reconcile_errors_by_reason,
@@ -280,11 +286,7 @@ impl Metrics {
     /// Every metric name this process exports, for checking the names that dashboards and alerts
     /// use (config/grafana, config/prometheus).
     pub fn names(&self) -> Vec<String> {
-        self.registry
-            .gather()
-            .iter()
-            .map(|family| family.name().to_string())
-            .collect()
+        self.names.clone()
     }
 
     /// Marks a reconcile as running until the returned guard is dropped.
