@@ -159,6 +159,13 @@ kctl apply --server-side --field-manager=test-olm -f "${OLM_DIR}/crds.yaml" >/de
 check "OLM CRDs established" \
 	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${OLM_DIR}/crds.yaml"
 kctl create namespace "${OLM_NS}" >/dev/null
+# The bundle since 0.2.0 holds a ServiceMonitor and a PrometheusRule: OLM fails an InstallPlan
+# whose objects' kinds the cluster does not serve, so the cluster gets the prometheus-operator's
+# CRDs first, as a user's would (docs/monitoring.md).
+MONITORING_CRDS="$("${REPO_ROOT}/hack/monitoring-crds.sh")"
+kctl apply --server-side --field-manager=test-olm -f "${MONITORING_CRDS}" >/dev/null
+check "ServiceMonitor and PrometheusRule CRDs established" \
+	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${MONITORING_CRDS}"
 
 # OLM's operators, out of cluster, with the flags of its quickstart Deployments. The catalog
 # operator gets a TLS pair so that it serves health on :8443 and does not collide with olm's :8080.
@@ -496,6 +503,20 @@ samples="$(grep -c ' memcached-olm-' "${DIR}/logs/olm-availability.log" || true)
 always_available() { ! grep -E 'NOT-AVAILABLE|ERROR' "${DIR}/logs/olm-availability.log"; }
 check "every Memcached Available throughout the upgrade (${samples} samples, 1 s apart)" always_available
 figure "availability samples during the upgrades: ${samples}, not Available: $(grep -c NOT-AVAILABLE "${DIR}/logs/olm-availability.log" || true)"
+
+# ---------------------------------------------------------------- monitoring (the new bundle's objects)
+for kind in servicemonitor prometheusrule configmap; do
+	name="memcached-operator-controller-manager-metrics-monitor"
+	[[ "${kind}" != prometheusrule ]] || name=memcached-operator-alerts
+	[[ "${kind}" != configmap ]] || name=memcached-operator-grafana-dashboard
+	check "${kind} ${name} (bundle object) in ${NS}" kctl get "${kind}" -n "${NS}" "${name}" -o name
+done
+related_exporter_env() {
+	[[ -n "$(deployment_field "${NS}" '{.spec.template.spec.containers[0].env[?(@.name=="RELATED_IMAGE_MEMCACHED_EXPORTER")].value}')" ]]
+}
+check "RELATED_IMAGE_MEMCACHED_EXPORTER set on the operator (${CSV_NAME})" related_exporter_env
+check "${SA} can create ServiceMonitors in ${NS} (spec.monitoring)" can create servicemonitors.monitoring.coreos.com -n "${NS}"
+check "${SA} cannot list ServiceMonitors in ${NS_OTHER}" cannot list servicemonitors.monitoring.coreos.com -n "${NS_OTHER}"
 
 # ---------------------------------------------------------------- least privilege (the new CSV)
 check "${SA} can list Deployments in ${NS}" can list deployments.apps -n "${NS}"
