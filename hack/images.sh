@@ -41,7 +41,7 @@ BIN_ROOT="${CACHE_DIR}/images"
 LOG_TAG=images
 # shellcheck source=hack/lib.sh
 source "${HACK_DIR}/lib.sh"
-# shellcheck source=hack/versions.env
+# shellcheck disable=SC1091 # plain KEY=VALUE pins
 source "${HACK_DIR}/versions.env"
 GO="${GO:-go}"
 if ! command -v "${GO}" >/dev/null && [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go; fi
