@@ -496,11 +496,19 @@ async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
         Some(1),
         "an unworkable spec was applied"
     );
-    let warned = events_for(&client, &ns, "cache")
-        .await
-        .into_iter()
-        .any(|e| e.reason.as_deref() == Some("InvalidSpec"));
-    assert!(warned, "no InvalidSpec warning event");
+    // Events go out in the background, after the status: under load, a moment later.
+    wait_for(
+        "an InvalidSpec warning event",
+        Duration::from_secs(10),
+        || async {
+            events_for(&client, &ns, "cache")
+                .await
+                .into_iter()
+                .any(|e| e.reason.as_deref() == Some("InvalidSpec"))
+                .then_some(())
+        },
+    )
+    .await;
     let mc = mcs.get("cache").await.unwrap();
     assert_eq!(
         condition(&mc, "Available").map(|c| c.0).as_deref(),
