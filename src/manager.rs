@@ -69,7 +69,7 @@ async fn run(args: RunArgs) -> ExitCode {
             memcached: args.memcached_image.clone(),
             exporter: args.exporter_image.clone(),
         },
-        service_monitors: service_monitors_served(&client).await,
+        service_monitors: keep_service_monitors(&client, &args.watch_namespace.scopes()).await,
         instance: identity.clone(),
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);
@@ -124,19 +124,33 @@ async fn run(args: RunArgs) -> ExitCode {
     code
 }
 
-/// Whether to keep ServiceMonitors: the cluster serves their API. Asked a few times while the API
-/// server does not answer; after that taken as not served (logged), so that a start never waits
-/// long for an optional feature.
-async fn service_monitors_served(client: &Client) -> bool {
+/// Whether to keep ServiceMonitors: the cluster serves their API and this process may watch
+/// them where it watches Memcacheds. Asked a few times while the API server does not answer;
+/// after that taken as no (logged), so that a start never waits long for an optional feature.
+async fn keep_service_monitors(client: &Client, scopes: &[crate::watch_namespace::Scope]) -> bool {
+    let ask = || async {
+        if !crate::service_monitor::served(client).await? {
+            return Ok::<_, kube::Error>((false, vec![]));
+        }
+        let forbidden = crate::service_monitor::forbidden_scopes(client, scopes).await?;
+        Ok((true, forbidden))
+    };
     let mut delay = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {
-        match crate::service_monitor::served(client).await {
-            Ok(served) => {
+        match ask().await {
+            Ok((served, forbidden)) if forbidden.is_empty() => {
                 info!(
                     served,
                     "ServiceMonitor API (monitoring.coreos.com/v1) discovery"
                 );
                 return served;
+            }
+            Ok((_, forbidden)) => {
+                warn!(
+                    scopes = ?forbidden,
+                    "the ServiceMonitor API is served, but this ServiceAccount may not list and watch servicemonitors in these scopes: keeping no ServiceMonitors (grant the servicemonitors rule of config/rbac/role.yaml)"
+                );
+                return false;
             }
             Err(error) if attempt == 5 => {
                 warn!(%error, "cannot tell whether the ServiceMonitor API is served; keeping no ServiceMonitors until restarted");

@@ -1519,6 +1519,52 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
         service_monitors_served(&client).await.then_some(())
     })
     .await;
+    // An install whose RBAC leaves ServiceMonitors out: the API is served, but the operator keeps
+    // none, is ready, and reconciles as before.
+    let without: Vec<_> = harness::shipped_rules("role.yaml")
+        .into_iter()
+        .filter(|r| {
+            !r.resources
+                .iter()
+                .flatten()
+                .any(|res| res == "servicemonitors")
+        })
+        .collect();
+    let restricted_ns = namespace(&client, "monitoring-no-rbac").await;
+    let restricted = Operator::start(
+        &client,
+        OperatorOptions {
+            rbac: Rbac::ClusterRules(without),
+            watch_namespace: Some(restricted_ns.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    restricted
+        .wait_health("/readyz", Duration::from_secs(20))
+        .await
+        .expect("ready without the servicemonitors rule");
+    create(&client, &restricted_ns, &monitored("cache", 1, true)).await;
+    wait_converged(&client, &restricted_ns, "cache", 1).await;
+    assert_eq!(
+        exporter_and_port(&client, &restricted_ns, "cache").await.1,
+        ["memcached", "metrics"]
+    );
+    assert!(
+        service_monitors(&client, &restricted_ns)
+            .get_opt("cache")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        restricted
+            .log_text()
+            .contains("may not list and watch servicemonitors"),
+        "the operator says why it keeps none"
+    );
+    drop(restricted);
+
     let op = Operator::start(&client, OperatorOptions::default()).await;
     let monitors = service_monitors(&client, &ns);
     let monitor = wait_for("the owned ServiceMonitor", CONVERGE, || async {
