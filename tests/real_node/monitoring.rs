@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ResourceQuota, Service};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
@@ -458,4 +458,10 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
         "all {} metric names used by the alerts and the dashboard exist: {names:?}",
         names.len()
     );
+    // Later tests deploy an operator that watches every namespace, with other default images.
+    drop(op);
+    Api::<Namespace>::all(client.clone())
+        .delete(&ns, &Default::default())
+        .await
+        .unwrap();
 }
