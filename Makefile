@@ -50,8 +50,10 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 test: lint test-unit test-e2e check-image test-real-node olm-check test-olm test-digests ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, OLM bundle checks, an install through real OLM, and a release bundle pinned by digest.
 
 .PHONY: test-unit
-test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check).
+test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.
 	$(CARGO) test --locked --workspace --lib --bins
+	hack/ensure-packages.sh prometheus
+	$(CARGO) test --locked --test monitoring
 
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.
@@ -145,12 +147,14 @@ install: manifests ## Install the CRD into the cluster in your KUBECONFIG.
 uninstall: ## Remove the CRD (and with it every Memcached).
 	$(KUBECTL) delete --ignore-not-found -k config/crd
 
-# The memcached image the operator deploys (RELATED_IMAGE_MEMCACHED); config/manager's when empty.
+# The memcached and exporter images the operator deploys (RELATED_IMAGE_MEMCACHED,
+# RELATED_IMAGE_MEMCACHED_EXPORTER); config/manager's when empty.
 MEMCACHED_IMG ?=
+EXPORTER_IMG ?=
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG if set).
-	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
+deploy: manifests ## Deploy the operator with config/default and image IMG (and RELATED_IMAGE_MEMCACHED=MEMCACHED_IMG, RELATED_IMAGE_MEMCACHED_EXPORTER=EXPORTER_IMG if set).
+	IMG='$(IMG)' MEMCACHED_IMG='$(MEMCACHED_IMG)' EXPORTER_IMG='$(EXPORTER_IMG)' KUBECTL='$(KUBECTL)' hack/deploy.sh apply
 
 .PHONY: deploy-local
 deploy-local: manifests ## On `make cluster-up-real`'s cluster: the operator's own image as a pod on the real node; Memcacheds in namespace default run real memcached.

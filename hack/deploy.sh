@@ -2,10 +2,10 @@
 # `make deploy`: config/default with the operator's image set to IMG, as operator-sdk's Makefile
 # does with `cd config/manager && kustomize edit set image controller=${IMG}`, but without editing
 # config/manager: a kustomization in a temporary directory takes config/default as its resource
-# and patches the manager container's image (and, when MEMCACHED_IMG is set, its
-# RELATED_IMAGE_MEMCACHED), so the git tree stays clean.
+# and patches the manager container's image (and, when MEMCACHED_IMG / EXPORTER_IMG are set, its
+# RELATED_IMAGE_MEMCACHED / RELATED_IMAGE_MEMCACHED_EXPORTER), so the git tree stays clean.
 #
-# Usage: IMG=image [MEMCACHED_IMG=image] [KUBECTL=kubectl] hack/deploy.sh apply|render
+# Usage: IMG=image [MEMCACHED_IMG=image] [EXPORTER_IMG=image] [KUBECTL=kubectl] hack/deploy.sh apply|render
 #   apply    kubectl apply --server-side -k the overlay (the cluster in KUBECONFIG)
 #   render   print the manifests instead
 set -euo pipefail
@@ -28,9 +28,11 @@ trap 'rm -rf "${overlay}"' EXIT
 # kustomize takes no absolute paths to other kustomizations: a relative one from the overlay.
 base="$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "${ROOT}/config/default" "${overlay}")"
 env_patch=""
-if [[ -n "${MEMCACHED_IMG:-}" ]]; then
-	env_patch="$(printf '            env:\n            - name: RELATED_IMAGE_MEMCACHED\n              value: "%s"' "${MEMCACHED_IMG}")"
-fi
+for pair in "RELATED_IMAGE_MEMCACHED=${MEMCACHED_IMG:-}" "RELATED_IMAGE_MEMCACHED_EXPORTER=${EXPORTER_IMG:-}"; do
+	[[ -n "${pair#*=}" ]] || continue
+	[[ -n "${env_patch}" ]] || env_patch="            env:"
+	env_patch+="$(printf '\n            - name: %s\n              value: "%s"' "${pair%%=*}" "${pair#*=}")"
+done
 cat >"${overlay}/kustomization.yaml" <<EOF
 resources:
 - ${base}

@@ -9,19 +9,25 @@
 #   localhost/pause:busybox-<version>                the pod sandbox ("pause") image: Debian's
 #                                                   static busybox running `sleep`
 #   localhost/memcached-operator:<Cargo version>     the operator, from the Dockerfile (operator)
+#   localhost/memcached-exporter:<version>           the memcached exporter (spec.monitoring): its
+#                                                   static binary, built from its Go module at
+#                                                   MEMCACHED_EXPORTER_VERSION (hack/versions.env),
+#                                                   User 65534 (nobody), as upstream's image
 #
 # Usage:
 #   hack/images.sh build                 build the archives that are missing (needs root for apt-get
 #                                        when packages are missing)
-#   hack/images.sh import SOCKET         build if needed, then import both into the containerd at
-#                                        SOCKET, namespace k8s.io (where the kubelet's CRI looks)
+#   hack/images.sh import SOCKET         build if needed, then import them (memcached, pause,
+#                                        exporter) into the containerd at SOCKET, namespace k8s.io
+#                                        (where the kubelet's CRI looks)
+#   hack/images.sh exporter-binary       build the exporter binary (cached); print its path
 #   hack/images.sh operator              build the operator image (cached): the Dockerfile's builder
 #                                        stage's `cargo build` run here (static glibc instead of
 #                                        musl) in the .dockerignore'd context, then its runtime
 #                                        stage built by `buildah bud` (root; vfs storage)
 #   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE
-#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, OPERATOR_IMAGE and the archive
-#                                        paths
+#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, EXPORTER_IMAGE, OPERATOR_IMAGE
+#                                        and the archive paths
 #
 # Image references: containerd's CRI normalizes names as Docker does. `memcached:1.6.18-debian`
 # would mean docker.io/library/memcached:1.6.18-debian; `localhost/...` is taken as a registry
@@ -35,6 +41,10 @@ BIN_ROOT="${CACHE_DIR}/images"
 LOG_TAG=images
 # shellcheck source=hack/lib.sh
 source "${HACK_DIR}/lib.sh"
+# shellcheck disable=SC1091 # plain KEY=VALUE pins
+source "${HACK_DIR}/versions.env"
+GO="${GO:-go}"
+if ! command -v "${GO}" >/dev/null && [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go; fi
 
 # Bump when the recipe below changes: the cache key includes it.
 RECIPE_VERSION=1
@@ -59,6 +69,49 @@ candidate_version() {
 image_names() {
 	MEMCACHED_IMAGE="localhost/memcached:$(upstream_version "$(candidate_version memcached)")-debian"
 	PAUSE_IMAGE="localhost/pause:busybox-$(upstream_version "$(candidate_version busybox-static)")"
+	EXPORTER_IMAGE="localhost/memcached-exporter:${MEMCACHED_EXPORTER_VERSION#v}"
+}
+
+# ---------------------------------------------------------------- the memcached exporter
+
+EXPORTER_MODULE=github.com/prometheus/memcached_exporter
+EXPORTER_RECIPE_VERSION=1
+
+# The exporter's static binary, built once per version (and Go version) into the cache.
+exporter_binary() {
+	local dir="${CACHE_DIR}/bin/memcached-exporter-${MEMCACHED_EXPORTER_VERSION}" tmp stamp
+	stamp="recipe=${EXPORTER_RECIPE_VERSION} $(${GO} env GOVERSION)"
+	EXPORTER_BIN="${dir}/memcached_exporter"
+	if is_fresh "${dir}" "${stamp}" memcached_exporter; then return 0; fi
+	command -v "${GO}" >/dev/null || die "go not found (set GO=/path/to/go)"
+	mkdir -p "${CACHE_DIR}/bin"
+	local BIN_ROOT="${CACHE_DIR}/bin"
+	rm -rf "${BIN_ROOT}"/.tmp.exporter.*
+	tmp="$(new_tmp .tmp.exporter build)"
+	log "building memcached_exporter ${MEMCACHED_EXPORTER_VERSION} from its Go module"
+	# Built in the downloaded module with its own go.mod and go.sum, as released. Not `go install
+	# module@version`: that also asks the proxy for the module's version list (for deprecations),
+	# which the proxy refuses for this module (403), while the version itself is served.
+	local src
+	src="$(module_field "${EXPORTER_MODULE}@${MEMCACHED_EXPORTER_VERSION}" Dir)"
+	[[ -d "${src}" ]] || die "go mod download ${EXPORTER_MODULE}@${MEMCACHED_EXPORTER_VERSION} failed"
+	(
+		cd "${src}"
+		timed "memcached_exporter build" env CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+			nice -n "${BUILD_NICE:-5}" "${GO}" build -trimpath -o "${tmp}/memcached_exporter" \
+			-ldflags "-s -w -X github.com/prometheus/common/version.Version=${MEMCACHED_EXPORTER_VERSION#v}" \
+			./cmd/memcached_exporter
+	) || die "building ${EXPORTER_MODULE}@${MEMCACHED_EXPORTER_VERSION} failed"
+	printf '%s' "${stamp}" >"${tmp}/.stamp"
+	install_dir .tmp.exporter "${tmp}" "${dir}"
+}
+
+fill_exporter() { # ROOTFS
+	mkdir -p "$1/bin"
+	cp -L "${EXPORTER_BIN}" "$1/bin/memcached_exporter"
+	passwd_files "$1"
+	printf 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >>"$1/etc/passwd"
+	printf 'nogroup:x:65534:\n' >>"$1/etc/group"
 }
 
 # Files the memcached image carries: the binary and what ldd resolves (the loader included).
@@ -87,17 +140,18 @@ archive_paths() {
 	mkey="$(files_key "${files[@]}")"
 	pkey="$(files_key /bin/busybox)"
 	MEMCACHED_ARCHIVE="${BIN_ROOT}/memcached-$(upstream_version "$(pkg_version memcached)")-${mkey}.oci.tar"
+	EXPORTER_ARCHIVE="${BIN_ROOT}/memcached-exporter-${MEMCACHED_EXPORTER_VERSION#v}-r${EXPORTER_RECIPE_VERSION}-$(${GO} env GOVERSION 2>/dev/null || echo nogo).oci.tar"
 	PAUSE_ARCHIVE="${BIN_ROOT}/pause-busybox-$(upstream_version "$(pkg_version busybox-static)")-${pkey}.oci.tar"
 }
 
 print_env() {
 	image_names
 	operator_paths
-	printf 'MEMCACHED_IMAGE=%q\nPAUSE_IMAGE=%q\n' "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}"
+	printf 'MEMCACHED_IMAGE=%q\nPAUSE_IMAGE=%q\nEXPORTER_IMAGE=%q\n' "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}" "${EXPORTER_IMAGE}"
 	printf 'OPERATOR_IMAGE=%q\nOPERATOR_ARCHIVE=%q\n' "${OPERATOR_IMAGE}" "${OPERATOR_ARCHIVE}"
 	if [[ -n "$(pkg_version memcached)" && -n "$(pkg_version busybox-static)" ]]; then
 		archive_paths
-		printf 'MEMCACHED_ARCHIVE=%q\nPAUSE_ARCHIVE=%q\n' "${MEMCACHED_ARCHIVE}" "${PAUSE_ARCHIVE}"
+		printf 'MEMCACHED_ARCHIVE=%q\nPAUSE_ARCHIVE=%q\nEXPORTER_ARCHIVE=%q\n' "${MEMCACHED_ARCHIVE}" "${PAUSE_ARCHIVE}" "${EXPORTER_ARCHIVE}"
 	fi
 }
 
@@ -273,6 +327,17 @@ build_images() {
 			--config.cmd=sleep --config.cmd=2147483647 \
 			--config.label "org.opencontainers.image.title=pause (busybox sleep)"
 	fi
+	if [[ -s "${EXPORTER_ARCHIVE}" ]]; then
+		log "${EXPORTER_IMAGE} cached (${EXPORTER_ARCHIVE})"
+	else
+		exporter_binary
+		oci_image "${EXPORTER_ARCHIVE}" "${EXPORTER_IMAGE##*:}" fill_exporter \
+			--config.user 65534:65534 \
+			--config.entrypoint /bin/memcached_exporter \
+			--config.exposedports 9150/tcp \
+			--config.label "org.opencontainers.image.title=memcached_exporter" \
+			--config.label "org.opencontainers.image.version=${MEMCACHED_EXPORTER_VERSION}"
+	fi
 	flock -u 8
 }
 
@@ -281,13 +346,14 @@ import_images() { # SOCKET
 	build_images
 	ctr --address "${sock}" -n k8s.io images import --base-name "${MEMCACHED_IMAGE%:*}" "${MEMCACHED_ARCHIVE}" >/dev/null
 	ctr --address "${sock}" -n k8s.io images import --base-name "${PAUSE_IMAGE%:*}" "${PAUSE_ARCHIVE}" >/dev/null
+	ctr --address "${sock}" -n k8s.io images import --base-name "${EXPORTER_IMAGE%:*}" "${EXPORTER_ARCHIVE}" >/dev/null
 	local ref refs
 	# (The list first: `ctr ... | grep -q` fails under pipefail when grep exits early.)
 	refs="$(ctr --address "${sock}" -n k8s.io images ls -q)"
-	for ref in "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}"; do
+	for ref in "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}" "${EXPORTER_IMAGE}"; do
 		grep -qx "${ref}" <<<"${refs}" || die "${ref} not in containerd after import"
 	done
-	log "imported ${MEMCACHED_IMAGE} and ${PAUSE_IMAGE} into ${sock} (namespace k8s.io)"
+	log "imported ${MEMCACHED_IMAGE}, ${PAUSE_IMAGE} and ${EXPORTER_IMAGE} into ${sock} (namespace k8s.io)"
 }
 
 main() {
@@ -299,6 +365,10 @@ main() {
 		import_images "$2"
 		;;
 	operator) build_operator ;;
+	exporter-binary)
+		exporter_binary
+		printf '%s\n' "${EXPORTER_BIN}"
+		;;
 	import-operator)
 		[[ $# -eq 2 ]] || die "usage: $0 import-operator SOCKET"
 		import_operator "$2"

@@ -355,9 +355,9 @@ node_ready() {
 # starts CoreDNS, the kubelet and kube-proxy, waits for the node to be Ready.
 real_node_up() {
 	local t0=${SECONDS}
-	local KUBE_NODE_BIN COREDNS_BIN MEMCACHED_IMAGE PAUSE_IMAGE
+	local KUBE_NODE_BIN COREDNS_BIN MEMCACHED_IMAGE PAUSE_IMAGE EXPORTER_IMAGE
 	eval "$("${HACK_DIR}/build-controlplane.sh" --print-env | grep -E '^(KUBE_NODE_BIN|COREDNS_BIN)=')"
-	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|PAUSE_IMAGE)=')"
+	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|PAUSE_IMAGE|EXPORTER_IMAGE)=')"
 	local ports kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready
 	ports="$(free_ports 6)"
 	read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready <<<"${ports}"
@@ -376,6 +376,7 @@ real_node_up() {
 		COREDNS_READY_PORT=${dns_ready}
 		MEMCACHED_IMAGE=${MEMCACHED_IMAGE}
 		PAUSE_IMAGE=${PAUSE_IMAGE}
+		EXPORTER_IMAGE=${EXPORTER_IMAGE}
 	EOF
 	write_containerd_config
 	write_cni_config

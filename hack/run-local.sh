@@ -25,6 +25,7 @@ kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --time
 where="kwok's fake nodes (no containers)"
 if [[ -n "${REAL_NODE_NAME:-}" ]]; then
 	export RELATED_IMAGE_MEMCACHED="${MEMCACHED_IMAGE}"
+	export RELATED_IMAGE_MEMCACHED_EXPORTER="${EXPORTER_IMAGE}"
 	kubectl annotate --overwrite namespace default \
 		scheduler.alpha.kubernetes.io/node-selector=type=real \
 		'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key": "memcached-operator.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]' >/dev/null

@@ -23,6 +23,8 @@ pub const DEFAULT_MAX_MEMORY_MIB: i32 = 64;
 pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
 /// Largest item memcached accepts (`-I`), in MiB: its own upper limit.
 pub const MAX_ITEM_SIZE_MIB: i32 = 1024;
+/// The memcached exporter's port (its default), named `metrics` on the pod and the Service.
+pub const EXPORTER_PORT: i32 = 9150;
 
 /// Desired state of a Memcached cluster.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -69,6 +71,9 @@ pub const MAX_ITEM_SIZE_MIB: i32 = 1024;
 #[x_kube(validation = Rule::new("!has(self.maxItemSizeMiB) || self.maxItemSizeMiB * 2 <= self.maxMemoryMiB")
     .message("must be at most half of maxMemoryMiB: memcached refuses to start otherwise")
     .field_path(".maxItemSizeMiB"))]
+#[x_kube(validation = Rule::new("!has(self.monitoring) || !self.monitoring.enabled || self.containerPort != 9150")
+    .message("must not be 9150 while monitoring is enabled: the exporter listens on 9150 in the same pod")
+    .field_path(".containerPort"))]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the cluster down without deleting it.
     #[schemars(range(min = 0, max = 1000))]
@@ -169,6 +174,28 @@ pub struct MemcachedSpec {
         "must not set app.kubernetes.io/name, app.kubernetes.io/instance or app.kubernetes.io/managed-by: the operator selects its pods by them"
     ))]
     pub pod_labels: Option<BTreeMap<String, String>>,
+
+    /// Prometheus metrics of memcached itself (hit ratio, evictions, connections, memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<MonitoringSpec>,
+}
+
+/// memcached's own metrics: an exporter beside each memcached.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MonitoringSpec {
+    /// true: each pod runs the Prometheus memcached exporter beside memcached, serving /metrics on
+    /// port 9150, named `metrics` on the pod and on the headless Service; where the cluster serves
+    /// the ServiceMonitor API (monitoring.coreos.com/v1), the operator also keeps a ServiceMonitor
+    /// for it. Changing it rolls the pods.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Container image of the exporter. Defaults to the operator's RELATED_IMAGE_MEMCACHED_EXPORTER
+    /// setting (a pinned memcached exporter image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
 }
 
 /// The operator's PodDisruptionBudget for a Memcached's pods.

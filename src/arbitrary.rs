@@ -10,7 +10,8 @@ use proptest::option;
 use proptest::prelude::*;
 
 use crate::api::{
-    DisruptionBudgetSpec, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec, RolloutSpec, Spread,
+    DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
+    MonitoringSpec, RolloutSpec, Spread,
 };
 
 /// A non-negative quantity in one of the forms the API accepts: plain, decimal, milli, binary
@@ -116,6 +117,15 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
         Just(Spread::Required),
         Just(Spread::Off)
     ]);
+    // The schema refuses the exporter's port for memcached while monitoring is on.
+    let port_free = spec.container_port != EXPORTER_PORT;
+    let monitoring =
+        option::of(
+            (any::<bool>(), image()).prop_map(move |(enabled, image)| MonitoringSpec {
+                enabled: enabled && port_free,
+                image,
+            }),
+        );
     (
         option::of(1..=256i32),
         option::of(1..=65536i32),
@@ -123,16 +133,20 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
         budget,
         rollout,
         spread,
+        monitoring,
     )
         .prop_map(
-            move |(threads, connections, item_size, budget, rollout, spread)| MemcachedSpec {
-                threads,
-                max_connections: connections,
-                max_item_size_mib: item_size,
-                pod_disruption_budget: budget,
-                rollout,
-                spread,
-                ..spec.clone()
+            move |(threads, connections, item_size, budget, rollout, spread, monitoring)| {
+                MemcachedSpec {
+                    monitoring,
+                    threads,
+                    max_connections: connections,
+                    max_item_size_mib: item_size,
+                    pod_disruption_budget: budget,
+                    rollout,
+                    spread,
+                    ..spec.clone()
+                }
             },
         )
 }
@@ -201,6 +215,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 image_pull_secrets: None,
                 pod_annotations: None,
                 pod_labels: None,
+                monitoring: None,
             },
         )
         .prop_flat_map(with_tuning)

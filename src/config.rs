@@ -98,6 +98,11 @@ pub struct RunArgs {
     #[arg(long, env = "RELATED_IMAGE_MEMCACHED", default_value = crate::resources::FALLBACK_MEMCACHED_IMAGE)]
     pub memcached_image: String,
 
+    /// memcached exporter image for Memcacheds with monitoring that set no
+    /// spec.monitoring.image.
+    #[arg(long, env = "RELATED_IMAGE_MEMCACHED_EXPORTER", default_value = crate::resources::FALLBACK_EXPORTER_IMAGE)]
+    pub exporter_image: String,
+
     /// This process's identity in Leases and Events. Default: POD_NAME, else the host name with
     /// a random suffix.
     #[arg(long, env = "POD_NAME")]

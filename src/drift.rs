@@ -10,8 +10,28 @@ use serde_json::Value;
 
 /// True when applying `desired` over `actual` could change `actual`.
 pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool {
+    compare(desired, actual, Lists::MayHaveMore)
+}
+
+/// As `needs_apply`, for an object the cache cut down to the fields our apply owns
+/// (controller/trim.rs): an item there that `desired` no longer lists (the exporter sidecar, the
+/// metrics port, once monitoring is turned off) was applied by us, and applying removes it.
+pub fn needs_apply_to_ours<D: Serialize, A: Serialize>(desired: &D, ours: &A) -> bool {
+    compare(desired, ours, Lists::Exact)
+}
+
+/// How lists of objects (merged by key on the server) compare.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    /// Other managers' items may follow ours.
+    MayHaveMore,
+    /// Every item is ours: one more is one to remove.
+    Exact,
+}
+
+fn compare<D: Serialize, A: Serialize>(desired: &D, actual: &A, lists: Lists) -> bool {
     match (serde_json::to_value(desired), serde_json::to_value(actual)) {
-        (Ok(desired), Ok(actual)) => !contains(&actual, &desired),
+        (Ok(desired), Ok(actual)) => !contains(&actual, &desired, lists),
         // Cannot tell: applying is always safe.
         _ => true,
     }
@@ -22,16 +42,20 @@ pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool 
 /// Arrays of objects (containers, ports, owner references) are merged by key on the server, so
 /// extra items that another manager added do not make us re-apply; our items must match in place.
 /// Arrays of scalars (args, command, finalizers) are atomic and must match exactly.
-fn contains(actual: &Value, desired: &Value) -> bool {
+fn contains(actual: &Value, desired: &Value, lists: Lists) -> bool {
     match (actual, desired) {
         (Value::Object(a), Value::Object(d)) => d.iter().all(|(key, dv)| match a.get(key) {
-            Some(av) => contains(av, dv),
+            Some(av) => contains(av, dv, lists),
             None => is_empty(dv),
         }),
         (Value::Array(a), Value::Array(d)) => {
             let objects = d.iter().all(Value::is_object);
             if objects {
-                a.len() >= d.len() && d.iter().zip(a).all(|(dv, av)| contains(av, dv))
+                let lengths = match lists {
+                    Lists::MayHaveMore => a.len() >= d.len(),
+                    Lists::Exact => a.len() == d.len(),
+                };
+                lengths && d.iter().zip(a).all(|(dv, av)| contains(av, dv, lists))
             } else {
                 a == d
             }
@@ -66,6 +90,18 @@ mod tests {
                         {"name": "sidecar"}]}}
         });
         assert!(!needs_apply(&desired, &actual));
+    }
+
+    #[test]
+    fn an_item_of_ours_no_longer_wanted_is_drift_in_our_cut() {
+        let desired = json!({"spec": {"containers": [{"name": "memcached"}]}});
+        let ours = json!({"spec": {"containers": [{"name": "memcached"}, {"name": "exporter"}]}});
+        assert!(needs_apply_to_ours(&desired, &ours));
+        assert!(
+            !needs_apply(&desired, &ours),
+            "in a whole object it may be someone else's"
+        );
+        assert!(!needs_apply_to_ours(&desired, &desired));
     }
 
     #[test]

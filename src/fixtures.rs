@@ -19,7 +19,7 @@ pub fn memcached(name: &str, size: i32) -> Memcached {
 
 /// The Deployment the operator would create for `mc`, with a status as the API server reports it.
 pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Deployment {
-    let mut d = resources::deployment(mc, resources::FALLBACK_MEMCACHED_IMAGE);
+    let mut d = resources::deployment(mc, &resources::Images::default());
     d.metadata.generation = Some(1);
     d.metadata.resource_version = Some("10".into());
     d.status = Some(DeploymentStatus {
@@ -60,6 +60,7 @@ pub mod apiserver {
     use crate::backoff::Backoff;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
+    use crate::service_monitor::ServiceMonitor;
 
     pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
 
@@ -68,6 +69,7 @@ pub mod apiserver {
         pub deployments: Writer<Deployment>,
         pub services: Writer<Service>,
         pub budgets: Writer<PodDisruptionBudget>,
+        pub monitors: Writer<ServiceMonitor>,
     }
 
     impl Caches {
@@ -81,19 +83,29 @@ pub mod apiserver {
         pub fn add_budget(&mut self, b: PodDisruptionBudget) {
             self.budgets.apply_watcher_event(&watcher::Event::Apply(b));
         }
+        pub fn add_monitor(&mut self, m: ServiceMonitor) {
+            self.monitors.apply_watcher_event(&watcher::Event::Apply(m));
+        }
     }
 
+    /// A context for a cluster that does not serve ServiceMonitors.
     pub fn context() -> (Arc<Context>, ApiServer, Caches) {
+        context_where_service_monitors_are(false)
+    }
+
+    pub fn context_where_service_monitors_are(served: bool) -> (Arc<Context>, ApiServer, Caches) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let (deployments, dw) = reflector::store();
         let (services, sw) = reflector::store();
         let (budgets, bw) = reflector::store();
+        let (monitors, mw) = reflector::store();
         let ctx = Context {
             client: client.clone(),
             deployments,
             services,
             pod_disruption_budgets: budgets,
+            service_monitors: served.then_some(monitors),
             pods: Default::default(),
             own_writes: Default::default(),
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
@@ -104,7 +116,7 @@ pub mod apiserver {
                     instance: Some("test".into()),
                 },
             ),
-            default_image: crate::resources::FALLBACK_MEMCACHED_IMAGE.into(),
+            images: Default::default(),
             backoff: Arc::new(Backoff::default()),
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),
@@ -116,6 +128,7 @@ pub mod apiserver {
                 deployments: dw,
                 services: sw,
                 budgets: bw,
+                monitors: mw,
             },
         )
     }
@@ -147,7 +160,7 @@ pub mod apiserver {
     }
 
     /// The request body as stored: what an apply or create of a new object answers.
-    fn echoed(body: &Value) -> Value {
+    pub fn echoed(body: &Value) -> Value {
         let mut body = body.clone();
         body["metadata"]["resourceVersion"] = json!("100");
         body

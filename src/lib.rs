@@ -15,6 +15,7 @@ pub mod manager;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod resources;
+pub mod service_monitor;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

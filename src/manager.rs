@@ -18,6 +18,7 @@ use crate::controller::{self, Settings};
 use crate::health::Health;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::resources::Images;
 
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -64,7 +65,11 @@ async fn run(args: RunArgs) -> ExitCode {
         watch_namespace: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         max_concurrent_rollouts: args.max_concurrent_rollouts,
-        default_image: args.memcached_image.clone(),
+        images: Images {
+            memcached: args.memcached_image.clone(),
+            exporter: args.exporter_image.clone(),
+        },
+        service_monitors: keep_service_monitors(&client, &args.watch_namespace.scopes()).await,
         instance: identity.clone(),
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);
@@ -117,6 +122,47 @@ async fn run(args: RunArgs) -> ExitCode {
     endpoints_stop.cancel();
     info!("stopped");
     code
+}
+
+/// Whether to keep ServiceMonitors: the cluster serves their API and this process may watch
+/// them where it watches Memcacheds. Asked a few times while the API server does not answer;
+/// after that taken as no (logged), so that a start never waits long for an optional feature.
+async fn keep_service_monitors(client: &Client, scopes: &[crate::watch_namespace::Scope]) -> bool {
+    let ask = || async {
+        if !crate::service_monitor::served(client).await? {
+            return Ok::<_, kube::Error>((false, vec![]));
+        }
+        let forbidden = crate::service_monitor::forbidden_scopes(client, scopes).await?;
+        Ok((true, forbidden))
+    };
+    let mut delay = std::time::Duration::from_millis(500);
+    for attempt in 1..=5 {
+        match ask().await {
+            Ok((served, forbidden)) if forbidden.is_empty() => {
+                info!(
+                    served,
+                    "ServiceMonitor API (monitoring.coreos.com/v1) discovery"
+                );
+                return served;
+            }
+            Ok((_, forbidden)) => {
+                warn!(
+                    scopes = ?forbidden,
+                    "the ServiceMonitor API is served, but this ServiceAccount may not list and watch servicemonitors in these scopes: keeping no ServiceMonitors (grant the servicemonitors rule of config/rbac/role.yaml)"
+                );
+                return false;
+            }
+            Err(error) if attempt == 5 => {
+                warn!(%error, "cannot tell whether the ServiceMonitor API is served; keeping no ServiceMonitors until restarted");
+            }
+            Err(error) => {
+                warn!(%error, "ServiceMonitor API discovery failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    false
 }
 
 async fn serve_endpoints(

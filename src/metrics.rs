@@ -1,6 +1,7 @@
 //! Prometheus metrics under controller-runtime's names and buckets, so dashboards and alerts
 //! written for Go operators work unchanged.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -55,6 +56,8 @@ impl ReconcileResult {
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Every registered metric's name, whether or not it has a series yet.
+    names: Vec<String>,
     reconcile_total: IntCounterVec,
     reconcile_errors: IntCounterVec,
     reconcile_errors_by_reason: IntCounterVec,
@@ -63,6 +66,7 @@ pub struct Metrics {
     max_concurrent: IntGaugeVec,
     leader: IntGaugeVec,
     pub invalid_objects: IntGauge,
+    conditions: IntGaugeVec,
     workqueue_depth: IntGaugeVec,
     workqueue_adds: IntCounterVec,
     workqueue_retries: IntCounterVec,
@@ -140,6 +144,14 @@ impl Metrics {
             "Memcached objects skipped because they could not be parsed",
         )
         .unwrap();
+        let conditions = IntGaugeVec::new(
+            Opts::new(
+                "memcached_operator_memcached_condition",
+                "Status of each condition of each Memcached the leader reconciled: 1 True, 0 otherwise",
+            ),
+            &["namespace", "memcached", "type"],
+        )
+        .unwrap();
         let queue_labels = &["controller", "name"];
         let workqueue_depth = IntGaugeVec::new(
             Opts::new("workqueue_depth", "Current depth of workqueue"),
@@ -198,6 +210,7 @@ impl Metrics {
             queue_labels,
         )
         .unwrap();
+        let mut names = Vec::new();
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -207,6 +220,7 @@ impl Metrics {
             Box::new(max_concurrent.clone()),
             Box::new(leader.clone()),
             Box::new(invalid_objects.clone()),
+            Box::new(conditions.clone()),
             Box::new(workqueue_depth.clone()),
             Box::new(workqueue_adds.clone()),
             Box::new(workqueue_retries.clone()),
@@ -215,14 +229,16 @@ impl Metrics {
             Box::new(workqueue_unfinished_work.clone()),
             Box::new(workqueue_longest_running.clone()),
         ] {
+            names.extend(c.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(c).unwrap();
         }
         #[cfg(target_os = "linux")]
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .unwrap();
+        {
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            use prometheus::core::Collector;
+            names.extend(process.desc().iter().map(|d| d.fq_name.clone()));
+            registry.register(Box::new(process)).unwrap();
+        }
         // Series appear at 0 from the start, as in controller-runtime.
         for result in ["success", "error", "requeue", "requeue_after"] {
             reconcile_total.with_label_values(&[CONTROLLER, result]);
@@ -231,6 +247,7 @@ impl Metrics {
         active_workers.with_label_values(&[CONTROLLER]);
         Self {
             registry,
+            names,
             reconcile_total,
             reconcile_errors,
             reconcile_errors_by_reason,
@@ -239,6 +256,7 @@ impl Metrics {
             max_concurrent,
             leader,
             invalid_objects,
+            conditions,
             workqueue_depth,
             workqueue_adds,
             workqueue_retries,
@@ -273,6 +291,30 @@ impl Metrics {
         self.leader
             .with_label_values(&[lease])
             .set(i64::from(leading));
+    }
+
+    /// The conditions of a Memcached as its status now reports them.
+    pub fn set_conditions(&self, namespace: &str, name: &str, conditions: &[Condition]) {
+        for c in conditions {
+            self.conditions
+                .with_label_values(&[namespace, name, &c.type_])
+                .set(i64::from(c.status == "True"));
+        }
+    }
+
+    /// Drops the series of a Memcached that is gone.
+    pub fn forget_memcached(&self, namespace: &str, name: &str) {
+        for type_ in crate::status::CONDITION_TYPES {
+            let _ = self
+                .conditions
+                .remove_label_values(&[namespace, name, type_]);
+        }
+    }
+
+    /// Every metric name this process exports, for checking the names that dashboards and alerts
+    /// use (config/grafana, config/prometheus).
+    pub fn names(&self) -> Vec<String> {
+        self.names.clone()
     }
 
     /// Marks a reconcile as running until the returned guard is dropped.
@@ -356,6 +398,39 @@ mod tests {
         }
         #[cfg(target_os = "linux")]
         assert!(text.contains("process_resident_memory_bytes"));
+    }
+
+    #[test]
+    fn conditions_are_reported_per_memcached_until_it_is_gone() {
+        let m = Metrics::new();
+        let condition = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: String::new(),
+            last_transition_time: crate::fixtures::time(0),
+            observed_generation: None,
+        };
+        m.set_conditions(
+            "ns",
+            "cache",
+            &[
+                condition("Available", "False"),
+                condition("Degraded", "True"),
+            ],
+        );
+        let text = m.render();
+        for line in [
+            r#"memcached_operator_memcached_condition{memcached="cache",namespace="ns",type="Available"} 0"#,
+            r#"memcached_operator_memcached_condition{memcached="cache",namespace="ns",type="Degraded"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        m.forget_memcached("ns", "cache");
+        assert!(
+            !m.render()
+                .contains("memcached_operator_memcached_condition{")
+        );
     }
 
     #[test]

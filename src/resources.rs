@@ -1,5 +1,5 @@
-//! Pure builders for the objects a Memcached owns: its Deployment, its headless Service and its
-//! PodDisruptionBudget. No API calls here; the controller applies what these return.
+//! Pure builders for the objects a Memcached owns: its Deployment, its headless Service, its
+//! PodDisruptionBudget and its ServiceMonitor. No API calls here; the controller applies what these return.
 
 use std::collections::BTreeMap;
 
@@ -7,20 +7,30 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, Lifecycle, LifecycleHandler, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, TCPSocketAction,
-    TopologySpreadConstraint,
+    Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    SleepAction, TCPSocketAction, TopologySpreadConstraint,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::api::{Memcached, MemcachedSpec, Spread};
+use crate::api::{EXPORTER_PORT, Memcached, MemcachedSpec, Spread};
+use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
 pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
+/// Exporter image used when neither `spec.monitoring.image` nor
+/// `RELATED_IMAGE_MEMCACHED_EXPORTER` is set.
+pub const FALLBACK_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.16.0";
+/// uid of `nobody`, the exporter image's user (named in the image, so set as a number here:
+/// the kubelet can only check runAsNonRoot for a numeric user).
+pub const EXPORTER_UID: i64 = 65534;
+/// Name of the exporter's port on the pod and on the Service, and the ServiceMonitor's endpoint.
+pub const METRICS_PORT_NAME: &str = "metrics";
 /// Name of the operator as field manager, event reporter and `managed-by` label.
 pub const MANAGER_NAME: &str = "memcached-operator";
 /// uid of the `memcache` user in the official memcached image. Set explicitly because the image
@@ -89,13 +99,109 @@ fn owned_metadata(mc: &Memcached) -> ObjectMeta {
     }
 }
 
+/// The operator's default images (RELATED_IMAGE_MEMCACHED, RELATED_IMAGE_MEMCACHED_EXPORTER), for
+/// Memcacheds that name none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Images {
+    pub memcached: String,
+    pub exporter: String,
+}
+
+impl Images {
+    /// `memcached` and the fallback exporter image.
+    pub fn new(memcached: impl Into<String>) -> Self {
+        Self {
+            memcached: memcached.into(),
+            exporter: FALLBACK_EXPORTER_IMAGE.into(),
+        }
+    }
+}
+
+impl Default for Images {
+    fn default() -> Self {
+        Self::new(FALLBACK_MEMCACHED_IMAGE)
+    }
+}
+
 /// The memcached image for this CR: its own override, else the operator's default.
 pub fn image<'a>(mc: &'a Memcached, default_image: &'a str) -> &'a str {
     mc.spec.image.as_deref().unwrap_or(default_image)
 }
 
+/// Whether the Memcached asks for memcached's own metrics.
+pub fn monitored(mc: &Memcached) -> bool {
+    mc.spec.monitoring.as_ref().is_some_and(|m| m.enabled)
+}
+
+/// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
+/// no privilege escalation, no capabilities, a read-only root.
+fn restricted(uid: i64) -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The memcached exporter beside memcached: it reads `stats` over localhost and serves them on
+/// :9150/metrics. Only a liveness probe: a readiness probe would take a serving memcached out of
+/// the Service whenever its exporter is not ready.
+fn exporter(mc: &Memcached, default_image: &str) -> Container {
+    let image = mc
+        .spec
+        .monitoring
+        .as_ref()
+        .and_then(|m| m.image.as_deref())
+        .unwrap_or(default_image);
+    Container {
+        name: "exporter".to_string(),
+        image: Some(image.to_string()),
+        args: Some(vec![
+            format!("--memcached.address=localhost:{}", mc.spec.container_port),
+            format!("--web.listen-address=:{EXPORTER_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.to_string()),
+            container_port: EXPORTER_PORT,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/".to_string()),
+                port: IntOrString::String(METRICS_PORT_NAME.to_string()),
+                ..HTTPGetAction::default()
+            }),
+            initial_delay_seconds: Some(5),
+            period_seconds: Some(20),
+            ..Probe::default()
+        }),
+        // Its RSS is about 15 MiB whatever the cache holds; a scrape is one `stats` round trip.
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".to_string())),
+                ("memory".to_string(), Quantity("16Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("64Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted(EXPORTER_UID)),
+        ..Container::default()
+    }
+}
+
 /// The Deployment a Memcached should have.
-pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
+pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
+    let default_image = images.memcached.as_str();
     let port = mc.spec.container_port;
     let rollout = mc.spec.rollout.clone().unwrap_or_default();
     let tcp_probe = |initial_delay, period| Probe {
@@ -132,19 +238,13 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
         }),
         liveness_probe: Some(tcp_probe(10, 10)),
         resources: mc.spec.resources.clone(),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(MEMCACHED_UID),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
+    let mut containers = vec![container];
+    if monitored(mc) {
+        containers.push(exporter(mc, &images.exporter));
+    }
     Deployment {
         metadata: owned_metadata(mc),
         spec: Some(DeploymentSpec {
@@ -168,7 +268,7 @@ pub fn deployment(mc: &Memcached, default_image: &str) -> Deployment {
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
-                    containers: vec![container],
+                    containers,
                     termination_grace_period_seconds: Some(
                         i64::from(rollout.pre_stop_delay_seconds) + STOP_MARGIN_SECONDS,
                     ),
@@ -297,24 +397,52 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
     })
 }
 
-/// The headless Service through which clients find every memcached pod by DNS.
+/// The headless Service through which clients find every memcached pod by DNS; with monitoring,
+/// also the exporters' `metrics` port, which a ServiceMonitor (or any endpoints-based scrape
+/// configuration) selects.
 pub fn service(mc: &Memcached) -> Service {
+    let port = |name: &str, port| ServicePort {
+        name: Some(name.to_string()),
+        port,
+        target_port: Some(IntOrString::String(name.to_string())),
+        protocol: Some("TCP".to_string()),
+        ..ServicePort::default()
+    };
+    let mut ports = vec![port("memcached", mc.spec.container_port)];
+    if monitored(mc) {
+        ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));
+    }
     Service {
         metadata: owned_metadata(mc),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             selector: Some(selector_labels(mc)),
-            ports: Some(vec![ServicePort {
-                name: Some("memcached".to_string()),
-                port: mc.spec.container_port,
-                target_port: Some(IntOrString::String("memcached".to_string())),
-                protocol: Some("TCP".to_string()),
-                ..ServicePort::default()
-            }]),
+            ports: Some(ports),
             ..ServiceSpec::default()
         }),
         status: None,
     }
+}
+
+/// The ServiceMonitor that has a prometheus-operator scrape this Memcached's exporters: the
+/// `metrics` port of its Service. None unless monitoring is on.
+pub fn service_monitor(mc: &Memcached) -> Option<ServiceMonitor> {
+    if !monitored(mc) {
+        return None;
+    }
+    Some(ServiceMonitor {
+        metadata: owned_metadata(mc),
+        spec: ServiceMonitorSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            },
+            endpoints: vec![Endpoint {
+                port: Some(METRICS_PORT_NAME.to_string()),
+                path: Some("/metrics".to_string()),
+            }],
+        },
+    })
 }
 
 /// True when `object` has a controller owner reference pointing at this Memcached (by uid).
@@ -335,7 +463,7 @@ mod tests {
     #[test]
     fn deployment_runs_size_replicas_of_memcached_owned_by_the_cr() {
         let mc = memcached("cache", 3);
-        let d = deployment(&mc, "memcached:test");
+        let d = deployment(&mc, &Images::new("memcached:test"));
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(d.metadata.name.as_deref(), Some("cache"));
@@ -361,7 +489,7 @@ mod tests {
     #[test]
     fn selector_is_a_subset_of_pod_labels() {
         let mc = memcached("cache", 1);
-        let d = deployment(&mc, "img");
+        let d = deployment(&mc, &Images::new("img"));
         let spec = d.spec.unwrap();
         let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
         for (k, v) in spec.selector.match_labels.unwrap() {
@@ -379,7 +507,7 @@ mod tests {
 
     #[test]
     fn pod_meets_the_restricted_pod_security_profile() {
-        let d = deployment(&memcached("cache", 1), "img");
+        let d = deployment(&memcached("cache", 1), &Images::new("img"));
         let pod = d.spec.unwrap().template.spec.unwrap();
         let psc = pod.security_context.unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
@@ -397,7 +525,7 @@ mod tests {
         mc.spec.image = Some("memcached:custom".into());
         mc.spec.max_memory_mib = 256;
         mc.spec.container_port = 12345;
-        let d = deployment(&mc, "default-image");
+        let d = deployment(&mc, &Images::new("default-image"));
         let c = &d.spec.unwrap().template.spec.unwrap().containers[0];
         assert_eq!(c.image.as_deref(), Some("memcached:custom"));
         assert_eq!(c.args.as_ref().unwrap()[..4], ["-m", "256", "-p", "12345"]);
@@ -418,7 +546,7 @@ mod tests {
     #[test]
     fn foreign_owner_is_not_control() {
         let mc = memcached("cache", 1);
-        let mut meta = deployment(&mc, "img").metadata;
+        let mut meta = deployment(&mc, &Images::new("img")).metadata;
         meta.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
         assert!(!is_controlled_by(&meta, &mc));
         meta.owner_references = None;
@@ -426,7 +554,12 @@ mod tests {
     }
 
     fn pod_of(mc: &Memcached) -> PodSpec {
-        deployment(mc, "img").spec.unwrap().template.spec.unwrap()
+        deployment(mc, &Images::new("img"))
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
     }
 
     fn spec_from(json: serde_json::Value) -> Memcached {
@@ -441,7 +574,9 @@ mod tests {
 
     #[test]
     fn rollouts_by_default_keep_every_pod_serving_until_its_replacement_is_ready() {
-        let d = deployment(&memcached("cache", 3), "img").spec.unwrap();
+        let d = deployment(&memcached("cache", 3), &Images::new("img"))
+            .spec
+            .unwrap();
         let rolling = d.strategy.unwrap().rolling_update.unwrap();
         assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
         assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
@@ -461,7 +596,7 @@ mod tests {
     fn rollout_settings_reach_the_deployment() {
         let mc = spec_from(serde_json::json!({"rollout": {
             "maxSurge": 2, "maxUnavailable": 1, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
-        let d = deployment(&mc, "img").spec.unwrap();
+        let d = deployment(&mc, &Images::new("img")).spec.unwrap();
         let rolling = d.strategy.unwrap().rolling_update.unwrap();
         assert_eq!(
             (rolling.max_surge, rolling.max_unavailable),
@@ -535,7 +670,7 @@ mod tests {
             "podAnnotations": {"prometheus.io/scrape": "true"},
             "podLabels": {"team": "web"},
         }));
-        let template = deployment(&mc, "img").spec.unwrap().template;
+        let template = deployment(&mc, &Images::new("img")).spec.unwrap().template;
         let pod = template.spec.unwrap();
         assert_eq!(pod.node_selector.unwrap()["disk"], "ssd");
         assert_eq!(pod.tolerations.unwrap()[0].value.as_deref(), Some("cache"));
@@ -552,7 +687,7 @@ mod tests {
     fn the_operators_labels_win_over_pod_labels() {
         // Admission refuses these; an object stored before that rule must still be selected.
         let mc = spec_from(serde_json::json!({"podLabels": {LABEL_INSTANCE: "other"}}));
-        let labels = deployment(&mc, "img")
+        let labels = deployment(&mc, &Images::new("img"))
             .spec
             .unwrap()
             .template
@@ -613,6 +748,127 @@ mod tests {
         assert_eq!(pod_disruption_budget(&off), None);
     }
 
+    fn monitored_cache(image: Option<&str>) -> Memcached {
+        let mut json = serde_json::json!({"monitoring": {"enabled": true}});
+        if let Some(image) = image {
+            json["monitoring"]["image"] = image.into();
+        }
+        spec_from(json)
+    }
+
+    #[test]
+    fn monitoring_is_off_by_default_and_adds_nothing() {
+        let mc = memcached("cache", 3);
+        assert_eq!(pod_of(&mc).containers.len(), 1);
+        let ports = service(&mc).spec.unwrap().ports.unwrap();
+        assert_eq!(ports.len(), 1);
+        assert!(service_monitor(&mc).is_none());
+        let off = spec_from(serde_json::json!({"monitoring": {"enabled": false, "image": "x"}}));
+        assert_eq!(pod_of(&off).containers.len(), 1);
+        assert!(service_monitor(&off).is_none());
+    }
+
+    #[test]
+    fn monitoring_adds_a_restricted_exporter_reading_memcached_over_localhost() {
+        let mut mc = monitored_cache(None);
+        mc.spec.container_port = 12000;
+        let images = Images {
+            memcached: "memcached:x".into(),
+            exporter: "exporter:default".into(),
+        };
+        let pod = deployment(&mc, &images)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let [memcached, exporter] = &pod.containers[..] else {
+            panic!("two containers: {:?}", pod.containers)
+        };
+        assert_eq!(memcached.name, "memcached");
+        assert_eq!(exporter.name, "exporter");
+        assert_eq!(exporter.image.as_deref(), Some("exporter:default"));
+        assert_eq!(
+            exporter.args.clone().unwrap(),
+            [
+                "--memcached.address=localhost:12000",
+                "--web.listen-address=:9150"
+            ]
+        );
+        let port = &exporter.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some("metrics"), 9150)
+        );
+        let sc = exporter.security_context.clone().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(EXPORTER_UID));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+        // The pod's seccomp profile and non-root rule cover both containers.
+        let psc = pod.security_context.unwrap();
+        assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let liveness = exporter.liveness_probe.clone().unwrap().http_get.unwrap();
+        assert_eq!(liveness.port, IntOrString::String("metrics".into()));
+        assert_eq!(
+            exporter.readiness_probe, None,
+            "the exporter never takes memcached out of the Service"
+        );
+        let limits = exporter.resources.clone().unwrap().limits.unwrap();
+        assert_eq!(limits["memory"], Quantity("64Mi".into()));
+
+        let pinned = monitored_cache(Some("exporter:pinned"));
+        assert_eq!(
+            pod_of(&pinned).containers[1].image.as_deref(),
+            Some("exporter:pinned")
+        );
+    }
+
+    #[test]
+    fn monitoring_adds_the_metrics_port_to_the_service_and_a_service_monitor_for_it() {
+        let mc = monitored_cache(None);
+        let ports = service(&mc).spec.unwrap().ports.unwrap();
+        let named: Vec<_> = ports
+            .iter()
+            .map(|p| (p.name.clone().unwrap(), p.port, p.target_port.clone()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (
+                    "memcached".to_string(),
+                    11211,
+                    Some(IntOrString::String("memcached".into()))
+                ),
+                (
+                    "metrics".to_string(),
+                    9150,
+                    Some(IntOrString::String("metrics".into()))
+                ),
+            ]
+        );
+        let monitor = service_monitor(&mc).unwrap();
+        assert!(is_controlled_by(&monitor.metadata, &mc));
+        assert_eq!(monitor.metadata.name.as_deref(), Some("cache"));
+        assert_eq!(
+            monitor.spec.selector.match_labels.as_ref(),
+            Some(&selector_labels(&mc))
+        );
+        // It selects the Service (whose labels include the selector's), and only its metrics port.
+        let svc_labels = service(&mc).metadata.labels.unwrap();
+        assert!(
+            selector_labels(&mc)
+                .iter()
+                .all(|(k, v)| svc_labels.get(k) == Some(v))
+        );
+        assert_eq!(monitor.spec.endpoints.len(), 1);
+        assert_eq!(monitor.spec.endpoints[0].port.as_deref(), Some("metrics"));
+        let json = serde_json::to_value(&monitor).unwrap();
+        assert_eq!(json["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(json["kind"], "ServiceMonitor");
+    }
+
     proptest::proptest! {
         /// Whatever the schema admits, the builders do not panic, and a spec the reconciler
         /// accepts comes out in the objects as written.
@@ -620,7 +876,7 @@ mod tests {
         fn every_admitted_spec_builds_objects_that_reflect_it(spec in crate::arbitrary::spec()) {
             let mut mc = memcached("cache", 1);
             mc.spec = spec.clone();
-            let d = deployment(&mc, FALLBACK_MEMCACHED_IMAGE);
+            let d = deployment(&mc, &Images::default());
             let svc = service(&mc);
             if crate::validation::validate(&spec).is_err() {
                 return Ok(());

@@ -12,6 +12,8 @@ use crate::resources::selector_string;
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// Every condition type this operator sets.
+pub const CONDITION_TYPES: [&str; 3] = [AVAILABLE, PROGRESSING, DEGRADED];
 
 /// Reasons of the conditions this operator sets. Code decides on these; the strings are only
 /// for the API.

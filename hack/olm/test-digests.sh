@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A release bundle pinned by digest, as hack/olm/README.md ("Releasing") tells how to make one:
-# the operator and memcached images pushed to a registry on 127.0.0.1, then hack/olm/bundle.sh
+# the operator, memcached and exporter images pushed to a registry on 127.0.0.1, then hack/olm/bundle.sh
 # with IMG and RELATED_IMAGES naming them there and USE_IMAGE_DIGESTS=true. Checks that every
 # image the CSV names (containerImage, the manager's image, RELATED_IMAGE_* values and
 # relatedImages) is the registry's reference by the digest the registry serves, that no tag is
@@ -36,12 +36,17 @@ eval "$("${HACK_DIR}/images.sh" --print-env)"
 REGISTRY="$("${OLM_HACK_DIR}/registry.sh" start "${WORK}/registry")"
 operator_ref="${REGISTRY}/memcached/memcached-operator:${BUNDLE_VERSION}"
 memcached_ref="${REGISTRY}/memcached/memcached:${MEMCACHED_IMAGE##*:}"
+exporter_ref="${REGISTRY}/memcached/memcached-exporter:${EXPORTER_IMAGE##*:}"
 "${OLM_HACK_DIR}/registry.sh" push "${OPERATOR_ARCHIVE}" "${operator_ref}"
 "${OLM_HACK_DIR}/registry.sh" push "${MEMCACHED_ARCHIVE}" "${memcached_ref}"
-operator_pinned="${operator_ref%:*}@$("${OLM_HACK_DIR}/registry.sh" digest "${operator_ref}")"
-memcached_pinned="${memcached_ref%:*}@$("${OLM_HACK_DIR}/registry.sh" digest "${memcached_ref}")"
+"${OLM_HACK_DIR}/registry.sh" push "${EXPORTER_ARCHIVE}" "${exporter_ref}"
+pinned() { echo "${1%:*}@$("${OLM_HACK_DIR}/registry.sh" digest "$1")"; }
+operator_pinned="$(pinned "${operator_ref}")"
+memcached_pinned="$(pinned "${memcached_ref}")"
+exporter_pinned="$(pinned "${exporter_ref}")"
 
-IMG="${operator_ref}" RELATED_IMAGES="MEMCACHED=${memcached_ref}" USE_IMAGE_DIGESTS=true \
+IMG="${operator_ref}" RELATED_IMAGES="MEMCACHED=${memcached_ref} MEMCACHED_EXPORTER=${exporter_ref}" \
+	USE_IMAGE_DIGESTS=true \
 	"${OLM_HACK_DIR}/bundle.sh" "${WORK}/out" >&2
 CSV="${WORK}/out/bundle/manifests/memcached-operator.clusterserviceversion.yaml"
 
@@ -51,11 +56,11 @@ expect() { # WHAT GOT WANT
 expect "CSV containerImage" "$(yq -r '.metadata.annotations.containerImage' "${CSV}")" "${operator_pinned}"
 manager='.spec.install.spec.deployments[0].spec.template.spec.containers[] | select(.name == "manager")'
 expect "manager image" "$(yq -r "${manager} | .image" "${CSV}")" "${operator_pinned}"
-expect "RELATED_IMAGE_MEMCACHED" \
-	"$(yq -r "${manager} | .env[] | select(.name == \"RELATED_IMAGE_MEMCACHED\") | .value" "${CSV}")" \
-	"${memcached_pinned}"
+env_value() { yq -r "${manager} | .env[] | select(.name == \"$1\") | .value" "${CSV}"; }
+expect "RELATED_IMAGE_MEMCACHED" "$(env_value RELATED_IMAGE_MEMCACHED)" "${memcached_pinned}"
+expect "RELATED_IMAGE_MEMCACHED_EXPORTER" "$(env_value RELATED_IMAGE_MEMCACHED_EXPORTER)" "${exporter_pinned}"
 related="$(yq -r '.spec.relatedImages[].image' "${CSV}" | sort | tr '\n' ' ')"
-for want in "${operator_pinned}" "${memcached_pinned}"; do
+for want in "${operator_pinned}" "${memcached_pinned}" "${exporter_pinned}"; do
 	if [[ " ${related}" == *" ${want} "* ]]; then pass "relatedImages lists ${want}"; else fail "relatedImages (${related}) lacks ${want}"; fi
 done
 # Every image reference in the CSV, wherever it is: none by tag.

@@ -20,7 +20,8 @@
 # operator computes the same pod template). Then least privilege: the new CSV's `permissions`
 # apply in NS only (`kubectl auth can-i` as the operator's ServiceAccount), and the operator still
 # reconciles a new Memcached in NS. Phase 3: a fresh Subscription to the default channel installs
-# the new release directly.
+# the new release directly. Phase 4: without the ServiceMonitor and PrometheusRule CRDs, OLM
+# fails the InstallPlan of the bundle, which holds one of each.
 #
 # kwok runs no containers, so the operator binary runs as a process instead of the pod, as the
 # ServiceAccount OLM created, with the environment the pod gets (WATCH_NAMESPACE from the pod's
@@ -50,6 +51,7 @@ NS=memcached-olm-test
 NS_MANUAL=memcached-olm-manual
 NS_OTHER=memcached-olm-other
 NS_FRESH=memcached-olm-fresh
+NS_NO_CRDS=memcached-olm-no-monitoring
 CATSRC=memcached-catalog
 CATALOG="${REPO_ROOT}/catalog/${PACKAGE}"
 CSV_FILE="${REPO_ROOT}/bundle/manifests/${PACKAGE}.clusterserviceversion.yaml"
@@ -159,6 +161,13 @@ kctl apply --server-side --field-manager=test-olm -f "${OLM_DIR}/crds.yaml" >/de
 check "OLM CRDs established" \
 	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${OLM_DIR}/crds.yaml"
 kctl create namespace "${OLM_NS}" >/dev/null
+# The bundle since 0.2.0 holds a ServiceMonitor and a PrometheusRule: OLM fails an InstallPlan
+# whose objects' kinds the cluster does not serve, so the cluster gets the prometheus-operator's
+# CRDs first, as a user's would (docs/monitoring.md).
+MONITORING_CRDS="$("${REPO_ROOT}/hack/monitoring-crds.sh")"
+kctl apply --server-side --field-manager=test-olm -f "${MONITORING_CRDS}" >/dev/null
+check "ServiceMonitor and PrometheusRule CRDs established" \
+	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${MONITORING_CRDS}"
 
 # OLM's operators, out of cluster, with the flags of its quickstart Deployments. The catalog
 # operator gets a TLS pair so that it serves health on :8443 and does not collide with olm's :8080.
@@ -497,6 +506,20 @@ always_available() { ! grep -E 'NOT-AVAILABLE|ERROR' "${DIR}/logs/olm-availabili
 check "every Memcached Available throughout the upgrade (${samples} samples, 1 s apart)" always_available
 figure "availability samples during the upgrades: ${samples}, not Available: $(grep -c NOT-AVAILABLE "${DIR}/logs/olm-availability.log" || true)"
 
+# ---------------------------------------------------------------- monitoring (the new bundle's objects)
+for kind in servicemonitor prometheusrule configmap; do
+	name="memcached-operator-controller-manager-metrics-monitor"
+	[[ "${kind}" != prometheusrule ]] || name=memcached-operator-alerts
+	[[ "${kind}" != configmap ]] || name=memcached-operator-grafana-dashboard
+	check "${kind} ${name} (bundle object) in ${NS}" kctl get "${kind}" -n "${NS}" "${name}" -o name
+done
+related_exporter_env() {
+	[[ -n "$(deployment_field "${NS}" '{.spec.template.spec.containers[0].env[?(@.name=="RELATED_IMAGE_MEMCACHED_EXPORTER")].value}')" ]]
+}
+check "RELATED_IMAGE_MEMCACHED_EXPORTER set on the operator (${CSV_NAME})" related_exporter_env
+check "${SA} can create ServiceMonitors in ${NS} (spec.monitoring)" can create servicemonitors.monitoring.coreos.com -n "${NS}"
+check "${SA} cannot list ServiceMonitors in ${NS_OTHER}" cannot list servicemonitors.monitoring.coreos.com -n "${NS_OTHER}"
+
 # ---------------------------------------------------------------- least privilege (the new CSV)
 check "${SA} can list Deployments in ${NS}" can list deployments.apps -n "${NS}"
 check "${SA} can patch Memcached status in ${NS}" can patch memcacheds.cache.example.com --subresource=status -n "${NS}"
@@ -526,6 +549,28 @@ if wait_until "${TIMEOUT}" csv_succeeded "${NS_FRESH}" "${CSV_NAME}"; then
 else
 	fail "fresh Subscription to channel ${DEFAULT_CHANNEL} installs ${CSV_NAME}: Succeeded"
 fi
+
+# ---------------------------------------------------------------- phase 4: without the monitoring CRDs
+# What the README tells users: the bundle's ServiceMonitor and PrometheusRule need their CRDs, and
+# OLM fails the InstallPlan without them.
+kctl delete --wait=true -f "${MONITORING_CRDS}" >/dev/null
+monitoring_api_gone() { ! kctl api-resources --api-group=monitoring.coreos.com -o name | grep -q .; }
+check "ServiceMonitor and PrometheusRule CRDs removed" wait_until 60 monitoring_api_gone
+{
+	operator_group "${NS_NO_CRDS}"
+	subscription "${NS_NO_CRDS}" "${DEFAULT_CHANNEL}" Automatic
+} | kctl apply -f - >/dev/null
+check "Subscription in ${NS_NO_CRDS} resolved to an InstallPlan" wait_until "${TIMEOUT}" has_installplan "${NS_NO_CRDS}"
+IP_NO_CRDS="$(installplan "${NS_NO_CRDS}")"
+ip_failed() { [[ "$(ip_phase "${NS_NO_CRDS}" "${IP_NO_CRDS}")" == Failed ]]; }
+check "without the monitoring CRDs, InstallPlan ${IP_NO_CRDS:-?} fails" wait_until "${TIMEOUT}" ip_failed
+figure "InstallPlan without the monitoring CRDs: $(jp installplan -n "${NS_NO_CRDS}" "${IP_NO_CRDS}" -o jsonpath='{.status.message} {.status.conditions[?(@.type=="Installed")].message}')"
+# The steps before the failing one stay (the CSV), short of what it needs: no operator runs.
+no_operator() {
+	[[ "$(csv_phase "${NS_NO_CRDS}" "${CSV_NAME}")" != Succeeded ]] &&
+		[[ -z "$(kctl get deployment -n "${NS_NO_CRDS}" -o name)" ]]
+}
+check "no operator Deployment in ${NS_NO_CRDS}, ${CSV_NAME} not Succeeded ($(csv_phase "${NS_NO_CRDS}" "${CSV_NAME}"))" no_operator
 
 if [[ ${FAILED} -gt 0 ]]; then
 	log "diagnostics:"

@@ -53,8 +53,10 @@ pub struct Settings {
     pub max_concurrent_reconciles: u16,
     /// Deployments that may roll at once for a pod template change of the operator's own.
     pub max_concurrent_rollouts: u16,
-    /// memcached image for CRs that do not set `spec.image` (RELATED_IMAGE_MEMCACHED).
-    pub default_image: String,
+    /// Images for CRs that name none (RELATED_IMAGE_MEMCACHED, RELATED_IMAGE_MEMCACHED_EXPORTER).
+    pub images: crate::resources::Images,
+    /// Whether the cluster serves ServiceMonitors: only then are they watched and kept.
+    pub service_monitors: bool,
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
 }

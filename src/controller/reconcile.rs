@@ -25,11 +25,12 @@ use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::backoff::Backoff;
-use crate::drift::needs_apply;
+use crate::drift::needs_apply_to_ours;
 use crate::error::{Error, Refusal, Result};
 use crate::health::Caches;
 use crate::metrics::{Metrics, ReconcileResult};
-use crate::resources::{self, MANAGER_NAME, is_controlled_by};
+use crate::resources::{self, Images, MANAGER_NAME, is_controlled_by};
+use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
 use crate::validation;
 
@@ -50,12 +51,14 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
     pub pod_disruption_budgets: Store<PodDisruptionBudget>,
+    /// Owned ServiceMonitors; None where the cluster does not serve their API.
+    pub service_monitors: Option<Store<ServiceMonitor>>,
     pub pods: Arc<PodIndex>,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,
     pub rollouts: Arc<Rollouts>,
     pub events: Events,
-    pub default_image: String,
+    pub images: Images,
     pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     pub metrics: Arc<Metrics>,
     /// This scope's watch caches: reconciling before they are filled would report a wrong status
@@ -88,6 +91,8 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
+        ctx.metrics
+            .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
         return Ok(Action::await_change());
     }
     if !ctx.caches.synced() {
@@ -98,16 +103,30 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
     let desired_budget = resources::pod_disruption_budget(mc);
+    // Only where the cluster serves them (and so they are watched).
+    let monitors = ctx.service_monitors.as_ref().map(|cache| {
+        let api: Api<ServiceMonitor> = Api::namespaced(ctx.client.clone(), &ns);
+        (api, cache)
+    });
+    let desired_monitor = resources::service_monitor(mc);
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
-    let (existing_deployment, existing_service, existing_budget) = tokio::try_join!(
+    let (existing_deployment, existing_service, existing_budget, existing_monitor) = tokio::try_join!(
         lookup(&deployments, &ctx.deployments, mc),
         lookup(&services, &ctx.services, mc),
         // One we no longer want is deleted only if it is ours, and ours are in the cache.
+        lookup_optional(
+            &budgets,
+            &ctx.pod_disruption_budgets,
+            mc,
+            desired_budget.is_some()
+        ),
         async {
-            match desired_budget {
-                Some(_) => lookup(&budgets, &ctx.pod_disruption_budgets, mc).await,
-                None => Ok(cached(&ctx.pod_disruption_budgets, mc)),
+            match &monitors {
+                Some((api, cache)) => {
+                    lookup_optional(api, cache, mc, desired_monitor.is_some()).await
+                }
+                None => Ok(None),
             }
         },
     )?;
@@ -116,6 +135,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         existing_deployment.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
         existing_budget.as_deref().map(|b| &b.metadata),
+        existing_monitor.as_deref().map(|m| &m.metadata),
     );
 
     let mut rollout_queued = None;
@@ -138,7 +158,16 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
                         service,
                         Announce::Always
                     ),
-                    ensure_budget(ctx, mc, &budgets, existing_budget, desired_budget),
+                    ensure_optional(ctx, mc, &budgets, existing_budget, desired_budget),
+                    async {
+                        match &monitors {
+                            Some((api, _)) => {
+                                ensure_optional(ctx, mc, api, existing_monitor, desired_monitor)
+                                    .await
+                            }
+                            None => Ok(()),
+                        }
+                    },
                 )
             };
             let deployment = ensure_deployment(ctx, mc, &deployments, existing_deployment.clone());
@@ -193,6 +222,8 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     if mc.status.as_ref() != Some(&new_status) {
         patch_status(ctx, mc, &new_status).await?;
     }
+    ctx.metrics
+        .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {
@@ -218,10 +249,10 @@ async fn ensure_deployment(
     api: &Api<Deployment>,
     existing: Option<Arc<Deployment>>,
 ) -> Result<(Ensured<Deployment>, bool)> {
-    let desired = resources::deployment(mc, &ctx.default_image);
+    let desired = resources::deployment(mc, &ctx.images);
     // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
-        && needs_apply(&desired, existing.as_ref())
+        && needs_apply_to_ours(&desired, existing.as_ref())
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
         return Ok((Ensured::unchanged(existing.clone()), true));
@@ -241,27 +272,31 @@ fn rollout_must_wait(
     fn template(d: &Deployment) -> Option<&PodTemplateSpec> {
         d.spec.as_ref().map(|s| &s.template)
     }
-    if status::spec_changed(mc) || !needs_apply(&template(desired), &template(existing)) {
+    if status::spec_changed(mc) || !needs_apply_to_ours(&template(desired), &template(existing)) {
         return false;
     }
     !ctx.rollouts
         .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
 }
 
-/// The disruption budget as wanted: applied, or ours deleted when none is wanted any more.
-async fn ensure_budget(
+/// An object only some specs want (the disruption budget, the ServiceMonitor) as wanted:
+/// applied, or ours deleted when none is wanted any more.
+async fn ensure_optional<K>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<PodDisruptionBudget>,
-    existing: Option<Arc<PodDisruptionBudget>>,
-    desired: Option<PodDisruptionBudget>,
-) -> Result<()> {
+    api: &Api<K>,
+    existing: Option<Arc<K>>,
+    desired: Option<K>,
+) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
     match (desired, existing) {
         // Its creation follows from the Deployment's, which has the event.
         (Some(desired), existing) => {
             ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
         }
-        (None, Some(existing)) if is_controlled_by(&existing.metadata, mc) => {
+        (None, Some(existing)) if is_controlled_by(existing.meta(), mc) => {
             let name = existing.name_any();
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -275,7 +310,7 @@ async fn ensure_budget(
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(source) => {
                     return Err(Error::Apply {
-                        kind: "PodDisruptionBudget".into(),
+                        kind: K::kind(&()).into_owned(),
                         name,
                         source,
                     });
@@ -294,11 +329,13 @@ fn blocked(
     deployment: Option<&ObjectMeta>,
     service: Option<&ObjectMeta>,
     budget: Option<&ObjectMeta>,
+    monitor: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
     let foreign = [
         ("Deployment", deployment),
         ("Service", service),
         ("PodDisruptionBudget", budget),
+        ("ServiceMonitor", monitor),
     ]
     .into_iter()
     .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)));
@@ -348,6 +385,23 @@ where
         return Ok(None);
     }
     read(api, &mc.name_any()).await
+}
+
+/// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
+/// matter (to delete them), and ours are in the cache.
+async fn lookup_optional<K>(
+    api: &Api<K>,
+    cache: &Store<K>,
+    mc: &Memcached,
+    wanted: bool,
+) -> Result<Option<Arc<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    match wanted {
+        true => lookup(api, cache, mc).await,
+        false => Ok(cached(cache, mc)),
+    }
 }
 
 fn reports_foreign_object(mc: &Memcached) -> bool {
@@ -457,7 +511,7 @@ where
         }
     };
     if let Some(existing) = &existing
-        && !needs_apply(&desired, existing.as_ref())
+        && !needs_apply_to_ours(&desired, existing.as_ref())
     {
         return Ok(Ensured::unchanged(existing.clone()));
     }
@@ -752,7 +806,7 @@ mod tests {
     }
 
     fn foreign_deployment(mc: &Memcached) -> serde_json::Value {
-        let mut foreign = resources::deployment(mc, "someone/else");
+        let mut foreign = resources::deployment(mc, &Images::new("someone/else"));
         foreign.metadata.owner_references = None;
         foreign.metadata.labels = None;
         serde_json::to_value(&foreign).unwrap()
@@ -1017,12 +1071,177 @@ mod tests {
         .unwrap();
     }
 
+    const MONITOR: &str = "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
+
+    fn with_monitoring(mut mc: Memcached, enabled: bool) -> Memcached {
+        mc.spec.monitoring = Some(crate::api::MonitoringSpec {
+            enabled,
+            image: None,
+        });
+        mc
+    }
+
+    type Requests = Vec<(String, String, serde_json::Value)>;
+
+    /// The `n` requests (method, path, body; sorted) of a reconcile of the Memcached `prepare`
+    /// returns after filling the caches, where the cluster does or does not serve
+    /// ServiceMonitors.
+    async fn requests_of(
+        served: bool,
+        n: usize,
+        prepare: impl FnOnce(&mut apiserver::Caches) -> Memcached,
+    ) -> Requests {
+        let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(served);
+        let mc = prepare(&mut caches);
+        let seen = Arc::new(std::sync::Mutex::new(Requests::new()));
+        let into = seen.clone();
+        let answered = mc.clone();
+        let action = scenario(mc, ctx, api, |mut api| async move {
+            let requests = api.echo_any_order(n, &answered).await;
+            *into.lock().unwrap() = requests
+                .into_iter()
+                .map(|r| (r.method.clone(), r.path().to_string(), r.body))
+                .collect();
+            api
+        })
+        .await;
+        assert_eq!(action.unwrap(), Action::await_change());
+        let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+        seen.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        seen
+    }
+
+    /// A converged Memcached whose spec now turns monitoring on.
+    fn turning_monitoring_on(caches: &mut apiserver::Caches) -> Memcached {
+        let mut mc = memcached("cache", 1);
+        converged(&mut mc, caches);
+        let mut mc = with_monitoring(mc, true);
+        mc.metadata.generation = Some(2);
+        mc
+    }
+
+    fn paths(requests: &Requests) -> Vec<(&str, &str)> {
+        requests
+            .iter()
+            .map(|(m, p, _)| (m.as_str(), p.as_str()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn monitoring_without_the_service_monitor_api_adds_the_exporter_and_port_only() {
+        // The status comes with the refresh the Deployment's watch event queues.
+        let requests = requests_of(false, 4, turning_monitoring_on).await;
+        assert_eq!(
+            paths(&requests),
+            [
+                ("PATCH", SERVICE),
+                ("PATCH", DEPLOYMENT),
+                ("POST", EVENTS),
+                ("POST", EVENTS)
+            ],
+            "nothing under monitoring.coreos.com"
+        );
+        assert_eq!(requests[0].2["spec"]["ports"][1]["name"], "metrics");
+        let deployment = &requests[1].2;
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][1]["name"],
+            "exporter"
+        );
+    }
+
+    #[tokio::test]
+    async fn monitoring_where_the_api_is_served_creates_an_owned_service_monitor() {
+        let requests = requests_of(true, 5, turning_monitoring_on).await;
+        assert_eq!(
+            paths(&requests),
+            [
+                ("PATCH", SERVICE),
+                ("PATCH", DEPLOYMENT),
+                ("PATCH", MONITOR),
+                ("POST", EVENTS),
+                ("POST", EVENTS)
+            ]
+        );
+        let monitor = &requests[2].2;
+        assert_eq!(monitor["metadata"]["resourceVersion"], "1", "create only");
+        assert_eq!(
+            monitor["metadata"]["ownerReferences"][0]["uid"],
+            "uid-cache"
+        );
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+            "cache"
+        );
+    }
+
+    #[tokio::test]
+    async fn turning_monitoring_off_deletes_our_service_monitor() {
+        let mut on = memcached("cache", 1);
+        on = with_monitoring(on, true);
+        let mut off = with_monitoring(on.clone(), false);
+        off.metadata.generation = Some(2);
+        let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(true);
+        converged(&mut on, &mut caches);
+        let mut monitor = resources::service_monitor(&on).unwrap();
+        monitor.metadata.uid = Some("uid-monitor".into());
+        caches.add_monitor(monitor);
+        off.status = on.status.clone();
+        scenario(off.clone(), ctx, api, |mut api| async move {
+            let mut seen = Vec::new();
+            let mut notes = Vec::new();
+            // The monitor's deletion, the Deployment and Service applies, and their three
+            // events (two updates, one deletion); the status comes with the refresh.
+            for _ in 0..6 {
+                let (request, reply) = api.receive_any().await;
+                match (request.method.as_str(), request.path()) {
+                    ("DELETE", MONITOR) => {
+                        assert_eq!(request.body["preconditions"]["uid"], "uid-monitor");
+                        reply.send(
+                            StatusCode::OK,
+                            &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                        );
+                    }
+                    (_, STATUS) => {
+                        let mut object = serde_json::to_value(&off).unwrap();
+                        object["status"] = request.body["status"].clone();
+                        reply.send(StatusCode::OK, &object);
+                    }
+                    _ => reply.send(StatusCode::OK, &apiserver::echoed(&request.body)),
+                }
+                if request.path() == EVENTS {
+                    notes.push(request.body["note"].as_str().unwrap().to_string());
+                }
+                seen.push((request.method.clone(), request.path().to_string()));
+            }
+            seen.sort();
+            seen.dedup();
+            assert_eq!(
+                seen,
+                [
+                    ("DELETE".to_string(), MONITOR.to_string()),
+                    ("PATCH".to_string(), SERVICE.to_string()),
+                    ("PATCH".to_string(), DEPLOYMENT.to_string()),
+                    ("POST".to_string(), EVENTS.to_string()),
+                ]
+            );
+            notes.sort();
+            assert_eq!(
+                notes[0],
+                "Deleted ServiceMonitor cache: no longer wanted by the spec"
+            );
+            api
+        })
+        .await
+        .unwrap();
+    }
+
     /// An operator whose pod template differs from the one running, for a Memcached whose spec
     /// did not change: an upgrade.
     fn upgraded_operator(limit: u16) -> (Arc<Context>, ApiServer, apiserver::Caches) {
         let (ctx, api, caches) = apiserver::context();
         let mut ctx = Arc::into_inner(ctx).unwrap();
-        ctx.default_image = "memcached:next".into();
+        ctx.images = Images::new("memcached:next");
         ctx.rollouts = Arc::new(Rollouts::new(limit));
         (Arc::new(ctx), api, caches)
     }

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::resources::MANAGER_NAME;
+use crate::service_monitor::ServiceMonitor;
 
 pub trait Trim: Resource + Serialize + DeserializeOwned + Sized {
     /// Takes `old`'s (already cut) spec when the spec cannot have changed since.
@@ -30,6 +31,17 @@ pub trait Trim: Resource + Serialize + DeserializeOwned + Sized {
 impl Trim for Deployment {
     fn reuse_spec(&mut self, old: &Self) -> bool {
         reuse_by_generation(&self.metadata, &mut self.spec, old.meta(), &old.spec)
+    }
+}
+
+impl Trim for ServiceMonitor {
+    fn reuse_spec(&mut self, old: &Self) -> bool {
+        let unchanged = self.metadata.generation.is_some()
+            && self.metadata.generation == old.metadata.generation;
+        if unchanged {
+            self.spec.clone_from(&old.spec);
+        }
+        unchanged
     }
 }
 
@@ -228,7 +240,7 @@ mod tests {
     #[test]
     fn a_cut_deployment_shows_no_drift_and_keeps_what_reconcile_reads() {
         let mc = memcached("cache", 3);
-        let desired = resources::deployment(&mc, "memcached:1");
+        let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut stored = as_stored(&desired);
         stored.status = deployment_with_status(&mc, 3, 3).status;
         stored.metadata.generation = Some(1);
@@ -254,7 +266,7 @@ mod tests {
     #[test]
     fn drift_by_another_manager_is_seen_in_the_cut() {
         let mc = memcached("cache", 2);
-        let desired = resources::deployment(&mc, "memcached:1");
+        let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut stored = as_stored(&desired);
         // `kubectl scale`: replicas changes hands and value.
         stored.spec.as_mut().unwrap().replicas = Some(4);
@@ -302,7 +314,7 @@ mod tests {
     #[test]
     fn a_status_update_reuses_the_cut_spec() {
         let mc = memcached("cache", 1);
-        let desired = resources::deployment(&mc, "memcached:1");
+        let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut first = as_stored(&desired);
         first.metadata.generation = Some(1);
         trim(&mut first, None);
@@ -328,7 +340,10 @@ mod tests {
     #[test]
     fn an_object_without_our_entry_is_kept_whole() {
         let mc = memcached("cache", 1);
-        let mut stored = as_stored(&resources::deployment(&mc, "memcached:1"));
+        let mut stored = as_stored(&resources::deployment(
+            &mc,
+            &resources::Images::new("memcached:1"),
+        ));
         stored.metadata.managed_fields.as_mut().unwrap().remove(0);
         let mut cut = stored.clone();
         trim(&mut cut, None);

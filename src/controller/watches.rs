@@ -39,6 +39,7 @@ use crate::backoff::Backoff;
 use crate::health::{Caches, Unsynced};
 use crate::metrics::Metrics;
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
+use crate::service_monitor::ServiceMonitor;
 use crate::watch_namespace::Scope;
 
 /// A queued reconcile: the watch scope (index into the scopes) and the Memcached.
@@ -78,7 +79,8 @@ pub fn run(
     let shared = Shared {
         events: Events::new(client.clone(), reporter),
         client,
-        default_image: settings.default_image.clone(),
+        images: settings.images.clone(),
+        service_monitors: settings.service_monitors,
         backoff: Arc::new(Backoff::default()),
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
@@ -150,7 +152,8 @@ pub fn run(
 struct Shared {
     client: Client,
     events: Events,
-    default_image: String,
+    images: crate::resources::Images,
+    service_monitors: bool,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
@@ -212,6 +215,11 @@ enum Next {
 /// in it, and a Memcached deleted meanwhile is skipped.
 async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
     let Some(mc) = scope.memcacheds.get(key) else {
+        // Deleted: its series go too.
+        scope
+            .ctx
+            .metrics
+            .forget_memcached(key.namespace.as_deref().unwrap_or_default(), &key.name);
         return Next::AwaitChange;
     };
     let span = reconcile_span(&mc);
@@ -309,6 +317,25 @@ fn scope_watches(
         |_| {},
     );
 
+    // Watched only where the API is served: a watch of an unserved resource fails forever.
+    let (service_monitors, monitor_watch) = match shared.service_monitors {
+        true => {
+            let (store, watch) = owned_watch::<ServiceMonitor>(
+                scope.api(client),
+                caches.watch(),
+                triggers(),
+                shared.own_writes.clone(),
+                OwnedTriggers {
+                    drifted: monitor_drifted,
+                    on_status: false,
+                },
+                |_| {},
+            );
+            (Some(store), Some(watch))
+        }
+        false => (None, None),
+    };
+
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
     let mut pod_triggers = triggers();
@@ -343,22 +370,24 @@ fn scope_watches(
         deployments,
         services,
         pod_disruption_budgets: budgets,
+        service_monitors,
         pods,
         own_writes: shared.own_writes.clone(),
         rollouts: shared.rollouts.clone(),
         events: shared.events.clone(),
-        default_image: shared.default_image.clone(),
+        images: shared.images.clone(),
         backoff: shared.backoff.clone(),
         metrics: shared.metrics.clone(),
         caches,
     });
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(mc_watch),
         tokio::spawn(deployment_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),
         tokio::spawn(pod_watch),
     ];
+    tasks.extend(monitor_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
 }
 
@@ -469,6 +498,10 @@ fn deployment_drifted(old: &Deployment, new: &Deployment) -> bool {
 }
 
 fn budget_drifted(old: &PodDisruptionBudget, new: &PodDisruptionBudget) -> bool {
+    old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
+}
+
+fn monitor_drifted(old: &ServiceMonitor, new: &ServiceMonitor) -> bool {
     old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
 }
 

@@ -8,6 +8,7 @@ pub mod dns;
 pub mod memcached;
 pub mod net;
 pub mod operator;
+pub mod promql;
 
 pub use cluster::LocalCluster;
 pub use operator::{Launch, OperatorProcess};

@@ -114,6 +114,8 @@ pub enum Rbac {
     Cluster,
     /// The same rules as a Role in each listed namespace (OwnNamespace/SingleNamespace/MultiNamespace).
     Namespaces(Vec<String>),
+    /// These rules, bound cluster-wide (e.g. the shipped ones less one).
+    ClusterRules(Vec<PolicyRule>),
 }
 
 pub struct OperatorOptions {
@@ -315,6 +317,9 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
             for ns in namespaces {
                 bind_role(client, ns, &role_name, manager_rules(), &sa).await;
             }
+        }
+        Rbac::ClusterRules(rules) => {
+            bind_cluster_role(client, &role_name, rules.clone(), &sa, OPERATOR_NAMESPACE).await
         }
     }
     bind_role(

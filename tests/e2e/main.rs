@@ -416,6 +416,14 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
             "spec.rollout.maxSurge",
         ),
         (
+            serde_json::json!({"size": 1, "containerPort": 9150, "monitoring": {"enabled": true}}),
+            "spec.containerPort",
+        ),
+        (
+            serde_json::json!({"size": 1, "monitoring": {"enabled": true, "image": ""}}),
+            "spec.monitoring.image",
+        ),
+        (
             serde_json::json!({"size": 1, "podDisruptionBudget": {"maxUnavailable": 0}}),
             "spec.podDisruptionBudget.maxUnavailable",
         ),
@@ -488,11 +496,19 @@ async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
         Some(1),
         "an unworkable spec was applied"
     );
-    let warned = events_for(&client, &ns, "cache")
-        .await
-        .into_iter()
-        .any(|e| e.reason.as_deref() == Some("InvalidSpec"));
-    assert!(warned, "no InvalidSpec warning event");
+    // Events go out in the background, after the status: under load, a moment later.
+    wait_for(
+        "an InvalidSpec warning event",
+        Duration::from_secs(10),
+        || async {
+            events_for(&client, &ns, "cache")
+                .await
+                .into_iter()
+                .any(|e| e.reason.as_deref() == Some("InvalidSpec"))
+                .then_some(())
+        },
+    )
+    .await;
     let mc = mcs.get("cache").await.unwrap();
     assert_eq!(
         condition(&mc, "Available").map(|c| c.0).as_deref(),
@@ -1035,7 +1051,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
         }
         valid += 1;
         mc.metadata.uid = admitted.metadata.uid.or(Some(format!("uid-{i}")));
-        let d = resources::deployment(&mc, resources::FALLBACK_MEMCACHED_IMAGE);
+        let d = resources::deployment(&mc, &resources::Images::default());
         deployments
             .patch(&d.name_any(), &apply, &kube::api::Patch::Apply(&d))
             .await
@@ -1331,4 +1347,303 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     for name in names {
         wait_converged(&client, &ns, name, 1).await;
     }
+}
+
+/// The prometheus-operator's CRDs (hack/monitoring-crds.sh): their directory.
+fn monitoring_crds() -> std::path::PathBuf {
+    let out = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/monitoring-crds.sh"),
+    )
+    .output()
+    .expect("hack/monitoring-crds.sh runs");
+    assert!(
+        out.status.success(),
+        "hack/monitoring-crds.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().into()
+}
+
+const SERVICE_MONITOR_CRD: &str = "servicemonitors.monitoring.coreos.com";
+
+/// Whether the API server serves ServiceMonitors (what the operator asks at start).
+async fn service_monitors_served(client: &Client) -> bool {
+    client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "servicemonitors"))
+}
+
+fn service_monitors(client: &Client, ns: &str) -> Api<kube::core::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::discovery::ApiResource::from_gvk_with_plural(&gvk, "servicemonitors"),
+    )
+}
+
+fn monitored(name: &str, size: i32, enabled: bool) -> Memcached {
+    let mut mc = memcached(name, size);
+    mc.spec.monitoring = Some(memcached_operator::api::MonitoringSpec {
+        enabled,
+        image: None,
+    });
+    mc
+}
+
+async fn set_monitoring(client: &Client, ns: &str, name: &str, enabled: bool) {
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"monitoring": {"enabled": enabled}}}),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+/// The containers of the Memcached's Deployment and the port names of its Service, as applied.
+async fn exporter_and_port(client: &Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>) {
+    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let containers = d.spec.unwrap().template.spec.unwrap().containers;
+    let svc = Api::<Service>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let ports = svc.spec.unwrap().ports.unwrap_or_default();
+    (
+        containers.into_iter().map(|c| c.name).collect(),
+        ports.into_iter().filter_map(|p| p.name).collect(),
+    )
+}
+
+#[tokio::test]
+async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
+    let client = admin().await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    // Without the ServiceMonitor API (a fresh cluster has none; an earlier run may have left it).
+    if crds.get_opt(SERVICE_MONITOR_CRD).await.unwrap().is_some() {
+        crds.delete(SERVICE_MONITOR_CRD, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("the ServiceMonitor API gone", CONVERGE, || async {
+        (!service_monitors_served(&client).await).then_some(())
+    })
+    .await;
+
+    let ns = namespace(&client, "monitoring").await;
+    let op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &monitored("cache", 2, true)).await;
+    create(&client, &ns, &memcached("plain", 1)).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    wait_converged(&client, &ns, "plain", 1).await;
+
+    // The sidecar, as restricted as memcached, and the Service's metrics port.
+    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let exporter = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "exporter")
+        .expect("an exporter container");
+    let port = &exporter.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("metrics"), 9150)
+    );
+    let sc = exporter.security_context.clone().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, Some(65534));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+    assert_eq!(
+        pod.security_context.unwrap().seccomp_profile.unwrap().type_,
+        "RuntimeDefault"
+    );
+    assert!(exporter.liveness_probe.is_some());
+    assert_eq!(
+        exporter_and_port(&client, &ns, "cache").await,
+        (
+            vec!["memcached".to_string(), "exporter".to_string()],
+            vec!["memcached".to_string(), "metrics".to_string()]
+        )
+    );
+    assert_eq!(
+        exporter_and_port(&client, &ns, "plain").await,
+        (vec!["memcached".to_string()], vec!["memcached".to_string()]),
+        "monitoring is off by default"
+    );
+    // No ServiceMonitor API: Available, not Degraded, and no reconcile failed.
+    let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    assert_eq!(condition(&mc, "Available").unwrap().0, "True");
+    assert_eq!(condition(&mc, "Degraded").unwrap().0, "False");
+    let text = op.metrics_text().await;
+    assert!(
+        text.contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
+        "{text}"
+    );
+    assert!(text.contains(
+        &format!(r#"memcached_operator_memcached_condition{{memcached="cache",namespace="{ns}",type="Available"}} 1"#)
+    ), "{text}");
+    drop(op);
+
+    // The CRD installed (the operator asks at start: restarted), a ServiceMonitor per monitored
+    // Memcached, owned by it.
+    let dir = monitoring_crds();
+    let (ok, out) = kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        dir.join("monitoring.coreos.com_servicemonitors.yaml")
+            .to_str()
+            .unwrap(),
+    ])
+    .await;
+    assert!(ok, "{out}");
+    wait_for("the ServiceMonitor API served", CONVERGE, || async {
+        service_monitors_served(&client).await.then_some(())
+    })
+    .await;
+    // An install whose RBAC leaves ServiceMonitors out: the API is served, but the operator keeps
+    // none, is ready, and reconciles as before.
+    let without: Vec<_> = harness::shipped_rules("role.yaml")
+        .into_iter()
+        .filter(|r| {
+            !r.resources
+                .iter()
+                .flatten()
+                .any(|res| res == "servicemonitors")
+        })
+        .collect();
+    let restricted_ns = namespace(&client, "monitoring-no-rbac").await;
+    let restricted = Operator::start(
+        &client,
+        OperatorOptions {
+            rbac: Rbac::ClusterRules(without),
+            watch_namespace: Some(restricted_ns.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    restricted
+        .wait_health("/readyz", Duration::from_secs(20))
+        .await
+        .expect("ready without the servicemonitors rule");
+    create(&client, &restricted_ns, &monitored("cache", 1, true)).await;
+    wait_converged(&client, &restricted_ns, "cache", 1).await;
+    assert_eq!(
+        exporter_and_port(&client, &restricted_ns, "cache").await.1,
+        ["memcached", "metrics"]
+    );
+    assert!(
+        service_monitors(&client, &restricted_ns)
+            .get_opt("cache")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        restricted
+            .log_text()
+            .contains("may not list and watch servicemonitors"),
+        "the operator says why it keeps none"
+    );
+    drop(restricted);
+
+    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let monitors = service_monitors(&client, &ns);
+    let monitor = wait_for("the owned ServiceMonitor", CONVERGE, || async {
+        monitors.get_opt("cache").await.ok()?
+    })
+    .await;
+    let owner = &monitor.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("Memcached", mc.uid().unwrap().as_str(), Some(true))
+    );
+    assert_eq!(
+        monitor.data["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached"})
+    );
+    assert_eq!(monitor.data["spec"]["endpoints"][0]["port"], "metrics");
+    // The selector picks the Service, and only that one.
+    let (ok, out) = kubectl(&[
+        "get",
+        "svc",
+        "-n",
+        &ns,
+        "-l",
+        "app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached",
+        "-o",
+        "name",
+    ])
+    .await;
+    assert_eq!((ok, out.trim()), (true, "service/cache"));
+    assert!(
+        monitors.get_opt("plain").await.unwrap().is_none(),
+        "none without monitoring"
+    );
+
+    // Turned off: the ServiceMonitor, the sidecar and the port go.
+    set_monitoring(&client, &ns, "cache", false).await;
+    wait_for("the ServiceMonitor deleted", CONVERGE, || async {
+        monitors
+            .get_opt("cache")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_for("the exporter and its port removed", CONVERGE, || async {
+        let applied = exporter_and_port(&client, &ns, "cache").await;
+        (applied == (vec!["memcached".to_string()], vec!["memcached".to_string()])).then_some(())
+    })
+    .await;
+    wait_converged(&client, &ns, "cache", 2).await;
+
+    // On again, then the Memcached deleted: the garbage collector takes the ServiceMonitor.
+    set_monitoring(&client, &ns, "cache", true).await;
+    wait_for("the ServiceMonitor back", CONVERGE, || async {
+        monitors.get_opt("cache").await.ok()?
+    })
+    .await;
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the ServiceMonitor garbage-collected", CONVERGE, || async {
+        monitors
+            .get_opt("cache")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let text = op.metrics_text().await;
+    assert!(
+        text.contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
+        "{text}"
+    );
+    drop(op);
+    // Leave the cluster as later tests expect it.
+    crds.delete(SERVICE_MONITOR_CRD, &DeleteParams::default())
+        .await
+        .unwrap();
 }

@@ -7,6 +7,7 @@
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod memcached;
+mod monitoring;
 mod operator_pod;
 
 use std::collections::BTreeMap;

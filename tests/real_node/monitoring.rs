@@ -1,0 +1,468 @@
+//! spec.monitoring for real: the exporter beside real memcached, a real Prometheus (Debian's
+//! 2.42) scraping it and the operator, the alerts' expressions evaluated on what it scraped.
+//!
+//! Debian builds Prometheus without `kubernetes_sd_configs`, so the test does the endpoints
+//! discovery itself, as the owned ServiceMonitor asks for it: the Services its selector matches,
+//! their EndpointSlices' ready addresses on the port named `metrics`, labelled `namespace`,
+//! `service`, `pod` and `endpoint` as a prometheus-operator labels them; written as a
+//! `file_sd_configs` file, which Prometheus rereads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::{Memcached, MonitoringSpec};
+use memcached_operator::resources;
+use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::net::{free_port, http_get};
+use memcached_operator_testkit::promql::metric_names;
+use serde_json::Value;
+
+use crate::harness::{
+    CONVERGE, Operator, OperatorOptions, admin, apply, cluster, create, memcached, wait_converged,
+    wait_degraded, wait_for,
+};
+use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Prometheus on 127.0.0.1, scraping every second: the operator process's /metrics (job
+/// `memcached-operator-controller-manager-metrics-service`, the job a ServiceMonitor gives it in
+/// a cluster, which the alerts name) and the targets in `targets.json`. Killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    port: u16,
+    targets: PathBuf,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, operator_metrics: &str) -> Prometheus {
+        std::fs::create_dir_all(dir).unwrap();
+        let targets = dir.join("targets.json");
+        std::fs::write(&targets, "[]").unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+- job_name: memcached-operator-controller-manager-metrics-service
+  honor_labels: true
+  static_configs:
+  - targets: ["{operator_metrics}"]
+- job_name: memcached
+  file_sd_configs:
+  - files: ["{targets}"]
+    refresh_interval: 1s
+"#,
+                targets = targets.display()
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus runs (Debian's package: apt-get install prometheus)");
+        Prometheus {
+            child,
+            port,
+            targets,
+        }
+    }
+
+    /// The result vector of an instant query: each sample's labels and value.
+    async fn query(&self, promql: &str) -> Option<Vec<(BTreeMap<String, String>, f64)>> {
+        let encoded: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (status, body) = http_get(self.port, &format!("/api/v1/query?query={encoded}")).await?;
+        if status != 200 {
+            return None;
+        }
+        let answer: Value = serde_json::from_str(&body).ok()?;
+        let samples = answer["data"]["result"].as_array()?;
+        Some(
+            samples
+                .iter()
+                .map(|s| {
+                    let labels = s["metric"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect();
+                    (labels, s["value"][1].as_str().unwrap().parse().unwrap())
+                })
+                .collect(),
+        )
+    }
+
+    /// The value of a query that gives exactly one sample.
+    async fn value(&self, promql: &str) -> Option<f64> {
+        match &self.query(promql).await?[..] {
+            [(_, v)] => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The scrape targets a prometheus-operator would make of the owned ServiceMonitor of `mc`
+/// (role endpoints): the matching Services' ready endpoints on the port the ServiceMonitor names.
+async fn service_monitor_targets(client: &Client, ns: &str, mc: &Memcached) -> Value {
+    let monitor = resources::service_monitor(mc).expect("monitoring is on");
+    let selector = monitor
+        .spec
+        .selector
+        .match_labels
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let port_name = monitor.spec.endpoints[0].port.clone().unwrap();
+    let services = Api::<Service>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap();
+    let mut groups = Vec::new();
+    for svc in services {
+        let slices = Api::<EndpointSlice>::namespaced(client.clone(), ns)
+            .list(
+                &ListParams::default()
+                    .labels(&format!("kubernetes.io/service-name={}", svc.name_any())),
+            )
+            .await
+            .unwrap();
+        for slice in slices {
+            let Some(port) = slice
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(port_name.as_str()))
+                .and_then(|p| p.port)
+            else {
+                continue;
+            };
+            for endpoint in slice.endpoints {
+                let ready = endpoint
+                    .conditions
+                    .as_ref()
+                    .and_then(|c| c.ready)
+                    .unwrap_or(false);
+                let pod = endpoint.target_ref.as_ref().and_then(|r| r.name.clone());
+                for address in endpoint.addresses.iter().filter(|_| ready) {
+                    groups.push(serde_json::json!({
+                        "targets": [format!("{address}:{port}")],
+                        "labels": {"namespace": ns, "service": svc.name_any(),
+                                   "pod": pod.clone().unwrap_or_default(), "endpoint": port_name},
+                    }));
+                }
+            }
+        }
+    }
+    Value::Array(groups)
+}
+
+/// The alerts' expressions, by alert name (config/prometheus/prometheus_rule.yaml).
+fn alert_expressions() -> BTreeMap<String, String> {
+    let text =
+        std::fs::read_to_string(repo().join("config/prometheus/prometheus_rule.yaml")).unwrap();
+    let rule: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    rule["spec"]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().clone())
+        .map(|r| {
+            (
+                r["alert"].as_str().unwrap().to_string(),
+                r["expr"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every metric name the alerts and the dashboard read.
+fn names_in_use() -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = alert_expressions()
+        .values()
+        .flat_map(|e| metric_names(e))
+        .collect();
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("config/grafana/memcached-operator.json")).unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            names.extend(metric_names(target["expr"].as_str().unwrap()));
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evictions() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "monitored").await;
+    let op = Operator::start(
+        &client,
+        OperatorOptions {
+            watch_namespace: Some(ns.clone()),
+            leader_elect: true,
+            lease: format!("monitoring-{ns}"),
+            env: vec![
+                (
+                    "RELATED_IMAGE_MEMCACHED".into(),
+                    node.memcached_image().into(),
+                ),
+                (
+                    "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
+                    node.var("EXPORTER_IMAGE").into(),
+                ),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let started = Instant::now();
+    let mut mc = memcached("cache", 1);
+    mc.spec.max_memory_mib = 16;
+    mc.spec.monitoring = Some(MonitoringSpec {
+        enabled: true,
+        image: None,
+    });
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 1).await;
+    println!(
+        "monitored Memcached Available after {:?}",
+        started.elapsed()
+    );
+
+    // The exporter runs beside memcached, as confined as it.
+    let pods = pods_of(&client, &ns, "cache").await;
+    let [pod] = &pods[..] else {
+        panic!("one pod, found {}", pods.len())
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .clone()
+        .unwrap();
+    assert_eq!(statuses.len(), 2);
+    assert!(
+        statuses.iter().all(|s| s.ready && s.restart_count == 0),
+        "{statuses:?}"
+    );
+    let uid = pod.metadata.uid.clone().unwrap();
+    let exporters = Process::in_pod(&uid, "memcached_expor"); // comm keeps 15 characters
+    let [exporter] = &exporters[..] else {
+        panic!("one exporter process, found {}", exporters.len())
+    };
+    assert_eq!(exporter.status("Uid"), "65534 65534 65534 65534");
+    assert_eq!(exporter.status("CapEff"), "0000000000000000");
+    assert_eq!(exporter.status("NoNewPrivs"), "1");
+    assert_eq!(exporter.status("Seccomp"), "2");
+    assert!(exporter.root_is_read_only());
+
+    // Prometheus: the operator, and the exporters the ServiceMonitor selects.
+    let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .get("cache")
+        .await
+        .unwrap();
+    let dir = cluster().dir.join(format!("prometheus-{ns}"));
+    let prometheus = Prometheus::start(&dir, &format!("127.0.0.1:{}", op.metrics_port));
+    let targets = service_monitor_targets(&client, &ns, &mc).await;
+    assert_eq!(targets.as_array().unwrap().len(), 1, "{targets}");
+    assert_eq!(
+        targets[0]["targets"][0],
+        format!("{}:9150", pod_ip(pod)),
+        "the pod's metrics port"
+    );
+    std::fs::write(&prometheus.targets, targets.to_string()).unwrap();
+
+    // Clients: connections held open, and gets that hit.
+    let address = SocketAddr::new(pod_ip(pod).into(), 11211);
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(Connection::connect(address).await.unwrap());
+    }
+    let mut client_conn = Connection::connect(address).await.unwrap();
+    client_conn.set("greeting", b"hello").await.unwrap();
+    for _ in 0..20 {
+        assert_eq!(
+            client_conn.get("greeting").await.unwrap(),
+            Some("hello".into())
+        );
+    }
+
+    let selector = format!(r#"namespace="{ns}",service="cache""#);
+    let (up, connections) = wait_for(
+        "Prometheus to scrape the exporter with the clients connected",
+        Duration::from_secs(60),
+        || async {
+            let up = prometheus
+                .value(&format!("memcached_up{{{selector}}}"))
+                .await?;
+            let connections = prometheus
+                .value(&format!("memcached_current_connections{{{selector}}}"))
+                .await?;
+            (up == 1.0 && connections >= 7.0).then_some((up, connections))
+        },
+    )
+    .await;
+    let reconciles = wait_for(
+        "Prometheus to scrape the operator",
+        Duration::from_secs(60),
+        || async {
+            let v = prometheus
+                .value(r#"sum(controller_runtime_reconcile_total{controller="memcached"})"#)
+                .await?;
+            (v > 0.0).then_some(v)
+        },
+    )
+    .await;
+    let hits = prometheus
+        .value(&format!(
+            r#"memcached_commands_total{{{selector},command="get",status="hit"}}"#
+        ))
+        .await;
+    println!(
+        "Prometheus: memcached_up {up}, memcached_current_connections {connections} (at least 6 clients and the exporter), controller_runtime_reconcile_total {reconciles}, get hits {hits:?}"
+    );
+    assert_eq!(hits, Some(20.0), "the 20 gets that hit");
+    drop(held);
+
+    // A refused Memcached, so the error and Degraded series exist too: a quota of one
+    // Deployment in the namespace, which "cache" already has.
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "one-deployment", "namespace": ns},
+        "spec": {"hard": {"count/deployments.apps": "1"}},
+    }))
+    .unwrap();
+    apply(
+        &Api::<ResourceQuota>::namespaced(client.clone(), &ns),
+        &quota,
+    )
+    .await;
+    wait_for("the quota counted", CONVERGE, || async {
+        let q = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+            .get("one-deployment")
+            .await
+            .ok()?;
+        let used = q.status?.used?;
+        (used.get("count/deployments.apps")?.0 == "1").then_some(())
+    })
+    .await;
+    create(&client, &ns, &memcached("over-quota", 1)).await;
+    let message = wait_degraded(
+        &Api::<Memcached>::namespaced(client.clone(), &ns),
+        "over-quota",
+        "Forbidden",
+        CONVERGE,
+    )
+    .await;
+    println!("over-quota Degraded: {message}");
+
+    // Evictions: 16 MiB of memory, 40 MiB of 16 KiB values. The alert's rate is over 5 minutes,
+    // so it needs more than 300 evictions (about 1,500 here).
+    let value = vec![b'x'; 16 * 1024];
+    let t0 = Instant::now();
+    for i in 0..2560 {
+        client_conn.set(&format!("big-{i}"), &value).await.unwrap();
+    }
+    println!("2560 sets of 16 KiB in {:?}", t0.elapsed());
+    let expressions = alert_expressions();
+    let evictions = &expressions["MemcachedEvictions"];
+    let fired = wait_for(
+        "the MemcachedEvictions expression to return this Memcached",
+        Duration::from_secs(60),
+        || async {
+            let samples = prometheus.query(evictions).await?;
+            samples.into_iter().find(|(labels, _)| {
+                labels.get("namespace") == Some(&ns)
+                    && labels.get("service").map(String::as_str) == Some("cache")
+            })
+        },
+    )
+    .await;
+    let evicted = prometheus
+        .value(&format!("memcached_items_evicted_total{{{selector}}}"))
+        .await;
+    println!(
+        "MemcachedEvictions expression: {} evictions/s for {:?}; memcached_items_evicted_total {evicted:?}",
+        fired.1, fired.0
+    );
+    // The Degraded alert's expression finds the refused one.
+    let degraded = wait_for(
+        "the MemcachedDegraded expression to return over-quota",
+        Duration::from_secs(60),
+        || async {
+            let samples = prometheus.query(&expressions["MemcachedDegraded"]).await?;
+            samples.into_iter().find(|(labels, _)| {
+                labels.get("memcached").map(String::as_str) == Some("over-quota")
+            })
+        },
+    )
+    .await;
+    println!("MemcachedDegraded expression: {:?}", degraded.0);
+
+    // Every name the alerts and the dashboard read exists in what Prometheus scraped.
+    let mut missing = Vec::new();
+    let names = names_in_use();
+    for name in &names {
+        let count = prometheus
+            .value(&format!(r#"count({{__name__="{name}"}})"#))
+            .await;
+        if count.is_none_or(|c| c < 1.0) {
+            missing.push(name.clone());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "names used by the alerts or the dashboard that Prometheus has no series of: {missing:?}"
+    );
+    println!(
+        "all {} metric names used by the alerts and the dashboard exist: {names:?}",
+        names.len()
+    );
+    // Later tests deploy an operator that watches every namespace, with other default images.
+    drop(op);
+    Api::<Namespace>::all(client.clone())
+        .delete(&ns, &Default::default())
+        .await
+        .unwrap();
+}
