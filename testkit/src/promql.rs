@@ -4,21 +4,17 @@
 
 use std::collections::BTreeSet;
 
-const KEYWORDS: &[&str] = &[
-    "and",
-    "or",
-    "unless",
-    "bool",
-    "offset",
+/// Keywords followed by a list of label names.
+const LABEL_LIST_KEYWORDS: &[&str] = &[
     "by",
     "without",
     "on",
     "ignoring",
     "group_left",
     "group_right",
-    "inf",
-    "nan",
 ];
+/// The other keywords.
+const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset", "inf", "nan"];
 
 /// The metric names in `expr`: identifiers outside label matchers, ranges and strings that are
 /// not functions, aggregations' label lists or keywords.
@@ -41,7 +37,10 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
             let preceded_by_digit = start > 0 && chars[start - 1].is_ascii_digit();
             if after != Some(&'(')
                 && !preceded_by_digit
-                && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str())
+                && !KEYWORDS
+                    .iter()
+                    .chain(LABEL_LIST_KEYWORDS)
+                    .any(|k| word.eq_ignore_ascii_case(k))
             {
                 names.insert(word);
             }
@@ -87,14 +86,7 @@ fn strip_enclosed(expr: &str) -> String {
 /// `group_left (...)` and `group_right (...)`.
 fn strip_label_lists(expr: &str) -> String {
     let mut out = expr.to_string();
-    for keyword in [
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-    ] {
+    for keyword in LABEL_LIST_KEYWORDS {
         let mut from = 0;
         while let Some(found) = out[from..].find(keyword) {
             let at = from + found;

@@ -9,6 +9,7 @@ mod harness;
 mod memcached;
 mod monitoring;
 mod operator_pod;
+mod prometheus;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
@@ -20,7 +19,6 @@ use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::{Memcached, MonitoringSpec};
 use memcached_operator::resources;
 use memcached_operator_testkit::memcached::Connection;
-use memcached_operator_testkit::net::{free_port, http_get};
 use memcached_operator_testkit::promql::metric_names;
 use serde_json::Value;
 
@@ -28,31 +26,22 @@ use crate::harness::{
     CONVERGE, Operator, OperatorOptions, admin, apply, cluster, create, memcached, wait_converged,
     wait_degraded, wait_for,
 };
+use crate::prometheus::Prometheus;
 use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Prometheus on 127.0.0.1, scraping every second: the operator process's /metrics (job
+/// Prometheus scraping every second: the operator process's /metrics (job
 /// `memcached-operator-controller-manager-metrics-service`, the job a ServiceMonitor gives it in
-/// a cluster, which the alerts name) and the targets in `targets.json`. Killed when dropped.
-struct Prometheus {
-    child: std::process::Child,
-    port: u16,
-    targets: PathBuf,
-}
-
-impl Prometheus {
-    fn start(dir: &Path, operator_metrics: &str) -> Prometheus {
-        std::fs::create_dir_all(dir).unwrap();
-        let targets = dir.join("targets.json");
-        std::fs::write(&targets, "[]").unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+/// a cluster, which the alerts name) and the targets in the returned `targets.json`.
+fn start_prometheus(dir: &Path, operator_metrics: &str) -> (Prometheus, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let targets = dir.join("targets.json");
+    std::fs::write(&targets, "[]").unwrap();
+    let config = format!(
+        r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
 - job_name: memcached-operator-controller-manager-metrics-service
   honor_labels: true
@@ -63,78 +52,9 @@ scrape_configs:
   - files: ["{targets}"]
     refresh_interval: 1s
 "#,
-                targets = targets.display()
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus runs (Debian's package: apt-get install prometheus)");
-        Prometheus {
-            child,
-            port,
-            targets,
-        }
-    }
-
-    /// The result vector of an instant query: each sample's labels and value.
-    async fn query(&self, promql: &str) -> Option<Vec<(BTreeMap<String, String>, f64)>> {
-        let encoded: String = promql
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (status, body) = http_get(self.port, &format!("/api/v1/query?query={encoded}")).await?;
-        if status != 200 {
-            return None;
-        }
-        let answer: Value = serde_json::from_str(&body).ok()?;
-        let samples = answer["data"]["result"].as_array()?;
-        Some(
-            samples
-                .iter()
-                .map(|s| {
-                    let labels = s["metric"]
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                        .collect();
-                    (labels, s["value"][1].as_str().unwrap().parse().unwrap())
-                })
-                .collect(),
-        )
-    }
-
-    /// The value of a query that gives exactly one sample.
-    async fn value(&self, promql: &str) -> Option<f64> {
-        match &self.query(promql).await?[..] {
-            [(_, v)] => Some(*v),
-            _ => None,
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        targets = targets.display()
+    );
+    (Prometheus::start(dir, &config), targets)
 }
 
 /// The scrape targets a prometheus-operator would make of the owned ServiceMonitor of `mc`
@@ -304,7 +224,8 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
         .await
         .unwrap();
     let dir = cluster().dir.join(format!("prometheus-{ns}"));
-    let prometheus = Prometheus::start(&dir, &format!("127.0.0.1:{}", op.metrics_port));
+    let (prometheus, targets_file) =
+        start_prometheus(&dir, &format!("127.0.0.1:{}", op.metrics_port));
     let targets = service_monitor_targets(&client, &ns, &mc).await;
     assert_eq!(targets.as_array().unwrap().len(), 1, "{targets}");
     assert_eq!(
@@ -312,7 +233,7 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
         format!("{}:9150", pod_ip(pod)),
         "the pod's metrics port"
     );
-    std::fs::write(&prometheus.targets, targets.to_string()).unwrap();
+    std::fs::write(&targets_file, targets.to_string()).unwrap();
 
     // Clients: connections held open, and gets that hit.
     let address = SocketAddr::new(pod_ip(pod).into(), 11211);

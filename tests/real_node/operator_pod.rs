@@ -17,12 +17,13 @@ use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator_testkit::memcached::Connection;
-use memcached_operator_testkit::net::{free_port, http_get, metric_value};
+use memcached_operator_testkit::net::metric_value;
 
 use crate::harness::{
     CONVERGE, OPERATOR_NAMESPACE, admin, apply, cluster, create, kubectl, memcached, namespace,
     set_size, wait_converged, wait_for,
 };
+use crate::prometheus::Prometheus;
 use crate::{Process, RealNode, pod_ip, pods_of, real_namespace, send_pods_to_real_node};
 
 /// What config/default names them (namePrefix `memcached-operator-`).
@@ -383,23 +384,13 @@ async fn make_deploy_runs_the_operators_own_image_confined_on_the_real_node() {
     }
 }
 
-/// Debian's Prometheus (2.42) as a process on 127.0.0.1, scraping one target every second the way
-/// config/prometheus's ServiceMonitor says: HTTPS, a bearer token file, the self-signed certificate
-/// not verified. Debian builds it without kubernetes_sd, so the target is the metrics Service's
-/// ClusterIP (kube-proxy routes it to the operator pod). Killed when dropped.
-struct Prometheus {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Prometheus {
-    fn start(dir: &Path, target: &str, token_file: &Path) -> Prometheus {
-        std::fs::create_dir_all(dir).unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+/// Prometheus scraping one target every second the way config/prometheus's ServiceMonitor says:
+/// HTTPS, a bearer token file, the self-signed certificate not verified. Debian builds it without
+/// kubernetes_sd, so the target is the metrics Service's ClusterIP (kube-proxy routes it to the
+/// operator pod).
+fn start_prometheus(dir: &Path, target: &str, token_file: &Path) -> Prometheus {
+    let config = format!(
+        r#"global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
 - job_name: memcached-operator
   scheme: https
@@ -409,54 +400,9 @@ scrape_configs:
   static_configs:
   - targets: ["{target}"]
 "#,
-                token = token_file.display()
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus runs (Debian's package: apt-get install prometheus)");
-        Prometheus { child, port }
-    }
-
-    /// The value of a PromQL expression that gives one sample, if it gives one.
-    async fn value(&self, promql: &str) -> Option<f64> {
-        let encoded: String = promql
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (status, body) = http_get(self.port, &format!("/api/v1/query?query={encoded}")).await?;
-        if status != 200 {
-            return None;
-        }
-        let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let result = answer["data"]["result"].as_array()?;
-        let [sample] = &result[..] else { return None };
-        sample["value"][1].as_str()?.parse().ok()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        token = token_file.display()
+    );
+    Prometheus::start(dir, &config)
 }
 
 #[tokio::test]
@@ -496,7 +442,7 @@ async fn prometheus_scrapes_the_operator_pod_with_a_metrics_reader_token() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");
     std::fs::write(&token_file, &token).unwrap();
-    let prometheus = Prometheus::start(&dir, &format!("{cluster_ip}:8443"), &token_file);
+    let prometheus = start_prometheus(&dir, &format!("{cluster_ip}:8443"), &token_file);
 
     let (up, reconciles) = wait_for(
         "Prometheus to scrape the operator's reconciles",
