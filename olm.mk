@@ -102,6 +102,10 @@ olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); p
 test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root).
 	hack/olm/test-digests.sh
 
+.PHONY: test-run-bundle
+test-run-bundle: ## On a local control plane with a real node (root): operator-sdk run bundle, run bundle-upgrade, scorecard and cleanup with images from a registry on 127.0.0.1; the catalog image through OLM.
+	hack/olm/test-run-bundle.sh $(CURDIR)/.cluster/run-bundle
+
 .PHONY: test-olm
 test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked

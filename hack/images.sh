@@ -251,28 +251,6 @@ import_operator() { # SOCKET
 	log "imported ${OPERATOR_IMAGE} into ${sock} (namespace k8s.io)"
 }
 
-# oci_image ARCHIVE TAG ROOTFS_FN CONFIG_ARGS... : an OCI layout with one layer made by
-# ROOTFS_FN DIR (it fills DIR), configured with umoci config CONFIG_ARGS, tarred to ARCHIVE.
-oci_image() {
-	local archive="$1" tag="$2" fill="$3"
-	shift 3
-	local work layout bundle
-	work="$(mktemp -d "${BIN_ROOT}/.tmp.image.XXXXXX")"
-	layout="${work}/layout"
-	bundle="${work}/bundle"
-	umoci init --layout "${layout}"
-	umoci new --image "${layout}:${tag}"
-	umoci unpack --image "${layout}:${tag}" "${bundle}" >/dev/null
-	"${fill}" "${bundle}/rootfs"
-	umoci repack --image "${layout}:${tag}" "${bundle}"
-	umoci config --image "${layout}:${tag}" --os linux --architecture amd64 "$@"
-	umoci gc --layout "${layout}"
-	tar -C "${layout}" -cf "${work}/image.tar" .
-	mv "${work}/image.tar" "${archive}"
-	rm -rf "${work}"
-	log "built ${archive} ($(du -h "${archive}" | cut -f1))"
-}
-
 passwd_files() { # ROOTFS
 	mkdir -p "$1/etc"
 	printf 'root:x:0:0:root:/:/sbin/nologin\nmemcache:x:11211:11211:memcached:/nonexistent:/sbin/nologin\n' >"$1/etc/passwd"

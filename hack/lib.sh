@@ -144,3 +144,26 @@ ensure_packages() {
 	[[ ${rc} -eq 0 ]] || die "apt-get install ${missing[*]} failed (exit ${rc})"
 	for p in "${missing[@]}"; do log "installed ${p} $(dpkg-query -W -f='${Version}' "${p}")"; done
 }
+
+# oci_image ARCHIVE TAG ROOTFS_FN CONFIG_ARGS... : an OCI layout with one layer made by
+# ROOTFS_FN DIR (it fills DIR), configured with umoci config CONFIG_ARGS, tarred to ARCHIVE
+# (built in a .tmp.image.* beside it). Needs umoci.
+oci_image() {
+	local archive="$1" tag="$2" fill="$3"
+	shift 3
+	local work layout bundle
+	work="$(mktemp -d "$(dirname "${archive}")/.tmp.image.XXXXXX")"
+	layout="${work}/layout"
+	bundle="${work}/bundle"
+	umoci init --layout "${layout}"
+	umoci new --image "${layout}:${tag}"
+	umoci unpack --image "${layout}:${tag}" "${bundle}" >/dev/null
+	"${fill}" "${bundle}/rootfs"
+	umoci repack --image "${layout}:${tag}" "${bundle}"
+	umoci config --image "${layout}:${tag}" --os linux --architecture amd64 "$@"
+	umoci gc --layout "${layout}"
+	tar -C "${layout}" -cf "${work}/image.tar" .
+	mv "${work}/image.tar" "${archive}"
+	rm -rf "${work}"
+	log "built ${archive} ($(du -h "${archive}" | cut -f1))"
+}

@@ -135,7 +135,29 @@ write_containerd_config() {
 		    bin_dir = "${REAL_NODE_CNI_BIN}"
 		    conf_dir = "$(rn_dir)/cni/net.d"
 		    max_conf_num = 1
+		  # One hosts.toml per registry (read at each pull): tests that pull from a registry on
+		  # 127.0.0.1 write theirs here (real_node_registry_hosts).
+		  [plugins."io.containerd.grpc.v1.cri".registry]
+		    config_path = "${d}/certs.d"
 	EOF
+}
+
+# real_node_registry_hosts CLUSTER_DIR REGISTRY CA [HOST...] : the real node's containerd pulls
+# REGISTRY (host:port on 127.0.0.1) over HTTPS trusting the certificate file CA (or, CA empty,
+# over plain HTTP), and each HOST (e.g. docker.io) from REGISTRY as its mirror, the way a
+# disconnected cluster mirrors public registries. Read at each pull: no restart needed.
+real_node_registry_hosts() {
+	local dir="$1/real-node/containerd/certs.d" registry="$2" ca="$3" host scheme=http entry
+	shift 3
+	[[ -z "${ca}" ]] || scheme=https
+	entry="$(printf '[host."%s://%s"]\n  capabilities = ["pull", "resolve"]\n' "${scheme}" "${registry}")"
+	[[ -z "${ca}" ]] || entry+="$(printf '\n  ca = "%s"' "${ca}")"
+	mkdir -p "${dir}/${registry}"
+	printf 'server = "%s://%s"\n\n%s\n' "${scheme}" "${registry}" "${entry}" >"${dir}/${registry}/hosts.toml"
+	for host in "$@"; do
+		mkdir -p "${dir}/${host}"
+		printf '%s\n' "${entry}" >"${dir}/${host}/hosts.toml"
+	done
 }
 
 write_cni_config() {

@@ -4,7 +4,10 @@
 #   scorecard-test  github.com/operator-framework/operator-sdk/images/scorecard-test (the program
 #                   inside the scorecard-test image: the scorecard's built-in static tests)
 #   opm             github.com/operator-framework/operator-registry/cmd/opm
-#   olm             github.com/operator-framework/operator-lifecycle-manager/cmd/{olm,catalog}
+#   olm             github.com/operator-framework/operator-lifecycle-manager/cmd/{olm,catalog} and
+#                   util/cpb (the bundle unpack Job's copier, in OLM's util image)
+#   grpc-health-probe  github.com/grpc-ecosystem/grpc-health-probe (OLM probes catalog pods with it;
+#                   hack/olm/images.sh puts it in the opm image, as upstream's)
 # into ${MEMCACHED_OPERATOR_CACHE:-$HOME/.cache/memcached-operator}/bin/<name>-<version>/.
 # Pins: hack/olm/versions.env.
 #
@@ -12,7 +15,7 @@
 #   hack/olm/build-tools.sh [TOOL...]        build TOOLs (default: operator-sdk scorecard-test opm)
 #                                            unless a fresh cached build exists
 #   hack/olm/build-tools.sh --path TOOL      build TOOL if needed, print its binary's path on stdout
-#                                            (olm: the directory holding olm and catalog)
+#                                            (olm: the directory holding olm, catalog and cpb)
 #   hack/olm/build-tools.sh --print-env      print the binaries' paths (shell-sourceable), build nothing
 #
 # A cached build is reused when its stamp (tool, version, recipe) matches. Builds go to a
@@ -34,6 +37,7 @@ RECIPE_VERSION=1
 SDK_MOD=github.com/operator-framework/operator-sdk
 OPM_MOD=github.com/operator-framework/operator-registry
 OLM_MOD=github.com/operator-framework/operator-lifecycle-manager
+PROBE_MOD=github.com/grpc-ecosystem/grpc-health-probe
 
 LOG_TAG=olm/build-tools
 # shellcheck source=hack/lib.sh
@@ -45,7 +49,8 @@ tool_dir() { # TOOL
 	scorecard-test) printf '%s' "${BIN_ROOT}/scorecard-test-${OPERATOR_SDK_VERSION}" ;;
 	opm) printf '%s' "${BIN_ROOT}/opm-${OPM_VERSION}" ;;
 	olm) printf '%s' "${BIN_ROOT}/olm-${OLM_VERSION}" ;;
-	*) die "unknown tool: $1 (operator-sdk, scorecard-test, opm, olm)" ;;
+	grpc-health-probe) printf '%s' "${BIN_ROOT}/grpc-health-probe-${GRPC_HEALTH_PROBE_VERSION}" ;;
+	*) die "unknown tool: $1 (operator-sdk, scorecard-test, opm, olm, grpc-health-probe)" ;;
 	esac
 }
 
@@ -62,6 +67,8 @@ print_env() {
 	printf 'OPM_BIN=%q\n' "$(tool_path opm)"
 	printf 'OLM_BIN=%q\n' "$(tool_dir olm)/olm"
 	printf 'OLM_CATALOG_BIN=%q\n' "$(tool_dir olm)/catalog"
+	printf 'OLM_CPB_BIN=%q\n' "$(tool_dir olm)/cpb"
+	printf 'GRPC_HEALTH_PROBE_BIN=%q\n' "$(tool_path grpc-health-probe)"
 	printf 'OPERATOR_SDK_VERSION=%q\nOPM_VERSION=%q\nOLM_VERSION=%q\n' \
 		"${OPERATOR_SDK_VERSION}" "${OPM_VERSION}" "${OLM_VERSION}"
 }
@@ -117,13 +124,14 @@ tool_stamp() { # TOOL
 	case "$1" in
 	operator-sdk | scorecard-test) stamp "$1" "${OPERATOR_SDK_VERSION}" ;;
 	opm) stamp opm "${OPM_VERSION}" ;;
-	olm) stamp olm "${OLM_VERSION}+chart-crds" ;;
+	olm) stamp olm "${OLM_VERSION}+chart-crds+cpb" ;;
+	grpc-health-probe) stamp grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION}" ;;
 	esac
 }
 
 tool_bins() { # TOOL : the files a build of TOOL leaves in its directory
 	case "$1" in
-	olm) echo olm catalog crds.yaml ;;
+	olm) echo olm catalog cpb crds.yaml ;;
 	*) echo "$1" ;;
 	esac
 }
@@ -140,7 +148,7 @@ build() {
 	dir="$(tool_dir "${tool}")"
 	want="$(tool_stamp "${tool}")"
 	case "${tool}" in
-	olm) bins=(olm catalog) ;;
+	olm) bins=(olm catalog cpb) ;;
 	*) bins=("${tool}") ;;
 	esac
 	if is_fresh_tool "${tool}"; then
@@ -187,13 +195,23 @@ build() {
 			die "opm build failed"
 		fi
 		;;
+	grpc-health-probe)
+		# Upstream's release build: CGO_ENABLED=0, -s -w. Its main package is the module's root, so
+		# `go build -o TMP/.` names the binary after the module: TMP/grpc-health-probe.
+		if ! { copy_src "${PROBE_MOD}@${GRPC_HEALTH_PROBE_VERSION}" "${tmp}" &&
+			timed "grpc-health-probe build" go_build "${tmp}/src" "${tmp}" "-s -w" "" . &&
+			[[ -x "${tmp}/grpc-health-probe" ]]; }; then
+			rm -rf "${tmp}"
+			die "grpc-health-probe build failed"
+		fi
+		;;
 	olm)
 		commit="$(module_field "${OLM_MOD}@${OLM_VERSION}" Hash)"
 		src="$(module_field "${OLM_MOD}@${OLM_VERSION}" Dir)"
 		ldflags="-s -w -X ${OLM_MOD}/pkg/version.OLMVersion=${OLM_VERSION}"
 		ldflags+=" -X ${OLM_MOD}/pkg/version.GitCommit=${commit:-unknown}"
 		if ! { copy_src "${OLM_MOD}@${OLM_VERSION}" "${tmp}" &&
-			timed "olm build" go_build "${tmp}/src" "${tmp}" "${ldflags}" json1 cmd/olm cmd/catalog; }; then
+			timed "olm build" go_build "${tmp}/src" "${tmp}" "${ldflags}" json1 cmd/olm cmd/catalog util/cpb; }; then
 			rm -rf "${tmp}"
 			die "olm build failed"
 		fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A throwaway image registry on 127.0.0.1 (Debian's docker-registry, the CNCF distribution
 # registry), and pushes of the OCI archives hack/images.sh builds into it with skopeo. Plain
-# HTTP: go-containerregistry (operator-sdk's digest resolver) and containerd take a loopback
-# registry as plain HTTP; skopeo is told so.
+# HTTP by default: go-containerregistry (operator-sdk's digest resolver) and containerd take a
+# loopback registry as plain HTTP; skopeo is told so. With --tls it serves HTTPS with a
+# self-signed certificate for 127.0.0.1, DIR/ca.crt, for clients that never try plain HTTP
+# (operator-sdk run bundle's index image lookup): Go programs trust it with SSL_CERT_FILE.
 #
-#   hack/olm/registry.sh start DIR       start one with its storage and pid in DIR; prints host:port
+#   hack/olm/registry.sh start DIR [--tls]  start one with its storage and pid in DIR; prints host:port
 #   hack/olm/registry.sh push ARCHIVE REF  push an OCI archive as REF (host:port/name:tag)
 #   hack/olm/registry.sh digest REF      the manifest digest the registry serves for REF
 #   hack/olm/registry.sh stop DIR        stop the one started in DIR
@@ -18,7 +20,7 @@ LOG_TAG=olm/registry
 source "${OLM_HACK_DIR}/../lib.sh"
 
 start() {
-	local dir="$1" port pid
+	local dir="$1" tls="${2:-}" port pid scheme=http
 	ensure_packages docker-registry skopeo
 	mkdir -p "${dir}/storage"
 	port="$(free_ports 1)"
@@ -34,12 +36,18 @@ storage:
 http:
   addr: 127.0.0.1:${port}
 EOF
+	if [[ "${tls}" == --tls ]]; then
+		scheme=https
+		openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=127.0.0.1" \
+			-addext "subjectAltName=IP:127.0.0.1" -keyout "${dir}/tls.key" -out "${dir}/ca.crt" 2>/dev/null
+		printf '  tls:\n    certificate: %s\n    key: %s\n' "${dir}/ca.crt" "${dir}/tls.key" >>"${dir}/config.yml"
+	fi
 	docker-registry serve "${dir}/config.yml" >"${dir}/registry.log" 2>&1 &
 	pid=$!
 	echo "${pid}" >"${dir}/pid"
 	for _ in $(seq 100); do
-		if curl -fsS "http://127.0.0.1:${port}/v2/" >/dev/null 2>&1; then
-			log "registry at 127.0.0.1:${port} (pid ${pid}, storage ${dir}/storage)"
+		if curl -fsS ${tls:+--cacert "${dir}/ca.crt"} "${scheme}://127.0.0.1:${port}/v2/" >/dev/null 2>&1; then
+			log "registry at ${scheme}://127.0.0.1:${port} (pid ${pid}, storage ${dir}/storage)"
 			echo "127.0.0.1:${port}"
 			return
 		fi
@@ -73,9 +81,9 @@ stop() {
 }
 
 case "${1:-}" in
-start) start "$2" ;;
+start) start "$2" "${3:-}" ;;
 push) push "$2" "$3" ;;
 digest) digest "$2" ;;
 stop) stop "$2" ;;
-*) die "usage: $0 start DIR | push ARCHIVE REF | digest REF | stop DIR" ;;
+*) die "usage: $0 start DIR [--tls] | push ARCHIVE REF | digest REF | stop DIR" ;;
 esac

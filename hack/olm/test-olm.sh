@@ -66,80 +66,13 @@ OPERATOR_BIN="${OPERATOR_BIN:-${REPO_ROOT}/target/release/memcached-operator}"
 MEMCACHED_PODS=app.kubernetes.io/part-of=memcached-operator,app.kubernetes.io/component=cache
 
 LOG_TAG=olm/test-olm
-# shellcheck source=hack/lib.sh
-source "${OLM_HACK_DIR}/../lib.sh"
-
-PASSED=0 FAILED=0
-pass() {
-	PASSED=$((PASSED + 1))
-	printf 'PASS  %s\n' "$*"
-}
-fail() {
-	FAILED=$((FAILED + 1))
-	printf 'FAIL  %s\n' "$*"
-}
-check() { # DESCRIPTION CMD... : pass if CMD succeeds (its output goes to DIR/logs/olm-checks.log)
-	local desc="$1"
-	shift
-	printf '== %s\n' "${desc}" >>"${DIR}/logs/olm-checks.log"
-	if "$@" >>"${DIR}/logs/olm-checks.log" 2>&1; then pass "${desc}"; else fail "${desc}"; fi
-}
-# wait_until TIMEOUT CMD... : retry CMD every second until it succeeds or TIMEOUT seconds pass.
-wait_until() {
-	local deadline=$((SECONDS + $1))
-	shift
-	until "$@" >/dev/null 2>&1; do
-		[[ ${SECONDS} -lt ${deadline} ]] || return 1
-		sleep 1
-	done
-}
-figure() { # TEXT : a measured figure, printed and kept in DIR/logs/olm-upgrade.txt
-	printf 'FIGURE  %s\n' "$*" | tee -a "${DIR}/logs/olm-upgrade.txt"
-}
-now_ms() { date +%s%3N; }
-secs_since() { # START_MS : seconds (one decimal) since START_MS
-	local d=$(($(now_ms) - $1))
-	printf '%d.%d' $((d / 1000)) $((d % 1000 / 100))
-}
-
-port_free() { python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("", int(sys.argv[1]))); s.close()' "$1" 2>/dev/null; }
-
-# ---------------------------------------------------------------- processes started here
-PIDS=()
-CLUSTER_UP=0
-cleanup() {
-	local rc=$? pid
-	if [[ "${KEEP:-0}" == 1 ]]; then
-		log "KEEP=1: leaving the cluster in ${DIR} and pids ${PIDS[*]:-} running (hack/cluster.sh down ${DIR})"
-		return "${rc}"
-	fi
-	for pid in "${PIDS[@]}"; do kill "${pid}" 2>/dev/null || true; done
-	for pid in "${PIDS[@]}"; do wait "${pid}" 2>/dev/null || true; done
-	if [[ ${CLUSTER_UP} == 1 ]]; then "${REPO_ROOT}/hack/cluster.sh" down "${DIR}" >&2 || true; fi
-	return "${rc}"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-
-start() { # NAME CMD... : run CMD in the background, output to DIR/logs/olm-NAME.log; pid in REPLY
-	local name="$1"
-	shift
-	"$@" >>"${DIR}/logs/olm-${name}.log" 2>&1 &
-	REPLY=$!
-	PIDS+=("${REPLY}")
-	log "started ${name} (pid ${REPLY}, log ${DIR}/logs/olm-${name}.log)"
-}
-stop() { # PID : stop one process started here
-	kill "$1" 2>/dev/null || true
-	wait "$1" 2>/dev/null || true
-}
-
-kctl() { kubectl --request-timeout=20s "$@"; }
-jp() { kctl get "$@" 2>/dev/null; } # RESOURCE... -o jsonpath=... : empty on error
+TEST_NAME=olm
+FIGURES="${DIR}/logs/olm-upgrade.txt"
+# shellcheck source=hack/olm/test-lib.sh
+source "${OLM_HACK_DIR}/test-lib.sh"
 
 # ---------------------------------------------------------------- setup
-for p in 8080 8443; do port_free "${p}" || die "port ${p} is in use (OLM's operators bind it; stop whatever holds it)"; done
+olm_ports_free
 [[ -f "${CATALOG}/package.yaml" ]] || die "catalog/${PACKAGE}/package.yaml not found: run make catalog"
 [[ -n "${PREV_CSV}" ]] || die "${CSV_NAME} replaces nothing: there is no upgrade to test"
 [[ -f "${CATALOG}/${PREV_CSV}.yaml" ]] || die "the release ${CSV_NAME} replaces, ${PREV_CSV}, is not in catalog/${PACKAGE}"
@@ -156,29 +89,7 @@ export KUBECONFIG
 : >"${DIR}/logs/olm-upgrade.txt"
 T0=${SECONDS}
 
-log "applying OLM's CRDs"
-kctl apply --server-side --field-manager=test-olm -f "${OLM_DIR}/crds.yaml" >/dev/null
-check "OLM CRDs established" \
-	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${OLM_DIR}/crds.yaml"
-kctl create namespace "${OLM_NS}" >/dev/null
-# The bundle since 0.2.0 holds a ServiceMonitor and a PrometheusRule: OLM fails an InstallPlan
-# whose objects' kinds the cluster does not serve, so the cluster gets the prometheus-operator's
-# CRDs first, as a user's would (docs/monitoring.md).
-MONITORING_CRDS="$("${REPO_ROOT}/hack/monitoring-crds.sh")"
-kctl apply --server-side --field-manager=test-olm -f "${MONITORING_CRDS}" >/dev/null
-check "ServiceMonitor and PrometheusRule CRDs established" \
-	kctl wait --for=condition=Established --timeout="${TIMEOUT}s" -f "${MONITORING_CRDS}"
-
-# OLM's operators, out of cluster, with the flags of its quickstart Deployments. The catalog
-# operator gets a TLS pair so that it serves health on :8443 and does not collide with olm's :8080.
-openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=localhost" \
-	-keyout "${DIR}/olm-tls.key" -out "${DIR}/olm-tls.crt" 2>/dev/null
-start olm env OPERATOR_NAMESPACE="${OLM_NS}" OPERATOR_NAME=olm-operator \
-	"${OLM_DIR}/olm" --namespace "${OLM_NS}" --writeStatusName "" --writePackageServerStatusName ""
-start catalog "${OLM_DIR}/catalog" --namespace "${OLM_NS}" --writeStatusName "" \
-	--tls-cert "${DIR}/olm-tls.crt" --tls-key "${DIR}/olm-tls.key"
-check "olm operator healthy (:8080/healthz)" wait_until 60 curl -sf http://127.0.0.1:8080/healthz
-check "catalog operator healthy (:8443/healthz)" wait_until 60 curl -sfk https://127.0.0.1:8443/healthz
+start_olm "${OLM_NS}"
 
 # The catalog before this release: catalog/ without the bundle of bundle/ (and its channel
 # entries), its default channel one that still has entries.
@@ -572,12 +483,4 @@ no_operator() {
 }
 check "no operator Deployment in ${NS_NO_CRDS}, ${CSV_NAME} not Succeeded ($(csv_phase "${NS_NO_CRDS}" "${CSV_NAME}"))" no_operator
 
-if [[ ${FAILED} -gt 0 ]]; then
-	log "diagnostics:"
-	kctl get catalogsource,subscription,installplan,csv -A >&2 || true
-	kctl get deployment,pods -n "${NS}" >&2 || true
-	tail -n 20 "${DIR}"/logs/olm-*.log >&2 || true
-fi
-log "test-olm took $((SECONDS - T0))s after the control plane was up"
-echo "${PASSED} passed, ${FAILED} failed"
-[[ ${FAILED} -eq 0 ]]
+finish
