@@ -131,7 +131,8 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
             && deploy_status.observed_generation >= d.metadata.generation
     });
 
-    let all_ready = observed.deployment.is_some() && ready == size;
+    // At least size: a rollout's surge pod (maxSurge 1) is Ready before an old one leaves.
+    let all_ready = observed.deployment.is_some() && ready >= size;
     let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
     let pods_ready = format!("{ready}/{size} pods are ready");
     let available = if all_ready {
@@ -327,6 +328,31 @@ mod tests {
         assert_eq!(find(&s, PROGRESSING).status, "False");
         assert_eq!(s.nodes, ["cache-a", "cache-b", "cache-c"]);
         assert_eq!((s.replicas, s.ready_replicas), (3, 3));
+    }
+
+    #[test]
+    fn a_rollouts_surge_pod_keeps_it_available() {
+        // maxSurge 1: the new pod is Ready before an old one leaves, so size + 1 pods are Ready.
+        let mc = memcached("cache", 3);
+        let mut rolling = deployment_with_status(&mc, 4, 4);
+        if let Some(st) = rolling.status.as_mut() {
+            st.updated_replicas = Some(1);
+        }
+        let s = desired_status(
+            &mc,
+            &Observed {
+                deployment: Some(&rolling),
+                ..Default::default()
+            },
+            &time(0),
+        );
+        assert!(condition_is_true(&s, AVAILABLE));
+        assert_eq!(find(&s, AVAILABLE).message, "4/3 pods are ready");
+        assert_eq!(find(&s, PROGRESSING).status, "True");
+        assert_eq!(
+            find(&s, PROGRESSING).message,
+            "1/3 pods updated, 4/3 ready, 4 running"
+        );
     }
 
     #[test]
