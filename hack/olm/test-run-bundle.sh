@@ -20,6 +20,9 @@
 #   2. run bundle-upgrade to 0.2.0 (bundle.sh with the images in the local registry, as a release
 #      is made): 0.2.0 Succeeded and replaces 0.1.0, the Memcached stays Available throughout
 #      (sampled every second), same Memcached UID, same memcached pod UIDs, the keys still there
+#   2b. run bundle-upgrade to a patch release pinned by digest (so the memcached pod template
+#      changes): it rolls as promised, every pod replaced, Available with all pods serving in every
+#      sample, never more than one extra pod
 #   3. scorecard of bundle/ as committed (its config unmodified): the six tests as pods
 #   4. the catalog image as a CatalogSource (OLM's registry pod, probed with grpc_health_probe):
 #      READY, and a Subscription to it resolves to 0.2.0
@@ -195,10 +198,11 @@ csv_phase() { jp csv -n "${NS}" "$1" -o jsonpath='{.status.phase}'; } # CSV
 csv_succeeded() { [[ "$(csv_phase "$1")" == Succeeded ]]; }            # CSV
 csv_gone() { ! kctl get csv -n "${NS}" "$1" -o name >/dev/null 2>&1; } # CSV
 # The operator's one pod: Running and Ready on the real node, from IMAGE as pulled from the registry.
-operator_pod_runs() { # IMAGE
-	local pods
+operator_pod_runs() { # IMAGE (by tag or digest)
+	local pods repo="${1%@*}"
+	[[ "$1" == *@* ]] || repo="${1%:*}"
 	pods="$(jp pods -n "${NS}" -l "${OPERATOR_POD}" -o json)" || return 1
-	jq -e --arg img "$1" --arg node "${REAL_NODE_NAME}" --arg repo "${1%:*}@sha256:" '
+	jq -e --arg img "$1" --arg node "${REAL_NODE_NAME}" --arg repo "${repo}@sha256:" '
 		.items | length == 1 and (.[0] |
 			.spec.nodeName == $node and .status.phase == "Running" and .metadata.deletionTimestamp == null and
 			.spec.containers[0].image == $img and
@@ -268,16 +272,27 @@ MEMCACHED_UID="$(jp memcached -n "${NS}" "${SAMPLE}" -o jsonpath='{.metadata.uid
 pod_uids >"${DIR}/work/pods.before"
 GENERATION_BEFORE="$(jp deployment -n "${NS}" "${SAMPLE}" -o jsonpath='{.metadata.generation}')"
 
-# Every second until the upgrade is over: the Memcached's Available condition.
+# Every second until an upgrade is over: the Memcached's Available condition, its memcached pods
+# that are Ready and not terminating (serving), and all its pods not terminating.
 monitor() {
-	local s
+	local s pods
 	while :; do
 		s="$(kubectl --request-timeout=5s get memcached -n "${NS}" "${SAMPLE}" \
-			-o jsonpath='{.status.conditions[?(@.type=="Available")].status}' 2>&1)" || s="ERROR ${s}"
-		printf '%s %s\n' "$(date +%T)" "${s}"
+			-o jsonpath='{.status.conditions[?(@.type=="Available")].status}' 2>&1)" || s="ERROR"
+		pods="$(kubectl --request-timeout=5s get pods -n "${NS}" -l "${MEMCACHED_PODS}" -o json 2>/dev/null | jq -r '
+			[.items[] | select(.metadata.deletionTimestamp == null)] |
+			"ready=\([.[] | select(any(.status.conditions[]?; .type == "Ready" and .status == "True"))] | length) pods=\(length)"')" ||
+			pods="ready=? pods=?"
+		printf '%s available=%s %s\n' "$(date +%T)" "${s}" "${pods}"
 		sleep 1
 	done
 }
+# samples LOG : how many samples; not_available LOG : how many without Available=True;
+# min_ready LOG / max_pods LOG : the fewest serving pods and the most pods in any sample.
+samples() { grep -c . "$1" || true; }
+not_available() { grep -vc ' available=True ' "$1" || true; }
+min_ready() { sed -n 's/.* ready=\([0-9]*\) .*/\1/p' "$1" | sort -n | head -n1; }
+max_pods() { sed -n 's/.* pods=\([0-9]*\)$/\1/p' "$1" | sort -n | tail -n1; }
 start availability monitor
 MONITOR_PID="${REPLY}"
 
@@ -305,11 +320,55 @@ figure "memcached pod UIDs before/after the upgrade: $(paste -sd' ' "${DIR}/work
 same_generation() { [[ "$(jp deployment -n "${NS}" "${SAMPLE}" -o jsonpath='{.metadata.generation}')" == "${GENERATION_BEFORE}" ]]; }
 check "the memcached Deployment not rolled (generation ${GENERATION_BEFORE})" same_generation
 check "every memcached pod still holds the key stored under ${PREV_CSV}" memcached_each get run-bundle "${PREV_VERSION}"
-samples="$(grep -c . "${DIR}/logs/run-bundle-availability.log" || true)"
-not_available="$(grep -vc ' True$' "${DIR}/logs/run-bundle-availability.log" || true)"
-always_available() { [[ "${samples}" -gt 0 && "${not_available}" -eq 0 ]]; }
-check "Memcached Available in every sample during the upgrade" always_available
-figure "Available samples during the upgrade: ${samples}, not Available: ${not_available}; Memcacheds lost: $(same_memcached && echo 0 || echo 1)"
+MLOG="${DIR}/logs/run-bundle-availability.log"
+always_available() { [[ "$(samples "$1")" -gt 0 && "$(not_available "$1")" -eq 0 && "$(min_ready "$1")" -ge "${SAMPLE_SIZE}" ]]; } # LOG
+check "Memcached Available and ${SAMPLE_SIZE} pods serving in every sample during the upgrade" always_available "${MLOG}"
+figure "samples during the upgrade: $(samples "${MLOG}"), not Available: $(not_available "${MLOG}"), fewest serving pods: $(min_ready "${MLOG}"); Memcacheds lost: $(same_memcached && echo 0 || echo 1)"
+
+# ---------------------------------------------------------------- 2b. a release that changes the pod template
+# A patch release made as releases are (hack/olm/README.md, "Releasing": images pinned by digest):
+# the memcached image's reference changes from tag to digest, so every memcached pod template
+# changes; the operator rolls it as the rollout strategy promises (maxSurge 1, maxUnavailable 0,
+# minReadySeconds): the Memcached serves with all its pods throughout, one pod added at a time.
+PATCH_VERSION="${VERSION%.*}.$((${VERSION##*.} + 1))"
+PATCH_CSV="${PACKAGE}.v${PATCH_VERSION}"
+OPERATOR_REF_PATCH="${REGISTRY}/memcached-operator:${PATCH_VERSION}"
+push "${OPERATOR_ARCHIVE}" "${OPERATOR_REF_PATCH}"
+RELEASED_VERSION="${VERSION}"
+VERSION="${PATCH_VERSION}" REPLACES="${RELEASED_VERSION}" SKIP_RANGE_MIN="" IMG="${OPERATOR_REF_PATCH}" \
+	RELATED_IMAGES="MEMCACHED=${MEMCACHED_REF} MEMCACHED_EXPORTER=${EXPORTER_REF}" USE_IMAGE_DIGESTS=true \
+	OPERATOR_SDK="${OPERATOR_SDK}" "${OLM_HACK_DIR}/bundle.sh" "${DIR}/work/v${PATCH_VERSION}" >&2
+MEMCACHED_PINNED="${MEMCACHED_REF%:*}@$("${OLM_HACK_DIR}/registry.sh" digest "${MEMCACHED_REF}")"
+"${OLM_HACK_DIR}/images.sh" bundle "${DIR}/work/v${PATCH_VERSION}" "${DIR}/work/bundle-patch.tar" "v${PATCH_VERSION}"
+BUNDLE_REF_PATCH="${REGISTRY}/${PACKAGE}-bundle:v${PATCH_VERSION}"
+push "${DIR}/work/bundle-patch.tar" "${BUNDLE_REF_PATCH}"
+start availability-roll monitor
+MONITOR_PID="${REPLY}"
+T=$(now_ms)
+check "operator-sdk run bundle-upgrade ${BUNDLE_REF_PATCH##*/} (images by digest)" \
+	sdk run bundle-upgrade "${BUNDLE_REF_PATCH}" -n "${NS}" --timeout 5m
+figure "run bundle-upgrade ${CSV_NAME} -> ${PATCH_CSV}: command to CSV Succeeded $(secs_since "${T}") s"
+stop_if_failed "run bundle-upgrade to the patch release"
+check "operator pod Running and Ready on ${REAL_NODE_NAME} from the patch release's image (by digest)" \
+	wait_until "${TIMEOUT}" operator_pod_runs "${OPERATOR_REF_PATCH%:*}@$("${OLM_HACK_DIR}/registry.sh" digest "${OPERATOR_REF_PATCH}")"
+rolled() { # every memcached pod runs the pinned image, none of the old pods left
+	memcached_pods_ready "${SAMPLE_SIZE}" &&
+		[[ "$(jp deployment -n "${NS}" "${SAMPLE}" -o jsonpath='{.spec.template.spec.containers[0].image}')" == "${MEMCACHED_PINNED}" ]] &&
+		[[ -z "$(comm -12 "${DIR}/work/pods.before" <(pod_uids))" ]] && memcached_available
+}
+check "the memcached Deployment rolled to ${MEMCACHED_PINNED##*/}: ${SAMPLE_SIZE} new pods Ready, Available" \
+	wait_until "${TIMEOUT}" rolled
+figure "patch release: bundle-upgrade started to every memcached pod replaced: $(secs_since "${T}") s"
+sleep 3
+stop "${MONITOR_PID}"
+check "the same Memcached (UID ${MEMCACHED_UID:-?}) after the roll" same_memcached
+MLOG="${DIR}/logs/run-bundle-availability-roll.log"
+check "Memcached Available and ${SAMPLE_SIZE} pods serving in every sample during the roll" always_available "${MLOG}"
+surge_one() { [[ "$(max_pods "${MLOG}")" -le $((SAMPLE_SIZE + 1)) ]]; }
+check "at most one pod over size at any time (maxSurge 1)" surge_one
+figure "samples during the roll: $(samples "${MLOG}"), not Available: $(not_available "${MLOG}"), fewest serving pods: $(min_ready "${MLOG}"), most pods: $(max_pods "${MLOG}")"
+check "every new memcached pod answers (a key set and read back)" memcached_each set run-bundle "${PATCH_VERSION}"
+check "every new memcached pod reads its key back" memcached_each get run-bundle "${PATCH_VERSION}"
 
 # ---------------------------------------------------------------- 3. scorecard
 T=$(now_ms)
