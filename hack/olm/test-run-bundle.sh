@@ -176,6 +176,16 @@ rendered_catalog_matches() { # the catalog image serves exactly catalog/
 		<("${OPM}" render "${CATALOG_REF}" -o json | jq -S .)
 }
 check "opm render of the catalog image (from catalog.Dockerfile) equals opm render catalog/" rendered_catalog_matches
+# The committed bundle.Dockerfile and bundle/, as `make bundle-build` would build them.
+"${OLM_HACK_DIR}/images.sh" bundle "${REPO_ROOT}" "${DIR}/work/bundle-committed.tar" "v${VERSION}"
+push "${DIR}/work/bundle-committed.tar" "${REGISTRY}/${PACKAGE}-bundle-committed:v${VERSION}"
+rendered_bundle_matches() { # the image renders as bundle/ does (it also lists itself as a related image)
+	# shellcheck disable=SC2016 # jq variables
+	diff <("${OPM}" render "${REPO_ROOT}/bundle" -o json | jq -S 'del(.image)') \
+		<("${OPM}" render "${REGISTRY}/${PACKAGE}-bundle-committed:v${VERSION}" -o json |
+			jq -S --arg self "${REGISTRY}/${PACKAGE}-bundle-committed:v${VERSION}" 'del(.image) | .relatedImages |= map(select(.image != $self))')
+}
+check "opm render of the image of the committed bundle.Dockerfile equals opm render bundle/" rendered_bundle_matches
 figure "images built $((SECONDS - T0))s after the start: bundles ${BUNDLE_REF_PREV##*/}, ${BUNDLE_REF##*/}, catalog ${CATALOG_REF##*/}"
 
 # ---------------------------------------------------------------- the cluster
