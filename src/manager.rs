@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Endpoints};
 use crate::config::RunArgs;
-use crate::controller::{self, Settings};
+use crate::controller::{self, InitialList, Settings};
 use crate::health::Health;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
@@ -70,6 +70,10 @@ async fn run(args: RunArgs) -> ExitCode {
             exporter: args.exporter_image.clone(),
         },
         service_monitors: keep_service_monitors(&client, &args.watch_namespace.scopes()).await,
+        initial_list: match args.watch_namespace.scopes().first() {
+            Some(scope) => InitialList::probe(&scope.api(&client)).await,
+            None => InitialList::Paged,
+        },
         instance: identity.clone(),
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);

@@ -2,6 +2,7 @@
 //! the watches, work queue and workers that drive it.
 
 mod events;
+mod initial_list;
 mod own_writes;
 mod pod_index;
 mod queue;
@@ -12,6 +13,7 @@ mod trim;
 mod watches;
 
 pub use events::Events;
+pub use initial_list::InitialList;
 pub use queue::Priority;
 pub use reconcile::{Context, error_policy, reconcile};
 pub use rollouts::Rollouts;
@@ -57,6 +59,8 @@ pub struct Settings {
     pub images: crate::resources::Images,
     /// Whether the cluster serves ServiceMonitors: only then are they watched and kept.
     pub service_monitors: bool,
+    /// How the watches fill their caches (streaming where the API server serves it).
+    pub initial_list: InitialList,
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
 }

@@ -28,6 +28,7 @@ use tracing::{Instrument, debug, error, field, info, info_span, warn};
 
 use super::Settings;
 use super::events::Events;
+use super::initial_list::InitialList;
 use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::queue::{Priority, Queue};
@@ -81,6 +82,7 @@ pub fn run(
         client,
         images: settings.images.clone(),
         service_monitors: settings.service_monitors,
+        initial_list: settings.initial_list,
         backoff: Arc::new(Backoff::default()),
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
@@ -154,6 +156,7 @@ struct Shared {
     events: Events,
     images: crate::resources::Images,
     service_monitors: bool,
+    initial_list: InitialList,
     backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
@@ -262,7 +265,9 @@ fn scope_watches(
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
         raw_memcacheds(client, &scope),
-        watcher::Config::default().any_semantic(),
+        shared
+            .initial_list
+            .configure(watcher::Config::default().any_semantic()),
     )
     .default_backoff()
     .filter_map(move |event| {
@@ -283,6 +288,7 @@ fn scope_watches(
     let rollouts = shared.rollouts.clone();
     let (deployments, deployment_watch) = owned_watch::<Deployment>(
         scope.api(client),
+        owned_watch_config(shared.initial_list),
         caches.watch(),
         triggers(),
         shared.own_writes.clone(),
@@ -294,6 +300,7 @@ fn scope_watches(
     );
     let (services, service_watch) = owned_watch::<Service>(
         scope.api(client),
+        owned_watch_config(shared.initial_list),
         caches.watch(),
         triggers(),
         shared.own_writes.clone(),
@@ -307,6 +314,7 @@ fn scope_watches(
     // the pod watch already reports that, so a status change triggers nothing.
     let (budgets, budget_watch) = owned_watch::<PodDisruptionBudget>(
         scope.api(client),
+        owned_watch_config(shared.initial_list),
         caches.watch(),
         triggers(),
         shared.own_writes.clone(),
@@ -322,6 +330,7 @@ fn scope_watches(
         true => {
             let (store, watch) = owned_watch::<ServiceMonitor>(
                 scope.api(client),
+                owned_watch_config(shared.initial_list),
                 caches.watch(),
                 triggers(),
                 shared.own_writes.clone(),
@@ -341,7 +350,7 @@ fn scope_watches(
     let mut pod_triggers = triggers();
     let pod_watch = watcher(
         scope.api::<PartialObjectMeta<Pod>>(client),
-        owned_watch_config(),
+        owned_watch_config(shared.initial_list),
     )
     .default_backoff()
     .for_each({
@@ -637,10 +646,12 @@ fn drop_managed_fields<K: Resource>(obj: &mut K) {
 }
 
 /// What we own carries our label; the watch cache serves it.
-fn owned_watch_config() -> watcher::Config {
-    watcher::Config::default()
-        .labels(&resources::managed_by_selector())
-        .any_semantic()
+fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
+    initial_list.configure(
+        watcher::Config::default()
+            .labels(&resources::managed_by_selector())
+            .any_semantic(),
+    )
 }
 
 /// Which changes of an owned object queue its Memcached.
@@ -668,6 +679,7 @@ impl<K> OwnedTriggers<K> {
 /// the object, else (an object just created, our own write, or its status if `on_status`) at low.
 fn owned_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
     unsynced: Unsynced,
     mut triggers: Triggers,
     own_writes: Arc<OwnWrites>,
@@ -680,7 +692,7 @@ where
     let (reader, mut writer) = reflector::store();
     let cache = reader.clone();
     let mut unsynced = Some(unsynced);
-    let watch = watcher(api, owned_watch_config())
+    let watch = watcher(api, config)
         .default_backoff()
         .for_each(move |event| {
             if let Some(mut event) = watched(event, &K::kind(&())) {
