@@ -1,11 +1,18 @@
 //! Prometheus metrics under controller-runtime's names and buckets, so dashboards and alerts
 //! written for Go operators work unchanged.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Gauge as GaugeProto, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::status::CONDITION_TYPES;
 
 /// Value of the `controller` label.
 pub const CONTROLLER: &str = "memcached";
@@ -66,7 +73,7 @@ pub struct Metrics {
     max_concurrent: IntGaugeVec,
     leader: IntGaugeVec,
     pub invalid_objects: IntGauge,
-    conditions: IntGaugeVec,
+    conditions: ConditionGauges,
     workqueue_depth: IntGaugeVec,
     workqueue_adds: IntCounterVec,
     workqueue_retries: IntCounterVec,
@@ -144,14 +151,7 @@ impl Metrics {
             "Memcached objects skipped because they could not be parsed",
         )
         .unwrap();
-        let conditions = IntGaugeVec::new(
-            Opts::new(
-                "memcached_operator_memcached_condition",
-                "Status of each condition of each Memcached the leader reconciled: 1 True, 0 otherwise",
-            ),
-            &["namespace", "memcached", "type"],
-        )
-        .unwrap();
+        let conditions = ConditionGauges::new();
         let queue_labels = &["controller", "name"];
         let workqueue_depth = IntGaugeVec::new(
             Opts::new("workqueue_depth", "Current depth of workqueue"),
@@ -295,20 +295,12 @@ impl Metrics {
 
     /// The conditions of a Memcached as its status now reports them.
     pub fn set_conditions(&self, namespace: &str, name: &str, conditions: &[Condition]) {
-        for c in conditions {
-            self.conditions
-                .with_label_values(&[namespace, name, &c.type_])
-                .set(i64::from(c.status == "True"));
-        }
+        self.conditions.set(namespace, name, conditions);
     }
 
     /// Drops the series of a Memcached that is gone.
     pub fn forget_memcached(&self, namespace: &str, name: &str) {
-        for type_ in crate::status::CONDITION_TYPES {
-            let _ = self
-                .conditions
-                .remove_label_values(&[namespace, name, type_]);
-        }
+        self.conditions.forget(namespace, name);
     }
 
     /// Every metric name this process exports, for checking the names that dashboards and alerts
@@ -363,6 +355,100 @@ pub struct ReconcileGuard<'a> {
 impl Drop for ReconcileGuard<'_> {
     fn drop(&mut self) {
         self.metrics.finish(self.started);
+    }
+}
+
+/// `memcached_operator_memcached_condition`: one small entry per Memcached, turned into series
+/// only when scraped. An `IntGaugeVec` keeps each of a Memcached's three series as a labelled
+/// child of its own, about 870 bytes each: 25 MiB at 10,000 Memcacheds.
+#[derive(Clone)]
+struct ConditionGauges(Arc<ConditionGaugesInner>);
+
+struct ConditionGaugesInner {
+    desc: Desc,
+    states: Mutex<ConditionStates>,
+}
+
+/// (namespace, name) → the status of each of `CONDITION_TYPES`, where reported.
+type ConditionStates = BTreeMap<(String, String), [Option<bool>; CONDITION_TYPES.len()]>;
+
+impl ConditionGauges {
+    fn new() -> Self {
+        let desc = Desc::new(
+            "memcached_operator_memcached_condition".into(),
+            "Status of each condition of each Memcached the leader reconciled: 1 True, 0 otherwise"
+                .into(),
+            vec!["namespace".into(), "memcached".into(), "type".into()],
+            HashMap::new(),
+        )
+        .unwrap();
+        Self(Arc::new(ConditionGaugesInner {
+            desc,
+            states: Mutex::default(),
+        }))
+    }
+
+    fn set(&self, namespace: &str, name: &str, conditions: &[Condition]) {
+        let mut states = self.states();
+        let state = states
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default();
+        for c in conditions {
+            if let Some(i) = CONDITION_TYPES.iter().position(|t| *t == c.type_) {
+                state[i] = Some(c.status == "True");
+            }
+        }
+    }
+
+    /// A panic while holding the map leaves at worst a stale entry: used as is.
+    fn states(&self) -> MutexGuard<'_, ConditionStates> {
+        self.0
+            .states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        self.states()
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+}
+
+impl Collector for ConditionGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let label = |name: &str, value: &str| {
+            let mut pair = LabelPair::default();
+            pair.set_name(name.into());
+            pair.set_value(value.into());
+            pair
+        };
+        let states = self.states();
+        let mut metrics = Vec::with_capacity(states.len() * CONDITION_TYPES.len());
+        for ((namespace, name), state) in states.iter() {
+            for (type_, status) in CONDITION_TYPES.iter().zip(state) {
+                let Some(status) = status else { continue };
+                let mut gauge = GaugeProto::default();
+                gauge.set_value(if *status { 1.0 } else { 0.0 });
+                // Sorted by label name, as the text format expects.
+                let mut metric = Metric::from_label(vec![
+                    label("memcached", name),
+                    label("namespace", namespace),
+                    label("type", type_),
+                ]);
+                metric.set_gauge(gauge);
+                metrics.push(metric);
+            }
+        }
+        let mut family = MetricFamily::default();
+        family.set_name(self.0.desc.fq_name.clone());
+        family.set_help(self.0.desc.help.clone());
+        family.set_field_type(MetricType::GAUGE);
+        family.set_metric(metrics);
+        vec![family]
     }
 }
 
