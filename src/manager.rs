@@ -61,6 +61,7 @@ async fn run(args: RunArgs) -> ExitCode {
     // Built before the endpoints listen: building it registers its watches for readiness. It runs
     // from the start, also on a follower, so its caches are warm at takeover; it reconciles
     // nothing until `leading` says so.
+    let scopes = args.watch_namespace.scopes();
     let settings = Settings {
         watch_namespace: args.watch_namespace.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
@@ -69,8 +70,8 @@ async fn run(args: RunArgs) -> ExitCode {
             memcached: args.memcached_image.clone(),
             exporter: args.exporter_image.clone(),
         },
-        service_monitors: keep_service_monitors(&client, &args.watch_namespace.scopes()).await,
-        initial_list: match args.watch_namespace.scopes().first() {
+        service_monitors: keep_service_monitors(&client, &scopes).await,
+        initial_list: match scopes.first() {
             Some(scope) => InitialList::probe(&scope.api(&client)).await,
             None => InitialList::Paged,
         },

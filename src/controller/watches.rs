@@ -287,11 +287,10 @@ fn scope_watches(
 
     let rollouts = shared.rollouts.clone();
     let (deployments, deployment_watch) = owned_watch::<Deployment>(
-        scope.api(client),
-        owned_watch_config(shared.initial_list),
-        caches.watch(),
+        shared,
+        &scope,
+        &caches,
         triggers(),
-        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: deployment_drifted,
             on_status: true,
@@ -299,11 +298,10 @@ fn scope_watches(
         move |event| rollouts.observe(event),
     );
     let (services, service_watch) = owned_watch::<Service>(
-        scope.api(client),
-        owned_watch_config(shared.initial_list),
-        caches.watch(),
+        shared,
+        &scope,
+        &caches,
         triggers(),
-        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: service_drifted,
             on_status: true,
@@ -313,11 +311,10 @@ fn scope_watches(
     // The disruption controller rewrites a budget's status whenever a pod's readiness changes;
     // the pod watch already reports that, so a status change triggers nothing.
     let (budgets, budget_watch) = owned_watch::<PodDisruptionBudget>(
-        scope.api(client),
-        owned_watch_config(shared.initial_list),
-        caches.watch(),
+        shared,
+        &scope,
+        &caches,
         triggers(),
-        shared.own_writes.clone(),
         OwnedTriggers {
             drifted: budget_drifted,
             on_status: false,
@@ -329,11 +326,10 @@ fn scope_watches(
     let (service_monitors, monitor_watch) = match shared.service_monitors {
         true => {
             let (store, watch) = owned_watch::<ServiceMonitor>(
-                scope.api(client),
-                owned_watch_config(shared.initial_list),
-                caches.watch(),
+                shared,
+                &scope,
+                &caches,
                 triggers(),
-                shared.own_writes.clone(),
                 OwnedTriggers {
                     drifted: monitor_drifted,
                     on_status: false,
@@ -678,49 +674,58 @@ impl<K> OwnedTriggers<K> {
 /// and queues their Memcached: at high priority when someone else changed what we set or deleted
 /// the object, else (an object just created, our own write, or its status if `on_status`) at low.
 fn owned_watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    unsynced: Unsynced,
+    shared: &Shared,
+    scope: &Scope,
+    caches: &Caches,
     mut triggers: Triggers,
-    own_writes: Arc<OwnWrites>,
     owned: OwnedTriggers<K>,
     observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
 where
-    K: Trim + Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    K: Trim
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (reader, mut writer) = reflector::store();
     let cache = reader.clone();
-    let mut unsynced = Some(unsynced);
-    let watch = watcher(api, config)
-        .default_backoff()
-        .for_each(move |event| {
-            if let Some(mut event) = watched(event, &K::kind(&())) {
-                let trigger = match &mut event {
-                    watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                        let old = cache.get(&ObjectRef::from_obj(&*obj));
-                        trim(obj, old.as_deref());
-                        let ours = own_writes.is_echo(&*obj);
-                        owned
-                            .priority(old.as_deref(), obj, ours)
-                            .and_then(|p| controller_of(&*obj).map(|key| (key, p)))
-                    }
-                    watcher::Event::Delete(obj) => {
-                        controller_of(&*obj).map(|key| (key, Priority::High))
-                    }
-                    watcher::Event::Init => {
-                        own_writes.forget();
-                        None
-                    }
-                    watcher::Event::InitDone => None,
-                };
-                observe(&event);
-                writer.apply_watcher_event(&event);
-                released_on_first_list(&mut unsynced, &event);
-                triggers.fire(&event, trigger);
-            }
-            future::ready(())
-        });
+    let mut unsynced = Some(caches.watch());
+    let own_writes = shared.own_writes.clone();
+    let watch = watcher(
+        scope.api::<K>(&shared.client),
+        owned_watch_config(shared.initial_list),
+    )
+    .default_backoff()
+    .for_each(move |event| {
+        if let Some(mut event) = watched(event, &K::kind(&())) {
+            let trigger = match &mut event {
+                watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                    let old = cache.get(&ObjectRef::from_obj(&*obj));
+                    trim(obj, old.as_deref());
+                    let ours = own_writes.is_echo(&*obj);
+                    owned
+                        .priority(old.as_deref(), obj, ours)
+                        .and_then(|p| controller_of(&*obj).map(|key| (key, p)))
+                }
+                watcher::Event::Delete(obj) => {
+                    controller_of(&*obj).map(|key| (key, Priority::High))
+                }
+                watcher::Event::Init => {
+                    own_writes.forget();
+                    None
+                }
+                watcher::Event::InitDone => None,
+            };
+            observe(&event);
+            writer.apply_watcher_event(&event);
+            released_on_first_list(&mut unsynced, &event);
+            triggers.fire(&event, trigger);
+        }
+        future::ready(())
+    });
     (reader, watch)
 }
 

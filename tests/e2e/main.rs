@@ -1601,15 +1601,15 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
 
     // Turned off: the ServiceMonitor, the sidecar and the port go.
     set_monitoring(&client, &ns, "cache", false).await;
-    wait_for("the ServiceMonitor deleted", CONVERGE, || async {
+    let monitor_gone = || async {
         monitors
             .get_opt("cache")
             .await
             .ok()?
             .is_none()
             .then_some(())
-    })
-    .await;
+    };
+    wait_for("the ServiceMonitor deleted", CONVERGE, monitor_gone).await;
     wait_for("the exporter and its port removed", CONVERGE, || async {
         let applied = exporter_and_port(&client, &ns, "cache").await;
         (applied == (vec!["memcached".to_string()], vec!["memcached".to_string()])).then_some(())
@@ -1627,14 +1627,11 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
         .delete("cache", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the ServiceMonitor garbage-collected", CONVERGE, || async {
-        monitors
-            .get_opt("cache")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
+    wait_for(
+        "the ServiceMonitor garbage-collected",
+        CONVERGE,
+        monitor_gone,
+    )
     .await;
     let text = op.metrics_text().await;
     assert!(
