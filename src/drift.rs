@@ -14,7 +14,7 @@ pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool 
 }
 
 /// As `needs_apply`, for an object the cache cut down to the fields our apply owns
-/// (controller/trim.rs): an item there that `desired` no longer lists (the exporter sidecar, the
+/// (controller/kept.rs): an item there that `desired` no longer lists (the exporter sidecar, the
 /// metrics port, once monitoring is turned off) was applied by us, and applying removes it.
 pub fn needs_apply_to_ours<D: Serialize, A: Serialize>(desired: &D, ours: &A) -> bool {
     compare(desired, ours, Lists::Exact)

@@ -4,6 +4,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Memcached, MemcachedSpec};
+use crate::controller::kept::Kept;
 use crate::resources;
 
 /// A Memcached in namespace `default` with a uid and generation 1, as stored by the API server.
@@ -17,8 +18,9 @@ pub fn memcached(name: &str, size: i32) -> Memcached {
     mc
 }
 
-/// The Deployment the operator would create for `mc`, with a status as the API server reports it.
-pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Deployment {
+/// The Deployment the operator would create for `mc`, with a status as the API server reports it,
+/// as the cache keeps it.
+pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Kept<Deployment> {
     let mut d = resources::deployment(mc, &resources::Images::default());
     d.metadata.generation = Some(1);
     d.metadata.resource_version = Some("10".into());
@@ -30,7 +32,7 @@ pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Depl
         available_replicas: Some(ready),
         ..DeploymentStatus::default()
     });
-    d
+    Kept::of(&d)
 }
 
 /// A fixed point in time, `secs` after the epoch.
@@ -58,6 +60,7 @@ pub mod apiserver {
     use tower_test::mock::{self, Handle};
 
     use crate::backoff::Backoff;
+    use crate::controller::kept::Kept;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
     use crate::service_monitor::ServiceMonitor;
@@ -66,25 +69,28 @@ pub mod apiserver {
 
     /// Caches the test fills before reconciling, as the watches would.
     pub struct Caches {
-        pub deployments: Writer<Deployment>,
-        pub services: Writer<Service>,
-        pub budgets: Writer<PodDisruptionBudget>,
-        pub monitors: Writer<ServiceMonitor>,
+        pub deployments: Writer<Kept<Deployment>>,
+        pub services: Writer<Kept<Service>>,
+        pub budgets: Writer<Kept<PodDisruptionBudget>>,
+        pub monitors: Writer<Kept<ServiceMonitor>>,
     }
 
     impl Caches {
-        pub fn add_deployment(&mut self, d: Deployment) {
+        pub fn add_deployment(&mut self, d: Kept<Deployment>) {
             self.deployments
                 .apply_watcher_event(&watcher::Event::Apply(d));
         }
         pub fn add_service(&mut self, s: Service) {
-            self.services.apply_watcher_event(&watcher::Event::Apply(s));
+            self.services
+                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&s)));
         }
         pub fn add_budget(&mut self, b: PodDisruptionBudget) {
-            self.budgets.apply_watcher_event(&watcher::Event::Apply(b));
+            self.budgets
+                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&b)));
         }
         pub fn add_monitor(&mut self, m: ServiceMonitor) {
-            self.monitors.apply_watcher_event(&watcher::Event::Apply(m));
+            self.monitors
+                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&m)));
         }
     }
 

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::{Memcached, MemcachedStatus};
+use crate::controller::kept::Kept;
 use crate::error::Refusal;
 use crate::resources::selector_string;
 
@@ -56,7 +57,7 @@ impl Reason {
 #[derive(Debug, Default)]
 pub struct Observed<'a> {
     /// The Deployment this Memcached controls, if any.
-    pub deployment: Option<&'a Deployment>,
+    pub deployment: Option<&'a Kept<Deployment>>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
     /// Set when the operator must not apply anything for this Memcached.
@@ -197,7 +198,7 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
 }
 
 /// Degraded mirrors the Deployment's own failure signals (quota, admission, stuck rollout).
-fn deployment_degraded(deployment: Option<&Deployment>) -> Condition {
+fn deployment_degraded(deployment: Option<&Kept<Deployment>>) -> Condition {
     let failing = deployment
         .and_then(|d| d.status.as_ref())
         .and_then(|s| s.conditions.as_ref())

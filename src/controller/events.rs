@@ -9,9 +9,9 @@ use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
 use tracing::{info, warn};
 
+use super::kept::{Kept, Owned};
 use super::lock;
 use crate::api::Memcached;
 use crate::status::Blocked;
@@ -38,15 +38,11 @@ pub enum Change {
 impl Change {
     /// Compares the object before and after an apply. A replica difference is the user's new
     /// size when the spec changed since the last status was written, drift otherwise.
-    pub fn between<K: Serialize>(before: Option<&K>, after: &K, mc: &Memcached) -> Change {
+    pub fn between<K: Owned>(before: Option<&Kept<K>>, after: &Kept<K>, mc: &Memcached) -> Change {
         let Some(before) = before else {
             return Change::Created;
         };
-        let replicas = |o: &K| {
-            serde_json::to_value(o)
-                .ok()
-                .and_then(|v| v["spec"]["replicas"].as_i64())
-        };
+        let replicas = |o: &Kept<K>| o.replicas.map(i64::from);
         match (replicas(before), replicas(after)) {
             (Some(from), Some(to)) if from != to && crate::status::spec_changed(mc) => {
                 Change::Scaled { from, to }

@@ -3,13 +3,14 @@
 
 mod events;
 mod initial_list;
+pub(crate) mod kept;
+mod meta;
 mod own_writes;
 mod pod_index;
 mod queue;
 mod reconcile;
 mod relisted;
 pub(crate) mod rollouts;
-mod trim;
 mod watches;
 
 pub use events::Events;

@@ -7,14 +7,69 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use std::borrow::Cow;
+
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::api::PartialObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Deserializer};
 
 use super::lock;
+use super::meta::Meta;
 use super::relisted::Relisted;
 use crate::resources::LABEL_INSTANCE;
+
+/// A pod as the pod watch decodes it: the metadata a reconcile reads (spec, status and
+/// managedFields are skipped).
+#[derive(Clone, Debug, Default)]
+pub struct PodMeta {
+    pub metadata: ObjectMeta,
+}
+
+impl<'de> Deserialize<'de> for PodMeta {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: Meta,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        Ok(Self {
+            metadata: wire.metadata.meta,
+        })
+    }
+}
+
+impl Resource for PodMeta {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Pod::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        Pod::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        Pod::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Pod::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// (namespace, name)
 type Key = (String, String);
@@ -43,7 +98,7 @@ impl Index {
 
     /// Records a pod as it now is: a pod being deleted, or without our instance label, counts
     /// for no Memcached (a relabelled pod leaves the one it was counted for).
-    fn apply(&mut self, pod: &PartialObjectMeta<Pod>) {
+    fn apply(&mut self, pod: &PodMeta) {
         let ns = pod.namespace().unwrap_or_default();
         let key = (ns.clone(), pod.name_any());
         self.remove(&key);
@@ -67,7 +122,7 @@ impl Index {
 pub struct PodIndex(Mutex<Relisted<Index>>);
 
 impl PodIndex {
-    pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
+    pub fn observe(&self, event: &watcher::Event<PodMeta>) {
         lock(&self.0).observe(event, Index::apply, |index, pod| {
             index.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()));
         });
@@ -88,21 +143,38 @@ impl PodIndex {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use kube::api::PartialObjectMetaExt;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 
-    fn pod(ns: &str, name: &str, instance: Option<&str>) -> PartialObjectMeta<Pod> {
+    fn pod(ns: &str, name: &str, instance: Option<&str>) -> PodMeta {
         let labels =
             instance.map(|i| BTreeMap::from([(LABEL_INSTANCE.to_string(), i.to_string())]));
-        ObjectMeta {
-            namespace: Some(ns.into()),
-            name: Some(name.into()),
-            labels,
-            ..Default::default()
+        PodMeta {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels,
+                ..Default::default()
+            },
         }
-        .into_response_partial()
+    }
+
+    #[test]
+    fn a_pod_decodes_to_the_metadata_read() {
+        let pod: PodMeta = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "cache-1", "namespace": "a", "labels": {LABEL_INSTANCE: "cache"},
+                         "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]},
+            "spec": {"containers": [{"name": "memcached"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        assert_eq!(pod.metadata, pod_meta("a", "cache-1", "cache"));
+    }
+
+    fn pod_meta(ns: &str, name: &str, instance: &str) -> ObjectMeta {
+        pod(ns, name, Some(instance)).metadata
     }
 
     #[test]

@@ -2,24 +2,22 @@
 //! size, ensure its Service, report status. Desired objects come from the pure builders in
 //! `resources`; this module makes the API calls.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Action;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tracing::warn;
 
 use super::events::{Change, Events};
+use super::kept::{Kept, Owned};
 use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
@@ -48,11 +46,11 @@ const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
-    pub pod_disruption_budgets: Store<PodDisruptionBudget>,
+    pub deployments: Store<Kept<Deployment>>,
+    pub services: Store<Kept<Service>>,
+    pub pod_disruption_budgets: Store<Kept<PodDisruptionBudget>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
-    pub service_monitors: Option<Store<ServiceMonitor>>,
+    pub service_monitors: Option<Store<Kept<ServiceMonitor>>>,
     pub pods: Arc<PodIndex>,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,
@@ -99,13 +97,13 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(CACHE_WAIT));
     }
     let ns = mc.namespace().unwrap_or_default();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
+    let deployments: Api<Kept<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Kept<Service>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets: Api<Kept<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
     let desired_budget = resources::pod_disruption_budget(mc);
     // Only where the cluster serves them (and so they are watched).
     let monitors = ctx.service_monitors.as_ref().map(|cache| {
-        let api: Api<ServiceMonitor> = Api::namespaced(ctx.client.clone(), &ns);
+        let api: Api<Kept<ServiceMonitor>> = Api::namespaced(ctx.client.clone(), &ns);
         (api, cache)
     });
     let desired_monitor = resources::service_monitor(mc);
@@ -246,13 +244,13 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
 async fn ensure_deployment(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<Deployment>,
-    existing: Option<Arc<Deployment>>,
+    api: &Api<Kept<Deployment>>,
+    existing: Option<Arc<Kept<Deployment>>>,
 ) -> Result<(Ensured<Deployment>, bool)> {
     let desired = resources::deployment(mc, &ctx.images);
     // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
-        && needs_apply_to_ours(&desired, existing.as_ref())
+        && existing.needs(&desired)
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
         return Ok((Ensured::unchanged(existing.clone()), true));
@@ -266,13 +264,12 @@ async fn ensure_deployment(
 fn rollout_must_wait(
     ctx: &Context,
     mc: &Memcached,
-    existing: &Deployment,
+    existing: &Kept<Deployment>,
     desired: &Deployment,
 ) -> bool {
-    fn template(d: &Deployment) -> Option<&PodTemplateSpec> {
-        d.spec.as_ref().map(|s| &s.template)
-    }
-    if status::spec_changed(mc) || !needs_apply_to_ours(&template(desired), &template(existing)) {
+    let template = |spec: Value| spec.get("template").cloned();
+    let desired = template(serde_json::to_value(&desired.spec).unwrap_or_default());
+    if status::spec_changed(mc) || !needs_apply_to_ours(&desired, &template(existing.spec())) {
         return false;
     }
     !ctx.rollouts
@@ -281,16 +278,13 @@ fn rollout_must_wait(
 
 /// An object only some specs want (the disruption budget, the ServiceMonitor) as wanted:
 /// applied, or ours deleted when none is wanted any more.
-async fn ensure_optional<K>(
+async fn ensure_optional<K: Owned>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<K>,
-    existing: Option<Arc<K>>,
+    api: &Api<Kept<K>>,
+    existing: Option<Arc<Kept<K>>>,
     desired: Option<K>,
-) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
-{
+) -> Result<()> {
     match (desired, existing) {
         // Its creation follows from the Deployment's, which has the event.
         (Some(desired), existing) => {
@@ -374,10 +368,11 @@ fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
 /// that name exists, so the common path (nothing there) costs no read. While the status reports
 /// one, it is looked up with a read instead, so each recheck costs one request and never a write
 /// attempt on someone else's object.
-async fn lookup<K>(api: &Api<K>, cache: &Store<K>, mc: &Memcached) -> Result<Option<Arc<K>>>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
+async fn lookup<K: Owned>(
+    api: &Api<Kept<K>>,
+    cache: &Store<Kept<K>>,
+    mc: &Memcached,
+) -> Result<Option<Arc<Kept<K>>>> {
     if let Some(cached) = cached(cache, mc) {
         return Ok(Some(cached));
     }
@@ -389,15 +384,12 @@ where
 
 /// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
 /// matter (to delete them), and ours are in the cache.
-async fn lookup_optional<K>(
-    api: &Api<K>,
-    cache: &Store<K>,
+async fn lookup_optional<K: Owned>(
+    api: &Api<Kept<K>>,
+    cache: &Store<Kept<K>>,
     mc: &Memcached,
     wanted: bool,
-) -> Result<Option<Arc<K>>>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
+) -> Result<Option<Arc<Kept<K>>>> {
     match wanted {
         true => lookup(api, cache, mc).await,
         false => Ok(cached(cache, mc)),
@@ -412,12 +404,12 @@ fn reports_foreign_object(mc: &Memcached) -> bool {
     })
 }
 
-async fn read<K>(api: &Api<K>, name: &str) -> Result<Option<Arc<K>>>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
+async fn read<K: Owned>(api: &Api<Kept<K>>, name: &str) -> Result<Option<Arc<Kept<K>>>> {
     match api.get_opt(name).await {
-        Ok(found) => Ok(found.map(Arc::new)),
+        Ok(found) => Ok(found.map(|mut found| {
+            found.trim(None);
+            Arc::new(found)
+        })),
         Err(source) => Err(Error::Read {
             kind: K::kind(&()).into_owned(),
             name: name.to_string(),
@@ -427,10 +419,7 @@ where
 }
 
 /// The owned object of the Memcached's name in the cache of labelled objects.
-fn cached<K>(cache: &Store<K>, mc: &Memcached) -> Option<Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
+fn cached<K: Owned>(cache: &Store<Kept<K>>, mc: &Memcached) -> Option<Arc<Kept<K>>> {
     cache.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
 }
 
@@ -447,14 +436,14 @@ enum Announce {
 const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
 /// An owned object as it is after `ensure`.
-struct Ensured<K> {
-    object: Arc<K>,
+struct Ensured<K: Owned> {
+    object: Arc<Kept<K>>,
     /// Whether `ensure` changed it: its watch will bring the change back, and a status refresh.
     written: bool,
 }
 
-impl<K> Ensured<K> {
-    fn unchanged(object: Arc<K>) -> Self {
+impl<K: Owned> Ensured<K> {
+    fn unchanged(object: Arc<Kept<K>>) -> Self {
         Self {
             object,
             written: false,
@@ -465,17 +454,14 @@ impl<K> Ensured<K> {
 /// Applies `desired` unless `existing` already holds it; returns the object as it now is. With
 /// nothing cached, the apply only creates: if an object of that name exists, it is read, and
 /// left alone (`Error::Foreign`) unless this Memcached controls it.
-async fn ensure<K>(
+async fn ensure<K: Owned>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<K>,
-    existing: Option<Arc<K>>,
+    api: &Api<Kept<K>>,
+    existing: Option<Arc<Kept<K>>>,
     desired: K,
     announce: Announce,
-) -> Result<Ensured<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
-{
+) -> Result<Ensured<K>> {
     let name = desired.name_any();
     let existing = match existing {
         Some(existing) => Some(existing),
@@ -511,7 +497,7 @@ where
         }
     };
     if let Some(existing) = &existing
-        && !needs_apply_to_ours(&desired, existing.as_ref())
+        && !existing.needs(&desired)
     {
         return Ok(Ensured::unchanged(existing.clone()));
     }
@@ -527,22 +513,23 @@ where
     })
 }
 
-async fn apply<K>(api: &Api<K>, desired: &K) -> Result<K>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
-{
+/// Applies `desired`; returns the object as the cache keeps it.
+async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
     let name = desired.name_any();
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER_NAME).force(),
-        &Patch::Apply(desired),
-    )
-    .await
-    .map_err(|source| Error::Apply {
-        kind: K::kind(&()).into_owned(),
-        name,
-        source,
-    })
+    let mut applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        })?;
+    applied.trim(None);
+    Ok(applied)
 }
 
 async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
@@ -895,7 +882,8 @@ mod tests {
             &observed,
             &crate::fixtures::time(0),
         ));
-        let ours = serde_json::to_value(&d).unwrap();
+        let mut ours = d.as_value();
+        ours["status"] = serde_json::to_value(&d.status).unwrap();
         scenario(mc, ctx, api, |mut api| async move {
             api.expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
                 .await;

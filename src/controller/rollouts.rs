@@ -18,6 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
+use super::kept::Kept;
 use super::lock;
 use super::relisted::Relisted;
 
@@ -49,7 +50,7 @@ impl Rollouts {
     }
 
     /// Keeps the set of rolling Deployments current from the Deployment watch.
-    pub fn observe(&self, event: &watcher::Event<Deployment>) {
+    pub fn observe(&self, event: &watcher::Event<Kept<Deployment>>) {
         let mut state = lock(&self.state);
         match event {
             // The watch now shows the rollout it granted, or shows it gone.
@@ -104,11 +105,11 @@ impl Rollouts {
     }
 }
 
-fn key(d: &Deployment) -> Key {
+fn key(d: &Kept<Deployment>) -> Key {
     (d.namespace().unwrap_or_default(), d.name_any())
 }
 
-fn update(rolling: &mut HashSet<Key>, d: &Deployment) {
+fn update(rolling: &mut HashSet<Key>, d: &Kept<Deployment>) {
     if is_rolling(d) {
         rolling.insert(key(d));
     } else {
@@ -118,9 +119,9 @@ fn update(rolling: &mut HashSet<Key>, d: &Deployment) {
 
 /// `kubectl rollout status`'s test: the controller has not observed the spec, or replicas are
 /// not all updated and available; a rollout past its progress deadline has failed, not rolling.
-pub fn is_rolling(d: &Deployment) -> bool {
-    let (Some(spec), Some(status)) = (&d.spec, &d.status) else {
-        return d.spec.is_some();
+pub fn is_rolling(d: &Kept<Deployment>) -> bool {
+    let Some(status) = &d.status else {
+        return true;
     };
     if d.metadata.generation > status.observed_generation {
         return true;
@@ -133,7 +134,7 @@ pub fn is_rolling(d: &Deployment) -> bool {
     if past_deadline {
         return false;
     }
-    let desired = spec.replicas.unwrap_or(1);
+    let desired = d.replicas.unwrap_or(1);
     let updated = status.updated_replicas.unwrap_or(0);
     updated < desired
         || status.replicas.unwrap_or(0) > updated
@@ -147,7 +148,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{deployment_with_status, memcached};
 
-    fn deployment(name: &str, rolling: bool) -> Deployment {
+    fn deployment(name: &str, rolling: bool) -> Kept<Deployment> {
         let mut d = deployment_with_status(&memcached(name, 2), 2, 2);
         if rolling {
             d.metadata.generation = Some(2);

@@ -5,16 +5,14 @@
 //! Not kube-runtime's `Controller`: its scheduler polls every pending reconcile on every wake,
 //! O(waiting) per event, which at 10,000 Memcacheds cost more CPU than the reconciles did.
 
-use std::fmt::Debug;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::PartialObjectMeta;
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
 use kube::runtime::events::Reporter;
@@ -29,12 +27,12 @@ use tracing::{Instrument, debug, error, field, info, info_span, warn};
 use super::Settings;
 use super::events::Events;
 use super::initial_list::InitialList;
+use super::kept::{Kept, Owned};
 use super::own_writes::OwnWrites;
-use super::pod_index::PodIndex;
+use super::pod_index::{PodIndex, PodMeta};
 use super::queue::{Priority, Queue};
 use super::reconcile::{Context, error_policy, reconcile};
 use super::rollouts::Rollouts;
-use super::trim::{Trim, trim};
 use crate::api::Memcached;
 use crate::backoff::Backoff;
 use crate::health::{Caches, Unsynced};
@@ -292,7 +290,7 @@ fn scope_watches(
         &caches,
         triggers(),
         OwnedTriggers {
-            drifted: deployment_drifted,
+            drifted: generation_drifted,
             on_status: true,
         },
         move |event| rollouts.observe(event),
@@ -316,7 +314,7 @@ fn scope_watches(
         &caches,
         triggers(),
         OwnedTriggers {
-            drifted: budget_drifted,
+            drifted: generation_drifted,
             on_status: false,
         },
         |_| {},
@@ -331,7 +329,7 @@ fn scope_watches(
                 &caches,
                 triggers(),
                 OwnedTriggers {
-                    drifted: monitor_drifted,
+                    drifted: generation_drifted,
                     on_status: false,
                 },
                 |_| {},
@@ -345,7 +343,7 @@ fn scope_watches(
     let mut pod_unsynced = Some(caches.watch());
     let mut pod_triggers = triggers();
     let pod_watch = watcher(
-        scope.api::<PartialObjectMeta<Pod>>(client),
+        scope.api::<PodMeta>(client),
         owned_watch_config(shared.initial_list),
     )
     .default_backoff()
@@ -497,22 +495,14 @@ fn spec_change(
     changed.then_some((key, Priority::High))
 }
 
-/// Someone else's change to an owned Deployment: its spec (the generation), labels or owner.
-fn deployment_drifted(old: &Deployment, new: &Deployment) -> bool {
-    old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
-}
-
-fn budget_drifted(old: &PodDisruptionBudget, new: &PodDisruptionBudget) -> bool {
-    old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
-}
-
-fn monitor_drifted(old: &ServiceMonitor, new: &ServiceMonitor) -> bool {
+/// Someone else's change to an owned object: its spec (the generation), labels or owner.
+fn generation_drifted<K: Owned>(old: &Kept<K>, new: &Kept<K>) -> bool {
     old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
 }
 
 /// Services have no generation: any change of the spec counts.
-fn service_drifted(old: &Service, new: &Service) -> bool {
-    old.spec != new.spec || ownership_changed(old, new)
+fn service_drifted(old: &Kept<Service>, new: &Kept<Service>) -> bool {
+    old.spec_differs(new) || ownership_changed(old, new)
 }
 
 fn ownership_changed<K: Resource>(old: &K, new: &K) -> bool {
@@ -651,17 +641,17 @@ fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
 }
 
 /// Which changes of an owned object queue its Memcached.
-struct OwnedTriggers<K> {
+struct OwnedTriggers<K: Owned> {
     /// Someone changed what we set.
-    drifted: fn(&K, &K) -> bool,
+    drifted: fn(&Kept<K>, &Kept<K>) -> bool,
     /// Whether any other change (the status) does, at low priority.
     on_status: bool,
 }
 
-impl<K> OwnedTriggers<K> {
+impl<K: Owned> OwnedTriggers<K> {
     /// How urgently a change from `old` (as cached) to `new` calls for a reconcile; `ours` when
     /// it is the echo of our own write.
-    fn priority(&self, old: Option<&K>, new: &K, ours: bool) -> Option<Priority> {
+    fn priority(&self, old: Option<&Kept<K>>, new: &Kept<K>, ours: bool) -> Option<Priority> {
         match old {
             Some(old) if !ours && (self.drifted)(old, new) => Some(Priority::High),
             Some(_) if !self.on_status => None,
@@ -679,23 +669,17 @@ fn owned_watch<K>(
     caches: &Caches,
     mut triggers: Triggers,
     owned: OwnedTriggers<K>,
-    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
-) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
+    observe: impl Fn(&watcher::Event<Kept<K>>) + Send + 'static,
+) -> (Store<Kept<K>>, impl Future<Output = ()> + Send + 'static)
 where
-    K: Trim
-        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned,
 {
     let (reader, mut writer) = reflector::store();
     let cache = reader.clone();
     let mut unsynced = Some(caches.watch());
     let own_writes = shared.own_writes.clone();
     let watch = watcher(
-        scope.api::<K>(&shared.client),
+        scope.api::<Kept<K>>(&shared.client),
         owned_watch_config(shared.initial_list),
     )
     .default_backoff()
@@ -704,7 +688,7 @@ where
             let trigger = match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                     let old = cache.get(&ObjectRef::from_obj(&*obj));
-                    trim(obj, old.as_deref());
+                    obj.trim(old.as_deref());
                     let ours = own_writes.is_echo(&*obj);
                     owned
                         .priority(old.as_deref(), obj, ours)
@@ -730,7 +714,7 @@ where
 }
 
 /// The Memcached a pod belongs to, by its instance label.
-fn memcached_of_pod(pod: &PartialObjectMeta<Pod>) -> Option<ObjectRef<Memcached>> {
+fn memcached_of_pod(pod: &PodMeta) -> Option<ObjectRef<Memcached>> {
     let ns = pod.namespace()?;
     let instance = pod.labels().get(LABEL_INSTANCE)?;
     Some(ObjectRef::new(instance).within(&ns))
@@ -773,15 +757,17 @@ mod tests {
 
     #[test]
     fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
-        let at = |generation: i64| Deployment {
-            metadata: kube::api::ObjectMeta {
-                generation: Some(generation),
-                ..Default::default()
-            },
-            ..Deployment::default()
+        let at = |generation: i64| {
+            Kept::of(&Deployment {
+                metadata: kube::api::ObjectMeta {
+                    generation: Some(generation),
+                    ..Default::default()
+                },
+                ..Deployment::default()
+            })
         };
         let deployments = OwnedTriggers {
-            drifted: deployment_drifted,
+            drifted: generation_drifted,
             on_status: true,
         };
         let (before, after) = (at(1), at(2));
@@ -804,7 +790,7 @@ mod tests {
             "a new object"
         );
         let budgets = OwnedTriggers {
-            drifted: deployment_drifted,
+            drifted: generation_drifted,
             on_status: false,
         };
         assert_eq!(budgets.priority(Some(&before), &after, true), None);

@@ -1,113 +1,226 @@
 //! What the caches keep of an owned object: only what a reconcile reads.
 //!
 //! A reconcile reads an owned object's metadata (name, owner, labels, generation), its status,
-//! and, to tell drift, the fields this operator applies. So the spec is cut down, as the object
-//! enters the cache, to the fields our managedFields entry lists (server defaults and other
-//! managers' fields go), and managedFields themselves go. A field someone else changed has moved
-//! to their entry, so it is missing from what is kept, and `needs_apply` sees drift, as it would
-//! have seen the changed value. `spec.replicas` is kept whoever owns it: the event that reports a
-//! restored size names the size it found.
+//! and, to tell drift, the fields this operator applies. So the watches decode owned objects
+//! into `Kept`, which holds the spec as JSON text, never as typed structs (a typed Deployment
+//! with its pod template is most of ten kilobytes). As an object enters the cache its spec is
+//! cut to the fields our managedFields entry lists (server defaults and other managers' fields
+//! go), and managedFields themselves go. A field someone else changed has moved to their entry,
+//! so it is missing from what is kept, and `needs_apply` sees drift, as it would have seen the
+//! changed value. `spec.replicas` is kept whoever owns it: the event that reports a restored
+//! size names the size it found.
 //!
-//! A Deployment's spec changes only with its generation, so a status update (most events) reuses
-//! the spec already cut, without converting the object.
+//! A spec that changes only with the generation is not even parsed on a status update (most
+//! events): the cut already kept is reused.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use std::borrow::Cow;
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::Resource;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::meta::Meta;
+use crate::drift::needs_apply_to_ours;
 use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
 
-pub trait Trim: Resource + Serialize + DeserializeOwned + Sized {
-    /// Takes `old`'s (already cut) spec when the spec cannot have changed since.
-    fn reuse_spec(&mut self, old: &Self) -> bool;
+/// A kind this operator owns objects of, and what of its status a reconcile reads.
+pub trait Owned:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The status as kept; `IgnoredAny` where nothing reads it.
+    type Status: DeserializeOwned + Clone + Debug + PartialEq + Send + Sync + 'static;
+    /// Whether every spec change moves the generation (so an update at the same generation
+    /// keeps the cut spec).
+    const GENERATION_TRACKS_SPEC: bool = true;
 }
 
-impl Trim for Deployment {
-    fn reuse_spec(&mut self, old: &Self) -> bool {
-        reuse_by_generation(&self.metadata, &mut self.spec, old.meta(), &old.spec)
-    }
+impl Owned for Deployment {
+    type Status = DeploymentStatus;
 }
 
-impl Trim for ServiceMonitor {
-    fn reuse_spec(&mut self, old: &Self) -> bool {
-        let unchanged = self.metadata.generation.is_some()
-            && self.metadata.generation == old.metadata.generation;
-        if unchanged {
-            self.spec.clone_from(&old.spec);
+impl Owned for PodDisruptionBudget {
+    // The disruption controller's counts; nothing here reads them.
+    type Status = IgnoredAny;
+}
+
+impl Owned for ServiceMonitor {
+    type Status = IgnoredAny;
+}
+
+impl Owned for Service {
+    type Status = IgnoredAny;
+    // Services have no generation.
+    const GENERATION_TRACKS_SPEC: bool = false;
+}
+
+/// An owned object as the caches keep it (see the module's doc).
+#[derive(Clone, Debug)]
+pub struct Kept<K: Owned> {
+    pub metadata: ObjectMeta,
+    /// `spec.replicas`, whoever owns it.
+    pub replicas: Option<i32>,
+    /// The spec as JSON: as the API server sent it until `trim`, then the fields our apply owns
+    /// (all of it when no entry is ours: such an object is applied once, which creates one).
+    spec: Arc<str>,
+    /// managedFields as sent, until `trim`.
+    managed_fields: Option<Box<RawValue>>,
+    pub status: Option<K::Status>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The wire form: the spec left as text, to be cut (or dropped for the cut already kept).
+        #[derive(Deserialize)]
+        struct Wire<S> {
+            #[serde(default)]
+            metadata: Meta,
+            spec: Option<Box<RawValue>>,
+            status: Option<S>,
         }
-        unchanged
+        let wire = Wire::<K::Status>::deserialize(deserializer)?;
+        Ok(Self {
+            metadata: wire.metadata.meta,
+            managed_fields: wire.metadata.managed_fields,
+            replicas: None,
+            spec: wire
+                .spec
+                .map_or_else(|| Arc::from("{}"), |s| Arc::from(s.get())),
+            status: wire.status,
+            kind: PhantomData,
+        })
     }
 }
 
-impl Trim for PodDisruptionBudget {
-    fn reuse_spec(&mut self, old: &Self) -> bool {
-        reuse_by_generation(&self.metadata, &mut self.spec, old.meta(), &old.spec)
+impl<K: Owned> Resource for Kept<K> {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
-/// The spec of an object whose generation moves with every spec change is `old`'s while the
-/// generation is the same.
-fn reuse_by_generation<S: Clone>(
-    meta: &ObjectMeta,
-    spec: &mut Option<S>,
-    old_meta: &ObjectMeta,
-    old_spec: &Option<S>,
-) -> bool {
-    let unchanged = meta.generation.is_some() && meta.generation == old_meta.generation;
-    if unchanged {
-        spec.clone_from(old_spec);
+impl<K: Owned> Kept<K> {
+    /// Cuts the object down to what a reconcile reads; `old` is the cached version it replaces.
+    pub fn trim(&mut self, old: Option<&Self>) {
+        match old {
+            Some(old)
+                if K::GENERATION_TRACKS_SPEC
+                    && self.metadata.generation.is_some()
+                    && self.metadata.generation == old.metadata.generation =>
+            {
+                self.spec = old.spec.clone();
+                self.replicas = old.replicas;
+            }
+            _ => self.cut_spec(),
+        }
+        self.managed_fields = None;
     }
-    unchanged
-}
 
-impl Trim for Service {
-    fn reuse_spec(&mut self, _: &Self) -> bool {
-        // No generation to tell a spec change by; Service events are rare.
-        false
+    /// Keeps the spec fields our apply owns, and `replicas`.
+    fn cut_spec(&mut self) {
+        let Ok(spec) = serde_json::from_str::<Value>(&self.spec) else {
+            return;
+        };
+        let replicas = spec.get("replicas");
+        self.replicas = replicas
+            .and_then(Value::as_i64)
+            .and_then(|r| i32::try_from(r).ok());
+        let Some(fields) = self.ours() else {
+            return;
+        };
+        let mut cut = project(&spec, &fields);
+        if let (Some(replicas), Value::Object(cut)) = (replicas, &mut cut) {
+            cut.insert("replicas".into(), replicas.clone());
+        }
+        self.spec = Arc::from(cut.to_string());
     }
-}
 
-/// Cuts `obj` down to what a reconcile reads; `old` is the cached version it replaces.
-pub fn trim<K: Trim>(obj: &mut K, old: Option<&K>) {
-    if !old.is_some_and(|old| obj.reuse_spec(old)) {
-        cut_spec(obj);
+    /// Our apply's entry in managedFields: the spec fields it owns.
+    fn ours(&self) -> Option<Value> {
+        let entries: Vec<ManagedFieldsEntry> =
+            serde_json::from_str(self.managed_fields.as_ref()?.get()).ok()?;
+        entries
+            .into_iter()
+            .find(|entry| {
+                entry.manager.as_deref() == Some(MANAGER_NAME)
+                    && entry.operation.as_deref() == Some("Apply")
+                    && entry.subresource.as_deref().unwrap_or_default().is_empty()
+            })
+            .and_then(|entry| entry.fields_v1)
+            .and_then(|mut f| f.0.get_mut("f:spec").map(Value::take))
     }
-    obj.meta_mut().managed_fields = None;
-}
 
-/// Keeps the spec fields our apply owns, and `replicas`. Leaves the object whole when it has no
-/// entry of ours (it is then applied once, which creates one) or cannot be cut.
-fn cut_spec<K: Trim>(obj: &mut K) {
-    let ours = obj.meta().managed_fields.iter().flatten().find(|entry| {
-        entry.manager.as_deref() == Some(MANAGER_NAME)
-            && entry.operation.as_deref() == Some("Apply")
-            && entry.subresource.as_deref().unwrap_or_default().is_empty()
-    });
-    let Some(fields) = ours
-        .and_then(|entry| entry.fields_v1.as_ref())
-        .and_then(|f| f.0.get("f:spec"))
-    else {
-        return;
-    };
-    let Ok(mut value) = serde_json::to_value(&*obj) else {
-        return;
-    };
-    let Some(spec) = value.get("spec") else {
-        return;
-    };
-    let mut cut = project(spec, fields);
-    if let (Some(replicas), Value::Object(cut)) = (spec.get("replicas"), &mut cut) {
-        cut.insert("replicas".into(), replicas.clone());
+    /// The spec as kept.
+    pub fn spec(&self) -> Value {
+        serde_json::from_str(&self.spec).unwrap_or_default()
     }
-    value["spec"] = cut;
-    if let Ok(trimmed) = serde_json::from_value(value) {
-        *obj = trimmed;
+
+    /// Whether the spec as kept differs from `other`'s.
+    pub fn spec_differs(&self, other: &Self) -> bool {
+        self.spec != other.spec
+    }
+
+    /// The object as a server-side apply would compare: what `desired` is compared with.
+    pub fn as_value(&self) -> Value {
+        serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": self.metadata,
+            "spec": self.spec(),
+        })
+    }
+
+    /// True when applying `desired` could change this object.
+    pub fn needs(&self, desired: &K) -> bool {
+        needs_apply_to_ours(desired, &self.as_value())
+    }
+
+    /// `obj` as a watch would bring it and the cache keep it.
+    #[cfg(test)]
+    pub fn of(obj: &K) -> Self {
+        let mut kept: Self = serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap();
+        kept.trim(None);
+        kept
     }
 }
 
@@ -237,30 +350,58 @@ mod tests {
         stored
     }
 
+    /// As the watch decodes it, before `trim`.
+    fn decoded(obj: &Deployment) -> Kept<Deployment> {
+        serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap()
+    }
+
     #[test]
     fn a_cut_deployment_shows_no_drift_and_keeps_what_reconcile_reads() {
         let mc = memcached("cache", 3);
         let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut stored = as_stored(&desired);
-        stored.status = deployment_with_status(&mc, 3, 3).status;
+        stored.status = Some(deployment_with_status(&mc, 3, 3).status.unwrap());
         stored.metadata.generation = Some(1);
         let whole = serde_json::to_string(&stored).unwrap().len();
         assert!(!needs_apply(&desired, &stored));
 
-        let mut cut = stored.clone();
-        trim(&mut cut, None);
-        assert!(!needs_apply(&desired, &cut), "no drift from the cut");
+        let cut = Kept::of(&stored);
+        assert!(!cut.needs(&desired), "no drift from the cut");
         assert_eq!(cut.metadata.managed_fields, None);
         assert_eq!(cut.status, stored.status);
+        assert_eq!(cut.replicas, Some(3));
         assert_eq!(
             cut.metadata.owner_references,
             stored.metadata.owner_references
         );
-        let pod = cut.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-        assert_eq!(pod.dns_policy, None, "server defaults are dropped");
-        assert_eq!(pod.containers[0].termination_message_path, None);
-        let kept = serde_json::to_string(&cut).unwrap().len();
+        let pod = &cut.spec()["template"]["spec"];
+        assert_eq!(pod.get("dnsPolicy"), None, "server defaults are dropped");
+        assert_eq!(pod["containers"][0].get("terminationMessagePath"), None);
+        let kept = cut.as_value().to_string().len();
         assert!(kept * 3 < whole * 2, "{kept} of {whole} bytes kept");
+    }
+
+    #[test]
+    fn a_watch_event_decodes_into_what_the_cache_keeps() {
+        let mc = memcached("cache", 2);
+        let stored = as_stored(&resources::deployment(
+            &mc,
+            &resources::Images::new("memcached:1"),
+        ));
+        // As the API server writes it (Go's WatchEvent): the type before the object, so that the
+        // object is decoded in place rather than buffered, which a spec left as text needs.
+        let line = format!(
+            r#"{{"type":"MODIFIED","object":{}}}"#,
+            serde_json::to_string(&stored).unwrap()
+        );
+        let event: kube::core::WatchEvent<Kept<Deployment>> = serde_json::from_str(&line).unwrap();
+        let kube::core::WatchEvent::Modified(mut kept) = event else {
+            panic!("not a modification: {line}");
+        };
+        assert_eq!(kept.spec(), serde_json::to_value(&stored.spec).unwrap());
+        kept.trim(None);
+        assert_eq!(kept.spec(), Kept::of(&stored).spec());
+        assert_eq!(kept.replicas, Some(2));
     }
 
     #[test]
@@ -275,11 +416,10 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("f:replicas");
-        let mut cut = stored.clone();
-        trim(&mut cut, None);
-        assert!(needs_apply(&desired, &cut));
+        let cut = Kept::of(&stored);
+        assert!(cut.needs(&desired));
         assert_eq!(
-            Change::between(Some(&cut), &desired, &{
+            Change::between(Some(&cut), &Kept::of(&desired), &{
                 let mut seen = mc.clone();
                 seen.status = Some(Default::default());
                 seen.status.as_mut().unwrap().observed_generation = Some(1);
@@ -306,9 +446,7 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("f:image");
-        let mut cut = stored;
-        trim(&mut cut, None);
-        assert!(needs_apply(&desired, &cut));
+        assert!(Kept::of(&stored).needs(&desired));
     }
 
     #[test]
@@ -317,21 +455,23 @@ mod tests {
         let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut first = as_stored(&desired);
         first.metadata.generation = Some(1);
-        trim(&mut first, None);
+        let first = Kept::of(&first);
         let mut update = as_stored(&desired);
         update.metadata.generation = Some(1);
         update.spec.as_mut().unwrap().paused = Some(false);
         update.status = deployment_with_status(&mc, 1, 1).status;
-        trim(&mut update, Some(&first));
-        assert_eq!(update.spec, first.spec);
+        let mut update = decoded(&update);
+        update.trim(Some(&first));
+        assert!(!update.spec_differs(&first));
         assert_eq!(update.status, deployment_with_status(&mc, 1, 1).status);
 
         let mut changed = as_stored(&desired);
         changed.metadata.generation = Some(2);
         changed.spec.as_mut().unwrap().paused = Some(true);
-        trim(&mut changed, Some(&first));
+        let mut changed = decoded(&changed);
+        changed.trim(Some(&first));
         assert_eq!(
-            changed.spec.as_ref().unwrap().paused,
+            changed.spec().get("paused"),
             None,
             "a new generation is cut afresh (paused is not ours)"
         );
@@ -345,9 +485,10 @@ mod tests {
             &resources::Images::new("memcached:1"),
         ));
         stored.metadata.managed_fields.as_mut().unwrap().remove(0);
-        let mut cut = stored.clone();
-        trim(&mut cut, None);
-        assert_eq!(cut.spec, stored.spec);
+        assert_eq!(
+            Kept::of(&stored).spec(),
+            serde_json::to_value(&stored.spec).unwrap()
+        );
     }
 
     #[test]
