@@ -77,15 +77,20 @@ pub struct Kept<K: Owned> {
     pub metadata: ObjectMeta,
     /// `spec.replicas`, whoever owns it.
     pub replicas: Option<i32>,
-    /// The spec as JSON: as the API server sent it until `trim`, then the fields our apply owns
-    /// (all of it when no entry is ours: such an object is applied once, which creates one).
+    /// The spec fields our apply owns, as JSON (all of the spec when no entry is ours: such an
+    /// object is applied once, which creates one); set by `trim`.
     spec: Arc<str>,
-    /// managedFields as sent, until `trim`.
+    /// The spec and managedFields as sent, until `trim` cuts the one by the other.
+    sent_spec: Option<Box<RawValue>>,
     managed_fields: Option<Box<RawValue>>,
     pub status: Option<K::Status>,
     kind: PhantomData<fn() -> K>,
 }
 
+/// Decodes the spec in place as text. That needs serde_json's own deserializer reading the
+/// object, not a buffered copy: kube decodes a watch event (serde's adjacent tagging) in place
+/// when its `type` comes before its `object`, which is how the API server writes it (Go's
+/// WatchEvent struct: Type, then Object).
 impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         /// The wire form: the spec left as text, to be cut (or dropped for the cut already kept).
@@ -101,9 +106,8 @@ impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
             metadata: wire.metadata.meta,
             managed_fields: wire.metadata.managed_fields,
             replicas: None,
-            spec: wire
-                .spec
-                .map_or_else(|| Arc::from("{}"), |s| Arc::from(s.get())),
+            spec: Arc::from("{}"),
+            sent_spec: wire.spec,
             status: wire.status,
             kind: PhantomData,
         })
@@ -146,19 +150,25 @@ impl<K: Owned> Kept<K> {
             Some(old)
                 if K::GENERATION_TRACKS_SPEC
                     && self.metadata.generation.is_some()
-                    && self.metadata.generation == old.metadata.generation =>
+                    && self.metadata.generation == old.metadata.generation
+                    && self.metadata.uid == old.metadata.uid =>
             {
                 self.spec = old.spec.clone();
                 self.replicas = old.replicas;
             }
             _ => self.cut_spec(),
         }
+        self.sent_spec = None;
         self.managed_fields = None;
     }
 
     /// Keeps the spec fields our apply owns, and `replicas`.
     fn cut_spec(&mut self) {
-        let Ok(spec) = serde_json::from_str::<Value>(&self.spec) else {
+        let Some(sent) = &self.sent_spec else {
+            return;
+        };
+        let Ok(spec) = serde_json::from_str::<Value>(sent.get()) else {
+            self.spec = Arc::from(sent.get());
             return;
         };
         let replicas = spec.get("replicas");
@@ -166,6 +176,7 @@ impl<K: Owned> Kept<K> {
             .and_then(Value::as_i64)
             .and_then(|r| i32::try_from(r).ok());
         let Some(fields) = self.ours() else {
+            self.spec = Arc::from(sent.get());
             return;
         };
         let mut cut = project(&spec, &fields);
@@ -190,9 +201,13 @@ impl<K: Owned> Kept<K> {
             .and_then(|mut f| f.0.get_mut("f:spec").map(Value::take))
     }
 
-    /// The spec as kept.
+    /// The spec as kept (as sent, before `trim`).
     pub fn spec(&self) -> Value {
-        serde_json::from_str(&self.spec).unwrap_or_default()
+        let text = self
+            .sent_spec
+            .as_ref()
+            .map_or(&*self.spec, |sent| sent.get());
+        serde_json::from_str(text).unwrap_or_default()
     }
 
     /// Whether the spec as kept differs from `other`'s.
@@ -362,12 +377,11 @@ mod tests {
         let mut stored = as_stored(&desired);
         stored.status = Some(deployment_with_status(&mc, 3, 3).status.unwrap());
         stored.metadata.generation = Some(1);
-        let whole = serde_json::to_string(&stored).unwrap().len();
         assert!(!needs_apply(&desired, &stored));
 
         let cut = Kept::of(&stored);
         assert!(!cut.needs(&desired), "no drift from the cut");
-        assert_eq!(cut.metadata.managed_fields, None);
+        assert!(cut.managed_fields.is_none() && cut.sent_spec.is_none());
         assert_eq!(cut.status, stored.status);
         assert_eq!(cut.replicas, Some(3));
         assert_eq!(
@@ -377,7 +391,9 @@ mod tests {
         let pod = &cut.spec()["template"]["spec"];
         assert_eq!(pod.get("dnsPolicy"), None, "server defaults are dropped");
         assert_eq!(pod["containers"][0].get("terminationMessagePath"), None);
-        let kept = cut.as_value().to_string().len();
+        let mut whole = serde_json::to_value(&stored).unwrap();
+        whole.as_object_mut().unwrap().remove("status");
+        let (kept, whole) = (cut.as_value().to_string().len(), whole.to_string().len());
         assert!(kept * 3 < whole * 2, "{kept} of {whole} bytes kept");
     }
 
@@ -455,26 +471,60 @@ mod tests {
         let desired = resources::deployment(&mc, &resources::Images::new("memcached:1"));
         let mut first = as_stored(&desired);
         first.metadata.generation = Some(1);
+        first.metadata.uid = Some("d".into());
         let first = Kept::of(&first);
-        let mut update = as_stored(&desired);
-        update.metadata.generation = Some(1);
-        update.spec.as_mut().unwrap().paused = Some(false);
-        update.status = deployment_with_status(&mc, 1, 1).status;
-        let mut update = decoded(&update);
+        let image = |kept: &Kept<Deployment>| {
+            kept.spec()["template"]["spec"]["containers"][0]["image"].clone()
+        };
+        // A spec that differs at the same generation cannot come from the API server; here it
+        // tells a reused cut from a new one.
+        let mut sent = as_stored(&resources::deployment(
+            &mc,
+            &resources::Images::new("memcached:2"),
+        ));
+        sent.metadata.generation = Some(1);
+        sent.metadata.uid = Some("d".into());
+        sent.status = deployment_with_status(&mc, 1, 1).status;
+        let mut update = decoded(&sent);
         update.trim(Some(&first));
         assert!(!update.spec_differs(&first));
+        assert_eq!(image(&update), "memcached:1");
         assert_eq!(update.status, deployment_with_status(&mc, 1, 1).status);
 
-        let mut changed = as_stored(&desired);
-        changed.metadata.generation = Some(2);
-        changed.spec.as_mut().unwrap().paused = Some(true);
-        let mut changed = decoded(&changed);
+        sent.metadata.generation = Some(2);
+        let mut changed = decoded(&sent);
         changed.trim(Some(&first));
         assert_eq!(
-            changed.spec().get("paused"),
-            None,
-            "a new generation is cut afresh (paused is not ours)"
+            image(&changed),
+            "memcached:2",
+            "a new generation is cut afresh"
         );
+
+        sent.metadata.generation = Some(1);
+        sent.metadata.uid = Some("recreated".into());
+        let mut recreated = decoded(&sent);
+        recreated.trim(Some(&first));
+        assert_eq!(
+            image(&recreated),
+            "memcached:2",
+            "so is another object of the name"
+        );
+    }
+
+    #[test]
+    fn a_list_page_decodes_and_an_absent_or_null_spec_is_empty() {
+        let service = serde_json::to_value(resources::service(&memcached("cache", 1))).unwrap();
+        let page = format!(
+            r#"{{"apiVersion":"v1","kind":"ServiceList","metadata":{{"resourceVersion":"9"}},"items":[{service},{{"metadata":{{"name":"a"}},"spec":null}},{{"metadata":{{"name":"b"}}}}]}}"#
+        );
+        let list: kube::core::ObjectList<Kept<Service>> = serde_json::from_str(&page).unwrap();
+        let mut items = list.items;
+        for item in &mut items {
+            item.trim(None);
+        }
+        assert_eq!(items[0].spec(), service["spec"]);
+        assert_eq!(items[1].spec(), json!({}));
+        assert_eq!(items[2].spec(), json!({}));
     }
 
     #[test]

@@ -801,6 +801,19 @@ mod tests {
     }
 
     #[test]
+    fn a_service_drifts_when_its_spec_or_ownership_changes() {
+        let ours = resources::service(&crate::fixtures::memcached("cache", 1));
+        let cached = Kept::of(&ours);
+        assert!(!service_drifted(&cached, &Kept::of(&ours)));
+        let mut ports = ours.clone();
+        ports.spec.as_mut().unwrap().ports = None;
+        assert!(service_drifted(&cached, &Kept::of(&ports)));
+        let mut relabelled = ours;
+        relabelled.metadata.labels = None;
+        assert!(service_drifted(&cached, &Kept::of(&relabelled)));
+    }
+
+    #[test]
     fn malformed_memcached_is_skipped_without_breaking_the_watch() {
         let invalid = prometheus::IntGauge::new("x", "x").unwrap();
         let good: DynamicObject = serde_json::from_value(json!({
