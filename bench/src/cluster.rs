@@ -31,10 +31,13 @@ impl Cluster {
             .arg(&dir)
             .env(
                 "APISERVER_EXTRA_ARGS",
+                // BENCH_APISERVER_ARGS adds to them, e.g. `--feature-gates=WatchList=false` to
+                // measure paged lists, as Kubernetes 1.33 serves them.
                 format!(
-                    "--audit-policy-file={} --audit-log-path={} --max-requests-inflight=2000 --max-mutating-requests-inflight=1000",
+                    "--audit-policy-file={} --audit-log-path={} --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 {}",
                     policy.display(),
-                    audit_log.display()
+                    audit_log.display(),
+                    std::env::var("BENCH_APISERVER_ARGS").unwrap_or_default()
                 ),
             )
             .env("KCM_QPS", "1000")
