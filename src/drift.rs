@@ -10,14 +10,18 @@ use serde_json::Value;
 
 /// True when applying `desired` over `actual` could change `actual`.
 pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool {
-    compare(desired, actual, Lists::MayHaveMore)
+    match serde_json::to_value(actual) {
+        Ok(actual) => differs(desired, &actual, Lists::MayHaveMore),
+        // Cannot tell: applying is always safe.
+        Err(_) => true,
+    }
 }
 
 /// As `needs_apply`, for an object the cache cut down to the fields our apply owns
 /// (controller/kept.rs): an item there that `desired` no longer lists (the exporter sidecar, the
 /// metrics port, once monitoring is turned off) was applied by us, and applying removes it.
-pub fn needs_apply_to_ours<D: Serialize, A: Serialize>(desired: &D, ours: &A) -> bool {
-    compare(desired, ours, Lists::Exact)
+pub fn needs_apply_to_ours<D: Serialize>(desired: &D, ours: &Value) -> bool {
+    differs(desired, ours, Lists::Exact)
 }
 
 /// How lists of objects (merged by key on the server) compare.
@@ -29,11 +33,10 @@ enum Lists {
     Exact,
 }
 
-fn compare<D: Serialize, A: Serialize>(desired: &D, actual: &A, lists: Lists) -> bool {
-    match (serde_json::to_value(desired), serde_json::to_value(actual)) {
-        (Ok(desired), Ok(actual)) => !contains(&actual, &desired, lists),
-        // Cannot tell: applying is always safe.
-        _ => true,
+fn differs<D: Serialize>(desired: &D, actual: &Value, lists: Lists) -> bool {
+    match serde_json::to_value(desired) {
+        Ok(desired) => !contains(actual, &desired, lists),
+        Err(_) => true,
     }
 }
 

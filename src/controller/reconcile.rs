@@ -13,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::Value;
 use tracing::warn;
 
 use super::events::{Change, Events};
@@ -267,9 +266,8 @@ fn rollout_must_wait(
     existing: &Kept<Deployment>,
     desired: &Deployment,
 ) -> bool {
-    let template = |spec: Value| spec.get("template").cloned();
-    let desired = template(serde_json::to_value(&desired.spec).unwrap_or_default());
-    if status::spec_changed(mc) || !needs_apply_to_ours(&desired, &template(existing.spec())) {
+    let desired = desired.spec.as_ref().map(|s| &s.template);
+    if status::spec_changed(mc) || !needs_apply_to_ours(&desired, &existing.spec()["template"]) {
         return false;
     }
     !ctx.rollouts
