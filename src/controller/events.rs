@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::core::DynamicObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
@@ -141,10 +141,10 @@ impl Events {
 
     /// A Warning on a stored Memcached that does not parse (written while the schema was looser):
     /// the controller skips it. Once per version of the object, not on every relist.
-    pub fn invalid(&self, obj: &DynamicObject, error: String) {
+    pub fn invalid(&self, meta: &ObjectMeta, error: String) {
         let version = (
-            obj.metadata.uid.clone().unwrap_or_default(),
-            obj.metadata.resource_version.clone().unwrap_or_default(),
+            meta.uid.clone().unwrap_or_default(),
+            meta.resource_version.clone().unwrap_or_default(),
         );
         if !lock(&self.invalid).insert(version) {
             return;
@@ -152,10 +152,10 @@ impl Events {
         let regarding = ObjectReference {
             api_version: Some(Memcached::api_version(&()).into_owned()),
             kind: Some(Memcached::kind(&()).into_owned()),
-            name: obj.metadata.name.clone(),
-            namespace: obj.metadata.namespace.clone(),
-            uid: obj.metadata.uid.clone(),
-            resource_version: obj.metadata.resource_version.clone(),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
             ..Default::default()
         };
         let note =

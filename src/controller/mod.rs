@@ -2,6 +2,7 @@
 //! the watches, work queue and workers that drive it.
 
 mod events;
+mod guarded;
 mod initial_list;
 pub(crate) mod kept;
 mod meta;
@@ -14,11 +15,12 @@ pub(crate) mod rollouts;
 mod watches;
 
 pub use events::Events;
+pub use guarded::parse_event;
 pub use initial_list::InitialList;
 pub use queue::Priority;
 pub use reconcile::{Context, error_policy, reconcile};
 pub use rollouts::Rollouts;
-pub use watches::{parse_event, run};
+pub use watches::run;
 
 use std::time::Duration;
 

@@ -13,19 +13,19 @@ use futures::{FutureExt, Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::core::{DynamicObject, GroupVersionKind};
-use kube::discovery::ApiResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, field, info, info_span, warn};
+use tracing::{Instrument, debug, error, field, info, info_span};
 
 use super::Settings;
 use super::events::Events;
+use super::guarded::{Guarded, parse_event};
 use super::initial_list::InitialList;
 use super::kept::{Kept, Owned};
 use super::own_writes::OwnWrites;
@@ -262,17 +262,16 @@ fn scope_watches(
     let mut mc_triggers = triggers();
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
-        raw_memcacheds(client, &scope),
+        scope.api::<Guarded>(client),
         shared
             .initial_list
             .configure(watcher::Config::default().any_semantic()),
     )
     .default_backoff()
     .filter_map(move |event| {
-        let report = |obj: &DynamicObject, error: String| events.invalid(obj, error);
+        let report = |meta: &ObjectMeta, error: String| events.invalid(meta, error);
         future::ready(event.map(|e| parse_event(e, &invalid, report)).transpose())
     })
-    .modify(drop_managed_fields)
     .for_each(move |event| {
         if let Some(event) = watched(event, "Memcached") {
             let trigger = spec_change(&mc_cache, &event);
@@ -524,57 +523,6 @@ fn reconcile_span(mc: &Memcached) -> tracing::Span {
     span
 }
 
-/// Memcacheds as raw objects, so that one that does not parse is skipped (see `parse_event`)
-/// instead of breaking the watch for all the others.
-fn raw_memcacheds(client: &Client, scope: &Scope) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(
-        &Memcached::group(&()),
-        &Memcached::version(&()),
-        &Memcached::kind(&()),
-    );
-    scope.api_with(
-        client,
-        &ApiResource::from_gvk_with_plural(&gvk, &Memcached::plural(&())),
-    )
-}
-
-/// Turns a watch event of raw objects into one of Memcacheds, dropping objects that do not parse
-/// so that one malformed object cannot break the watch for all the others.
-pub fn parse_event(
-    event: watcher::Event<DynamicObject>,
-    invalid: &prometheus::IntGauge,
-    report: impl Fn(&DynamicObject, String),
-) -> Option<watcher::Event<Memcached>> {
-    let parse = |obj: DynamicObject| {
-        let name = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-        match parse_memcached(&obj) {
-            Ok(mc) => Some(mc),
-            Err(error) => {
-                invalid.inc();
-                warn!(memcached = %name, %error, "skipping Memcached that does not match the API schema");
-                report(&obj, error.to_string());
-                None
-            }
-        }
-    };
-    Some(match event {
-        watcher::Event::Apply(o) => watcher::Event::Apply(parse(o)?),
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(parse(o)?),
-        watcher::Event::Delete(o) => watcher::Event::Delete(parse(o)?),
-        watcher::Event::Init => {
-            invalid.set(0);
-            watcher::Event::Init
-        }
-        watcher::Event::InitDone => watcher::Event::InitDone,
-    })
-}
-
-/// A Memcached from a raw object; the error names the field that does not fit the schema.
-fn parse_memcached(obj: &DynamicObject) -> Result<Memcached, String> {
-    let value = serde_json::to_value(obj).map_err(|e| e.to_string())?;
-    serde_path_to_error::deserialize(value).map_err(|e| format!("{}: {}", e.path(), e.inner()))
-}
-
 /// Releases a watch's readiness handle on its first complete list, once the list is in the
 /// cache.
 ///
@@ -623,12 +571,6 @@ fn became_leader(
     })
     .filter(|gained| future::ready(*gained))
     .map(|_| ())
-}
-
-/// managedFields are most of a cached object's size (one entry per writer: us, the
-/// kube-controller-manager, the kubelet) and nothing here reads them.
-fn drop_managed_fields<K: Resource>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
 }
 
 /// What we own carries our label; the watch cache serves it.
@@ -732,7 +674,6 @@ fn controller_of<K: Resource>(obj: &K) -> Option<ObjectRef<Memcached>> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
 
     use super::*;
 
@@ -811,42 +752,5 @@ mod tests {
         let mut relabelled = ours;
         relabelled.metadata.labels = None;
         assert!(service_drifted(&cached, &Kept::of(&relabelled)));
-    }
-
-    #[test]
-    fn malformed_memcached_is_skipped_without_breaking_the_watch() {
-        let invalid = prometheus::IntGauge::new("x", "x").unwrap();
-        let good: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-            "metadata": {"name": "good", "namespace": "default"}, "spec": {"size": 1}
-        }))
-        .unwrap();
-        let bad: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-            "metadata": {"name": "bad", "namespace": "default"}, "spec": {"size": "three"}
-        }))
-        .unwrap();
-        let reported = std::cell::RefCell::new(Vec::new());
-        let report = |obj: &DynamicObject, error: String| {
-            reported.borrow_mut().push((obj.name_any(), error));
-        };
-        assert!(parse_event(watcher::Event::InitApply(bad.clone()), &invalid, report).is_none());
-        assert!(parse_event(watcher::Event::Apply(bad), &invalid, report).is_none());
-        assert_eq!(invalid.get(), 2);
-        let reported = reported.into_inner();
-        assert_eq!(reported.len(), 2, "each is reported");
-        assert!(
-            reported[0].0 == "bad" && reported[0].1.contains("size"),
-            "{reported:?}"
-        );
-        match parse_event(watcher::Event::Apply(good), &invalid, |_, _| {}) {
-            Some(watcher::Event::Apply(mc)) => assert_eq!(mc.spec.size, 1),
-            other => panic!("good object lost: {other:?}"),
-        }
-        assert!(matches!(
-            parse_event(watcher::Event::Init, &invalid, |_, _| {}),
-            Some(watcher::Event::Init)
-        ));
-        assert_eq!(invalid.get(), 0, "a relist recounts invalid objects");
     }
 }
