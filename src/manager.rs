@@ -27,7 +27,9 @@ pub fn main(args: RunArgs) -> ExitCode {
     if telemetry.exporting() {
         info!("exporting traces over OTLP");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread: the work is waiting on the API server, and a second worker thread only adds
+    // wakeups and task stealing (README, Measured).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
