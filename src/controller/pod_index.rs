@@ -4,7 +4,7 @@
 //! O(all pods) per reconcile, and O(pods × Memcacheds) for a leader taking over; here the answer
 //! costs O(its pods).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use std::borrow::Cow;
@@ -78,8 +78,9 @@ type Key = (String, String);
 struct Index {
     /// Pod → the Memcached (instance label) it belongs to.
     owner: HashMap<Key, String>,
-    /// Memcached → its pods' names.
-    pods: HashMap<Key, BTreeSet<String>>,
+    /// Memcached → its pods' names, sorted (a Vec: most Memcacheds have a few pods, and a
+    /// B-tree node is a few hundred bytes even for one).
+    pods: HashMap<Key, Vec<String>>,
 }
 
 impl Index {
@@ -89,7 +90,9 @@ impl Index {
         };
         let key = (pod.0.clone(), instance);
         if let Some(names) = self.pods.get_mut(&key) {
-            names.remove(&pod.1);
+            if let Ok(at) = names.binary_search(&pod.1) {
+                names.remove(at);
+            }
             if names.is_empty() {
                 self.pods.remove(&key);
             }
@@ -108,10 +111,10 @@ impl Index {
         let Some(instance) = pod.labels().get(LABEL_INSTANCE) else {
             return;
         };
-        self.pods
-            .entry((ns, instance.clone()))
-            .or_default()
-            .insert(key.1.clone());
+        let names = self.pods.entry((ns, instance.clone())).or_default();
+        if let Err(at) = names.binary_search(&key.1) {
+            names.insert(at, key.1.clone());
+        }
         self.owner.insert(key, instance.clone());
     }
 }
@@ -134,7 +137,7 @@ impl PodIndex {
             .live()
             .pods
             .get(&(namespace.to_string(), name.to_string()))
-            .map(|names| names.iter().cloned().collect())
+            .cloned()
             .unwrap_or_default()
     }
 }
