@@ -1,7 +1,7 @@
 //! Status of a Memcached computed from what the controller observed. Pure: no API calls, and the
 //! clock is passed in, so every condition transition is unit-tested.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
@@ -197,6 +197,13 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
     }
 }
 
+/// A Deployment's own failure signals (quota, admission, stuck rollout): the only conditions of
+/// a Deployment read here.
+pub fn is_deployment_failure(c: &DeploymentCondition) -> bool {
+    (c.type_ == "ReplicaFailure" && c.status == "True")
+        || (c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+}
+
 /// Degraded mirrors the Deployment's own failure signals (quota, admission, stuck rollout).
 fn deployment_degraded(deployment: Option<&Kept<Deployment>>) -> Condition {
     let failing = deployment
@@ -204,11 +211,7 @@ fn deployment_degraded(deployment: Option<&Kept<Deployment>>) -> Condition {
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .find(|c| {
-            (c.type_ == "ReplicaFailure" && c.status == "True")
-                || (c.type_ == "Progressing"
-                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
-        });
+        .find(|c| is_deployment_failure(c));
     match failing {
         Some(c) => cond(
             DEGRADED,

@@ -11,12 +11,13 @@
 //! size names the size it found.
 //!
 //! A spec that changes only with the generation is not even parsed on a status update (most
-//! events): the cut already kept is reused.
+//! events): the cut already kept is reused. Cuts are held once for all objects whose cuts
+//! differ only in their names (shared_spec.rs), and of a Deployment's status conditions only
+//! failures are kept: nothing reads the others.
 
 use std::borrow::Cow;
 use std::fmt::Debug;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
@@ -30,9 +31,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::meta::Meta;
+use super::shared_spec::SharedSpec;
 use crate::drift::needs_apply_to_ours;
 use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
+use crate::status;
 
 /// A kind this operator owns objects of, and what of its status a reconcile reads.
 pub trait Owned:
@@ -50,10 +53,22 @@ pub trait Owned:
     /// Whether every spec change moves the generation (so an update at the same generation
     /// keeps the cut spec).
     const GENERATION_TRACKS_SPEC: bool = true;
+
+    /// Drops from a decoded status what nothing reads.
+    fn slim(_status: &mut Self::Status) {}
 }
 
 impl Owned for Deployment {
     type Status = DeploymentStatus;
+
+    fn slim(status: &mut DeploymentStatus) {
+        if let Some(conditions) = &mut status.conditions {
+            conditions.retain(status::is_deployment_failure);
+            if conditions.is_empty() {
+                status.conditions = None;
+            }
+        }
+    }
 }
 
 impl Owned for PodDisruptionBudget {
@@ -79,7 +94,7 @@ pub struct Kept<K: Owned> {
     pub replicas: Option<i32>,
     /// The spec fields our apply owns, as JSON (all of the spec when no entry is ours: such an
     /// object is applied once, which creates one); set by `trim`.
-    spec: Arc<str>,
+    spec: SharedSpec,
     /// The spec and managedFields as sent, until `trim` cuts the one by the other.
     sent_spec: Option<Box<RawValue>>,
     managed_fields: Option<Box<RawValue>>,
@@ -101,12 +116,15 @@ impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
             spec: Option<Box<RawValue>>,
             status: Option<S>,
         }
-        let wire = Wire::<K::Status>::deserialize(deserializer)?;
+        let mut wire = Wire::<K::Status>::deserialize(deserializer)?;
+        if let Some(status) = &mut wire.status {
+            K::slim(status);
+        }
         Ok(Self {
             metadata: wire.metadata.meta,
             managed_fields: wire.metadata.managed_fields,
             replicas: None,
-            spec: Arc::from("{}"),
+            spec: SharedSpec::empty(),
             sent_spec: wire.spec,
             status: wire.status,
             kind: PhantomData,
@@ -167,8 +185,9 @@ impl<K: Owned> Kept<K> {
         let Some(sent) = &self.sent_spec else {
             return;
         };
+        let name = self.metadata.name.as_deref().unwrap_or_default();
         let Ok(spec) = serde_json::from_str::<Value>(sent.get()) else {
-            self.spec = Arc::from(sent.get());
+            self.spec = SharedSpec::new(sent.get(), name);
             return;
         };
         let replicas = spec.get("replicas");
@@ -176,14 +195,14 @@ impl<K: Owned> Kept<K> {
             .and_then(Value::as_i64)
             .and_then(|r| i32::try_from(r).ok());
         let Some(fields) = self.ours() else {
-            self.spec = Arc::from(sent.get());
+            self.spec = SharedSpec::new(sent.get(), name);
             return;
         };
         let mut cut = project(&spec, &fields);
         if let (Some(replicas), Value::Object(cut)) = (replicas, &mut cut) {
             cut.insert("replicas".into(), replicas.clone());
         }
-        self.spec = Arc::from(cut.to_string());
+        self.spec = SharedSpec::new(&cut.to_string(), name);
     }
 
     /// Our apply's entry in managedFields: the spec fields it owns.
@@ -203,14 +222,16 @@ impl<K: Owned> Kept<K> {
 
     /// The spec as kept (as sent, before `trim`).
     pub fn spec(&self) -> Value {
-        let text = self
-            .sent_spec
-            .as_ref()
-            .map_or(&*self.spec, |sent| sent.get());
-        serde_json::from_str(text).unwrap_or_default()
+        let text = match &self.sent_spec {
+            Some(sent) => Cow::Borrowed(sent.get()),
+            None => self
+                .spec
+                .text(self.metadata.name.as_deref().unwrap_or_default()),
+        };
+        serde_json::from_str(&text).unwrap_or_default()
     }
 
-    /// Whether the spec as kept differs from `other`'s.
+    /// Whether the spec as kept differs from `other`'s, a version of the same object.
     pub fn spec_differs(&self, other: &Self) -> bool {
         self.spec != other.spec
     }
@@ -368,6 +389,68 @@ mod tests {
     /// As the watch decodes it, before `trim`.
     fn decoded(obj: &Deployment) -> Kept<Deployment> {
         serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn deployments_of_memcacheds_alike_but_for_their_names_keep_one_cut() {
+        let images = resources::Images::new("memcached:1");
+        let a = Kept::of(&as_stored(&resources::deployment(
+            &memcached("cache-a", 2),
+            &images,
+        )));
+        let b = Kept::of(&as_stored(&resources::deployment(
+            &memcached("cache-b", 2),
+            &images,
+        )));
+        let c = Kept::of(&as_stored(&resources::deployment(
+            &memcached("cache-c", 3),
+            &images,
+        )));
+        assert_eq!(a.spec, b.spec, "one text for both");
+        assert_ne!(a.spec, c.spec, "another size, another text");
+        let selector = |k: &Kept<Deployment>| k.spec()["selector"]["matchLabels"].clone();
+        assert_eq!(selector(&a)["app.kubernetes.io/instance"], "cache-a");
+        assert_eq!(selector(&b)["app.kubernetes.io/instance"], "cache-b");
+        assert!(!a.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
+        assert!(b.needs(&resources::deployment(&memcached("cache-b", 3), &images)));
+    }
+
+    #[test]
+    fn of_a_deployment_status_the_counts_and_the_failures_are_kept() {
+        use k8s_openapi::api::apps::v1::DeploymentCondition;
+        let condition = |type_: &str, status: &str, reason: &str| DeploymentCondition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(format!("{type_} is {status}")),
+            ..Default::default()
+        };
+        let mc = memcached("cache", 3);
+        let mut stored = resources::deployment(&mc, &resources::Images::new("memcached:1"));
+        stored.status = Some(DeploymentStatus {
+            replicas: Some(3),
+            ready_replicas: Some(2),
+            conditions: Some(vec![
+                condition("Available", "True", "MinimumReplicasAvailable"),
+                condition("Progressing", "True", "NewReplicaSetAvailable"),
+            ]),
+            ..Default::default()
+        });
+        let healthy = Kept::of(&stored).status.unwrap();
+        assert_eq!(
+            (healthy.replicas, healthy.ready_replicas),
+            (Some(3), Some(2))
+        );
+        assert_eq!(healthy.conditions, None, "healthy conditions are not kept");
+
+        let failing = vec![
+            condition("Available", "False", "MinimumReplicasUnavailable"),
+            condition("Progressing", "False", "ProgressDeadlineExceeded"),
+            condition("ReplicaFailure", "True", "FailedCreate"),
+        ];
+        stored.status.as_mut().unwrap().conditions = Some(failing.clone());
+        let kept = Kept::of(&stored).status.unwrap().conditions.unwrap();
+        assert_eq!(kept, failing[1..], "the failures, whole");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod queue;
 mod reconcile;
 mod relisted;
 pub(crate) mod rollouts;
+mod shared_spec;
 mod watches;
 
 pub use events::Events;
