@@ -11,6 +11,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use tracing::warn;
@@ -41,7 +42,7 @@ impl Guarded {
         #[derive(Deserialize)]
         struct Wire {
             #[serde(default)]
-            metadata: Meta,
+            metadata: Meta<IgnoredAny>,
             spec: MemcachedSpec,
             status: Option<MemcachedStatus>,
         }

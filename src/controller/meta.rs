@@ -1,28 +1,38 @@
-//! Object metadata as the watches decode it: managedFields left as text.
+//! Object metadata as the watches decode it: managedFields left as text, or skipped.
 //!
 //! managedFields are most of an object's metadata (one entry per writer, each a tree of field
 //! names), and decoding them into typed entries was a large share of the operator's allocations
-//! on every event. Pods never need them; owned objects only when their spec changed (see
-//! kept.rs), and then they are parsed from the text.
+//! on every event. Pods and Memcacheds never need them (`Meta<IgnoredAny>`); owned objects only
+//! when their spec changed (see kept.rs), and then they are parsed from the text.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-/// The metadata fields the operator reads, and managedFields undecoded.
-#[derive(Default)]
-pub struct Meta {
+/// The metadata fields the operator reads, and managedFields as `F`: text, or `IgnoredAny` to
+/// skip them.
+pub struct Meta<F = Box<RawValue>> {
     pub meta: ObjectMeta,
-    pub managed_fields: Option<Box<RawValue>>,
+    pub managed_fields: Option<F>,
 }
 
-impl<'de> Deserialize<'de> for Meta {
+impl<F> Default for Meta<F> {
+    fn default() -> Self {
+        Self {
+            meta: ObjectMeta::default(),
+            managed_fields: None,
+        }
+    }
+}
+
+impl<'de, F: DeserializeOwned> Deserialize<'de> for Meta<F> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Wire {
+        #[serde(rename_all = "camelCase", bound = "F: DeserializeOwned")]
+        struct Wire<F> {
             name: Option<String>,
             namespace: Option<String>,
             uid: Option<String>,
@@ -34,9 +44,9 @@ impl<'de> Deserialize<'de> for Meta {
             annotations: Option<BTreeMap<String, String>>,
             owner_references: Option<Vec<OwnerReference>>,
             finalizers: Option<Vec<String>>,
-            managed_fields: Option<Box<RawValue>>,
+            managed_fields: Option<F>,
         }
-        let wire = Wire::deserialize(deserializer)?;
+        let wire = Wire::<F>::deserialize(deserializer)?;
         Ok(Self {
             meta: ObjectMeta {
                 name: wire.name,
@@ -77,6 +87,8 @@ mod tests {
         })
         .to_string();
         let meta: Meta = serde_json::from_str(&text).unwrap();
+        let skipped: Meta<serde::de::IgnoredAny> = serde_json::from_str(&text).unwrap();
+        assert_eq!(skipped.meta, meta.meta);
         let whole: ObjectMeta = serde_json::from_str(&text).unwrap();
         assert_eq!(
             meta.meta,

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 
 use super::lock;
@@ -33,7 +34,7 @@ impl<'de> Deserialize<'de> for PodMeta {
         #[derive(Deserialize)]
         struct Wire {
             #[serde(default)]
-            metadata: Meta,
+            metadata: Meta<IgnoredAny>,
         }
         let wire = Wire::deserialize(deserializer)?;
         Ok(Self {
