@@ -5,10 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::IgnoredAny;
 use tracing::{info, warn};
 
 use super::kept::{Kept, Owned};
@@ -175,9 +180,6 @@ impl Events {
         lock(&self.warned).remove(&ObjectRef::from_obj(mc));
     }
 
-    /// A fresh Recorder each time: kube's Recorder folds events with the same reason into one
-    /// series whatever their note, so "Scaled from 3 to 5" then "from 5 to 2" would show the
-    /// first text twice. Only real changes are recorded, so there is no flood to fold.
     fn publish(
         &self,
         mc: &Memcached,
@@ -199,19 +201,81 @@ impl Events {
         action: &str,
         note: String,
     ) {
-        let event = Event {
+        let event = new_event(
+            &self.reporter,
+            regarding,
+            related,
             type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: action.to_string(),
-            secondary: related,
-        };
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+            reason,
+            action,
+            note,
+        );
+        let client = self.client.clone();
         tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &regarding).await {
-                warn!(%error, reason = event.reason, "could not record event");
+            // Posted without kube's Recorder, and the created Event not decoded: nothing reads it.
+            let api = Api::<K8sEvent>::namespaced(
+                client.clone(),
+                event.metadata.namespace.as_deref().unwrap_or("default"),
+            );
+            let sent = async {
+                let body = serde_json::to_vec(&event).map_err(kube::Error::SerdeError)?;
+                let request = kube::core::Request::new(api.resource_url())
+                    .create(&PostParams::default(), body)
+                    .map_err(kube::Error::BuildRequest)?;
+                client.request::<IgnoredAny>(request).await
+            };
+            if let Err(error) = sent.await {
+                warn!(%error, reason = event.reason.as_deref(), "could not record event");
             }
         });
+    }
+}
+
+/// An events.k8s.io Event as kube's `Recorder` makes one, without its series: the Recorder folds
+/// events with the same reason into one series whatever their note, so "Scaled from 3 to 5" then
+/// "from 5 to 2" would show the first text twice. Only real changes are recorded, so there is no
+/// flood to fold.
+fn new_event(
+    reporter: &Reporter,
+    regarding: ObjectReference,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) -> K8sEvent {
+    let now = Timestamp::now();
+    K8sEvent {
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or(&reporter.controller),
+                now.as_nanosecond()
+            )),
+            ..ObjectMeta::default()
+        },
+        action: Some(action.to_string()),
+        reason: Some(reason.to_string()),
+        note: Some(note),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding),
+        related,
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(
+            match type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            }
+            .to_string(),
+        ),
+        ..K8sEvent::default()
     }
 }
 
