@@ -17,13 +17,15 @@
 
 use std::borrow::Cow;
 use std::fmt::Debug;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -32,6 +34,7 @@ use serde_json::{Map, Value};
 
 use super::meta::Meta;
 use super::shared_spec::SharedSpec;
+use crate::api::Memcached;
 use crate::drift::needs_apply_to_ours;
 use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
@@ -99,7 +102,30 @@ pub struct Kept<K: Owned> {
     sent_spec: Option<Box<RawValue>>,
     managed_fields: Option<Box<RawValue>>,
     pub status: Option<K::Status>,
+    /// The Memcached spec this version was last found to match (see `needs_for`).
+    matched: Matched,
     kind: PhantomData<fn() -> K>,
+}
+
+/// A digest of a Memcached's uid and generation, which fix what it wants of its objects; 0 for
+/// none.
+#[derive(Debug, Default)]
+struct Matched(AtomicU64);
+
+impl Matched {
+    fn digest(mc: &Memcached) -> Option<u64> {
+        let uid = mc.metadata.uid.as_deref()?;
+        let generation = mc.metadata.generation?;
+        let mut hasher = DefaultHasher::new();
+        (uid, generation).hash(&mut hasher);
+        Some(hasher.finish().max(1))
+    }
+}
+
+impl Clone for Matched {
+    fn clone(&self) -> Self {
+        Self(AtomicU64::new(self.0.load(Ordering::Relaxed)))
+    }
 }
 
 /// Decodes the spec in place as text. That needs serde_json's own deserializer reading the
@@ -127,6 +153,7 @@ impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
             spec: SharedSpec::empty(),
             sent_spec: wire.spec,
             status: wire.status,
+            matched: Matched::default(),
             kind: PhantomData,
         })
     }
@@ -207,17 +234,24 @@ impl<K: Owned> Kept<K> {
 
     /// Our apply's entry in managedFields: the spec fields it owns.
     fn ours(&self) -> Option<Value> {
-        let entries: Vec<ManagedFieldsEntry> =
-            serde_json::from_str(self.managed_fields.as_ref()?.get()).ok()?;
-        entries
-            .into_iter()
-            .find(|entry| {
-                entry.manager.as_deref() == Some(MANAGER_NAME)
-                    && entry.operation.as_deref() == Some("Apply")
-                    && entry.subresource.as_deref().unwrap_or_default().is_empty()
-            })
-            .and_then(|entry| entry.fields_v1)
-            .and_then(|mut f| f.0.get_mut("f:spec").map(Value::take))
+        /// An entry with its fields left as text: only ours is parsed (the other managers'
+        /// entries, the controllers' status fields, are most of the text).
+        #[derive(Deserialize)]
+        struct Entry {
+            manager: Option<String>,
+            operation: Option<String>,
+            subresource: Option<String>,
+            #[serde(rename = "fieldsV1")]
+            fields_v1: Option<Box<RawValue>>,
+        }
+        let entries: Vec<Entry> = serde_json::from_str(self.managed_fields.as_ref()?.get()).ok()?;
+        let fields = entries.into_iter().find(|entry| {
+            entry.manager.as_deref() == Some(MANAGER_NAME)
+                && entry.operation.as_deref() == Some("Apply")
+                && entry.subresource.as_deref().unwrap_or_default().is_empty()
+        })?;
+        let mut fields: Value = serde_json::from_str(fields.fields_v1?.get()).ok()?;
+        fields.get_mut("f:spec").map(Value::take)
     }
 
     /// The spec as kept (as sent, before `trim`).
@@ -249,6 +283,21 @@ impl<K: Owned> Kept<K> {
     /// True when applying `desired` could change this object.
     pub fn needs(&self, desired: &K) -> bool {
         needs_apply_to_ours(desired, &self.as_value())
+    }
+
+    /// `needs` for `desired` made from `mc`. What a Memcached wants is fixed by its uid and
+    /// generation, so once this version of the object matched them, the status refreshes that
+    /// follow (most reconciles) skip the comparison.
+    pub fn needs_for(&self, desired: &K, mc: &Memcached) -> bool {
+        let digest = Matched::digest(mc);
+        if digest.is_some_and(|d| self.matched.0.load(Ordering::Relaxed) == d) {
+            return false;
+        }
+        let needs = self.needs(desired);
+        if let (false, Some(digest)) = (needs, digest) {
+            self.matched.0.store(digest, Ordering::Relaxed);
+        }
+        needs
     }
 
     /// `obj` as a watch would bring it and the cache keep it.
@@ -413,6 +462,29 @@ mod tests {
         assert_eq!(selector(&b)["app.kubernetes.io/instance"], "cache-b");
         assert!(!a.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
         assert!(b.needs(&resources::deployment(&memcached("cache-b", 3), &images)));
+    }
+
+    #[test]
+    fn a_match_holds_only_for_the_memcached_spec_it_was_found_for() {
+        let images = resources::Images::new("memcached:1");
+        let mut mc = memcached("cache", 2);
+        mc.metadata.generation = Some(1);
+        let kept = Kept::of(&as_stored(&resources::deployment(&mc, &images)));
+        for _ in 0..2 {
+            assert!(!kept.needs_for(&resources::deployment(&mc, &images), &mc));
+        }
+        let mut resized = mc.clone();
+        resized.spec.size = 3;
+        resized.metadata.generation = Some(2);
+        assert!(kept.needs_for(&resources::deployment(&resized, &images), &resized));
+        let mut recreated = resized.clone();
+        recreated.metadata.uid = Some("another".into());
+        recreated.metadata.generation = Some(1);
+        assert!(
+            kept.needs_for(&resources::deployment(&recreated, &images), &recreated),
+            "a new Memcached of the same name and generation is compared again"
+        );
+        assert!(!kept.needs_for(&resources::deployment(&mc, &images), &mc));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tracing::warn;
 
 use super::events::{Change, Events};
+use super::guarded::Guarded;
 use super::kept::{Kept, Owned};
 use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
@@ -249,7 +250,7 @@ async fn ensure_deployment(
     let desired = resources::deployment(mc, &ctx.images);
     // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
-        && existing.needs(&desired)
+        && existing.needs_for(&desired, mc)
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
         return Ok((Ensured::unchanged(existing.clone()), true));
@@ -495,7 +496,7 @@ async fn ensure<K: Owned>(
         }
     };
     if let Some(existing) = &existing
-        && !existing.needs(&desired)
+        && !existing.needs_for(&desired, mc)
     {
         return Ok(Ensured::unchanged(existing.clone()));
     }
@@ -531,7 +532,9 @@ async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
 }
 
 async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
-    let api: Api<Memcached> =
+    // The answer is decoded as the watch decodes Memcacheds (managedFields skipped): nothing
+    // reads it, the watch brings the new version to the cache.
+    let api: Api<Guarded> =
         Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let patch = serde_json::json!({
         "apiVersion": Memcached::api_version(&()),
