@@ -112,6 +112,63 @@ fn count_file(log: &Path, from: Timestamp, to: Timestamp, counts: &mut Counts) {
     }
 }
 
+/// When the API server received and answered a write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Write {
+    pub received: Timestamp,
+    pub answered: Timestamp,
+}
+
+/// Per (namespace, name), the first successful write to `resource` received at or after `from`.
+pub fn first_writes(
+    log: &Path,
+    resource: &str,
+    from: Timestamp,
+) -> BTreeMap<(String, String), Write> {
+    let mut first = BTreeMap::new();
+    for file in log_files(log) {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let object = &event["objectRef"];
+            let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
+            if event["stage"] != "ResponseComplete"
+                || !matches!(event["verb"].as_str(), Some("patch" | "update" | "create"))
+                || object["resource"] != resource
+                || !object["subresource"].is_null()
+                || !(200..300).contains(&code)
+            {
+                continue;
+            }
+            let time = |field: &str| event[field].as_str()?.parse::<Timestamp>().ok();
+            let (Some(received), Some(answered)) =
+                (time("requestReceivedTimestamp"), time("stageTimestamp"))
+            else {
+                continue;
+            };
+            if received < from {
+                continue;
+            }
+            let key = (
+                object["namespace"].as_str().unwrap_or_default().to_string(),
+                object["name"].as_str().unwrap_or_default().to_string(),
+            );
+            let write = Write { received, answered };
+            first
+                .entry(key)
+                .and_modify(|w: &mut Write| {
+                    if received < w.received {
+                        *w = write;
+                    }
+                })
+                .or_insert(write);
+        }
+    }
+    first
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +210,42 @@ mod tests {
         assert_eq!(counts.code(409), 1);
         assert_eq!(counts.by_key.get("get deployments 404"), Some(&1));
         assert_eq!(counts.by_key.get("patch services 201"), None);
+    }
+
+    #[test]
+    fn the_first_write_of_each_object_after_a_moment_is_found() {
+        let write = |name: &str, code: u16, received: &str, answered: &str| {
+            serde_json::json!({
+                "stage": "ResponseComplete", "verb": "patch",
+                "requestReceivedTimestamp": received, "stageTimestamp": answered,
+                "objectRef": {"resource": "deployments", "namespace": "ns", "name": name},
+                "responseStatus": {"code": code},
+            })
+            .to_string()
+        };
+        let dir = std::env::temp_dir().join(format!("audit-first-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines = [
+            write("a", 200, "2026-01-01T00:00:01Z", "2026-01-01T00:00:01.5Z"),
+            write("a", 200, "2026-01-01T00:00:04Z", "2026-01-01T00:00:04.2Z"),
+            write("a", 200, "2026-01-01T00:00:03Z", "2026-01-01T00:00:03.1Z"),
+            write("b", 422, "2026-01-01T00:00:03Z", "2026-01-01T00:00:03.1Z"),
+        ];
+        std::fs::write(dir.join("audit.log"), lines.join("\n")).unwrap();
+        let found = first_writes(
+            &dir.join("audit.log"),
+            "deployments",
+            "2026-01-01T00:00:02Z".parse().unwrap(),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let a = found[&("ns".to_string(), "a".to_string())];
+        assert_eq!(a.received, "2026-01-01T00:00:03Z".parse().unwrap());
+        assert_eq!(a.answered, "2026-01-01T00:00:03.1Z".parse().unwrap());
+        assert_eq!(
+            found.len(),
+            1,
+            "a refused write is not the change: {found:?}"
+        );
     }
 }

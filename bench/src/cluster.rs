@@ -119,4 +119,13 @@ impl Cluster {
     pub fn audit_counts(&self, from: Timestamp, to: Timestamp) -> Result<audit::Counts> {
         audit::count(&self.audit_log, from, to)
     }
+
+    /// The operator's first successful write to each object of `resource` since `from`.
+    pub fn first_writes(
+        &self,
+        resource: &str,
+        from: Timestamp,
+    ) -> std::collections::BTreeMap<(String, String), audit::Write> {
+        audit::first_writes(&self.audit_log, resource, from)
+    }
 }

@@ -8,6 +8,7 @@
 mod audit;
 mod cluster;
 mod operator;
+mod procs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,10 +19,11 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use memcached_operator::api::{Memcached, MemcachedSpec};
 use serde_json::{Value, json};
 
@@ -185,7 +187,17 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         let idle_writes = cluster.audit_counts(t_audit, audit::now())?;
 
         let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
-        let latencies = size_change_latencies(&client, &deployments, &changed, 2, timeout).await?;
+        let cpu_before = procs::snapshot();
+        let window = Instant::now();
+        let changes = size_change(&client, &deployments, &changed, 2, timeout).await?;
+        let window = window.elapsed();
+        let cpu_used = cpu_before.used_since(
+            &procs::snapshot(),
+            &[(op.pid(), "operator"), (std::process::id(), "benchmark")],
+        );
+        let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
+        let writes = cluster.first_writes("deployments", changes_began(&changes));
+        let parts = breakdown(&changes, &writes);
         // Settle before the next scenario: status writes for pods still starting are not restart
         // cost. Available, not only ready: with minReadySeconds a pod counts as available some
         // seconds after it is ready, and that change is reported too.
@@ -231,6 +243,13 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
             "changed_crs": changed.len(),
             "size_change_p50_ms": percentile(&latencies, 0.50),
             "size_change_p99_ms": percentile(&latencies, 0.99),
+            "size_change_parts_ms": parts,
+            "size_change_window_seconds": window.as_secs_f64(),
+            "size_change_cpu_seconds": cpu_used
+                .iter()
+                .take(8)
+                .map(|(name, s)| (name.clone(), json!(s)))
+                .collect::<serde_json::Map<_, _>>(),
             "loaded_rss_mib": op.rss_mib(),
             "rss_peak_mib": op.peak_rss_mib(),
             "cpu_seconds_total": op.cpu_seconds(),
@@ -376,30 +395,62 @@ fn is_available(m: &Memcached) -> bool {
     })
 }
 
-/// Changes the size of each CR and returns, per CR, milliseconds until its Deployment has it.
-async fn size_change_latencies(
+/// One size change: when the benchmark sent it and when its Deployment had it.
+struct Change {
+    key: (String, String),
+    sent: Timestamp,
+    seen: Timestamp,
+}
+
+impl Change {
+    fn latency_ms(&self) -> f64 {
+        millis(self.sent, self.seen)
+    }
+}
+
+fn millis(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64() * 1000.0
+}
+
+fn changes_began(changes: &[Change]) -> Timestamp {
+    changes
+        .iter()
+        .map(|c| c.sent)
+        .min()
+        .unwrap_or_else(Timestamp::now)
+}
+
+/// Changes the size of each CR and returns when each one's Deployment had it.
+async fn size_change(
     client: &Client,
     deployments: &Store<Deployment>,
     crs: &[&(String, String)],
     size: i32,
     timeout: Duration,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<Change>> {
     let mut sent = BTreeMap::new();
     for (ns, name) in crs {
         patch_size(client, ns, name, size).await?;
-        sent.insert((ns.clone(), name.clone()), Instant::now());
+        sent.insert((ns.clone(), name.clone()), Timestamp::now());
     }
-    let mut latencies = Vec::new();
+    let mut changes = Vec::new();
     let deadline = Instant::now() + timeout;
     while !sent.is_empty() {
-        for d in deployments.state() {
-            let key = (d.namespace().unwrap_or_default(), d.name_any());
-            if d.spec.as_ref().and_then(|s| s.replicas) == Some(size)
-                && let Some(at) = sent.remove(&key)
-            {
-                latencies.push(at.elapsed().as_secs_f64() * 1000.0);
+        // Only the objects still waited for: scanning the whole cache every few milliseconds
+        // would take a core from the control plane being measured.
+        sent.retain(|(ns, name), at| {
+            let reached = deployments
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas) == Some(size));
+            if reached {
+                changes.push(Change {
+                    key: (ns.clone(), name.clone()),
+                    sent: *at,
+                    seen: Timestamp::now(),
+                });
             }
-        }
+            !reached
+        });
         if Instant::now() > deadline {
             bail!(
                 "{} size changes never reached their Deployments",
@@ -408,7 +459,30 @@ async fn size_change_latencies(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok(latencies)
+    Ok(changes)
+}
+
+/// Where each change's time went, from the operator's Deployment write in the audit log:
+/// until the operator sent it (watch delivery, queue, reconcile), the API server answering it,
+/// and until the benchmark's watch showed it. p50 and p99 of each, in milliseconds.
+fn breakdown(changes: &[Change], writes: &BTreeMap<(String, String), audit::Write>) -> Value {
+    let mut reacted = Vec::new();
+    let mut answered = Vec::new();
+    let mut delivered = Vec::new();
+    for change in changes {
+        if let Some(write) = writes.get(&change.key) {
+            reacted.push(millis(change.sent, write.received));
+            answered.push(millis(write.received, write.answered));
+            delivered.push(millis(write.answered, change.seen));
+        }
+    }
+    let part = |v: &[f64]| json!({"p50": percentile(v, 0.50), "p99": percentile(v, 0.99)});
+    json!({
+        "matched": reacted.len(),
+        "until_operator_wrote": part(&reacted),
+        "api_server_answering": part(&answered),
+        "until_benchmark_saw": part(&delivered),
+    })
 }
 
 /// Nearest-rank percentile. Latencies include up to 5 ms of polling the local cache.
@@ -466,6 +540,14 @@ fn print_table(results: &Value) {
         ("steady: idle writes", "/steady/idle_writes"),
         ("steady: size change p50 (ms)", "/steady/size_change_p50_ms"),
         ("steady: size change p99 (ms)", "/steady/size_change_p99_ms"),
+        (
+            "  of which until the operator wrote, p99 (ms)",
+            "/steady/size_change_parts_ms/until_operator_wrote/p99",
+        ),
+        (
+            "  of which the API server answering, p99 (ms)",
+            "/steady/size_change_parts_ms/api_server_answering/p99",
+        ),
         ("steady: loaded RSS (MiB)", "/steady/loaded_rss_mib"),
         ("steady: CPU total (s)", "/steady/cpu_seconds_total"),
         ("restart: time to ready (s)", "/restart/ready_seconds"),
