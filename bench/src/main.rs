@@ -245,11 +245,7 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
             "size_change_p99_ms": percentile(&latencies, 0.99),
             "size_change_parts_ms": parts,
             "size_change_window_seconds": window.as_secs_f64(),
-            "size_change_cpu_seconds": cpu_used
-                .iter()
-                .take(8)
-                .map(|(name, s)| (name.clone(), json!(s)))
-                .collect::<serde_json::Map<_, _>>(),
+            "size_change_cpu_seconds": top_cpu(&cpu_used),
             "loaded_rss_mib": op.rss_mib(),
             "rss_peak_mib": op.peak_rss_mib(),
             "cpu_seconds_total": op.cpu_seconds(),
@@ -259,16 +255,22 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
     if scenarios.contains(&"restart") {
         op.stop("TERM").await;
         let t_audit = audit::now();
+        let cpu_before = procs::snapshot();
         let started = Instant::now();
         op = operator::start(cluster, &args.operator, "bench-b").await?;
         op.wait_health("/readyz", Duration::from_secs(120)).await?;
         let ready = started.elapsed();
+        let cpu_used = cpu_before.used_since(
+            &procs::snapshot(),
+            &[(op.pid(), "operator"), (std::process::id(), "benchmark")],
+        );
         // Let it finish its first pass over every object before counting.
         op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
         results["restart"] = json!({
             "ready_seconds": ready.as_secs_f64(),
+            "until_ready_cpu_seconds": top_cpu(&cpu_used),
             "writes": writes.writes,
             "requests": writes.by_key,
             "rss_peak_mib": op.peak_rss_mib(),
@@ -483,6 +485,16 @@ fn breakdown(changes: &[Change], writes: &BTreeMap<(String, String), audit::Writ
         "api_server_answering": part(&answered),
         "until_benchmark_saw": part(&delivered),
     })
+}
+
+/// The processes that used the most CPU, as a JSON object.
+fn top_cpu(used: &[(String, f64)]) -> Value {
+    Value::Object(
+        used.iter()
+            .take(8)
+            .map(|(name, s)| (name.clone(), json!(s)))
+            .collect(),
+    )
 }
 
 /// Nearest-rank percentile. Latencies include up to 5 ms of polling the local cache.
