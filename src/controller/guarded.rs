@@ -5,9 +5,6 @@
 //! fails is parsed again, for the metadata its Warning names. Like `Kept`, holding the text needs
 //! the watch event's `type` before its `object`, as the API server writes it.
 
-use std::borrow::Cow;
-
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
@@ -16,7 +13,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use tracing::warn;
 
-use super::meta::Meta;
+use super::meta::{Meta, resource_of};
 use crate::api::{Memcached, MemcachedSpec, MemcachedStatus};
 
 #[derive(Clone, Debug)]
@@ -71,24 +68,7 @@ impl Guarded {
 }
 
 impl Resource for Guarded {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Memcached::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        Memcached::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        Memcached::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Memcached::plural(dt)
-    }
+    resource_of!(Memcached);
 
     fn meta(&self) -> &ObjectMeta {
         match self {

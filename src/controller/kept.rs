@@ -32,7 +32,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::meta::Meta;
+use super::meta::{Meta, resource_of};
 use super::shared_spec::SharedSpec;
 use crate::api::Memcached;
 use crate::drift::needs_apply_to_ours;
@@ -160,24 +160,7 @@ impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
 }
 
 impl<K: Owned> Resource for Kept<K> {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
+    resource_of!(K);
 
     fn meta(&self) -> &ObjectMeta {
         &self.metadata

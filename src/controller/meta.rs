@@ -12,6 +12,32 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
+/// The type items of a `Resource` impl for a view of `$of` (the same kind, group, version and
+/// plural), for the slimmer types the watches decode instead of k8s-openapi's.
+macro_rules! resource_of {
+    ($of:ty) => {
+        type DynamicType = ();
+        type Scope = k8s_openapi::NamespaceResourceScope;
+
+        fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$of as kube::Resource>::kind(dt)
+        }
+
+        fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$of as kube::Resource>::group(dt)
+        }
+
+        fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$of as kube::Resource>::version(dt)
+        }
+
+        fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$of as kube::Resource>::plural(dt)
+        }
+    };
+}
+pub(crate) use resource_of;
+
 /// The metadata fields the operator reads, and managedFields as `F`: text, or `IgnoredAny` to
 /// skip them.
 pub struct Meta<F = Box<RawValue>> {

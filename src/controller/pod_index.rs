@@ -7,9 +7,6 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use std::borrow::Cow;
-
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
@@ -19,6 +16,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::lock;
 use super::meta::Meta;
+use super::meta::resource_of;
 use super::relisted::Relisted;
 use crate::resources::LABEL_INSTANCE;
 
@@ -44,24 +42,7 @@ impl<'de> Deserialize<'de> for PodMeta {
 }
 
 impl Resource for PodMeta {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Pod::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        Pod::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        Pod::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Pod::plural(dt)
-    }
+    resource_of!(Pod);
 
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
