@@ -12,10 +12,12 @@
 //!
 //! A spec that changes only with the generation is not even parsed on a status update (most
 //! events): the cut already kept is reused. Cuts are held once for all objects whose cuts
-//! differ only in their names (shared_spec.rs), and of a Deployment's status conditions only
+//! differ only in their names (shared_text.rs), and so are labels and annotations (a map's
+//! B-tree node is half a kilobyte even for one entry); of a Deployment's status conditions only
 //! failures are kept: nothing reads the others.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
@@ -33,7 +35,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::meta::{Meta, resource_of};
-use super::shared_spec::SharedSpec;
+use super::shared_text::SharedText;
 use crate::api::Memcached;
 use crate::drift::needs_apply_to_ours;
 use crate::resources::MANAGER_NAME;
@@ -97,7 +99,10 @@ pub struct Kept<K: Owned> {
     pub replicas: Option<i32>,
     /// The spec fields our apply owns, as JSON (all of the spec when no entry is ours: such an
     /// object is applied once, which creates one); set by `trim`.
-    spec: SharedSpec,
+    spec: SharedText,
+    /// `metadata.labels` and `metadata.annotations`, moved out by `trim`.
+    labels: SharedText,
+    annotations: SharedText,
     /// The spec and managedFields as sent, until `trim` cuts the one by the other.
     sent_spec: Option<Box<RawValue>>,
     managed_fields: Option<Box<RawValue>>,
@@ -150,7 +155,9 @@ impl<'de, K: Owned> Deserialize<'de> for Kept<K> {
             metadata: wire.metadata.meta,
             managed_fields: wire.metadata.managed_fields,
             replicas: None,
-            spec: SharedSpec::empty(),
+            spec: SharedText::empty(),
+            labels: SharedText::empty(),
+            annotations: SharedText::empty(),
             sent_spec: wire.spec,
             status: wire.status,
             matched: Matched::default(),
@@ -188,6 +195,33 @@ impl<K: Owned> Kept<K> {
         }
         self.sent_spec = None;
         self.managed_fields = None;
+        let name = self.metadata.name.clone().unwrap_or_default();
+        self.labels = shared_map(self.metadata.labels.take(), &name);
+        self.annotations = shared_map(self.metadata.annotations.take(), &name);
+    }
+
+    /// Whether the labels or owner references differ from `other`'s, a version of the same
+    /// object.
+    pub fn ownership_differs(&self, other: &Self) -> bool {
+        self.labels != other.labels
+            || self.metadata.labels != other.metadata.labels
+            || self.metadata.owner_references != other.metadata.owner_references
+    }
+
+    /// The metadata as sent, labels and annotations back in place.
+    fn full_metadata(&self) -> Value {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        let mut metadata = serde_json::to_value(&self.metadata).unwrap_or_default();
+        if let Value::Object(fields) = &mut metadata {
+            for (field, shared) in [("labels", &self.labels), ("annotations", &self.annotations)] {
+                if !fields.contains_key(field)
+                    && let Ok(map @ Value::Object(_)) = serde_json::from_str(&shared.text(name))
+                {
+                    fields.insert(field.into(), map);
+                }
+            }
+        }
+        metadata
     }
 
     /// Keeps the spec fields our apply owns, and `replicas`.
@@ -197,7 +231,7 @@ impl<K: Owned> Kept<K> {
         };
         let name = self.metadata.name.as_deref().unwrap_or_default();
         let Ok(spec) = serde_json::from_str::<Value>(sent.get()) else {
-            self.spec = SharedSpec::new(sent.get(), name);
+            self.spec = SharedText::new(sent.get(), name);
             return;
         };
         let replicas = spec.get("replicas");
@@ -205,14 +239,14 @@ impl<K: Owned> Kept<K> {
             .and_then(Value::as_i64)
             .and_then(|r| i32::try_from(r).ok());
         let Some(fields) = self.ours() else {
-            self.spec = SharedSpec::new(sent.get(), name);
+            self.spec = SharedText::new(sent.get(), name);
             return;
         };
         let mut cut = project(&spec, &fields);
         if let (Some(replicas), Value::Object(cut)) = (replicas, &mut cut) {
             cut.insert("replicas".into(), replicas.clone());
         }
-        self.spec = SharedSpec::new(&cut.to_string(), name);
+        self.spec = SharedText::new(&cut.to_string(), name);
     }
 
     /// Our apply's entry in managedFields: the spec fields it owns.
@@ -258,7 +292,7 @@ impl<K: Owned> Kept<K> {
         serde_json::json!({
             "apiVersion": K::api_version(&()),
             "kind": K::kind(&()),
-            "metadata": self.metadata,
+            "metadata": self.full_metadata(),
             "spec": self.spec(),
         })
     }
@@ -289,6 +323,16 @@ impl<K: Owned> Kept<K> {
         let mut kept: Self = serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap();
         kept.trim(None);
         kept
+    }
+}
+
+/// A label or annotation map as shared text; the empty text for none.
+fn shared_map(map: Option<BTreeMap<String, String>>, name: &str) -> SharedText {
+    match map {
+        Some(map) if !map.is_empty() => {
+            SharedText::new(&serde_json::to_string(&map).unwrap_or_default(), name)
+        }
+        _ => SharedText::empty(),
     }
 }
 
@@ -445,6 +489,40 @@ mod tests {
         assert_eq!(selector(&b)["app.kubernetes.io/instance"], "cache-b");
         assert!(!a.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
         assert!(b.needs(&resources::deployment(&memcached("cache-b", 3), &images)));
+    }
+
+    #[test]
+    fn labels_and_annotations_are_shared_and_a_changed_label_is_drift() {
+        let images = resources::Images::new("memcached:1");
+        let stored = |name: &str| {
+            let mut d = as_stored(&resources::deployment(&memcached(name, 2), &images));
+            d.metadata.annotations =
+                Some([("deployment.kubernetes.io/revision".into(), "1".into())].into());
+            d
+        };
+        let (a, b) = (Kept::of(&stored("cache-a")), Kept::of(&stored("cache-b")));
+        assert_eq!(a.labels, b.labels, "one labels text for both");
+        assert_eq!(a.annotations, b.annotations);
+        assert!(a.metadata.labels.is_none() && a.metadata.annotations.is_none());
+        let metadata = a.as_value()["metadata"].clone();
+        assert_eq!(metadata["labels"]["app.kubernetes.io/instance"], "cache-a");
+        assert_eq!(
+            metadata["annotations"]["deployment.kubernetes.io/revision"],
+            "1"
+        );
+        assert!(!a.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
+        assert!(!a.ownership_differs(&Kept::of(&stored("cache-a"))));
+
+        let mut relabelled = stored("cache-a");
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("app.kubernetes.io/instance".into(), "someone-else".into());
+        let relabelled = Kept::of(&relabelled);
+        assert!(a.ownership_differs(&relabelled));
+        assert!(relabelled.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod queue;
 mod reconcile;
 mod relisted;
 pub(crate) mod rollouts;
-mod shared_spec;
+mod shared_text;
 mod watches;
 
 pub use events::Events;

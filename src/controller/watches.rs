@@ -496,16 +496,12 @@ fn spec_change(
 
 /// Someone else's change to an owned object: its spec (the generation), labels or owner.
 fn generation_drifted<K: Owned>(old: &Kept<K>, new: &Kept<K>) -> bool {
-    old.metadata.generation != new.metadata.generation || ownership_changed(old, new)
+    old.metadata.generation != new.metadata.generation || old.ownership_differs(new)
 }
 
 /// Services have no generation: any change of the spec counts.
 fn service_drifted(old: &Kept<Service>, new: &Kept<Service>) -> bool {
-    old.spec_differs(new) || ownership_changed(old, new)
-}
-
-fn ownership_changed<K: Resource>(old: &K, new: &K) -> bool {
-    old.labels() != new.labels() || old.owner_references() != new.owner_references()
+    old.spec_differs(new) || old.ownership_differs(new)
 }
 
 fn reconcile_span(mc: &Memcached) -> tracing::Span {

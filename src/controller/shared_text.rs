@@ -1,8 +1,10 @@
-//! Cut specs as the caches keep them (see kept.rs), held once for all objects that share them.
+//! Cut specs, labels and annotations as the caches keep them (see kept.rs), held once for all
+//! objects that share them.
 //!
-//! Memcacheds of the same spec own Deployments and Services whose cut specs differ only where
-//! the object's name appears (labels, selectors). With the name factored out, they are one text,
-//! and 10,000 Memcacheds of a few shapes keep a few texts instead of 10,000.
+//! Memcacheds of the same spec own Deployments and Services whose cut specs and labels differ
+//! only where the object's name appears (the instance label, selectors). With the name factored
+//! out, they are one text, and 10,000 Memcacheds of a few shapes keep a few texts instead of
+//! 10,000.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -14,12 +16,12 @@ use super::lock;
 /// `\u0000`), so factoring is undone exactly.
 const NAME: char = '\0';
 
-/// A spec as JSON text with the object's name factored out, shared by every object whose spec
-/// factors to the same text.
+/// JSON text with the object's name factored out, shared by every object whose text factors to
+/// the same.
 #[derive(Clone, Debug)]
-pub struct SharedSpec(Arc<str>);
+pub struct SharedText(Arc<str>);
 
-impl SharedSpec {
+impl SharedText {
     /// `text` of the object named `name`.
     pub fn new(text: &str, name: &str) -> Self {
         if name.is_empty() || !text.contains(name) {
@@ -45,7 +47,7 @@ impl SharedSpec {
 }
 
 /// Equal for the same object: texts of different objects compare with their names factored out.
-impl PartialEq for SharedSpec {
+impl PartialEq for SharedText {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
     }
@@ -86,8 +88,8 @@ mod tests {
 
     #[test]
     fn objects_that_differ_only_in_name_share_one_text() {
-        let a = SharedSpec::new(SPEC, "cache-a");
-        let b = SharedSpec::new(&SPEC.replace("cache-a", "cache-b"), "cache-b");
+        let a = SharedText::new(SPEC, "cache-a");
+        let b = SharedText::new(&SPEC.replace("cache-a", "cache-b"), "cache-b");
         assert!(Arc::ptr_eq(&a.0, &b.0), "one text for both");
         assert_eq!(a.text("cache-a"), SPEC);
         assert_eq!(b.text("cache-b"), SPEC.replace("cache-a", "cache-b"));
@@ -95,12 +97,12 @@ mod tests {
 
     #[test]
     fn a_different_spec_is_a_different_text() {
-        let one = SharedSpec::new(r#"{"replicas":1,"name":"cache-c"}"#, "cache-c");
-        let two = SharedSpec::new(r#"{"replicas":2,"name":"cache-c"}"#, "cache-c");
+        let one = SharedText::new(r#"{"replicas":1,"name":"cache-c"}"#, "cache-c");
+        let two = SharedText::new(r#"{"replicas":2,"name":"cache-c"}"#, "cache-c");
         assert_ne!(one, two);
         assert_eq!(
             one,
-            SharedSpec::new(r#"{"replicas":1,"name":"cache-c"}"#, "cache-c")
+            SharedText::new(r#"{"replicas":1,"name":"cache-c"}"#, "cache-c")
         );
     }
 
@@ -108,19 +110,19 @@ mod tests {
     fn a_name_inside_other_words_round_trips() {
         // The name "a" is in "app" and "cache-a": factoring replaces all, restoring puts all back.
         let text = r#"{"app":"cache-a","a":"a\u0000"}"#;
-        assert_eq!(SharedSpec::new(text, "a").text("a"), text);
-        assert_eq!(SharedSpec::new(text, "").text(""), text);
-        assert_eq!(SharedSpec::empty().text("x"), "{}");
+        assert_eq!(SharedText::new(text, "a").text("a"), text);
+        assert_eq!(SharedText::new(text, "").text(""), text);
+        assert_eq!(SharedText::empty().text("x"), "{}");
     }
 
     #[test]
     fn texts_no_object_holds_are_swept() {
         let before = lock(&TEXTS).texts.len();
         for i in 0..1000 {
-            drop(SharedSpec::new(&format!(r#"{{"swept":{i}}}"#), "x"));
+            drop(SharedText::new(&format!(r#"{{"swept":{i}}}"#), "x"));
         }
         let held: Vec<_> = (0..10)
-            .map(|i| SharedSpec::new(&format!(r#"{{"held":{i}}}"#), "x"))
+            .map(|i| SharedText::new(&format!(r#"{{"held":{i}}}"#), "x"))
             .collect();
         let after = lock(&TEXTS).texts.len();
         assert!(
