@@ -59,24 +59,21 @@ fn log_files(log: &Path) -> Vec<std::path::PathBuf> {
     files
 }
 
+/// Every completed request in the log and the files it was rotated into, oldest file first.
+fn completed(log: &Path) -> impl Iterator<Item = serde_json::Value> {
+    log_files(log).into_iter().flat_map(|file| {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| event["stage"] == "ResponseComplete")
+            .collect::<Vec<_>>()
+    })
+}
+
 /// Requests completed between `from` and `to`, by verb, resource (with subresource) and code.
 pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
     let mut counts = Counts::default();
-    for file in log_files(log) {
-        count_file(&file, from, to, &mut counts);
-    }
-    Ok(counts)
-}
-
-fn count_file(log: &Path, from: Timestamp, to: Timestamp, counts: &mut Counts) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if event["stage"] != "ResponseComplete" {
-            continue;
-        }
+    for event in completed(log) {
         let Some(at) = event["stageTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<Timestamp>().ok())
@@ -110,6 +107,7 @@ fn count_file(log: &Path, from: Timestamp, to: Timestamp, counts: &mut Counts) {
             counts.writes += 1;
         }
     }
+    Ok(counts)
 }
 
 /// When the API server received and answered a write.
@@ -126,45 +124,38 @@ pub fn first_writes(
     from: Timestamp,
 ) -> BTreeMap<(String, String), Write> {
     let mut first = BTreeMap::new();
-    for file in log_files(log) {
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        for line in text.lines() {
-            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let object = &event["objectRef"];
-            let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
-            if event["stage"] != "ResponseComplete"
-                || !matches!(event["verb"].as_str(), Some("patch" | "update" | "create"))
-                || object["resource"] != resource
-                || !object["subresource"].is_null()
-                || !(200..300).contains(&code)
-            {
-                continue;
-            }
-            let time = |field: &str| event[field].as_str()?.parse::<Timestamp>().ok();
-            let (Some(received), Some(answered)) =
-                (time("requestReceivedTimestamp"), time("stageTimestamp"))
-            else {
-                continue;
-            };
-            if received < from {
-                continue;
-            }
-            let key = (
-                object["namespace"].as_str().unwrap_or_default().to_string(),
-                object["name"].as_str().unwrap_or_default().to_string(),
-            );
-            let write = Write { received, answered };
-            first
-                .entry(key)
-                .and_modify(|w: &mut Write| {
-                    if received < w.received {
-                        *w = write;
-                    }
-                })
-                .or_insert(write);
+    for event in completed(log) {
+        let object = &event["objectRef"];
+        let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
+        if !matches!(event["verb"].as_str(), Some("patch" | "update" | "create"))
+            || object["resource"] != resource
+            || !object["subresource"].is_null()
+            || !(200..300).contains(&code)
+        {
+            continue;
         }
+        let time = |field: &str| event[field].as_str()?.parse::<Timestamp>().ok();
+        let (Some(received), Some(answered)) =
+            (time("requestReceivedTimestamp"), time("stageTimestamp"))
+        else {
+            continue;
+        };
+        if received < from {
+            continue;
+        }
+        let key = (
+            object["namespace"].as_str().unwrap_or_default().to_string(),
+            object["name"].as_str().unwrap_or_default().to_string(),
+        );
+        let write = Write { received, answered };
+        first
+            .entry(key)
+            .and_modify(|w: &mut Write| {
+                if received < w.received {
+                    *w = write;
+                }
+            })
+            .or_insert(write);
     }
     first
 }

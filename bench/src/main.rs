@@ -25,6 +25,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use memcached_operator::api::{Memcached, MemcachedSpec};
+use memcached_operator_testkit::OperatorProcess;
 use serde_json::{Value, json};
 
 use crate::cluster::Cluster;
@@ -191,10 +192,7 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         let window = Instant::now();
         let changes = size_change(&client, &deployments, &changed, 2, timeout).await?;
         let window = window.elapsed();
-        let cpu_used = cpu_before.used_since(
-            &procs::snapshot(),
-            &[(op.pid(), "operator"), (std::process::id(), "benchmark")],
-        );
+        let cpu_used = cpu_since(&cpu_before, &op);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let writes = cluster.first_writes("deployments", changes_began(&changes));
         let parts = breakdown(&changes, &writes);
@@ -260,10 +258,7 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         op = operator::start(cluster, &args.operator, "bench-b").await?;
         op.wait_health("/readyz", Duration::from_secs(120)).await?;
         let ready = started.elapsed();
-        let cpu_used = cpu_before.used_since(
-            &procs::snapshot(),
-            &[(op.pid(), "operator"), (std::process::id(), "benchmark")],
-        );
+        let cpu_used = cpu_since(&cpu_before, &op);
         // Let it finish its first pass over every object before counting.
         op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -489,6 +484,14 @@ fn breakdown(changes: &[Change], writes: &BTreeMap<(String, String), audit::Writ
         "until_benchmark_saw": part(&delivered),
         "until_updated": part(&updated),
     })
+}
+
+/// CPU by process since `before`, the operator and the benchmark named as such.
+fn cpu_since(before: &procs::Snapshot, op: &OperatorProcess) -> Vec<(String, f64)> {
+    before.used_since(
+        &procs::snapshot(),
+        &[(op.pid(), "operator"), (std::process::id(), "benchmark")],
+    )
 }
 
 /// The processes that used the most CPU, as a JSON object.

@@ -195,9 +195,10 @@ impl<K: Owned> Kept<K> {
         }
         self.sent_spec = None;
         self.managed_fields = None;
-        let name = self.metadata.name.clone().unwrap_or_default();
-        self.labels = shared_map(self.metadata.labels.take(), &name);
-        self.annotations = shared_map(self.metadata.annotations.take(), &name);
+        let metadata = &mut self.metadata;
+        let name = metadata.name.as_deref().unwrap_or_default();
+        self.labels = shared_map(metadata.labels.take(), name);
+        self.annotations = shared_map(metadata.annotations.take(), name);
     }
 
     /// Whether the labels or owner references differ from `other`'s, a version of the same
