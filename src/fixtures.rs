@@ -54,12 +54,12 @@ pub mod apiserver {
     use kube::Client;
     use kube::client::Body;
     use kube::runtime::events::Reporter;
-    use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher;
     use serde_json::{Value, json};
     use tower_test::mock::{self, Handle};
 
     use crate::backoff::Backoff;
+    use crate::controller::cache::{self, Writer};
     use crate::controller::kept::Kept;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
@@ -102,10 +102,10 @@ pub mod apiserver {
     pub fn context_where_service_monitors_are(served: bool) -> (Arc<Context>, ApiServer, Caches) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let (deployments, dw) = reflector::store();
-        let (services, sw) = reflector::store();
-        let (budgets, bw) = reflector::store();
-        let (monitors, mw) = reflector::store();
+        let (deployments, dw) = cache::new();
+        let (services, sw) = cache::new();
+        let (budgets, bw) = cache::new();
+        let (monitors, mw) = cache::new();
         let ctx = Context {
             client: client.clone(),
             deployments,

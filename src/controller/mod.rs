@@ -1,6 +1,7 @@
 //! The Memcached controller: the reconcile (the tutorial's steps), the events it records, and
 //! the watches, work queue and workers that drive it.
 
+pub(crate) mod cache;
 mod events;
 mod guarded;
 mod initial_list;

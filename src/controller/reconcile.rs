@@ -11,10 +11,11 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::warn;
 
+use super::cache::Cache;
 use super::events::{Change, Events};
 use super::guarded::Guarded;
 use super::kept::{Kept, Owned};
@@ -46,11 +47,11 @@ const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
-    pub deployments: Store<Kept<Deployment>>,
-    pub services: Store<Kept<Service>>,
-    pub pod_disruption_budgets: Store<Kept<PodDisruptionBudget>>,
+    pub deployments: Cache<Kept<Deployment>>,
+    pub services: Cache<Kept<Service>>,
+    pub pod_disruption_budgets: Cache<Kept<PodDisruptionBudget>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
-    pub service_monitors: Option<Store<Kept<ServiceMonitor>>>,
+    pub service_monitors: Option<Cache<Kept<ServiceMonitor>>>,
     pub pods: Arc<PodIndex>,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,
@@ -369,7 +370,7 @@ fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
 /// attempt on someone else's object.
 async fn lookup<K: Owned>(
     api: &Api<Kept<K>>,
-    cache: &Store<Kept<K>>,
+    cache: &Cache<Kept<K>>,
     mc: &Memcached,
 ) -> Result<Option<Arc<Kept<K>>>> {
     if let Some(cached) = cached(cache, mc) {
@@ -385,7 +386,7 @@ async fn lookup<K: Owned>(
 /// matter (to delete them), and ours are in the cache.
 async fn lookup_optional<K: Owned>(
     api: &Api<Kept<K>>,
-    cache: &Store<Kept<K>>,
+    cache: &Cache<Kept<K>>,
     mc: &Memcached,
     wanted: bool,
 ) -> Result<Option<Arc<Kept<K>>>> {
@@ -418,8 +419,12 @@ async fn read<K: Owned>(api: &Api<Kept<K>>, name: &str) -> Result<Option<Arc<Kep
 }
 
 /// The owned object of the Memcached's name in the cache of labelled objects.
-fn cached<K: Owned>(cache: &Store<Kept<K>>, mc: &Memcached) -> Option<Arc<Kept<K>>> {
-    cache.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
+fn cached<K: Owned>(cache: &Cache<Kept<K>>, mc: &Memcached) -> Option<Arc<Kept<K>>> {
+    let meta = &mc.metadata;
+    cache.get(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// Which applies get a Normal event.

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, field, info, info_span};
 
 use super::Settings;
+use super::cache::{self, Cache};
 use super::events::Events;
 use super::guarded::{Guarded, parse_event};
 use super::initial_list::InitialList;
@@ -41,8 +42,9 @@ use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
 use crate::service_monitor::ServiceMonitor;
 use crate::watch_namespace::Scope;
 
-/// A queued reconcile: the watch scope (index into the scopes) and the Memcached.
-type Key = (usize, ObjectRef<Memcached>);
+/// A queued reconcile: the watch scope (index into the scopes) and the Memcached. Shared: the
+/// queue holds a key in several of its sets at once.
+type Key = Arc<(usize, ObjectRef<Memcached>)>;
 
 /// How long a status refresh waits for further events of the same Memcached to join it.
 const STATUS_SETTLE: Duration = Duration::from_millis(500);
@@ -164,7 +166,7 @@ struct Shared {
 
 /// What a worker needs to reconcile a key of one scope.
 struct ScopeState {
-    memcacheds: Store<Memcached>,
+    memcacheds: Cache<Memcached>,
     ctx: Arc<Context>,
 }
 
@@ -215,12 +217,10 @@ enum Next {
 /// Reconciles the Memcached as the cache holds it now: changes that arrived while it waited are
 /// in it, and a Memcached deleted meanwhile is skipped.
 async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
-    let Some(mc) = scope.memcacheds.get(key) else {
+    let namespace = key.namespace.as_deref().unwrap_or_default();
+    let Some(mc) = scope.memcacheds.get(namespace, &key.name) else {
         // Deleted: its series go too.
-        scope
-            .ctx
-            .metrics
-            .forget_memcached(key.namespace.as_deref().unwrap_or_default(), &key.name);
+        scope.ctx.metrics.forget_memcached(namespace, &key.name);
         return Next::AwaitChange;
     };
     let span = reconcile_span(&mc);
@@ -255,7 +255,7 @@ fn scope_watches(
 
     let invalid = shared.metrics.invalid_objects.clone();
     let events = shared.events.clone();
-    let (memcacheds, mut mc_writer) = reflector::store::<Memcached>();
+    let (memcacheds, mut mc_writer) = cache::new::<Memcached>();
     let mut mc_unsynced = Some(caches.watch());
     // Each watch queues through triggers of its own (they hold that watch's relist).
     let triggers = || Triggers::new(queue.clone(), index, &caches, leading);
@@ -443,13 +443,14 @@ impl Triggers {
             return;
         }
         match priority {
-            Priority::High => self.queue.add((self.scope, key), priority),
+            Priority::High => self.queue.add(Arc::new((self.scope, key)), priority),
             // A rollout moves pods and the Deployment's status through several states within a
             // second; one reconcile after them reports the same as one per state, with fewer
             // status writes in the way of the changes users wait for.
-            Priority::Low => self
-                .queue
-                .add_after((self.scope, key), STATUS_SETTLE, priority),
+            Priority::Low => {
+                self.queue
+                    .add_after(Arc::new((self.scope, key)), STATUS_SETTLE, priority)
+            }
         }
     }
 
@@ -481,15 +482,15 @@ impl Triggers {
 /// A Memcached whose spec changed (or that is new) is what users wait for; status writes do not
 /// change the generation, so our own status patches trigger nothing.
 fn spec_change(
-    cache: &Store<Memcached>,
+    cache: &Cache<Memcached>,
     event: &watcher::Event<Memcached>,
 ) -> Option<(ObjectRef<Memcached>, Priority)> {
     let (watcher::Event::Apply(mc) | watcher::Event::InitApply(mc)) = event else {
         return None;
     };
-    let key = ObjectRef::from_obj(mc);
+    let key = key_of(mc);
     let changed = cache
-        .get(&key)
+        .get(key.namespace.as_deref().unwrap_or_default(), &key.name)
         .is_none_or(|old| old.metadata.generation != mc.metadata.generation);
     changed.then_some((key, Priority::High))
 }
@@ -539,7 +540,7 @@ fn released_on_first_list<K>(handle: &mut Option<Unsynced>, event: &watcher::Eve
 async fn queue_all_on_leading(
     leading: watch::Receiver<bool>,
     caches: Caches,
-    memcacheds: Store<Memcached>,
+    memcacheds: Cache<Memcached>,
     queue: Arc<Queue<Key>>,
     scope: usize,
 ) {
@@ -551,7 +552,7 @@ async fn queue_all_on_leading(
         return;
     }
     for mc in memcacheds.state() {
-        queue.add((scope, ObjectRef::from_obj(&*mc)), Priority::Low);
+        queue.add(Arc::new((scope, key_of(&mc))), Priority::Low);
     }
 }
 
@@ -608,11 +609,11 @@ fn owned_watch<K>(
     mut triggers: Triggers,
     owned: OwnedTriggers<K>,
     observe: impl Fn(&watcher::Event<Kept<K>>) + Send + 'static,
-) -> (Store<Kept<K>>, impl Future<Output = ()> + Send + 'static)
+) -> (Cache<Kept<K>>, impl Future<Output = ()> + Send + 'static)
 where
     K: Owned,
 {
-    let (reader, mut writer) = reflector::store();
+    let (reader, mut writer) = cache::new();
     let cache = reader.clone();
     let mut unsynced = Some(caches.watch());
     let own_writes = shared.own_writes.clone();
@@ -625,7 +626,9 @@ where
         if let Some(mut event) = watched(event, &K::kind(&())) {
             let trigger = match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    let old = cache.get(&ObjectRef::from_obj(&*obj));
+                    let (namespace, name) =
+                        (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
+                    let old = cache.get(namespace.unwrap_or_default(), name.unwrap_or_default());
                     obj.trim(old.as_deref());
                     let ours = own_writes.is_echo(&*obj);
                     owned
@@ -649,6 +652,13 @@ where
         future::ready(())
     });
     (reader, watch)
+}
+
+/// A Memcached's key in the queue: its namespace and name (`ObjectRef::from_obj` would also
+/// copy its resourceVersion and uid into every queued key).
+fn key_of(mc: &Memcached) -> ObjectRef<Memcached> {
+    ObjectRef::new(mc.metadata.name.as_deref().unwrap_or_default())
+        .within(mc.metadata.namespace.as_deref().unwrap_or_default())
 }
 
 /// The Memcached a pod belongs to, by its instance label.
