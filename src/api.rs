@@ -99,7 +99,8 @@ pub struct MemcachedSpec {
     /// leaving room for connection buffers; otherwise the Memcached is Degraded (InvalidSpec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = bounded_resources)]
-    pub resources: Option<ResourceRequirements>,
+    // Boxed here and in `affinity`: few Memcacheds set them, and the cache holds every one.
+    pub resources: Option<Box<ResourceRequirements>>,
 
     /// memcached worker threads (its -t flag). Unset: memcached's default, 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,7 +148,7 @@ pub struct MemcachedSpec {
     /// Node and pod affinity for the pods. `spread: Required` adds its anti-affinity term to the
     /// ones given here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
+    pub affinity: Option<Box<Affinity>>,
 
     /// PriorityClass of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -188,11 +188,11 @@ fn with_scheduling(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> 
 /// Any spec the schema admits.
 pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
     let resources = option::of((quantities(), quantities()).prop_map(|(requests, limits)| {
-        ResourceRequirements {
+        Box::new(ResourceRequirements {
             requests,
             limits,
             ..Default::default()
-        }
+        })
     }));
     (0..=MAX_SIZE, image(), 1..=65535i32, 1..=65536i32, resources)
         .prop_map(

@@ -237,7 +237,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
             ..Lifecycle::default()
         }),
         liveness_probe: Some(tcp_probe(10, 10)),
-        resources: mc.spec.resources.clone(),
+        resources: mc.spec.resources.as_deref().cloned(),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
@@ -355,7 +355,7 @@ fn topology_spread(mc: &Memcached) -> Option<Vec<TopologySpreadConstraint>> {
 /// The user's affinity, plus with `spread: Required` a term that keeps two pods of this
 /// Memcached off one node.
 fn affinity(mc: &Memcached) -> Option<Affinity> {
-    let mut affinity = mc.spec.affinity.clone();
+    let mut affinity = mc.spec.affinity.as_deref().cloned();
     if mc.spec.spread == Some(Spread::Required) {
         let term = PodAffinityTerm {
             topology_key: TOPOLOGY_HOSTNAME.to_string(),
@@ -890,7 +890,7 @@ mod tests {
             let memory = spec.max_memory_mib.to_string();
             proptest::prop_assert!(args.windows(2).any(|w| w[0] == "-m" && w[1] == memory));
             proptest::prop_assert_eq!(c.ports.as_ref().unwrap()[0].container_port, spec.container_port);
-            proptest::prop_assert_eq!(&c.resources, &spec.resources);
+            proptest::prop_assert_eq!(c.resources.as_ref(), spec.resources.as_deref());
             let selector = d_spec.selector.match_labels.unwrap();
             let template_labels = d_spec.template.metadata.unwrap().labels.unwrap();
             proptest::prop_assert!(selector.iter().all(|(k, v)| template_labels.get(k) == Some(v)));

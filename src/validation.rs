@@ -201,10 +201,10 @@ mod tests {
     fn with_limit(max_mib: i32, limit: &str) -> MemcachedSpec {
         let mut mc = memcached("x", 1);
         mc.spec.max_memory_mib = max_mib;
-        mc.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        mc.spec.resources = Some(Box::new(k8s_openapi::api::core::v1::ResourceRequirements {
             limits: Some([("memory".to_string(), Quantity(limit.into()))].into()),
             ..Default::default()
-        });
+        }));
         mc.spec
     }
 
@@ -245,11 +245,11 @@ mod tests {
             )
         };
         let mut mc = memcached("x", 1);
-        mc.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        mc.spec.resources = Some(Box::new(k8s_openapi::api::core::v1::ResourceRequirements {
             requests: map(requests),
             limits: map(limits),
             ..Default::default()
-        });
+        }));
         mc.spec
     }
 
