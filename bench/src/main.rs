@@ -77,8 +77,9 @@ struct Args {
 async fn main() -> Result<()> {
     let args = Args::parse();
     let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
+    let machine = machine_facts();
     let cluster = Cluster::up().await?;
-    let result = run(&args, &scenarios, &cluster).await;
+    let result = run(&args, machine, &scenarios, &cluster).await;
     cluster.down().await;
     let results = result?;
     let out = PathBuf::from(args.out.replace("{crs}", &args.crs.to_string()));
@@ -89,7 +90,7 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value> {
+async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster) -> Result<Value> {
     let client = cluster.admin().await?;
     cluster.install(&args.crd, &args.rbac).await?;
     let namespaces: Vec<String> = (0..args.namespaces).map(|i| format!("bench-{i}")).collect();
@@ -115,7 +116,7 @@ async fn run(args: &Args, scenarios: &[&str], cluster: &Cluster) -> Result<Value
         .collect();
     let timeout = Duration::from_secs(args.timeout_seconds);
     let mut results = json!({
-        "machine": machine_facts(),
+        "machine": machine,
         "operator": args.operator,
         "crs": args.crs,
         "namespaces": args.namespaces,
@@ -532,8 +533,44 @@ fn machine_facts() -> Value {
     json!({
         "cores": cores,
         "memory_gib": mem_kib as f64 / 1024.0 / 1024.0,
+        "calibration_seconds": calibration_seconds(),
         "control_plane": versions.lines().filter(|l| l.contains("_VERSION=")).collect::<Vec<_>>(),
     })
+}
+
+/// How fast one core of this machine is now: the best of five runs of a fixed JSON workload
+/// (what the operator and the API server spend most of their time on), taken before the cluster
+/// starts. Runs on different days compare only after scaling by it: the same machine has been
+/// half again slower from one day to the next. Back-to-back runs differ by up to a fifth.
+fn calibration_seconds() -> f64 {
+    let object = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "mc-00000", "namespace": "bench-0", "generation": 3,
+            "labels": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "mc-00000"},
+        },
+        "spec": {
+            "replicas": 3,
+            "template": {"spec": {"containers": [{
+                "name": "memcached", "image": "memcached:1.6",
+                "args": ["-m", "64", "-c", "1024", "-t", "4", "-I", "1m"],
+                "ports": [{"containerPort": 11211, "name": "memcached", "protocol": "TCP"}],
+            }]}},
+        },
+        "status": {"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "observedGeneration": 3},
+    });
+    (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..100_000 {
+                let text = serde_json::to_string(std::hint::black_box(&object)).unwrap_or_default();
+                let parsed: Value = serde_json::from_str(&text).unwrap_or_default();
+                std::hint::black_box(parsed);
+            }
+            started.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 fn print_table(results: &Value) {
