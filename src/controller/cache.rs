@@ -52,6 +52,13 @@ impl<K: Resource> Cache<K> {
         objects.live().get(namespace, name).cloned()
     }
 
+    /// The object with `other`'s namespace and name (`other` of this kind or another: an owned
+    /// object takes its Memcached's name).
+    pub fn get_for(&self, other: &impl Resource) -> Option<Arc<K>> {
+        let (namespace, name) = key_of(other);
+        self.get(namespace, name)
+    }
+
     /// Every object, as last watched.
     pub fn state(&self) -> Vec<Arc<K>> {
         let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
@@ -84,7 +91,7 @@ impl<K> Default for Objects<K> {
     }
 }
 
-fn key_of<K: Resource>(obj: &K) -> (&str, &str) {
+fn key_of<R: Resource>(obj: &R) -> (&str, &str) {
     let meta = obj.meta();
     (
         meta.namespace.as_deref().unwrap_or_default(),

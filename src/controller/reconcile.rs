@@ -373,7 +373,7 @@ async fn lookup<K: Owned>(
     cache: &Cache<Kept<K>>,
     mc: &Memcached,
 ) -> Result<Option<Arc<Kept<K>>>> {
-    if let Some(cached) = cached(cache, mc) {
+    if let Some(cached) = cache.get_for(mc) {
         return Ok(Some(cached));
     }
     if !reports_foreign_object(mc) {
@@ -392,7 +392,7 @@ async fn lookup_optional<K: Owned>(
 ) -> Result<Option<Arc<Kept<K>>>> {
     match wanted {
         true => lookup(api, cache, mc).await,
-        false => Ok(cached(cache, mc)),
+        false => Ok(cache.get_for(mc)),
     }
 }
 
@@ -416,15 +416,6 @@ async fn read<K: Owned>(api: &Api<Kept<K>>, name: &str) -> Result<Option<Arc<Kep
             source,
         }),
     }
-}
-
-/// The owned object of the Memcached's name in the cache of labelled objects.
-fn cached<K: Owned>(cache: &Cache<Kept<K>>, mc: &Memcached) -> Option<Arc<Kept<K>>> {
-    let meta = &mc.metadata;
-    cache.get(
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    )
 }
 
 /// Which applies get a Normal event.

@@ -488,11 +488,10 @@ fn spec_change(
     let (watcher::Event::Apply(mc) | watcher::Event::InitApply(mc)) = event else {
         return None;
     };
-    let key = key_of(mc);
     let changed = cache
-        .get(key.namespace.as_deref().unwrap_or_default(), &key.name)
+        .get_for(mc)
         .is_none_or(|old| old.metadata.generation != mc.metadata.generation);
-    changed.then_some((key, Priority::High))
+    changed.then_some((key_of(mc), Priority::High))
 }
 
 /// Someone else's change to an owned object: its spec (the generation), labels or owner.
@@ -626,9 +625,7 @@ where
         if let Some(mut event) = watched(event, &K::kind(&())) {
             let trigger = match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    let (namespace, name) =
-                        (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
-                    let old = cache.get(namespace.unwrap_or_default(), name.unwrap_or_default());
+                    let old = cache.get_for(&*obj);
                     obj.trim(old.as_deref());
                     let ours = own_writes.is_echo(&*obj);
                     owned
