@@ -218,8 +218,11 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     };
     let new_status =
         status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
-    if mc.status.as_ref() != Some(&new_status) {
-        patch_status(ctx, mc, &new_status).await?;
+    if mc.status.as_ref() != Some(&new_status)
+        && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
+    {
+        ctx.metrics.forget_memcached(&ns, &mc.name_any());
+        return Ok(Action::await_change());
     }
     ctx.metrics
         .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
@@ -527,7 +530,20 @@ async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
     Ok(applied)
 }
 
-async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -> Result<()> {
+#[derive(Debug, PartialEq, Eq)]
+enum StatusPatch {
+    Written,
+    /// Deleted since the cache saw it: the garbage collector's deletions of what it owned can
+    /// reach their watches before its own deletion reaches ours. Nothing is left to report on,
+    /// and nothing failed.
+    Gone,
+}
+
+async fn patch_status(
+    ctx: &Context,
+    mc: &Memcached,
+    status: &MemcachedStatus,
+) -> Result<StatusPatch> {
     // The answer is decoded as the watch decodes Memcacheds (managedFields skipped): nothing
     // reads it, the watch brings the new version to the cache.
     let api: Api<Guarded> =
@@ -537,17 +553,21 @@ async fn patch_status(ctx: &Context, mc: &Memcached, status: &MemcachedStatus) -
         "kind": Memcached::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &mc.name_any(),
-        &PatchParams::apply(MANAGER_NAME).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: mc.name_any(),
-        source,
-    })?;
-    Ok(())
+    match api
+        .patch_status(
+            &mc.name_any(),
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(StatusPatch::Written),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(StatusPatch::Gone),
+        Err(source) => Err(Error::Status {
+            name: mc.name_any(),
+            source,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -756,6 +776,36 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(action, Action::await_change());
+    }
+
+    #[tokio::test]
+    async fn a_memcached_deleted_meanwhile_is_no_failure() {
+        // Its owned objects' deletions, seen before its own, queue one more reconcile of it.
+        let (ctx, api, mut caches) = apiserver::context();
+        let mut mc = memcached("cache", 3);
+        converged(&mut mc, &mut caches);
+        mc.status = None;
+        let action = scenario(mc, ctx.clone(), api, |mut api| async move {
+            api.expect("PATCH", STATUS, StatusCode::NOT_FOUND, |_| {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
+            })
+            .await;
+            api
+        })
+        .await;
+        assert_eq!(action.unwrap(), Action::await_change());
+        let text = ctx.metrics.render();
+        assert!(
+            text.contains(
+                r#"controller_runtime_reconcile_total{controller="memcached",result="success"} 1"#
+            ) && text
+                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"memcached="cache""#),
+            "no conditions kept for it: {text}"
+        );
     }
 
     #[tokio::test]

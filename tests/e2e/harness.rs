@@ -407,6 +407,23 @@ impl Operator {
     pub async fn metrics_text(&self) -> String {
         self.0.metrics().await.expect("/metrics answers 200")
     }
+
+    /// Asserts that no reconcile has failed, naming each failure's object and error if one did.
+    pub async fn assert_no_failed_reconciles(&self) {
+        let text = self.metrics_text().await;
+        let failures: Vec<String> = self
+            .0
+            .log_text()
+            .lines()
+            .filter(|line| line.contains("reconcile failed"))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            text.contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
+            "reconciles failed:\n{}",
+            failures.join("\n")
+        );
+    }
 }
 
 // ---------------------------------------------------------------- Memcacheds
