@@ -54,6 +54,16 @@ impl Error {
         }
     }
 
+    /// Whether this is an apply refused because the namespace is being deleted: the namespace
+    /// controller deletes the Memcached with everything else there, so there is nothing to
+    /// retry and nothing to report.
+    pub fn namespace_terminating(&self) -> bool {
+        matches!(self, Error::Apply { source: kube::Error::Api(status), .. }
+        if status.code == 403 && status.details.as_ref().is_some_and(|details| {
+            details.causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
+        }))
+    }
+
     /// Whether this is an apply that the API server refused for good (a 4xx other than
     /// not-found, conflict and throttling), and the server's message.
     pub fn refusal(&self) -> Option<(Refusal, String)> {

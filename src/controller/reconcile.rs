@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::cache::Cache;
 use super::events::{Change, Events};
@@ -193,6 +193,10 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
                         message: status::conflict_message(&kind, mc),
                     });
                     None
+                }
+                Err(error) if error.namespace_terminating() => {
+                    debug!(%error, "the namespace is being deleted");
+                    return Ok(Action::await_change());
                 }
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
@@ -785,15 +789,63 @@ mod tests {
         let mut mc = memcached("cache", 3);
         converged(&mut mc, &mut caches);
         mc.status = None;
-        let action = scenario(mc, ctx.clone(), api, |mut api| async move {
-            api.expect("PATCH", STATUS, StatusCode::NOT_FOUND, |_| {
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-            })
-            .await;
+        let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+        let action = one_request(
+            mc,
+            &ctx,
+            api,
+            ("PATCH", STATUS),
+            StatusCode::NOT_FOUND,
+            not_found,
+        );
+        assert_eq!(action.await.unwrap(), Action::await_change());
+        let text = succeeded_once(&ctx);
+        assert!(
+            !text.contains(r#"memcached="cache""#),
+            "no conditions kept for it: {text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_namespace_being_deleted_is_no_failure() {
+        // Its Deployment deleted with the namespace before the Memcached was: creating it again
+        // is refused, and the Memcached goes next.
+        let (ctx, api, _caches) = apiserver::context();
+        let mc = memcached("cache", 1);
+        let terminating = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "deployments.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
+            "details": {"name": "cache", "group": "apps", "kind": "deployments",
+                        "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}});
+        let action = one_request(
+            mc,
+            &ctx,
+            api,
+            ("PATCH", DEPLOYMENT),
+            StatusCode::FORBIDDEN,
+            terminating,
+        );
+        assert_eq!(action.await.unwrap(), Action::await_change());
+        succeeded_once(&ctx);
+    }
+
+    /// A reconcile whose one request is answered with `status` and `body`.
+    async fn one_request(
+        mc: Memcached,
+        ctx: &Arc<Context>,
+        api: ApiServer,
+        (method, path): (&'static str, &'static str),
+        status: StatusCode,
+        body: serde_json::Value,
+    ) -> Result<Action> {
+        scenario(mc, ctx.clone(), api, move |mut api| async move {
+            api.expect(method, path, status, move |_| body).await;
             api
         })
-        .await;
-        assert_eq!(action.unwrap(), Action::await_change());
+        .await
+    }
+
+    /// Asserts the metrics count one successful reconcile and no error; returns their text.
+    fn succeeded_once(ctx: &Context) -> String {
         let text = ctx.metrics.render();
         assert!(
             text.contains(
@@ -802,10 +854,7 @@ mod tests {
                 .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
             "{text}"
         );
-        assert!(
-            !text.contains(r#"memcached="cache""#),
-            "no conditions kept for it: {text}"
-        );
+        text
     }
 
     #[tokio::test]

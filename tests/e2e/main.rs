@@ -12,7 +12,7 @@ use harness::{
     namespace, set_size, wait_converged, wait_degraded, wait_for,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -357,6 +357,95 @@ async fn deleting_a_memcached_garbage_collects_what_it_owns() {
             (d.is_none() && s.is_none() && pods.items.is_empty()).then_some(())
         },
     )
+    .await;
+}
+
+#[tokio::test]
+async fn a_namespace_being_deleted_is_not_a_failure() {
+    let client = admin().await;
+    let ns = namespace(&client, "ns-deleted").await;
+    let op = Operator::start(&client, OperatorOptions::default()).await;
+    create(&client, &ns, &memcached("cache", 2)).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    // Reconciles of the last pod changes have run.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The namespace controller deletes what is in a namespace in no set order; held here, the
+    // Memcached outlives its Deployment, as it can by chance.
+    let policy = format!("keep-memcacheds-{ns}");
+    admission_policy(
+        &client,
+        &policy,
+        &ns,
+        serde_json::json!({
+            "apiGroups": ["cache.example.com"], "apiVersions": ["v1alpha1"],
+            "operations": ["DELETE"], "resources": ["memcacheds"]}),
+        serde_json::json!({"expression": "false", "message": "kept until the test ends"}),
+    )
+    .await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    wait_for("the policy to deny", Duration::from_secs(30), || async {
+        let dry_run = DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        mcs.delete("cache", &dry_run).await.is_err().then_some(())
+    })
+    .await;
+    let reconciles = || async {
+        let text = op.metrics_text().await;
+        let count = |result: &str| {
+            let series = format!(
+                r#"controller_runtime_reconcile_total{{controller="memcached",result="{result}"}}"#
+            );
+            text.lines()
+                .find_map(|line| line.strip_prefix(series.as_str()))
+                .map_or(0.0, |value| value.trim().parse::<f64>().unwrap())
+        };
+        count("success") + count("error")
+    };
+    let before = reconciles().await;
+
+    Api::<Namespace>::all(client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    wait_for(
+        "the Deployment deleted with the namespace",
+        CONVERGE,
+        || async {
+            deployments
+                .get_opt("cache")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // The operator sees its Deployment go and reconciles the Memcached still there: creating
+    // the Deployment again is refused, which is no failure to retry or alert on.
+    wait_for("a reconcile after the deletion", CONVERGE, || async {
+        (reconciles().await > before).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    op.assert_no_failed_reconciles().await;
+    assert!(
+        deployments.get_opt("cache").await.unwrap().is_none(),
+        "nothing was created in the namespace being deleted"
+    );
+
+    remove_admission_policy(&client, &policy).await;
+    wait_for("the namespace gone", Duration::from_secs(120), || async {
+        Api::<Namespace>::all(client.clone())
+            .get_opt(&ns)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
     .await;
 }
 
@@ -870,48 +959,18 @@ async fn secure_metrics_admit_only_authorized_scrapers() {
 /// A ValidatingAdmissionPolicy denying memcached images tagged "untrusted" in `ns`: something
 /// only the API server's answer reveals, as a cluster's own policies are.
 async fn deny_untrusted_images(client: &Client, ns: &str) {
-    use kube::core::DynamicObject;
-    use kube::discovery::ApiResource;
-    let gvk =
-        |kind: &str| kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    let policy = ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicy"));
-    let binding = ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicyBinding"));
-    let name = format!("untrusted-images-{ns}");
-    let objects = [
-        (
-            &policy,
-            serde_json::json!({
-                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": ["apps"], "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]},
-                    "validations": [{
-                        "expression": "object.spec.template.spec.containers.all(c, !c.image.endsWith(':untrusted'))",
-                        "message": "images tagged untrusted are not allowed in this namespace"}]
-                }
-            }),
-        ),
-        (
-            &binding,
-            serde_json::json!({
-                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
-                }
-            }),
-        ),
-    ];
-    for (resource, object) in objects {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        apply(&api, &object).await;
-    }
+    admission_policy(
+        client,
+        &format!("untrusted-images-{ns}"),
+        ns,
+        serde_json::json!({
+            "apiGroups": ["apps"], "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}),
+        serde_json::json!({
+            "expression": "object.spec.template.spec.containers.all(c, !c.image.endsWith(':untrusted'))",
+            "message": "images tagged untrusted are not allowed in this namespace"}),
+    )
+    .await;
     // The policy takes effect once the API server's informers have it.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let mut probe: Deployment = serde_json::from_value(serde_json::json!({
@@ -934,6 +993,70 @@ async fn deny_untrusted_images(client: &Client, ns: &str) {
             .then_some(())
     })
     .await;
+}
+
+/// Applies a ValidatingAdmissionPolicy named `name` with one rule and one validation, bound to
+/// namespace `ns`; `remove_admission_policy(name)` takes both away.
+async fn admission_policy(
+    client: &Client,
+    name: &str,
+    ns: &str,
+    rule: serde_json::Value,
+    validation: serde_json::Value,
+) {
+    let objects = [
+        serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [validation]
+            }
+        }),
+        serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+            }
+        }),
+    ];
+    for object in objects {
+        let object: kube::core::DynamicObject = serde_json::from_value(object).unwrap();
+        apply(
+            &admission_api(client, object.types.as_ref().unwrap()),
+            &object,
+        )
+        .await;
+    }
+}
+
+/// Deletes the binding and the policy `admission_policy` applied.
+async fn remove_admission_policy(client: &Client, name: &str) {
+    for kind in [
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+    ] {
+        let types = kube::core::TypeMeta {
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: kind.into(),
+        };
+        admission_api(client, &types)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+fn admission_api(client: &Client, types: &kube::core::TypeMeta) -> Api<kube::core::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::try_from(types).unwrap();
+    Api::all_with(
+        client.clone(),
+        &kube::discovery::ApiResource::from_gvk(&gvk),
+    )
 }
 
 #[tokio::test]
