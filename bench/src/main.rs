@@ -7,6 +7,7 @@
 
 mod audit;
 mod cluster;
+mod control_plane;
 mod operator;
 mod procs;
 
@@ -190,10 +191,14 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
 
         let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
         let cpu_before = procs::snapshot();
+        let counters_before = control_plane::Counters::read(&client).await?;
         let window = Instant::now();
         let changes = size_change(&client, &deployments, &changed, 2, timeout).await?;
         let window = window.elapsed();
         let cpu_used = cpu_since(&cpu_before, &op);
+        let control_plane = control_plane::Counters::read(&client)
+            .await?
+            .since(&counters_before);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let writes = cluster.first_writes("deployments", changes_began(&changes));
         let parts = breakdown(&changes, &writes);
@@ -245,6 +250,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             "size_change_parts_ms": parts,
             "size_change_window_seconds": window.as_secs_f64(),
             "size_change_cpu_seconds": top_cpu(&cpu_used),
+            "size_change_control_plane": control_plane,
             "loaded_rss_mib": op.rss_mib(),
             "rss_peak_mib": op.peak_rss_mib(),
             "cpu_seconds_total": op.cpu_seconds(),
