@@ -66,20 +66,18 @@ impl Counters {
 
     /// What changed from `before` to `self`: per resource and in total, for each series.
     pub fn since(&self, before: &Counters) -> Value {
-        let mut out = serde_json::Map::new();
-        for series in [WRITES, WATCH_EVENTS, WATCH_BYTES] {
-            let mut by_resource = BTreeMap::new();
-            for ((key, resource), after) in &self.0 {
-                let delta = after
-                    - before
-                        .0
-                        .get(&(*key, resource.clone()))
-                        .copied()
-                        .unwrap_or_default();
-                if *key == series && delta > 0.0 {
-                    by_resource.insert(resource.clone(), delta);
-                }
+        let mut by_series: BTreeMap<&str, BTreeMap<&str, f64>> =
+            [WRITES, WATCH_EVENTS, WATCH_BYTES]
+                .map(|series| (series, BTreeMap::new()))
+                .into();
+        for (key @ (series, resource), after) in &self.0 {
+            let delta = after - before.0.get(key).copied().unwrap_or_default();
+            if delta > 0.0 {
+                by_series.entry(series).or_default().insert(resource, delta);
             }
+        }
+        let mut out = serde_json::Map::new();
+        for (series, by_resource) in by_series {
             let total: f64 = by_resource.values().sum();
             out.insert(format!("{series}_total"), json!(total));
             out.insert(series.to_string(), json!(by_resource));

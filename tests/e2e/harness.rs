@@ -1,6 +1,7 @@
 //! Test ground for the end-to-end suite: the local control plane started by `hack/e2e.sh`, the
 //! operator run as a real subprocess authenticated as its own ServiceAccount, and waiting helpers.
 
+use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -100,6 +101,17 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Polls until `api` has no object `name`, or panics after `timeout` naming `what`.
+pub async fn wait_gone<K>(what: &str, timeout: Duration, api: &Api<K>, name: &str)
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    wait_for(what, timeout, || async {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await
 }
 
 /// Runs kubectl against the local control plane as the admin; returns (success, stdout+stderr).

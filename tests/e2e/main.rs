@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, kubectl, memcached,
-    namespace, set_size, wait_converged, wait_degraded, wait_for,
+    namespace, set_size, wait_converged, wait_degraded, wait_for, wait_gone,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -393,16 +393,12 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     })
     .await;
     let reconciles = || async {
-        let text = op.metrics_text().await;
-        let count = |result: &str| {
-            let series = format!(
+        let series = |result: &str| {
+            format!(
                 r#"controller_runtime_reconcile_total{{controller="memcached",result="{result}"}}"#
-            );
-            text.lines()
-                .find_map(|line| line.strip_prefix(series.as_str()))
-                .map_or(0.0, |value| value.trim().parse::<f64>().unwrap())
+            )
         };
-        count("success") + count("error")
+        op.metric(&series("success")).await + op.metric(&series("error")).await
     };
     let before = reconciles().await;
 
@@ -411,17 +407,11 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
         .await
         .unwrap();
     let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
-    wait_for(
+    wait_gone(
         "the Deployment deleted with the namespace",
         CONVERGE,
-        || async {
-            deployments
-                .get_opt("cache")
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        },
+        &deployments,
+        "cache",
     )
     .await;
     // The operator sees its Deployment go and reconciles the Memcached still there: creating
@@ -438,14 +428,13 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     );
 
     remove_admission_policy(&client, &policy).await;
-    wait_for("the namespace gone", Duration::from_secs(120), || async {
-        Api::<Namespace>::all(client.clone())
-            .get_opt(&ns)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
+    let namespaces = Api::<Namespace>::all(client.clone());
+    wait_gone(
+        "the namespace gone",
+        Duration::from_secs(120),
+        &namespaces,
+        &ns,
+    )
     .await;
 }
 
