@@ -162,18 +162,45 @@ impl OperatorProcess {
     }
 
     /// Polls `path` on the health port until it answers 200.
+    /// Fails at once if the process exits first; either failure ends with the log's last lines.
     pub async fn wait_health(&self, path: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while self.health(path).await != Some(200) {
+            if !self.is_running() {
+                bail!(
+                    "operator {} exited before {path} answered 200; its log ends:\n{}",
+                    self.identity,
+                    self.log_tail(20)
+                );
+            }
             if Instant::now() > deadline {
                 bail!(
-                    "operator {}: {path} not 200 after {timeout:?}",
-                    self.identity
+                    "operator {}: {path} not 200 after {timeout:?}; its log ends:\n{}",
+                    self.identity,
+                    self.log_tail(20)
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
+    }
+
+    /// Whether the process is still running (not exited, whether or not reaped).
+    pub fn is_running(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| {
+                let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                Some(state != 'Z' && state != 'X')
+            })
+            .unwrap_or(false)
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// Polls until `n` reconciles have succeeded; an operator without the metric gets the whole
