@@ -1,4 +1,6 @@
-//! Write requests counted from the API server's audit log (the operator's ServiceAccount only).
+//! Write requests counted from the API server's audit log: every request of the operator's
+//! ServiceAccount, and the deployment controller's ReplicaSet writes (when the control plane
+//! acted on the operator's Deployment write).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -6,15 +8,39 @@ use std::path::Path;
 use anyhow::Result;
 use k8s_openapi::jiff::Timestamp;
 
-/// Audit policy: request metadata for the operator's ServiceAccounts, nothing for anyone else.
+/// Audit policy: request metadata for the operator's ServiceAccounts and for the deployment
+/// controller's ReplicaSet writes, nothing for anyone else.
 pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
   userGroups: ["system:serviceaccounts:memcached-operator-system"]
+- level: Metadata
+  users: ["system:serviceaccount:kube-system:deployment-controller"]
+  verbs: ["create", "update", "patch"]
+  resources: [{group: "apps", resources: ["replicasets"]}]
 - level: None
 "#;
+
+/// Whose requests to read from the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum By {
+    Operator,
+    DeploymentController,
+}
+
+impl By {
+    fn made(self, event: &serde_json::Value) -> bool {
+        let user = event["user"]["username"].as_str().unwrap_or_default();
+        match self {
+            By::Operator => user.starts_with("system:serviceaccount:memcached-operator-system:"),
+            By::DeploymentController => {
+                user == "system:serviceaccount:kube-system:deployment-controller"
+            }
+        }
+    }
+}
 
 pub fn now() -> Timestamp {
     Timestamp::now()
@@ -70,10 +96,11 @@ fn completed(log: &Path) -> impl Iterator<Item = serde_json::Value> {
     })
 }
 
-/// Requests completed between `from` and `to`, by verb, resource (with subresource) and code.
+/// The operator's requests completed between `from` and `to`, by verb, resource (with
+/// subresource) and code.
 pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
     let mut counts = Counts::default();
-    for event in completed(log) {
+    for event in completed(log).filter(|e| By::Operator.made(e)) {
         let Some(at) = event["stageTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<Timestamp>().ok())
@@ -117,14 +144,16 @@ pub struct Write {
     pub answered: Timestamp,
 }
 
-/// Per (namespace, name), the first successful write to `resource` received at or after `from`.
+/// Per (namespace, name), the first successful write to `resource` by `by` received at or after
+/// `from`.
 pub fn first_writes(
     log: &Path,
+    by: By,
     resource: &str,
     from: Timestamp,
 ) -> BTreeMap<(String, String), Write> {
     let mut first = BTreeMap::new();
-    for event in completed(log) {
+    for event in completed(log).filter(|e| by.made(e)) {
         let object = &event["objectRef"];
         let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
         if !matches!(event["verb"].as_str(), Some("patch" | "update" | "create"))
@@ -164,9 +193,13 @@ pub fn first_writes(
 mod tests {
     use super::*;
 
+    const OPERATOR: &str = "system:serviceaccount:memcached-operator-system:controller-manager";
+    const DEPLOYMENT_CONTROLLER: &str = "system:serviceaccount:kube-system:deployment-controller";
+
     fn line(verb: &str, resource: &str, code: u16, at: &str) -> String {
         serde_json::json!({
             "stage": "ResponseComplete", "stageTimestamp": at, "verb": verb,
+            "user": {"username": OPERATOR},
             "objectRef": {"resource": resource}, "responseStatus": {"code": code},
         })
         .to_string()
@@ -180,8 +213,11 @@ mod tests {
             line("patch", "deployments", 201, "2026-01-01T00:00:01Z"),
             line("create", "events", 409, "2026-01-01T00:00:02Z"),
         ];
+        let controller = line("update", "replicasets", 200, "2026-01-01T00:00:03Z")
+            .replace(OPERATOR, DEPLOYMENT_CONTROLLER);
         let current = [
             line("get", "deployments", 404, "2026-01-01T00:00:03Z"),
+            controller,
             line("patch", "services", 201, "2026-01-01T00:00:09Z"),
         ];
         std::fs::write(
@@ -201,6 +237,11 @@ mod tests {
         assert_eq!(counts.code(409), 1);
         assert_eq!(counts.by_key.get("get deployments 404"), Some(&1));
         assert_eq!(counts.by_key.get("patch services 201"), None);
+        assert_eq!(
+            counts.by_key.get("update replicasets 200"),
+            None,
+            "only the operator's requests count"
+        );
     }
 
     #[test]
@@ -208,6 +249,7 @@ mod tests {
         let write = |name: &str, code: u16, received: &str, answered: &str| {
             serde_json::json!({
                 "stage": "ResponseComplete", "verb": "patch",
+                "user": {"username": OPERATOR},
                 "requestReceivedTimestamp": received, "stageTimestamp": answered,
                 "objectRef": {"resource": "deployments", "namespace": "ns", "name": name},
                 "responseStatus": {"code": code},
@@ -221,10 +263,13 @@ mod tests {
             write("a", 200, "2026-01-01T00:00:04Z", "2026-01-01T00:00:04.2Z"),
             write("a", 200, "2026-01-01T00:00:03Z", "2026-01-01T00:00:03.1Z"),
             write("b", 422, "2026-01-01T00:00:03Z", "2026-01-01T00:00:03.1Z"),
+            write("c", 200, "2026-01-01T00:00:03Z", "2026-01-01T00:00:03.1Z")
+                .replace(OPERATOR, DEPLOYMENT_CONTROLLER),
         ];
         std::fs::write(dir.join("audit.log"), lines.join("\n")).unwrap();
         let found = first_writes(
             &dir.join("audit.log"),
+            By::Operator,
             "deployments",
             "2026-01-01T00:00:02Z".parse().unwrap(),
         );
@@ -236,7 +281,7 @@ mod tests {
         assert_eq!(
             found.len(),
             1,
-            "a refused write is not the change: {found:?}"
+            "a refused write is not the change, nor another user's: {found:?}"
         );
     }
 }

@@ -33,8 +33,9 @@ impl Cluster {
                 "APISERVER_EXTRA_ARGS",
                 // BENCH_APISERVER_ARGS adds to them, e.g. `--feature-gates=WatchList=false` to
                 // measure paged lists, as Kubernetes 1.33 serves them.
+                // Profiling on: the size change records where the API server's CPU went.
                 format!(
-                    "--audit-policy-file={} --audit-log-path={} --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 {}",
+                    "--audit-policy-file={} --audit-log-path={} --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 --profiling=true {}",
                     policy.display(),
                     audit_log.display(),
                     std::env::var("BENCH_APISERVER_ARGS").unwrap_or_default()
@@ -120,12 +121,42 @@ impl Cluster {
         audit::count(&self.audit_log, from, to)
     }
 
-    /// The operator's first successful write to each object of `resource` since `from`.
+    /// The first successful write by `by` to each object of `resource` since `from`.
     pub fn first_writes(
         &self,
+        by: audit::By,
         resource: &str,
         from: Timestamp,
     ) -> std::collections::BTreeMap<(String, String), audit::Write> {
-        audit::first_writes(&self.audit_log, resource, from)
+        audit::first_writes(&self.audit_log, by, resource, from)
+    }
+
+    /// A CPU profile of the API server over the next `seconds` (pprof's protobuf, gzipped).
+    pub fn api_server_profile(
+        &self,
+        seconds: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>>> + Send + 'static {
+        let kubeconfig = self.local.kubeconfig();
+        async move {
+            let out = Command::new("kubectl")
+                .args([
+                    "get",
+                    "--raw",
+                    &format!("/debug/pprof/profile?seconds={seconds}"),
+                    "--request-timeout",
+                    &format!("{}s", seconds + 60),
+                ])
+                .env("KUBECONFIG", kubeconfig)
+                .output()
+                .await
+                .context("kubectl get --raw /debug/pprof/profile")?;
+            if !out.status.success() {
+                bail!(
+                    "the API server's profile: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(out.stdout)
+        }
     }
 }

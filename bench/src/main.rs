@@ -72,6 +72,16 @@ struct Args {
     /// Give up waiting for convergence after this many seconds (10,000 CRs take about 1,600).
     #[arg(long, default_value_t = 3600)]
     timeout_seconds: u64,
+    /// Seconds of the API server's CPU profile taken from the size change's first patch (0: none);
+    /// written beside the results as .apiserver.pprof, for `go tool pprof -top`.
+    #[arg(long, default_value_t = 30)]
+    profile_seconds: u64,
+}
+
+impl Args {
+    fn out(&self) -> PathBuf {
+        PathBuf::from(self.out.replace("{crs}", &self.crs.to_string()))
+    }
 }
 
 #[tokio::main]
@@ -83,7 +93,7 @@ async fn main() -> Result<()> {
     let result = run(&args, machine, &scenarios, &cluster).await;
     cluster.down().await;
     let results = result?;
-    let out = PathBuf::from(args.out.replace("{crs}", &args.crs.to_string()));
+    let out = args.out();
     std::fs::create_dir_all(out.parent().unwrap_or(&PathBuf::from(".")))?;
     std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
     print_table(&results);
@@ -192,6 +202,8 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let changed: Vec<&(String, String)> = names.iter().step_by(10).collect();
         let cpu_before = procs::snapshot();
         let counters_before = control_plane::Counters::read(&client).await?;
+        let profile = (args.profile_seconds > 0)
+            .then(|| tokio::spawn(cluster.api_server_profile(args.profile_seconds)));
         let window = Instant::now();
         let changes = size_change(&client, &deployments, &changed, 2, timeout).await?;
         let window = window.elapsed();
@@ -200,8 +212,22 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .await?
             .since(&counters_before);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
-        let writes = cluster.first_writes("deployments", changes_began(&changes));
-        let parts = breakdown(&changes, &writes);
+        let began = changes_began(&changes);
+        let writes = cluster.first_writes(audit::By::Operator, "deployments", began);
+        let scaled = replica_sets_by_deployment(cluster.first_writes(
+            audit::By::DeploymentController,
+            "replicasets",
+            began,
+        ));
+        let parts = breakdown(&changes, &writes, &scaled);
+        if let Some(profile) = profile {
+            let path = args.out().with_extension("apiserver.pprof");
+            std::fs::write(&path, profile.await??)?;
+            println!(
+                "the API server's CPU profile: go tool pprof -top {}",
+                path.display()
+            );
+        }
         // Settle before the next scenario: status writes for pods still starting are not restart
         // cost. Available, not only ready: with minReadySeconds a pod counts as available some
         // seconds after it is ready, and that change is reported too.
@@ -259,6 +285,11 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
 
     if scenarios.contains(&"restart") {
         op.stop("TERM").await;
+        // Converged means the control plane too: pods of the size change still settling are not
+        // what a restart costs.
+        let quiet = Instant::now();
+        let control_plane_cores = wait_quiet_control_plane(Duration::from_secs(120)).await;
+        let quiet = quiet.elapsed();
         let t_audit = audit::now();
         let cpu_before = procs::snapshot();
         let started = Instant::now();
@@ -271,6 +302,8 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
         results["restart"] = json!({
+            "quiet_after_seconds": quiet.as_secs_f64(),
+            "control_plane_cores_before": control_plane_cores,
             "ready_seconds": ready.as_secs_f64(),
             "until_ready_cpu_seconds": top_cpu(&cpu_used),
             "writes": writes.writes,
@@ -424,7 +457,8 @@ fn changes_began(changes: &[Change]) -> Timestamp {
         .unwrap_or_else(Timestamp::now)
 }
 
-/// Changes the size of each CR and returns when each one's Deployment had it.
+/// Changes the size of each CR, one after another, and returns when each one's Deployment had
+/// it: watched while the rest are still being sent, so a change's latency is its own.
 async fn size_change(
     client: &Client,
     deployments: &Store<Deployment>,
@@ -432,55 +466,95 @@ async fn size_change(
     size: i32,
     timeout: Duration,
 ) -> Result<Vec<Change>> {
-    let mut sent = BTreeMap::new();
-    for (ns, name) in crs {
-        patch_size(client, ns, name, size).await?;
-        sent.insert((ns.clone(), name.clone()), Timestamp::now());
-    }
-    let mut changes = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while !sent.is_empty() {
-        // Only the objects still waited for: scanning the whole cache every few milliseconds
-        // would take a core from the control plane being measured.
-        sent.retain(|(ns, name), at| {
-            let reached = deployments
-                .get(&ObjectRef::new(name).within(ns))
-                .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas) == Some(size));
-            if reached {
-                changes.push(Change {
-                    key: (ns.clone(), name.clone()),
-                    sent: *at,
-                    seen: Timestamp::now(),
-                });
-            }
-            !reached
-        });
-        if Instant::now() > deadline {
-            bail!(
-                "{} size changes never reached their Deployments",
-                sent.len()
-            );
+    let sent = std::sync::Mutex::new(BTreeMap::new());
+    let send = async {
+        for (ns, name) in crs {
+            patch_size(client, ns, name, size).await?;
+            sent.lock()
+                .unwrap()
+                .insert((ns.clone(), name.clone()), Timestamp::now());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        anyhow::Ok(())
+    };
+    let watch = async {
+        let mut changes = Vec::new();
+        let deadline = Instant::now() + timeout;
+        while changes.len() < crs.len() {
+            // Only the objects still waited for: scanning the whole cache every few milliseconds
+            // would take a core from the control plane being measured.
+            sent.lock().unwrap().retain(|(ns, name), at| {
+                let reached = deployments
+                    .get(&ObjectRef::new(name).within(ns))
+                    .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas) == Some(size));
+                if reached {
+                    changes.push(Change {
+                        key: (ns.clone(), name.clone()),
+                        sent: *at,
+                        seen: Timestamp::now(),
+                    });
+                }
+                !reached
+            });
+            if Instant::now() > deadline {
+                bail!(
+                    "{} size changes never reached their Deployments",
+                    crs.len() - changes.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(changes)
+    };
+    let ((), changes) = tokio::try_join!(send, watch)?;
     Ok(changes)
+}
+
+/// The deployment controller's first ReplicaSet write of each Deployment, keyed by the
+/// Deployment (a ReplicaSet is named `<deployment>-<pod-template-hash>`).
+fn replica_sets_by_deployment(
+    writes: BTreeMap<(String, String), audit::Write>,
+) -> BTreeMap<(String, String), audit::Write> {
+    let mut first = BTreeMap::new();
+    for ((ns, name), write) in writes {
+        if let Some((deployment, _hash)) = name.rsplit_once('-') {
+            first
+                .entry((ns, deployment.to_string()))
+                .and_modify(|w: &mut audit::Write| {
+                    if write.received < w.received {
+                        *w = write;
+                    }
+                })
+                .or_insert(write);
+        }
+    }
+    first
 }
 
 /// Where each change's time went, from the operator's Deployment write in the audit log:
 /// until the operator sent it (watch delivery, queue, reconcile), the API server answering it,
 /// and until the benchmark's watch showed it; and the first two together, until the Deployment
-/// was updated in the API server. p50 and p99 of each, in milliseconds.
-fn breakdown(changes: &[Change], writes: &BTreeMap<(String, String), audit::Write>) -> Value {
+/// was updated in the API server. Beside the benchmark's watch, another watcher of the same
+/// Deployment: the deployment controller, until it wrote the ReplicaSet. p50 and p99 of each,
+/// in milliseconds.
+fn breakdown(
+    changes: &[Change],
+    writes: &BTreeMap<(String, String), audit::Write>,
+    scaled: &BTreeMap<(String, String), audit::Write>,
+) -> Value {
     let mut reacted = Vec::new();
     let mut answered = Vec::new();
     let mut delivered = Vec::new();
     let mut updated = Vec::new();
+    let mut controller = Vec::new();
     for change in changes {
         if let Some(write) = writes.get(&change.key) {
             updated.push(millis(change.sent, write.answered));
             reacted.push(millis(change.sent, write.received));
             answered.push(millis(write.received, write.answered));
             delivered.push(millis(write.answered, change.seen));
+            if let Some(scale) = scaled.get(&change.key) {
+                controller.push(millis(write.answered, scale.received));
+            }
         }
     }
     let part = |v: &[f64]| json!({"p50": percentile(v, 0.50), "p99": percentile(v, 0.99)});
@@ -490,7 +564,36 @@ fn breakdown(changes: &[Change], writes: &BTreeMap<(String, String), audit::Writ
         "api_server_answering": part(&answered),
         "until_benchmark_saw": part(&delivered),
         "until_updated": part(&updated),
+        "until_deployment_controller_wrote": part(&controller),
     })
+}
+
+/// Waits until the control plane (API server, controller manager, scheduler, etcd, kwok) uses
+/// under a tenth of a core over two seconds, or `timeout`; returns the cores it used last.
+async fn wait_quiet_control_plane(timeout: Duration) -> f64 {
+    const CONTROL_PLANE: [&str; 5] = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "etcd",
+        "kwok",
+    ];
+    let window = Duration::from_secs(2);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let before = procs::snapshot();
+        tokio::time::sleep(window).await;
+        let used: f64 = before
+            .used_since(&procs::snapshot(), &[])
+            .iter()
+            .filter(|(name, _)| CONTROL_PLANE.contains(&name.as_str()))
+            .map(|(_, seconds)| seconds)
+            .sum();
+        let cores = used / window.as_secs_f64();
+        if cores < 0.1 || Instant::now() > deadline {
+            return cores;
+        }
+    }
 }
 
 /// CPU by process since `before`, the operator and the benchmark named as such.
@@ -614,8 +717,20 @@ fn print_table(results: &Value) {
             "  of which the API server answering, p99 (ms)",
             "/steady/size_change_parts_ms/api_server_answering/p99",
         ),
+        (
+            "  updated until the benchmark saw it, p99 (ms)",
+            "/steady/size_change_parts_ms/until_benchmark_saw/p99",
+        ),
+        (
+            "  updated until the Deployment controller wrote, p99",
+            "/steady/size_change_parts_ms/until_deployment_controller_wrote/p99",
+        ),
         ("steady: loaded RSS (MiB)", "/steady/loaded_rss_mib"),
         ("steady: CPU total (s)", "/steady/cpu_seconds_total"),
+        (
+            "restart: control plane quiet after (s)",
+            "/restart/quiet_after_seconds",
+        ),
         ("restart: time to ready (s)", "/restart/ready_seconds"),
         ("restart: writes", "/restart/writes"),
         ("failover: SIGKILL gap (s)", "/failover/sigkill_seconds"),
@@ -631,4 +746,32 @@ fn print_table(results: &Value) {
         }
     }
     println!("machine: {}", results["machine"]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_set_write_counts_for_its_deployment_and_the_earliest_wins() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let write = |received: &str| audit::Write {
+            received: at(received),
+            answered: at(received),
+        };
+        let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
+        let writes = BTreeMap::from([
+            (key("a", "mc-00001-7d9f8b"), write("2026-01-01T00:00:03Z")),
+            (key("a", "mc-00001-55c4d6"), write("2026-01-01T00:00:02Z")),
+            (key("b", "mc-00001-7d9f8b"), write("2026-01-01T00:00:05Z")),
+        ]);
+        let by_deployment = replica_sets_by_deployment(writes);
+        assert_eq!(
+            by_deployment,
+            BTreeMap::from([
+                (key("a", "mc-00001"), write("2026-01-01T00:00:02Z")),
+                (key("b", "mc-00001"), write("2026-01-01T00:00:05Z")),
+            ])
+        );
+    }
 }

@@ -1,5 +1,7 @@
 //! CPU used by every process on the machine over a window, by command name: where the cores went
 //! while the operator waited (the API server, etcd, the controller manager, kwok, the benchmark).
+//! The control plane's components are one binary (hack/controlplane): they are told apart by the
+//! subcommand each was started with.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,11 +16,15 @@ pub fn snapshot() -> Snapshot {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
             continue;
         };
-        if let Some(parsed) = std::fs::read_to_string(entry.path().join("stat"))
+        if let Some((comm, ticks)) = std::fs::read_to_string(entry.path().join("stat"))
             .ok()
             .and_then(|s| parse_stat(&s))
         {
-            procs.insert(pid, parsed);
+            let name = std::fs::read(entry.path().join("cmdline"))
+                .ok()
+                .and_then(|cmdline| subcommand(&comm, &cmdline))
+                .unwrap_or(comm);
+            procs.insert(pid, (name, ticks));
         }
     }
     Snapshot(procs)
@@ -33,6 +39,16 @@ fn parse_stat(stat: &str) -> Option<(String, u64)> {
     // utime and stime are fields 14 and 15 of stat, so 12 and 13 after the name.
     let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some((comm, ticks))
+}
+
+/// `kube-apiserver`, `kube-controller-manager` or `kube-scheduler` for the control plane's binary
+/// (its name truncated to 15 characters in stat), from its NUL-separated command line.
+fn subcommand(comm: &str, cmdline: &[u8]) -> Option<String> {
+    if !"kube-controlplane".starts_with(comm) || comm.len() < 15 {
+        return None;
+    }
+    let arg = cmdline.split(|b| *b == 0).nth(1)?;
+    Some(String::from_utf8_lossy(arg).into_owned()).filter(|a| a.starts_with("kube-"))
 }
 
 impl Snapshot {
@@ -71,6 +87,17 @@ mod tests {
         assert_eq!(parse_stat(line), Some(("kube-apiserver".into(), 742)));
         let odd = "7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 5 6 0 0 20 0 1 0";
         assert_eq!(parse_stat(odd), Some(("a (b) c".into(), 11)));
+    }
+
+    #[test]
+    fn control_plane_components_are_named_by_their_subcommand() {
+        let apiserver = b"/cache/kube-controlplane\0kube-apiserver\0--etcd-servers=x\0";
+        assert_eq!(
+            subcommand("kube-controlpla", apiserver),
+            Some("kube-apiserver".into())
+        );
+        assert_eq!(subcommand("etcd", b"etcd\0--data-dir=x\0"), None);
+        assert_eq!(subcommand("kube-controlpla", b"kube-controlplane\0"), None);
     }
 
     #[test]
