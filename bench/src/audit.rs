@@ -176,17 +176,25 @@ pub fn first_writes(
             object["namespace"].as_str().unwrap_or_default().to_string(),
             object["name"].as_str().unwrap_or_default().to_string(),
         );
-        let write = Write { received, answered };
-        first
-            .entry(key)
-            .and_modify(|w: &mut Write| {
-                if received < w.received {
-                    *w = write;
-                }
-            })
-            .or_insert(write);
+        keep_earliest(&mut first, key, Write { received, answered });
     }
     first
+}
+
+/// Records `write` under `key` unless an earlier-received one is there.
+pub fn keep_earliest(
+    first: &mut BTreeMap<(String, String), Write>,
+    key: (String, String),
+    write: Write,
+) {
+    first
+        .entry(key)
+        .and_modify(|w| {
+            if write.received < w.received {
+                *w = write;
+            }
+        })
+        .or_insert(write);
 }
 
 #[cfg(test)]

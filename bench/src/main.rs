@@ -517,14 +517,7 @@ fn replica_sets_by_deployment(
     let mut first = BTreeMap::new();
     for ((ns, name), write) in writes {
         if let Some((deployment, _hash)) = name.rsplit_once('-') {
-            first
-                .entry((ns, deployment.to_string()))
-                .and_modify(|w: &mut audit::Write| {
-                    if write.received < w.received {
-                        *w = write;
-                    }
-                })
-                .or_insert(write);
+            audit::keep_earliest(&mut first, (ns, deployment.to_string()), write);
         }
     }
     first

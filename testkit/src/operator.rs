@@ -186,18 +186,21 @@ impl OperatorProcess {
     }
 
     /// Whether the process is still running (not exited, whether or not reaped).
-    pub fn is_running(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .ok()
-            .and_then(|stat| {
-                let state = stat.rsplit_once(") ")?.1.chars().next()?;
-                Some(state != 'Z' && state != 'X')
-            })
-            .unwrap_or(false)
+    fn is_running(&self) -> bool {
+        self.stat_fields()
+            .and_then(|fields| fields.chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    }
+
+    /// /proc/<pid>/stat after the command name, which is in parentheses and may hold spaces: the
+    /// state first.
+    fn stat_fields(&self) -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        Some(stat.rsplit_once(") ")?.1.to_string())
     }
 
     /// The last `n` lines of the log.
-    pub fn log_tail(&self, n: usize) -> String {
+    fn log_tail(&self, n: usize) -> String {
         let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
@@ -242,10 +245,9 @@ impl OperatorProcess {
 
     /// User plus system CPU time so far.
     pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
-        let fields: Vec<f64> = rest
+        let fields: Vec<f64> = self
+            .stat_fields()
+            .unwrap_or_default()
             .split_whitespace()
             .map(|f| f.parse().unwrap_or(0.0))
             .collect();
