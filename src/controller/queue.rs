@@ -11,6 +11,10 @@
 //!   low one goes next, so status is never starved. A waiting low key added again as high moves up.
 //! - After `shut_down`, `get` returns `None` at once: keys not started are dropped, keys being
 //!   processed finish (the workers drain), and adds are ignored.
+//! - `get` first gives the runtime's other tasks a turn. A reconcile that finds nothing to write
+//!   never waits, so a worker taking key after key would hold the thread until the queue is empty:
+//!   a leader's first pass over 10,000 Memcacheds would hold off the watches, the probes and the
+//!   lease renewal until it ended.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -163,6 +167,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
     /// The next key to process, once there is one; `None` once shut down. The caller must call
     /// `done` with it when finished.
     pub async fn get(&self) -> Option<(K, Priority)> {
+        tokio::task::yield_now().await;
         loop {
             let notified = self.ready.notified();
             tokio::pin!(notified);
@@ -471,6 +476,34 @@ mod tests {
         }
         let n = processed.load(Ordering::SeqCst);
         assert!((10..=500).contains(&n), "{n}");
+    }
+
+    #[tokio::test]
+    async fn taking_keys_gives_other_tasks_a_turn() {
+        let queue = Arc::new(Queue::new(None));
+        let keys: Vec<String> = (0..100).map(|i| format!("cache-{i}")).collect();
+        for key in &keys {
+            queue.add(key.clone(), Priority::Low);
+        }
+        let taken = Arc::new(AtomicUsize::new(0));
+        // One thread, as the operator runs: a worker whose reconciles never wait.
+        let worker = tokio::spawn({
+            let (queue, taken) = (queue.clone(), taken.clone());
+            async move {
+                while taken.load(Ordering::Relaxed) < 100 {
+                    let (key, _) = queue.get().await.unwrap();
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    queue.done(&key);
+                }
+            }
+        });
+        let probe = tokio::spawn({
+            let taken = taken.clone();
+            async move { taken.load(Ordering::Relaxed) }
+        });
+        let seen = probe.await.unwrap();
+        assert!(seen < 5, "another task waited for {seen} keys");
+        worker.await.unwrap();
     }
 
     #[tokio::test]
