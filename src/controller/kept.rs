@@ -34,6 +34,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::cuts;
 use super::meta::{Meta, resource_of};
 use super::shared_text::SharedText;
 use crate::api::Memcached;
@@ -230,46 +231,27 @@ impl<K: Owned> Kept<K> {
         let Some(sent) = &self.sent_spec else {
             return;
         };
+        let sent = sent.get();
         let name = self.metadata.name.as_deref().unwrap_or_default();
-        let Ok(spec) = serde_json::from_str::<Value>(sent.get()) else {
-            self.spec = SharedText::new(sent.get(), name);
+        let fields = self
+            .managed_fields
+            .as_deref()
+            .and_then(|m| our_spec_fields(m.get()));
+        if let Some(found) = fields.and_then(|fields| cuts::find(sent, fields, name)) {
+            self.spec = found.spec;
+            self.replicas = found.replicas;
             return;
-        };
-        let replicas = spec.get("replicas");
-        self.replicas = replicas
-            .and_then(Value::as_i64)
-            .and_then(|r| i32::try_from(r).ok());
-        let Some(fields) = self.ours() else {
-            self.spec = SharedText::new(sent.get(), name);
-            return;
-        };
-        let mut cut = project(&spec, &fields);
-        if let (Some(replicas), Value::Object(cut)) = (replicas, &mut cut) {
-            cut.insert("replicas".into(), replicas.clone());
         }
-        self.spec = SharedText::new(&cut.to_string(), name);
-    }
-
-    /// Our apply's entry in managedFields: the spec fields it owns.
-    fn ours(&self) -> Option<Value> {
-        /// An entry with its fields left as text: only ours is parsed (the other managers'
-        /// entries, the controllers' status fields, are most of the text).
-        #[derive(Deserialize)]
-        struct Entry {
-            manager: Option<String>,
-            operation: Option<String>,
-            subresource: Option<String>,
-            #[serde(rename = "fieldsV1")]
-            fields_v1: Option<Box<RawValue>>,
+        let (text, replicas) = cut(sent, fields);
+        self.spec = SharedText::new(&text, name);
+        self.replicas = replicas;
+        if let Some(fields) = fields {
+            let made = cuts::Cut {
+                spec: self.spec.clone(),
+                replicas,
+            };
+            cuts::keep(sent, fields, name, &text, &made);
         }
-        let entries: Vec<Entry> = serde_json::from_str(self.managed_fields.as_ref()?.get()).ok()?;
-        let fields = entries.into_iter().find(|entry| {
-            entry.manager.as_deref() == Some(MANAGER_NAME)
-                && entry.operation.as_deref() == Some("Apply")
-                && entry.subresource.as_deref().unwrap_or_default().is_empty()
-        })?;
-        let mut fields: Value = serde_json::from_str(fields.fields_v1?.get()).ok()?;
-        fields.get_mut("f:spec").map(Value::take)
     }
 
     /// The spec as kept (as sent, before `trim`).
@@ -325,6 +307,55 @@ impl<K: Owned> Kept<K> {
         kept.trim(None);
         kept
     }
+}
+
+/// The spec as sent, cut to `fields` (all of it without), and its `replicas`.
+fn cut<'a>(sent: &'a str, fields: Option<&str>) -> (Cow<'a, str>, Option<i32>) {
+    let Ok(spec) = serde_json::from_str::<Value>(sent) else {
+        return (Cow::Borrowed(sent), None);
+    };
+    let replicas = spec.get("replicas");
+    let count = replicas
+        .and_then(Value::as_i64)
+        .and_then(|r| i32::try_from(r).ok());
+    let Some(fields) = fields.and_then(|f| serde_json::from_str::<Value>(f).ok()) else {
+        return (Cow::Borrowed(sent), count);
+    };
+    let mut cut = project(&spec, &fields);
+    if let (Some(replicas), Value::Object(cut)) = (replicas, &mut cut) {
+        cut.insert("replicas".into(), replicas.clone());
+    }
+    (Cow::Owned(cut.to_string()), count)
+}
+
+/// The spec fields our apply owns, as text: our entry's `f:spec` in managedFields (as text).
+/// Borrowed, not decoded: the other managers' entries, the controllers' status fields, are most
+/// of the text.
+fn our_spec_fields(managed_fields: &str) -> Option<&str> {
+    #[derive(Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow)]
+        manager: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        operation: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        subresource: Option<Cow<'a, str>>,
+        #[serde(rename = "fieldsV1", borrow)]
+        fields_v1: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Fields<'a> {
+        #[serde(rename = "f:spec", borrow)]
+        spec: Option<&'a RawValue>,
+    }
+    let entries: Vec<Entry> = serde_json::from_str(managed_fields).ok()?;
+    let ours = entries.into_iter().find(|entry| {
+        entry.manager.as_deref() == Some(MANAGER_NAME)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    })?;
+    let fields: Fields = serde_json::from_str(ours.fields_v1?.get()).ok()?;
+    Some(fields.spec?.get())
 }
 
 /// A label or annotation map as shared text; the empty text for none.
@@ -490,6 +521,48 @@ mod tests {
         assert_eq!(selector(&b)["app.kubernetes.io/instance"], "cache-b");
         assert!(!a.needs(&resources::deployment(&memcached("cache-a", 2), &images)));
         assert!(b.needs(&resources::deployment(&memcached("cache-b", 3), &images)));
+    }
+
+    #[test]
+    fn a_cut_found_again_is_the_cut_made_afresh_whatever_the_name() {
+        let images = resources::Images::new("memcached:1");
+        let sent = |name: &str| {
+            let stored = as_stored(&resources::deployment(&memcached(name, 2), &images));
+            let entries = serde_json::to_string(&stored.metadata.managed_fields).unwrap();
+            let fields = our_spec_fields(&entries).unwrap().to_string();
+            let spec = serde_json::to_string(&stored.spec).unwrap();
+            (stored, spec, fields)
+        };
+        Kept::of(&sent("cache-a").0);
+        let (_, spec, fields) = sent("cache-b");
+        assert!(
+            cuts::find(&spec, &fields, "cache-b").is_some(),
+            "found for a name alike"
+        );
+        // Names that are also keys, values, numbers and literals of the spec.
+        for name in [
+            "cache-b",
+            "memcached",
+            "2",
+            "1",
+            "a",
+            "e",
+            "app",
+            "cache",
+            "true",
+            "tcp",
+        ] {
+            let (stored, spec, fields) = sent(name);
+            let kept = Kept::of(&stored);
+            let (afresh, replicas) = cut(&spec, Some(&fields));
+            assert_eq!(
+                kept.spec(),
+                serde_json::from_str::<Value>(&afresh).unwrap(),
+                "{name}"
+            );
+            assert_eq!(kept.replicas, replicas, "{name}");
+            assert_eq!(replicas, Some(2));
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the watches, work queue and workers that drive it.
 
 pub(crate) mod cache;
+mod cuts;
 mod events;
 mod guarded;
 mod initial_list;
