@@ -11,10 +11,11 @@
 //! size names the size it found.
 //!
 //! A spec that changes only with the generation is not even parsed on a status update (most
-//! events): the cut already kept is reused. Cuts are held once for all objects whose cuts
-//! differ only in their names (shared_text.rs), and so are labels and annotations (a map's
-//! B-tree node is half a kilobyte even for one entry); of a Deployment's status conditions only
-//! failures are kept: nothing reads the others.
+//! events): the cut already kept is reused. Nor is the spec of an object alike but for its name
+//! to one already cut (cuts.rs), which is most objects when a restart lists them all. Cuts are
+//! held once for all objects whose cuts differ only in their names (shared_text.rs), and so are
+//! labels and annotations (a map's B-tree node is half a kilobyte even for one entry); of a
+//! Deployment's status conditions only failures are kept: nothing reads the others.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -328,9 +329,9 @@ fn cut<'a>(sent: &'a str, fields: Option<&str>) -> (Cow<'a, str>, Option<i32>) {
     (Cow::Owned(cut.to_string()), count)
 }
 
-/// The spec fields our apply owns, as text: our entry's `f:spec` in managedFields (as text).
-/// Borrowed, not decoded: the other managers' entries, the controllers' status fields, are most
-/// of the text.
+/// The spec fields our apply owns: our managedFields entry's `f:spec`, borrowed from the text of
+/// the entries, none of them decoded (the other managers' entries, the controllers' status
+/// fields, are most of the text).
 fn our_spec_fields(managed_fields: &str) -> Option<&str> {
     #[derive(Deserialize)]
     struct Entry<'a> {
