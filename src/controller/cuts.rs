@@ -11,6 +11,7 @@
 //! differ in values that no field path or list key names, so the cut of one, with the names
 //! swapped, is the cut of the other; anything else is cut afresh.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
@@ -31,31 +32,44 @@ pub struct Cut {
 
 static CUTS: LazyLock<Mutex<HashMap<String, Cut>>> = LazyLock::new(Mutex::default);
 
-/// The cut of `spec` by `fields` (our entry's `f:spec`) for the object `name`, if made before
-/// for an object alike but for its name.
-pub fn find(spec: &str, fields: &str, name: &str) -> Option<Cut> {
-    let key = key(spec, fields, name)?;
-    lock(&CUTS).get(&key).cloned()
+/// The cut of `spec` by `fields` (our entry's `f:spec`, if any) for the object `name`: the one
+/// made before for an object alike but for its name, or else `make`'s text and replicas,
+/// remembered where finding them again is exact.
+pub fn cut_once<'a>(
+    spec: &str,
+    fields: Option<&str>,
+    name: &str,
+    make: impl FnOnce() -> (Cow<'a, str>, Option<i32>),
+) -> Cut {
+    let key = key(spec, fields, name);
+    if let Some(found) = key.as_ref().and_then(|key| lock(&CUTS).get(key).cloned()) {
+        return found;
+    }
+    let (text, replicas) = make();
+    let cut = Cut {
+        spec: SharedText::new(&text, name),
+        replicas,
+    };
+    if let Some(key) = key.filter(|_| only_as_values(&text, name)) {
+        let mut cuts = lock(&CUTS);
+        if cuts.len() >= CAPACITY {
+            cuts.clear();
+        }
+        cuts.insert(key, cut.clone());
+    }
+    cut
 }
 
-/// Remembers `cut`, made from `spec` by `fields` for `name`, where finding it again is exact.
-pub fn keep(spec: &str, fields: &str, name: &str, cut_text: &str, cut: &Cut) {
-    let Some(key) = key(spec, fields, name) else {
-        return;
-    };
-    if !only_as_values(cut_text, name) {
-        return;
-    }
-    let mut cuts = lock(&CUTS);
-    if cuts.len() >= CAPACITY {
-        cuts.clear();
-    }
-    cuts.insert(key, cut.clone());
+/// The cut remembered for `spec` by `fields` for `name`, if any.
+#[cfg(test)]
+pub fn find(spec: &str, fields: &str, name: &str) -> Option<Cut> {
+    lock(&CUTS).get(&key(spec, Some(fields), name)?).cloned()
 }
 
 /// The spec with the name factored out, then the field set; `None` where a cut found by it
 /// might not be this object's.
-fn key(spec: &str, fields: &str, name: &str) -> Option<String> {
+fn key(spec: &str, fields: Option<&str>, name: &str) -> Option<String> {
+    let fields = fields?;
     if name.is_empty() || fields.contains(name) || !only_as_values(spec, name) {
         return None;
     }
@@ -89,16 +103,16 @@ mod tests {
     fn a_name_only_as_whole_values_is_factored() {
         let spec = r#"{"selector":{"instance":"web"},"names":["web","x"],"port":80}"#;
         assert!(only_as_values(spec, "web"));
-        assert!(key(spec, r#"{"f:selector":{}}"#, "web").is_some());
+        assert!(key(spec, Some(r#"{"f:selector":{}}"#), "web").is_some());
         let other = spec.replace("web", "api");
         assert_eq!(
-            key(spec, "{}", "web"),
-            key(&other, "{}", "api"),
+            key(spec, Some("{}"), "web"),
+            key(&other, Some("{}"), "api"),
             "alike but for the name"
         );
         assert_ne!(
-            key(spec, "{}", "web"),
-            key(&other, r#"{"f:port":{}}"#, "api")
+            key(spec, Some("{}"), "web"),
+            key(&other, Some(r#"{"f:port":{}}"#), "api")
         );
     }
 
@@ -113,12 +127,12 @@ mod tests {
             (r#"{"a": "web"}"#, "web"),            // unusual spacing: not risked
         ] {
             assert!(!only_as_values(spec, name), "{spec} by {name}");
-            assert_eq!(key(spec, "{}", name), None);
+            assert_eq!(key(spec, Some("{}"), name), None);
         }
         assert_eq!(
             key(
                 r#"{"a":"web"}"#,
-                r#"{"f:a":{"k:{\"n\":\"web\"}":{}}}"#,
+                Some(r#"{"f:a":{"k:{\"n\":\"web\"}":{}}}"#),
                 "web"
             ),
             None,

@@ -238,21 +238,9 @@ impl<K: Owned> Kept<K> {
             .managed_fields
             .as_deref()
             .and_then(|m| our_spec_fields(m.get()));
-        if let Some(found) = fields.and_then(|fields| cuts::find(sent, fields, name)) {
-            self.spec = found.spec;
-            self.replicas = found.replicas;
-            return;
-        }
-        let (text, replicas) = cut(sent, fields);
-        self.spec = SharedText::new(&text, name);
-        self.replicas = replicas;
-        if let Some(fields) = fields {
-            let made = cuts::Cut {
-                spec: self.spec.clone(),
-                replicas,
-            };
-            cuts::keep(sent, fields, name, &text, &made);
-        }
+        let made = cuts::cut_once(sent, fields, name, || cut(sent, fields));
+        self.spec = made.spec;
+        self.replicas = made.replicas;
     }
 
     /// The spec as kept (as sent, before `trim`).

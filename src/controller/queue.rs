@@ -481,9 +481,8 @@ mod tests {
     #[tokio::test]
     async fn taking_keys_gives_other_tasks_a_turn() {
         let queue = Arc::new(Queue::new(None));
-        let keys: Vec<String> = (0..100).map(|i| format!("cache-{i}")).collect();
-        for key in &keys {
-            queue.add(key.clone(), Priority::Low);
+        for i in 0..100 {
+            queue.add(format!("cache-{i}"), Priority::Low);
         }
         let taken = Arc::new(AtomicUsize::new(0));
         // One thread, as the operator runs: a worker whose reconciles never wait.
