@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::telemetry::LogFormat;
-use crate::watch_namespace::WatchNamespace;
+use operator_runtime::telemetry::LogFormat;
+use operator_runtime::watch_namespace::WatchNamespace;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -118,18 +118,11 @@ impl RunArgs {
             .clone()
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| {
-                let host = host_name().unwrap_or_else(|| "memcached-operator".to_string());
+                let host = operator_runtime::host_name()
+                    .unwrap_or_else(|| "memcached-operator".to_string());
                 format!("{host}_{:08x}", rand::random::<u32>())
             })
     }
-}
-
-/// The kernel's host name (a pod's name inside Kubernetes).
-pub fn host_name() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
 }
 
 /// A listen address, or none when the endpoint is disabled.

@@ -58,12 +58,12 @@ pub mod apiserver {
     use serde_json::{Value, json};
     use tower_test::mock::{self, Handle};
 
-    use crate::backoff::Backoff;
-    use crate::controller::cache::{self, Writer};
     use crate::controller::kept::Kept;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
     use crate::service_monitor::ServiceMonitor;
+    use operator_runtime::backoff::Backoff;
+    use operator_runtime::cache::{self, Writer};
 
     pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
 

@@ -12,18 +12,18 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::{self, Endpoints};
 use crate::config::RunArgs;
 use crate::controller::{self, InitialList, Settings};
-use crate::health::Health;
-use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::resources::Images;
+use operator_runtime::admin::{self, Endpoints};
+use operator_runtime::leader::{LeaderElector, LeaseConfig};
+use operator_runtime::readiness::Readiness;
 
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 pub fn main(args: RunArgs) -> ExitCode {
-    let telemetry = crate::telemetry::init(args.log_format);
+    let telemetry = operator_runtime::telemetry::init("memcached-operator", args.log_format);
     if telemetry.exporting() {
         info!("exporting traces over OTLP");
     }
@@ -56,9 +56,9 @@ async fn run(args: RunArgs) -> ExitCode {
     };
     let identity = args.identity();
     let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::default());
+    let readiness = Arc::new(Readiness::default());
     let shutdown = CancellationToken::new();
-    tokio::spawn(crate::shutdown::on_signal(shutdown.clone()));
+    tokio::spawn(operator_runtime::shutdown::on_signal(shutdown.clone()));
 
     // Built before the endpoints listen: building it registers its watches for readiness. It runs
     // from the start, also on a follower, so its caches are warm at takeover; it reconciles
@@ -74,7 +74,7 @@ async fn run(args: RunArgs) -> ExitCode {
         },
         service_monitors: keep_service_monitors(&client, &scopes).await,
         initial_list: match scopes.first() {
-            Some(scope) => InitialList::probe(&scope.api(&client)).await,
+            Some(scope) => InitialList::probe(&scope.api::<crate::api::Memcached>(&client)).await,
             None => InitialList::Paged,
         },
         instance: identity.clone(),
@@ -85,14 +85,15 @@ async fn run(args: RunArgs) -> ExitCode {
         client.clone(),
         settings,
         metrics.clone(),
-        health.caches(),
+        readiness.watches(),
         stop_controller.clone(),
         leading,
     );
 
     // Endpoints outlive the controller so /metrics and probes answer during the drain.
     let endpoints_stop = CancellationToken::new();
-    if let Err(code) = serve_endpoints(&args, &client, &metrics, &health, &endpoints_stop).await {
+    if let Err(code) = serve_endpoints(&args, &client, &metrics, &readiness, &endpoints_stop).await
+    {
         return code;
     }
 
@@ -121,9 +122,9 @@ async fn run(args: RunArgs) -> ExitCode {
             stop: stop_controller,
             leading: leading_tx,
         };
-        run_as_leader(elector, controller, &metrics, &health, &shutdown, &args).await
+        run_as_leader(elector, controller, &metrics, &readiness, &shutdown, &args).await
     } else {
-        drain(controller.fuse(), &stop_controller, &health, &args).await;
+        drain(controller.fuse(), &stop_controller, &readiness, &args).await;
         ExitCode::SUCCESS
     };
     endpoints_stop.cancel();
@@ -134,7 +135,10 @@ async fn run(args: RunArgs) -> ExitCode {
 /// Whether to keep ServiceMonitors: the cluster serves their API and this process may watch
 /// them where it watches Memcacheds. Asked a few times while the API server does not answer;
 /// after that taken as no (logged), so that a start never waits long for an optional feature.
-async fn keep_service_monitors(client: &Client, scopes: &[crate::watch_namespace::Scope]) -> bool {
+async fn keep_service_monitors(
+    client: &Client,
+    scopes: &[operator_runtime::watch_namespace::Scope],
+) -> bool {
     let ask = || async {
         if !crate::service_monitor::served(client).await? {
             return Ok::<_, kube::Error>((false, vec![]));
@@ -176,12 +180,13 @@ async fn serve_endpoints(
     args: &RunArgs,
     client: &Client,
     metrics: &Arc<Metrics>,
-    health: &Arc<Health>,
+    readiness: &Arc<Readiness>,
     stop: &CancellationToken,
 ) -> Result<(), ExitCode> {
     let metrics_tls = match args.metrics_secure {
         false => None,
-        true => match crate::metrics_auth::tls_config(args.metrics_cert_path.as_deref()) {
+        true => match operator_runtime::metrics_auth::tls_config(args.metrics_cert_path.as_deref())
+        {
             Ok(tls) => Some(tls),
             Err(e) => {
                 error!(error = %e, "cannot set up TLS for /metrics");
@@ -190,12 +195,12 @@ async fn serve_endpoints(
         },
     };
     let state = Arc::new(admin::State {
-        metrics: metrics.clone(),
-        health: health.clone(),
+        metrics: metrics.controller.registry().clone(),
+        readiness: readiness.clone(),
         client: client.clone(),
         metrics_auth: args
             .metrics_secure
-            .then(|| crate::metrics_auth::MetricsAuth::new(client.clone())),
+            .then(|| operator_runtime::metrics_auth::MetricsAuth::new(client.clone())),
     });
     for (addr, endpoints, tls) in [
         (args.metrics_bind_address.0, Endpoints::Metrics, metrics_tls),
@@ -221,12 +226,12 @@ async fn run_as_leader(
     mut elector: LeaderElector,
     controller: Controller<impl Future<Output = ()>>,
     metrics: &Metrics,
-    health: &Health,
+    readiness: &Readiness,
     shutdown: &CancellationToken,
     args: &RunArgs,
 ) -> ExitCode {
     let lease = elector.lease_name().to_string();
-    metrics.set_leader(&lease, false);
+    metrics.controller.set_leader(&lease, false);
     let Controller { run, stop, leading } = controller;
     // Fused: the controller may end first in either select below (it stops on `shutdown` too),
     // and `drain` must not poll it again then.
@@ -238,21 +243,21 @@ async fn run_as_leader(
     };
     if !acquired {
         stop.cancel();
-        drain(&mut run, &stop, health, args).await;
+        drain(&mut run, &stop, readiness, args).await;
         return ExitCode::SUCCESS;
     }
-    metrics.set_leader(&lease, true);
+    metrics.controller.set_leader(&lease, true);
     leading.send_replace(true);
 
     let outcome = tokio::select! {
         held = elector.hold(shutdown) => held,
         _ = &mut run => Ok(()),
     };
-    metrics.set_leader(&lease, false);
+    metrics.controller.set_leader(&lease, false);
     match outcome {
         Ok(()) => {
             stop.cancel();
-            drain(&mut run, &stop, health, args).await;
+            drain(&mut run, &stop, readiness, args).await;
             elector.release().await;
             ExitCode::SUCCESS
         }
@@ -272,7 +277,7 @@ async fn run_as_leader(
 async fn drain(
     controller: impl FusedFuture<Output = ()>,
     stop: &CancellationToken,
-    health: &Health,
+    readiness: &Readiness,
     args: &RunArgs,
 ) {
     if controller.is_terminated() {
@@ -283,7 +288,7 @@ async fn drain(
         _ = &mut controller => return,
         _ = stop.cancelled() => {}
     }
-    if !health.caches().synced() {
+    if !readiness.watches().synced() {
         info!("stopping before the caches synced: nothing to drain");
         return;
     }
@@ -316,11 +321,11 @@ mod tests {
         let run = futures::future::ready(()).fuse();
         tokio::pin!(run);
         (&mut run).await;
-        let (stop, health) = (CancellationToken::new(), Health::default());
+        let (stop, readiness) = (CancellationToken::new(), Readiness::default());
         stop.cancel();
         let drained = tokio::time::timeout(
             std::time::Duration::from_secs(1),
-            drain(&mut run, &stop, &health, &args),
+            drain(&mut run, &stop, &readiness, &args),
         );
         assert!(drained.await.is_ok(), "waited out the shutdown timeout");
     }

@@ -11,7 +11,7 @@ use kube::api::PostParams;
 use kube::{Api, Client, CustomResource, Resource};
 use serde::{Deserialize, Serialize};
 
-use crate::watch_namespace::Scope;
+use operator_runtime::watch_namespace::Scope;
 
 /// Which Services' endpoints Prometheus scrapes, and how.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq)]

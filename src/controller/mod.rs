@@ -1,33 +1,29 @@
 //! The Memcached controller: the reconcile (the tutorial's steps), the events it records, and
 //! the watches, work queue and workers that drive it.
 
-pub(crate) mod cache;
 mod cuts;
 mod events;
 mod guarded;
-mod initial_list;
 pub(crate) mod kept;
 mod meta;
 mod own_writes;
 mod pod_index;
-mod queue;
 mod reconcile;
-mod relisted;
 pub(crate) mod rollouts;
 mod shared_text;
 mod watches;
 
 pub use events::Events;
 pub use guarded::parse_event;
-pub use initial_list::InitialList;
-pub use queue::Priority;
+pub use operator_runtime::initial_list::InitialList;
+pub use operator_runtime::queue::Priority;
 pub use reconcile::{Context, error_policy, reconcile};
 pub use rollouts::Rollouts;
 pub use watches::run;
 
 use std::time::Duration;
 
-use crate::watch_namespace::WatchNamespace;
+use operator_runtime::watch_namespace::WatchNamespace;
 
 /// What a reconcile asks for next: nothing until a watch event says something changed, or
 /// another run after a delay (a recheck, or after an error a retry with backoff).
@@ -72,9 +68,5 @@ pub struct Settings {
 }
 
 /// The controller's shared maps and sets hold nothing a panic can leave worse than a stale entry
-/// or a repeated event, so a poisoned lock is used as is rather than stopping every reconcile.
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+/// or a repeated event.
+use operator_runtime::lock;

@@ -17,8 +17,8 @@ use serde::{Deserialize, Deserializer};
 use super::lock;
 use super::meta::Meta;
 use super::meta::resource_of;
-use super::relisted::Relisted;
 use crate::resources::LABEL_INSTANCE;
+use operator_runtime::relisted::Relisted;
 
 /// A pod as the pod watch decodes it: the metadata a reconcile reads (spec, status and
 /// managedFields are skipped). Not a metadata-only watch (`metadata_api`): at 10,000 pods that

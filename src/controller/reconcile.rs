@@ -15,7 +15,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{debug, warn};
 
-use super::cache::Cache;
 use super::events::{Change, Events};
 use super::guarded::Guarded;
 use super::kept::{Kept, Owned};
@@ -23,15 +22,17 @@ use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
 use crate::api::{Memcached, MemcachedStatus};
-use crate::backoff::Backoff;
 use crate::drift::needs_apply_to_ours;
 use crate::error::{Error, Refusal, Result};
-use crate::health::Caches;
-use crate::metrics::{Metrics, ReconcileResult};
+use crate::metrics::Metrics;
 use crate::resources::{self, Images, MANAGER_NAME, is_controlled_by};
 use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
 use crate::validation;
+use operator_runtime::backoff::Backoff;
+use operator_runtime::cache::Cache;
+use operator_runtime::metrics::ReconcileResult;
+use operator_runtime::readiness::SyncGate;
 
 /// Retry delay for a reconcile that arrives before its scope's owned caches are filled.
 const CACHE_WAIT: Duration = Duration::from_millis(100);
@@ -62,12 +63,12 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// This scope's watch caches: reconciling before they are filled would report a wrong status
     /// (no pods yet) and correct it a moment later, two needless writes per object.
-    pub caches: Caches,
+    pub caches: SyncGate,
 }
 
 /// Reconcile one Memcached, recording the outcome in the metrics.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action> {
-    let _running = ctx.metrics.start_reconcile();
+    let _running = ctx.metrics.controller.start_reconcile();
     let result = reconcile_steps(&mc, &ctx).await;
     match &result {
         Ok(action) => {
@@ -77,10 +78,11 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action> 
             } else {
                 ReconcileResult::RequeueAfter
             };
-            ctx.metrics.record(label, None);
+            ctx.metrics.controller.record(label, None);
         }
         Err(e) => ctx
             .metrics
+            .controller
             .record(ReconcileResult::Error, Some(e.metric_label())),
     }
     result

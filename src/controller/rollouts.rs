@@ -20,7 +20,7 @@ use kube::runtime::watcher;
 
 use super::kept::Kept;
 use super::lock;
-use super::relisted::Relisted;
+use operator_runtime::relisted::Relisted;
 
 /// (namespace, name) of a Deployment.
 type Key = (String, String);

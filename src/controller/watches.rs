@@ -24,23 +24,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, field, info, info_span};
 
 use super::Settings;
-use super::cache::{self, Cache};
 use super::events::Events;
 use super::guarded::{Guarded, parse_event};
-use super::initial_list::InitialList;
 use super::kept::{Kept, Owned};
 use super::own_writes::OwnWrites;
 use super::pod_index::{PodIndex, PodMeta};
-use super::queue::{Priority, Queue};
 use super::reconcile::{Context, error_policy, reconcile};
 use super::rollouts::Rollouts;
 use crate::api::Memcached;
-use crate::backoff::Backoff;
-use crate::health::{Caches, Unsynced};
 use crate::metrics::Metrics;
 use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
 use crate::service_monitor::ServiceMonitor;
-use crate::watch_namespace::Scope;
+use operator_runtime::backoff::Backoff;
+use operator_runtime::cache::{self, Cache};
+use operator_runtime::initial_list::InitialList;
+use operator_runtime::queue::{Priority, Queue};
+use operator_runtime::readiness::{SyncGate, Unsynced};
+use operator_runtime::watch_namespace::Scope;
 
 /// A queued reconcile: the watch scope (index into the scopes) and the Memcached. Shared: the
 /// queue holds a key in several of its sets at once.
@@ -60,23 +60,25 @@ const PANIC_RETRY: Duration = Duration::from_secs(1);
 /// they exist; the returned future runs them until `shutdown` is cancelled and the reconciles
 /// in flight have finished.
 ///
-/// Caches fill and stay current whether or not `leading` is true, so a follower that takes over
+/// SyncGate fill and stay current whether or not `leading` is true, so a follower that takes over
 /// starts from warm caches (as controller-runtime's followers do); until then no worker takes a
 /// key, and the moment `leading` turns true every cached Memcached is queued.
 pub fn run(
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
-    caches: &Caches,
+    caches: &SyncGate,
     shutdown: CancellationToken,
     leading: watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + use<> {
-    metrics.set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
+    metrics
+        .controller
+        .set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
     let reporter = Reporter {
         controller: MANAGER_NAME.into(),
         instance: Some(settings.instance.clone()),
     };
-    let queue = Arc::new(Queue::new(Some(metrics.queue())));
+    let queue = Arc::new(Queue::new(Some(metrics.controller.queue())));
     let shared = Shared {
         events: Events::new(client.clone(), reporter),
         client,
@@ -247,7 +249,7 @@ fn scope_watches(
     shared: &Shared,
     index: usize,
     scope: Scope,
-    caches: Caches,
+    caches: SyncGate,
     leading: &watch::Receiver<bool>,
 ) -> (ScopeState, Vec<JoinHandle<()>>) {
     let client = &shared.client;
@@ -417,7 +419,7 @@ fn watched<K>(
 struct Triggers {
     queue: Arc<Queue<Key>>,
     scope: usize,
-    caches: Caches,
+    caches: SyncGate,
     leading: watch::Receiver<bool>,
     relist: Option<Vec<(ObjectRef<Memcached>, Priority)>>,
 }
@@ -426,7 +428,7 @@ impl Triggers {
     fn new(
         queue: Arc<Queue<Key>>,
         scope: usize,
-        caches: &Caches,
+        caches: &SyncGate,
         leading: &watch::Receiver<bool>,
     ) -> Self {
         Self {
@@ -513,7 +515,7 @@ fn reconcile_span(mc: &Memcached) -> tracing::Span {
     );
     span.record("namespace", mc.namespace().unwrap_or_default());
     span.record("memcached", mc.name_any());
-    if let Some(id) = span.in_scope(crate::telemetry::current_trace_id) {
+    if let Some(id) = span.in_scope(operator_runtime::telemetry::current_trace_id) {
         span.record("trace_id", id);
     }
     span
@@ -538,7 +540,7 @@ fn released_on_first_list<K>(handle: &mut Option<Unsynced>, event: &watcher::Eve
 /// leadership alone could miss some.
 async fn queue_all_on_leading(
     leading: watch::Receiver<bool>,
-    caches: Caches,
+    caches: SyncGate,
     memcacheds: Cache<Memcached>,
     queue: Arc<Queue<Key>>,
     scope: usize,
@@ -558,7 +560,7 @@ async fn queue_all_on_leading(
 /// Yields once, when `leading` is true and the scope's caches are filled.
 fn became_leader(
     mut leading: watch::Receiver<bool>,
-    caches: Caches,
+    caches: SyncGate,
 ) -> impl Stream<Item = ()> + Send + 'static {
     futures::stream::once(async move {
         let gained = leading.wait_for(|l| *l).await.is_ok();
@@ -604,7 +606,7 @@ impl<K: Owned> OwnedTriggers<K> {
 fn owned_watch<K>(
     shared: &Shared,
     scope: &Scope,
-    caches: &Caches,
+    caches: &SyncGate,
     mut triggers: Triggers,
     owned: OwnedTriggers<K>,
     observe: impl Fn(&watcher::Event<Kept<K>>) + Send + 'static,
@@ -683,7 +685,7 @@ mod tests {
     #[tokio::test]
     async fn everything_is_queued_once_leading_with_filled_caches() {
         let (leading_tx, leading) = watch::channel(false);
-        let caches = Caches::default();
+        let caches = SyncGate::default();
         let memcacheds = caches.watch();
         let mut queued = Box::pin(became_leader(leading, caches));
         let soon = std::time::Duration::from_millis(200);

@@ -10,8 +10,6 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-const SERVICE_NAME: &str = "memcached-operator";
-
 /// Log line format (--log-format).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -48,8 +46,8 @@ pub fn otlp_endpoint() -> Option<String> {
     .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
 }
 
-pub fn init(format: LogFormat) -> Guard {
-    let provider = otlp_endpoint().and_then(|endpoint| match tracer_provider() {
+pub fn init(service_name: &'static str, format: LogFormat) -> Guard {
+    let provider = otlp_endpoint().and_then(|endpoint| match tracer_provider(service_name) {
         Ok(p) => Some(p),
         Err(e) => {
             eprintln!("OTLP export to {endpoint} disabled: {e}");
@@ -58,7 +56,7 @@ pub fn init(format: LogFormat) -> Guard {
     });
     let otel = provider
         .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(SERVICE_NAME)));
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name)));
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     match format {
@@ -78,14 +76,16 @@ pub fn init(format: LogFormat) -> Guard {
     Guard(provider)
 }
 
-fn tracer_provider() -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
+fn tracer_provider(
+    service_name: &'static str,
+) -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
     // The exporter reads OTEL_EXPORTER_OTLP_* (endpoint, headers, timeout) itself.
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()?;
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(SERVICE_NAME).build())
+        .with_resource(Resource::builder().with_service_name(service_name).build())
         .build())
 }
 

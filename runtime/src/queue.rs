@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::lock;
+use crate::lock;
 use crate::metrics::QueueMetrics;
 
 /// How urgent a key's next reconcile is.
@@ -271,7 +271,7 @@ impl<K: Hash + Eq + Clone> Queue<K> {
 
     /// Keys waiting to be handed out (not counting delayed ones).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         let state = lock(&self.state);
         state.depth()
     }
@@ -641,9 +641,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn in_flight_gauges_show_a_stuck_reconcile_before_it_ends() {
-        let metrics = crate::metrics::Metrics::new();
+        let metrics = crate::metrics::ControllerMetrics::new("memcached", "memcached_operator");
         let q = Queue::new(Some(metrics.queue()));
-        let gauges = |m: &crate::metrics::Metrics| {
+        let gauges = |m: &crate::metrics::ControllerMetrics| {
             let text = m.render();
             let value = |name: &str| {
                 text.lines()
@@ -673,7 +673,7 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_count_adds_depth_and_waits() {
-        let metrics = crate::metrics::Metrics::new();
+        let metrics = crate::metrics::ControllerMetrics::new("memcached", "memcached_operator");
         let q = Queue::new(Some(metrics.queue()));
         q.add("a", Low);
         q.add("a", Low);

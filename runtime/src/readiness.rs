@@ -1,4 +1,4 @@
-//! Liveness and readiness state behind /healthz and /readyz.
+//! What /readyz answers: whether the API server answers and every watch has its first list.
 //!
 //! Readiness never waits for leadership: with a single replica, a rolling update would deadlock
 //! if the new pod had to lead before it counted as ready while the old one held the lease.
@@ -13,8 +13,8 @@ use kube::Client;
 use tokio::sync::Notify;
 
 #[derive(Default)]
-pub struct Health {
-    caches: Caches,
+pub struct Readiness {
+    watches: SyncGate,
 }
 
 /// Why /readyz answers 503.
@@ -24,16 +24,16 @@ pub enum NotReady {
     CachesNotSynced,
 }
 
-impl Health {
-    /// Every watch cache of the process: watches register here (or in a [`Caches::subset`]).
-    pub fn caches(&self) -> &Caches {
-        &self.caches
+impl Readiness {
+    /// Every watch cache of the process: watches register here (or in a [`SyncGate::subset`]).
+    pub fn watches(&self) -> &SyncGate {
+        &self.watches
     }
 
     /// Readiness given whether the API server answered.
     pub fn readiness(&self, api: Result<(), String>) -> Result<(), NotReady> {
         api.map_err(NotReady::ApiUnreachable)?;
-        if !self.caches.synced() {
+        if !self.watches.synced() {
             return Err(NotReady::CachesNotSynced);
         }
         Ok(())
@@ -54,17 +54,17 @@ impl Health {
 /// Subsets (one per watch scope) count in their parent too, so the controller can ask whether its
 /// own scope is synced while readiness asks about the whole process.
 #[derive(Clone, Default)]
-pub struct Caches {
+pub struct SyncGate {
     pending: Arc<AtomicUsize>,
     /// Woken whenever a handle of this set is released.
     released: Arc<Notify>,
-    parent: Option<Box<Caches>>,
+    parent: Option<Box<SyncGate>>,
 }
 
-impl Caches {
+impl SyncGate {
     /// A set whose watches also count in this one.
-    pub fn subset(&self) -> Caches {
-        Caches {
+    pub fn subset(&self) -> SyncGate {
+        SyncGate {
             pending: Arc::default(),
             released: Arc::default(),
             parent: Some(Box::new(self.clone())),
@@ -96,7 +96,7 @@ impl Caches {
         }
     }
 
-    fn each(&self, f: impl Fn(&Caches)) {
+    fn each(&self, f: impl Fn(&SyncGate)) {
         let mut set = Some(self);
         while let Some(s) = set {
             f(s);
@@ -108,7 +108,7 @@ impl Caches {
 /// A watch whose cache has not had its first complete list. Released once, by value; a watch
 /// that ends before its first list never counts as synced.
 #[must_use = "readiness waits until this handle is released"]
-pub struct Unsynced(Caches);
+pub struct Unsynced(SyncGate);
 
 impl Unsynced {
     pub fn release(self) {
@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn ready_when_the_api_answers_and_no_watch_is_filling() {
-        let h = Health::default();
+        let h = Readiness::default();
         assert_eq!(h.readiness(Ok(())), Ok(()));
         assert!(matches!(
             h.readiness(Err("refused".into())),
@@ -135,9 +135,9 @@ mod tests {
 
     #[test]
     fn ready_once_every_watch_has_its_first_list() {
-        let h = Health::default();
-        let memcacheds = h.caches().watch();
-        let pods = h.caches().watch();
+        let h = Readiness::default();
+        let memcacheds = h.watches().watch();
+        let pods = h.watches().watch();
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
         memcacheds.release();
         assert_eq!(h.readiness(Ok(())), Err(NotReady::CachesNotSynced));
@@ -147,8 +147,8 @@ mod tests {
 
     #[test]
     fn a_scope_is_synced_on_its_own_watches_and_counts_in_the_process() {
-        let h = Health::default();
-        let (a, b) = (h.caches().subset(), h.caches().subset());
+        let h = Readiness::default();
+        let (a, b) = (h.watches().subset(), h.watches().subset());
         let in_a = a.watch();
         let in_b = b.watch();
         in_a.release();

@@ -14,7 +14,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use kube::Resource;
 use kube::runtime::watcher;
 
-use super::relisted::Relisted;
+use crate::relisted::Relisted;
 
 /// A read handle on one watch's cache.
 pub struct Cache<K> {
@@ -53,7 +53,7 @@ impl<K: Resource> Cache<K> {
     }
 
     /// The object with `other`'s namespace and name (`other` of this kind or another: an owned
-    /// object takes its Memcached's name).
+    /// object takes its owner's name).
     pub fn get_for(&self, other: &impl Resource) -> Option<Arc<K>> {
         let (namespace, name) = key_of(other);
         self.get(namespace, name)

@@ -10,18 +10,17 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use kube::Api;
 use kube::api::{WatchEvent, WatchParams};
 use kube::runtime::watcher;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 use tracing::{info, warn};
-
-use crate::api::Memcached;
 
 /// The annotation of the bookmark that ends a streaming list's initial objects.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// A label no object carries: the probe's watch selects nothing, so the server sends only the
 /// bookmark.
-const SELECTS_NOTHING: &str = "memcached-operator.dev/initial-list-probe=none";
+const SELECTS_NOTHING: &str = "operator-runtime.dev/initial-list-probe=none";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,9 +41,12 @@ impl InitialList {
         }
     }
 
-    /// Streaming if the server ends a streaming watch of Memcacheds (selecting none) with the
+    /// Streaming if the server ends a streaming watch of `api`'s kind (selecting none) with the
     /// initial-events-end bookmark within a few seconds; paged on any error or silence.
-    pub async fn probe(api: &Api<Memcached>) -> Self {
+    pub async fn probe<K>(api: &Api<K>) -> Self
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
         let params = WatchParams::streaming_lists()
             .labels(SELECTS_NOTHING)
             .timeout(PROBE_TIMEOUT.as_secs() as u32);
@@ -85,6 +87,7 @@ impl InitialList {
 #[cfg(test)]
 mod tests {
     use http::{Request, Response, StatusCode};
+    use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Client;
     use kube::client::Body;
     use serde_json::json;
@@ -95,7 +98,7 @@ mod tests {
     /// The probe's answer when the API server answers its one request with `status` and `body`.
     async fn probe_against(status: StatusCode, body: String) -> (InitialList, String) {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let api = Api::<Memcached>::all(Client::new(service, "default"));
+        let api = Api::<ConfigMap>::all(Client::new(service, "default"));
         let server = tokio::spawn(async move {
             let (request, send) = handle.next_request().await.expect("a request");
             send.send_response(
@@ -113,7 +116,7 @@ mod tests {
     #[tokio::test]
     async fn a_server_that_ends_the_initial_events_with_a_bookmark_streams() {
         let bookmark = json!({"type": "BOOKMARK", "object": {
-            "kind": "Memcached", "apiVersion": "cache.example.com/v1alpha1",
+            "kind": "ConfigMap", "apiVersion": "v1",
             "metadata": {"resourceVersion": "42", "annotations": {"k8s.io/initial-events-end": "true"}}
         }});
         let (found, uri) = probe_against(StatusCode::OK, format!("{bookmark}\n")).await;

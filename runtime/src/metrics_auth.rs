@@ -133,7 +133,7 @@ pub fn tls_config(cert_dir: Option<&Path>) -> Result<Arc<rustls::ServerConfig>, 
         None => {
             // Scrapers verify nothing here (self-signed); the names only make the cert well-formed.
             let mut names = vec!["localhost".to_string()];
-            names.extend(crate::config::host_name());
+            names.extend(crate::host_name());
             let generated = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
             let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
                 .map_err(|e| e.to_string())?;

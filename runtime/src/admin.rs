@@ -16,14 +16,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::metrics::render;
 use crate::metrics_auth::{Decision, MetricsAuth};
+use crate::readiness::Readiness;
 
 /// What the endpoints read from.
 pub struct State {
-    pub metrics: Arc<Metrics>,
-    pub health: Arc<Health>,
+    pub metrics: prometheus::Registry,
+    pub readiness: Arc<Readiness>,
     pub client: Client,
     /// Set with --metrics-secure: who may read /metrics.
     pub metrics_auth: Option<MetricsAuth>,
@@ -98,7 +98,7 @@ async fn handle(
                     }
                 }
             }
-            let mut r = text(StatusCode::OK, state.metrics.render());
+            let mut r = text(StatusCode::OK, render(&state.metrics));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -106,7 +106,7 @@ async fn handle(
             r
         }
         (Endpoints::Health, "/healthz") => text(StatusCode::OK, "ok\n".into()),
-        (Endpoints::Health, "/readyz") => match state.health.check(&state.client).await {
+        (Endpoints::Health, "/readyz") => match state.readiness.check(&state.client).await {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(reason) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
