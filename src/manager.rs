@@ -28,7 +28,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         info!("exporting traces over OTLP");
     }
     // One thread: the work is waiting on the API server, and a second worker thread only adds
-    // wakeups and task stealing (README, Measured).
+    // wakeups and task stealing (docs/performance.md, CPU).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -22,7 +22,7 @@ use operator_runtime::relisted::Relisted;
 
 /// A pod as the pod watch decodes it: the metadata a reconcile reads (spec, status and
 /// managedFields are skipped). Not a metadata-only watch (`metadata_api`): at 10,000 pods that
-/// cost the API server more CPU than sending whole pods (see the README's benchmark).
+/// cost the API server more CPU than sending whole pods (docs/performance.md, Restart at 10,000).
 #[derive(Clone, Debug, Default)]
 pub struct PodMeta {
     pub metadata: ObjectMeta,
