@@ -8,6 +8,13 @@ use clap::{Parser, Subcommand};
 use operator_runtime::telemetry::LogFormat;
 use operator_runtime::watch_namespace::WatchNamespace;
 
+/// The namespace `config/default` installs the operator into (`make deploy`, the e2e suites).
+pub const OPERATOR_NAMESPACE: &str = "memcached-operator-system";
+/// The operator's ServiceAccount there (kustomize's name prefix + `controller-manager`).
+pub const SERVICE_ACCOUNT: &str = "memcached-operator-controller-manager";
+/// The default name of the leader-election Lease (`--leader-election-id`).
+pub const LEASE_NAME: &str = "memcached-operator-lock";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "memcached-operator",
@@ -42,7 +49,7 @@ pub struct RunArgs {
     pub leader_elect: bool,
 
     /// Name of the Lease used for leader election.
-    #[arg(long, default_value = "memcached-operator-lock")]
+    #[arg(long, default_value = LEASE_NAME)]
     pub leader_election_id: String,
 
     /// Namespace of the Lease. Default: POD_NAMESPACE, else the in-cluster service account's namespace.

@@ -24,15 +24,21 @@ pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Kept
     let mut d = resources::deployment(mc, &resources::Images::default());
     d.metadata.generation = Some(1);
     d.metadata.resource_version = Some("10".into());
-    d.status = Some(DeploymentStatus {
+    d.status = Some(deployment_status(replicas, ready));
+    Kept::of(&d)
+}
+
+/// The status of a Deployment at generation 1 with `replicas` pods, all updated, `ready` of
+/// them ready.
+pub fn deployment_status(replicas: i32, ready: i32) -> DeploymentStatus {
+    DeploymentStatus {
         observed_generation: Some(1),
         replicas: Some(replicas),
         ready_replicas: Some(ready),
         updated_replicas: Some(replicas),
         available_replicas: Some(ready),
         ..DeploymentStatus::default()
-    });
-    Kept::of(&d)
+    }
 }
 
 /// A fixed point in time, `secs` after the epoch.

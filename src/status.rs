@@ -1,12 +1,11 @@
 //! Status of a Memcached computed from what the controller observed. Pure: no API calls, and the
 //! clock is passed in, so every condition transition is unit-tested.
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition};
+use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::{Memcached, MemcachedStatus};
-use crate::controller::kept::Kept;
 use crate::error::Refusal;
 use crate::resources::selector_string;
 
@@ -57,13 +56,20 @@ impl Reason {
 #[derive(Debug, Default)]
 pub struct Observed<'a> {
     /// The Deployment this Memcached controls, if any.
-    pub deployment: Option<&'a Kept<Deployment>>,
+    pub deployment: Option<DeploymentSeen<'a>>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
     /// Set when the operator must not apply anything for this Memcached.
     pub blocked: Option<Blocked>,
     /// The operator's new pod template waits for a rollout slot; the limit is in the message.
     pub rollout_queued: Option<usize>,
+}
+
+/// What the status reads of a Deployment: its generation and its status.
+#[derive(Clone, Copy, Debug)]
+pub struct DeploymentSeen<'a> {
+    pub generation: Option<i64>,
+    pub status: Option<&'a DeploymentStatus>,
 }
 
 /// Why nothing is applied for a Memcached.
@@ -121,15 +127,14 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
     let generation = mc.metadata.generation;
     let deploy_status = observed
         .deployment
-        .and_then(|d| d.status.clone())
+        .and_then(|d| d.status.cloned())
         .unwrap_or_default();
     let replicas = deploy_status.replicas.unwrap_or(0);
     let ready = deploy_status.ready_replicas.unwrap_or(0);
     let available_replicas = deploy_status.available_replicas.unwrap_or(0);
     let updated = deploy_status.updated_replicas.unwrap_or(0);
     let deploy_observed_spec = observed.deployment.is_some_and(|d| {
-        d.metadata.generation.is_some()
-            && deploy_status.observed_generation >= d.metadata.generation
+        d.generation.is_some() && deploy_status.observed_generation >= d.generation
     });
 
     // At least size: a rollout's surge pod (maxSurge 1) is Ready before an old one leaves.
@@ -205,9 +210,9 @@ pub fn is_deployment_failure(c: &DeploymentCondition) -> bool {
 }
 
 /// Degraded mirrors the Deployment's own failure signals (quota, admission, stuck rollout).
-fn deployment_degraded(deployment: Option<&Kept<Deployment>>) -> Condition {
+fn deployment_degraded(deployment: Option<DeploymentSeen>) -> Condition {
     let failing = deployment
-        .and_then(|d| d.status.as_ref())
+        .and_then(|d| d.status)
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
@@ -276,7 +281,15 @@ pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{deployment_with_status, memcached, time};
+    use crate::fixtures::{deployment_status, memcached, time};
+
+    /// A Deployment at generation 1 with `status`.
+    fn seen(status: &DeploymentStatus) -> Option<DeploymentSeen<'_>> {
+        Some(DeploymentSeen {
+            generation: Some(1),
+            status: Some(status),
+        })
+    }
 
     fn find<'a>(s: &'a MemcachedStatus, t: &str) -> &'a Condition {
         s.conditions.iter().find(|c| c.type_ == t).unwrap()
@@ -300,11 +313,11 @@ mod tests {
     #[test]
     fn available_only_when_size_pods_are_ready() {
         let mc = memcached("cache", 3);
-        let partly = deployment_with_status(&mc, 3, 2);
+        let partly = deployment_status(3, 2);
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: Some(&partly),
+                deployment: seen(&partly),
                 ..Default::default()
             },
             &time(0),
@@ -313,7 +326,7 @@ mod tests {
         assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
 
-        let full = deployment_with_status(&mc, 3, 3);
+        let full = deployment_status(3, 3);
         let pods = vec![
             "cache-b".to_string(),
             "cache-a".to_string(),
@@ -322,7 +335,7 @@ mod tests {
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: Some(&full),
+                deployment: seen(&full),
                 pods,
                 ..Default::default()
             },
@@ -338,14 +351,12 @@ mod tests {
     fn a_rollouts_surge_pod_keeps_it_available() {
         // maxSurge 1: the new pod is Ready before an old one leaves, so size + 1 pods are Ready.
         let mc = memcached("cache", 3);
-        let mut rolling = deployment_with_status(&mc, 4, 4);
-        if let Some(st) = rolling.status.as_mut() {
-            st.updated_replicas = Some(1);
-        }
+        let mut rolling = deployment_status(4, 4);
+        rolling.updated_replicas = Some(1);
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: Some(&rolling),
+                deployment: seen(&rolling),
                 ..Default::default()
             },
             &time(0),
@@ -362,11 +373,11 @@ mod tests {
     #[test]
     fn scaled_to_zero_is_available() {
         let mc = memcached("cache", 0);
-        let d = deployment_with_status(&mc, 0, 0);
+        let d = deployment_status(0, 0);
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: Some(&d),
+                deployment: seen(&d),
                 ..Default::default()
             },
             &time(0),
@@ -398,12 +409,12 @@ mod tests {
     #[test]
     fn invalid_spec_is_degraded_but_running_pods_still_count() {
         let mc = memcached("cache", 2);
-        let d = deployment_with_status(&mc, 2, 2);
+        let d = deployment_status(2, 2);
         let blocked = Blocked::InvalidSpec {
             message: "spec.resources.limits.memory ...".into(),
         };
         let observed = Observed {
-            deployment: Some(&d),
+            deployment: seen(&d),
             blocked: Some(blocked),
             ..Default::default()
         };
@@ -425,19 +436,18 @@ mod tests {
     #[test]
     fn stuck_rollout_is_degraded() {
         let mc = memcached("cache", 1);
-        let mut d = deployment_with_status(&mc, 1, 0);
-        d.status.as_mut().unwrap().conditions =
-            Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
-                type_: "ReplicaFailure".into(),
-                status: "True".into(),
-                reason: Some("FailedCreate".into()),
-                message: Some("exceeded quota".into()),
-                ..Default::default()
-            }]);
+        let mut d = deployment_status(1, 0);
+        d.conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some("exceeded quota".into()),
+            ..Default::default()
+        }]);
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: Some(&d),
+                deployment: seen(&d),
                 ..Default::default()
             },
             &time(0),
@@ -449,9 +459,9 @@ mod tests {
     #[test]
     fn unchanged_conditions_keep_their_transition_time() {
         let mut mc = memcached("cache", 1);
-        let d = deployment_with_status(&mc, 1, 1);
+        let d = deployment_status(1, 1);
         let observed = Observed {
-            deployment: Some(&d),
+            deployment: seen(&d),
             ..Default::default()
         };
         let first = desired_status(&mc, &observed, &time(100));

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use k8s_openapi::jiff::Timestamp;
+use memcached_operator::config::OPERATOR_NAMESPACE;
 
 /// Audit policy: request metadata for the operator's ServiceAccounts and for the deployment
 /// controller's ReplicaSet writes, nothing for anyone else.
@@ -34,7 +35,10 @@ impl By {
     fn made(self, event: &serde_json::Value) -> bool {
         let user = event["user"]["username"].as_str().unwrap_or_default();
         match self {
-            By::Operator => user.starts_with("system:serviceaccount:memcached-operator-system:"),
+            By::Operator => user
+                .strip_prefix("system:serviceaccount:")
+                .and_then(|u| u.strip_prefix(OPERATOR_NAMESPACE))
+                .is_some_and(|u| u.starts_with(':')),
             By::DeploymentController => {
                 user == "system:serviceaccount:kube-system:deployment-controller"
             }

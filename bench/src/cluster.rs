@@ -9,6 +9,8 @@ use kube::Client;
 use memcached_operator_testkit::LocalCluster;
 use tokio::process::Command;
 
+use memcached_operator::config::{OPERATOR_NAMESPACE, SERVICE_ACCOUNT};
+
 use crate::audit;
 
 pub struct Cluster {
@@ -106,12 +108,7 @@ impl Cluster {
         let path = self.local.dir.join("operator.kubeconfig");
         if !path.exists() {
             self.local
-                .service_account_kubeconfig(
-                    crate::operator::NAMESPACE,
-                    "memcached-operator-controller-manager",
-                    &path,
-                    "10h",
-                )
+                .service_account_kubeconfig(OPERATOR_NAMESPACE, SERVICE_ACCOUNT, &path, "10h")
                 .await?;
         }
         Ok(path)

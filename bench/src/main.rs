@@ -315,8 +315,9 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
 
     if scenarios.contains(&"failover") {
         let elect = format!(
-            "{} --leader-elect --leader-election-namespace=memcached-operator-system",
-            args.operator
+            "{} --leader-elect --leader-election-namespace={}",
+            args.operator,
+            memcached_operator::config::OPERATOR_NAMESPACE
         );
         let mut gaps = BTreeMap::new();
         for (signal, target_size) in [("KILL", 3), ("TERM", 4)] {

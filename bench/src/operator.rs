@@ -8,9 +8,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use memcached_operator_testkit::{Launch, OperatorProcess};
 
-use crate::cluster::Cluster;
+use memcached_operator::config::{LEASE_NAME, OPERATOR_NAMESPACE};
 
-pub const NAMESPACE: &str = "memcached-operator-system";
+use crate::cluster::Cluster;
 
 /// Starts `command` (see `Launch::command`) as `identity`.
 pub async fn start(cluster: &Cluster, command: &str, identity: &str) -> Result<OperatorProcess> {
@@ -19,17 +19,17 @@ pub async fn start(cluster: &Cluster, command: &str, identity: &str) -> Result<O
         identity: format!("operator-{identity}"),
         kubeconfig: cluster.operator_kubeconfig().await?,
         log_dir: cluster.local.dir.clone(),
-        env: vec![("POD_NAMESPACE".into(), NAMESPACE.into())],
+        env: vec![("POD_NAMESPACE".into(), OPERATOR_NAMESPACE.into())],
     })
 }
 
 /// Waits until `op` holds the operator's Lease.
 pub async fn wait_leader(op: &OperatorProcess, client: &Client, timeout: Duration) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let deadline = Instant::now() + timeout;
     loop {
         let holder = leases
-            .get_opt("memcached-operator-lock")
+            .get_opt(LEASE_NAME)
             .await?
             .and_then(|l| l.spec?.holder_identity);
         if holder.as_deref() == Some(op.identity.as_str()) {

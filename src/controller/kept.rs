@@ -65,6 +65,16 @@ pub trait Owned:
     fn slim(_status: &mut Self::Status) {}
 }
 
+impl Kept<Deployment> {
+    /// What the status reads of it.
+    pub fn seen(&self) -> status::DeploymentSeen<'_> {
+        status::DeploymentSeen {
+            generation: self.metadata.generation,
+            status: self.status.as_ref(),
+        }
+    }
+}
+
 impl Owned for Deployment {
     type Status = DeploymentStatus;
 

@@ -217,7 +217,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let observed = Observed {
-        deployment: deployment.as_deref(),
+        deployment: deployment.as_deref().map(Kept::seen),
         pods: ctx.pods.pods_of(&ns, &mc.name_any()),
         blocked: blocked.clone(),
         rollout_queued,
@@ -763,7 +763,7 @@ mod tests {
             caches.add_budget(budget);
         }
         let observed = Observed {
-            deployment: Some(&d),
+            deployment: Some(d.seen()),
             ..Default::default()
         };
         mc.status = Some(status::desired_status(
@@ -972,7 +972,7 @@ mod tests {
         let d = deployment_with_status(&mc, 1, 1);
         caches.add_service(resources::service(&mc));
         let observed = Observed {
-            deployment: Some(&d),
+            deployment: Some(d.seen()),
             ..Default::default()
         };
         mc.status = Some(status::desired_status(

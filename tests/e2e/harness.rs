@@ -18,7 +18,7 @@ use memcached_operator_testkit::{Launch, LocalCluster, OperatorProcess};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub const OPERATOR_NAMESPACE: &str = "memcached-operator-system";
+pub use memcached_operator::config::OPERATOR_NAMESPACE;
 const FIELD_MANAGER: &str = "e2e";
 
 /// The cluster `hack/e2e.sh` started (E2E_CLUSTER_DIR).
