@@ -25,9 +25,6 @@ pub enum Error {
     /// An object of an owned object's name exists and this Memcached does not control it.
     #[error("{kind} of the Memcached's name belongs to someone else")]
     Foreign { kind: String },
-    /// The API server refused an owned object built from the spec; reported on the Memcached.
-    #[error("{message}")]
-    Refused { refusal: Refusal, message: String },
 }
 
 /// Why the API server refused to apply an object: the answer will be the same until the spec
@@ -49,7 +46,6 @@ impl Error {
             Error::Read { .. } => "read",
             Error::Apply { .. } => "apply",
             Error::Status { .. } => "status",
-            Error::Refused { .. } => "refused",
             Error::Foreign { .. } => "foreign",
         }
     }

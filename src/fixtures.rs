@@ -68,7 +68,6 @@ pub mod apiserver {
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
     use crate::service_monitor::ServiceMonitor;
-    use operator_runtime::backoff::Backoff;
     use operator_runtime::cache::{self, Writer};
 
     pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
@@ -129,7 +128,6 @@ pub mod apiserver {
                 },
             ),
             images: Default::default(),
-            backoff: Arc::new(Backoff::default()),
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),
         };

@@ -17,7 +17,7 @@ pub const CONTROLLER: &str = "memcached";
 
 /// The controller's metrics (controller-runtime's) and the Memcached series of this operator.
 pub struct Metrics {
-    pub controller: ControllerMetrics,
+    pub controller: Arc<ControllerMetrics>,
     pub invalid_objects: IntGauge,
     conditions: ConditionGauges,
 }
@@ -40,7 +40,7 @@ impl Metrics {
         controller.register(Box::new(invalid_objects.clone()));
         controller.register(Box::new(conditions.clone()));
         Self {
-            controller,
+            controller: Arc::new(controller),
             invalid_objects,
             conditions,
         }

@@ -14,6 +14,7 @@ pub mod relisted;
 pub mod shutdown;
 pub mod telemetry;
 pub mod watch_namespace;
+pub mod workers;
 
 /// The kernel's host name (a pod's name inside Kubernetes).
 pub fn host_name() -> Option<String> {

@@ -6,6 +6,7 @@ mod events;
 mod guarded;
 pub(crate) mod kept;
 mod meta;
+mod outcome;
 mod own_writes;
 mod pod_index;
 mod reconcile;
@@ -17,38 +18,12 @@ pub use events::Events;
 pub use guarded::parse_event;
 pub use operator_runtime::initial_list::InitialList;
 pub use operator_runtime::queue::Priority;
-pub use reconcile::{Context, error_policy, reconcile};
+pub use outcome::Outcome;
+pub use reconcile::{Context, reconcile};
 pub use rollouts::Rollouts;
 pub use watches::run;
 
-use std::time::Duration;
-
 use operator_runtime::watch_namespace::WatchNamespace;
-
-/// What a reconcile asks for next: nothing until a watch event says something changed, or
-/// another run after a delay (a recheck, or after an error a retry with backoff).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Action {
-    requeue_after: Option<Duration>,
-}
-
-impl Action {
-    pub const fn requeue(after: Duration) -> Self {
-        Self {
-            requeue_after: Some(after),
-        }
-    }
-
-    pub const fn await_change() -> Self {
-        Self {
-            requeue_after: None,
-        }
-    }
-
-    pub fn requeue_after(&self) -> Option<Duration> {
-        self.requeue_after
-    }
-}
 
 /// Settings of the controller, from flags and environment.
 #[derive(Clone, Debug)]

@@ -3,47 +3,32 @@
 //! `resources`; this module makes the API calls.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::Action;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::events::{Change, Events};
 use super::guarded::Guarded;
 use super::kept::{Kept, Owned};
+use super::outcome::Outcome;
 use super::own_writes::OwnWrites;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::drift::needs_apply_to_ours;
-use crate::error::{Error, Refusal, Result};
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::resources::{self, Images, MANAGER_NAME, is_controlled_by};
 use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
 use crate::validation;
-use operator_runtime::backoff::Backoff;
 use operator_runtime::cache::Cache;
-use operator_runtime::metrics::ReconcileResult;
 use operator_runtime::readiness::SyncGate;
-
-/// Retry delay for a reconcile that arrives before its scope's owned caches are filled.
-const CACHE_WAIT: Duration = Duration::from_millis(100);
-/// While an object of our name belongs to someone else we cannot watch it (it is not ours), so
-/// look again this often.
-const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
-/// How often an apply the API server refused is tried again without a spec change: what refused
-/// it (a quota, an admission policy) may change without the Memcached changing.
-const REFUSED_RECHECK: Duration = Duration::from_secs(300);
-/// How often a pod template change waiting for a rollout slot asks again.
-const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
@@ -59,45 +44,23 @@ pub struct Context {
     pub rollouts: Arc<Rollouts>,
     pub events: Events,
     pub images: Images,
-    pub backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     pub metrics: Arc<Metrics>,
     /// This scope's watch caches: reconciling before they are filled would report a wrong status
     /// (no pods yet) and correct it a moment later, two needless writes per object.
     pub caches: SyncGate,
 }
 
-/// Reconcile one Memcached, recording the outcome in the metrics.
-pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action> {
-    let _running = ctx.metrics.controller.start_reconcile();
-    let result = reconcile_steps(&mc, &ctx).await;
-    match &result {
-        Ok(action) => {
-            ctx.backoff.reset(&ObjectRef::from_obj(&*mc));
-            let label = if *action == Action::await_change() {
-                ReconcileResult::Success
-            } else {
-                ReconcileResult::RequeueAfter
-            };
-            ctx.metrics.controller.record(label, None);
-        }
-        Err(e) => ctx
-            .metrics
-            .controller
-            .record(ReconcileResult::Error, Some(e.metric_label())),
-    }
-    result
-}
-
-async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
+/// Reconciles one Memcached; what follows (a recheck, a retry) is the worker's, from the outcome.
+pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
         ctx.metrics
             .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
-        return Ok(Action::await_change());
+        return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
-        return Ok(Action::requeue(CACHE_WAIT));
+        return Ok(Outcome::CachesFilling);
     }
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<Kept<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -198,7 +161,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
                 }
                 Err(error) if error.namespace_terminating() => {
                     debug!(%error, "the namespace is being deleted");
-                    return Ok(Action::await_change());
+                    return Ok(Outcome::Gone);
                 }
                 Err(error) => {
                     let (refusal, message) = error.refusal().ok_or(error)?;
@@ -214,7 +177,7 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
     //    the spec changes that users wait for.
     if deployment_written && blocked.is_none() {
         ctx.events.unblocked(mc);
-        return Ok(Action::await_change());
+        return Ok(Outcome::Converged);
     }
     let observed = Observed {
         deployment: deployment.as_deref().map(Kept::seen),
@@ -228,25 +191,19 @@ async fn reconcile_steps(mc: &Memcached, ctx: &Context) -> Result<Action> {
         && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
     {
         ctx.metrics.forget_memcached(&ns, &mc.name_any());
-        return Ok(Action::await_change());
+        return Ok(Outcome::Gone);
     }
     ctx.metrics
         .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {
-            Some(_) => Action::requeue(ROLLOUT_WAIT),
-            None => Action::await_change(),
+            Some(_) => Outcome::WaitingForRolloutSlot,
+            None => Outcome::Converged,
         });
     };
     ctx.events.blocked(mc, &blocked);
-    match blocked {
-        Blocked::ResourceExists { .. } => Ok(Action::requeue(CONFLICT_RECHECK)),
-        // A spec change triggers the next reconcile.
-        Blocked::InvalidSpec { .. } => Ok(Action::await_change()),
-        // A failure for the metrics; `error_policy` rechecks it slowly.
-        Blocked::Refused { refusal, message } => Err(Error::Refused { refusal, message }),
-    }
+    Ok(Outcome::Blocked(blocked))
 }
 
 /// The Deployment as the spec wants it, unless that would start a rollout that must wait for
@@ -350,26 +307,6 @@ fn blocked(
     validation::validate(&mc.spec)
         .err()
         .map(|message| Blocked::InvalidSpec { message })
-}
-
-/// Failed reconciles retry with per-object exponential backoff; an object the API server refused
-/// as invalid is only rechecked slowly (a spec change retries it at once), since the same request
-/// gets the same no.
-pub fn error_policy(mc: Arc<Memcached>, error: &Error, ctx: Arc<Context>) -> Action {
-    match error {
-        Error::Refused {
-            refusal: Refusal::Invalid,
-            ..
-        } => Action::requeue(REFUSED_RECHECK),
-        _ => Action::requeue(retry_delay(&mc, error, &ctx)),
-    }
-}
-
-fn retry_delay(mc: &Memcached, error: &Error, ctx: &Context) -> Duration {
-    let delay = ctx.backoff.next_delay(ObjectRef::from_obj(mc));
-    warn!(memcached = %mc.name_any(), namespace = mc.namespace().unwrap_or_default(), error = %error,
-          reason = error.metric_label(), retry_in = ?delay, "reconcile failed");
-    delay
 }
 
 /// The owned object of the Memcached's name, from the cache of labelled objects. A foreign
@@ -584,9 +521,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::controller::outcome::{self, CONFLICT_RECHECK, REFUSED_RECHECK};
     use crate::fixtures::apiserver::{self, ApiServer};
     use crate::fixtures::{deployment_with_status, memcached};
     use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
+    use operator_runtime::workers::{Next, Retry};
 
     const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
     const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
@@ -601,7 +540,7 @@ mod tests {
         ctx: Arc<Context>,
         api: ApiServer,
         script: impl FnOnce(ApiServer) -> F,
-    ) -> Result<Action>
+    ) -> Result<Outcome>
     where
         F: Future<Output = ApiServer> + Send + 'static,
     {
@@ -614,12 +553,12 @@ mod tests {
         ctx: Arc<Context>,
         api: ApiServer,
         script: impl FnOnce(ApiServer) -> F,
-    ) -> (Result<Action>, ApiServer)
+    ) -> (Result<Outcome>, ApiServer)
     where
         F: Future<Output = ApiServer> + Send + 'static,
     {
         let server = tokio::spawn(script(api));
-        let result = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mc), ctx))
+        let result = tokio::time::timeout(Duration::from_secs(5), reconcile(&mc, &ctx))
             .await
             .expect("reconcile sent a request the script did not expect");
         let api = server.await.expect("the script's assertions hold");
@@ -736,7 +675,7 @@ mod tests {
             api
         })
         .await;
-        assert_eq!(action.unwrap(), Action::await_change());
+        assert_eq!(action.unwrap(), Outcome::Converged);
 
         // The Deployment's watch event (in the cache, no pods yet) queues the status refresh.
         caches.add_deployment(deployment_with_status(&mc, 3, 0));
@@ -749,7 +688,7 @@ mod tests {
             api
         })
         .await;
-        assert_eq!(action.unwrap(), Action::await_change());
+        assert_eq!(action.unwrap(), Outcome::Converged);
     }
 
     /// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
@@ -781,7 +720,7 @@ mod tests {
         let action = scenario(mc, ctx, api, |api| async move { api })
             .await
             .unwrap();
-        assert_eq!(action, Action::await_change());
+        assert_eq!(action, Outcome::Converged);
     }
 
     #[tokio::test]
@@ -800,8 +739,10 @@ mod tests {
             StatusCode::NOT_FOUND,
             not_found,
         );
-        assert_eq!(action.await.unwrap(), Action::await_change());
-        let text = succeeded_once(&ctx);
+        let outcome = action.await.unwrap();
+        assert_eq!(outcome, Outcome::Gone);
+        assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
+        let text = ctx.metrics.render();
         assert!(
             !text.contains(r#"memcached="cache""#),
             "no conditions kept for it: {text}"
@@ -826,8 +767,9 @@ mod tests {
             StatusCode::FORBIDDEN,
             terminating,
         );
-        assert_eq!(action.await.unwrap(), Action::await_change());
-        succeeded_once(&ctx);
+        let outcome = action.await.unwrap();
+        assert_eq!(outcome, Outcome::Gone);
+        assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
     }
 
     /// A reconcile whose one request is answered with `status` and `body`.
@@ -838,25 +780,12 @@ mod tests {
         (method, path): (&'static str, &'static str),
         status: StatusCode,
         body: serde_json::Value,
-    ) -> Result<Action> {
+    ) -> Result<Outcome> {
         scenario(mc, ctx.clone(), api, move |mut api| async move {
             api.expect(method, path, status, move |_| body).await;
             api
         })
         .await
-    }
-
-    /// Asserts the metrics count one successful reconcile and no error; returns their text.
-    fn succeeded_once(ctx: &Context) -> String {
-        let text = ctx.metrics.render();
-        assert!(
-            text.contains(
-                r#"controller_runtime_reconcile_total{controller="memcached",result="success"} 1"#
-            ) && text
-                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 0"#),
-            "{text}"
-        );
-        text
     }
 
     #[tokio::test]
@@ -925,7 +854,7 @@ mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+        assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
     }
 
     #[tokio::test]
@@ -962,7 +891,7 @@ mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(action, Action::requeue(CONFLICT_RECHECK));
+        assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
     }
 
     #[tokio::test]
@@ -1003,7 +932,7 @@ mod tests {
                    "message": "Deployment.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
         };
         let reported = mc.clone();
-        let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+        let outcome = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
             api.expect(
                 "PATCH",
                 DEPLOYMENT,
@@ -1039,50 +968,20 @@ mod tests {
             api
         })
         .await
-        .unwrap_err();
-        assert_eq!(err.metric_label(), "refused");
-        assert_eq!(
-            error_policy(Arc::new(mc.clone()), &err, ctx.clone()),
-            Action::requeue(REFUSED_RECHECK),
-            "not retried hot"
-        );
-        assert!(
-            retry_delay(&mc, &err, &ctx) <= Duration::from_micros(5500),
-            "a refusal does not grow the backoff of later failures"
-        );
-        assert!(
-            ctx.metrics
-                .render()
-                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
-        );
-    }
-
-    #[tokio::test]
-    async fn a_forbidden_apply_is_retried_with_the_backoff() {
-        // A quota raised, or RBAC warming up in a restarted API server: nothing of ours changes.
-        let (ctx, _api, _caches) = apiserver::context();
-        let mc = Arc::new(memcached("cache", 1));
-        let forbidden = Error::Refused {
-            refusal: Refusal::Forbidden,
-            message: "exceeded quota".into(),
+        .unwrap();
+        let Next::Failed { reason, retry, .. } = outcome.next() else {
+            panic!("a failure for the metrics: {outcome:?}")
         };
-        for _ in 0..2 {
-            let action = error_policy(mc.clone(), &forbidden, ctx.clone());
-            assert_ne!(
-                action,
-                Action::requeue(REFUSED_RECHECK),
-                "not the slow recheck"
-            );
-        }
-        let third = retry_delay(&mc, &forbidden, &ctx);
-        assert!(
-            (Duration::from_millis(18)..=Duration::from_millis(22)).contains(&third),
-            "the two retries went through the per-object backoff: {third:?}"
+        assert_eq!(reason, "refused");
+        assert_eq!(
+            retry,
+            Retry::After(REFUSED_RECHECK),
+            "not retried hot, and the backoff of later failures not grown"
         );
     }
 
     #[tokio::test]
-    async fn api_error_backs_off_per_object() {
+    async fn an_api_error_is_retried_with_the_backoff() {
         let (ctx, api, _caches) = apiserver::context();
         let mc = memcached("cache", 1);
         let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
@@ -1099,25 +998,10 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(err.metric_label(), "apply");
-
-        let delays: Vec<Duration> = (0..3).map(|_| retry_delay(&mc, &err, &ctx)).collect();
-        let ms: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-        assert!(
-            (4.5..=5.5).contains(&ms[0])
-                && (9.0..=11.0).contains(&ms[1])
-                && (18.0..=22.0).contains(&ms[2]),
-            "{ms:?}"
-        );
-        let other = memcached("other", 1);
-        assert!(
-            retry_delay(&other, &err, &ctx) <= Duration::from_micros(5500),
-            "backoff is per object"
-        );
-        assert!(
-            ctx.metrics
-                .render()
-                .contains(r#"controller_runtime_reconcile_errors_total{controller="memcached"} 1"#)
-        );
+        let Next::Failed { retry, .. } = outcome::failed(&err) else {
+            panic!("a failure")
+        };
+        assert_eq!(retry, Retry::Backoff, "the worker's per-object backoff");
     }
     #[tokio::test]
     async fn below_two_pods_the_budget_is_deleted() {
@@ -1191,7 +1075,7 @@ mod tests {
             api
         })
         .await;
-        assert_eq!(action.unwrap(), Action::await_change());
+        assert_eq!(action.unwrap(), Outcome::Converged);
         let mut seen = std::mem::take(&mut *seen.lock().unwrap());
         seen.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         seen
@@ -1351,7 +1235,7 @@ mod tests {
             api
         })
         .await;
-        assert_eq!(action.unwrap(), Action::await_change());
+        assert_eq!(action.unwrap(), Outcome::Converged);
 
         // The budget of 1 is spent: the second waits, says so, and asks again later.
         let status_path = STATUS.replace("/cache/", "/other/");
@@ -1365,7 +1249,7 @@ mod tests {
             api
         })
         .await;
-        assert_eq!(action.unwrap(), Action::requeue(ROLLOUT_WAIT));
+        assert_eq!(action.unwrap(), Outcome::WaitingForRolloutSlot);
 
         // Its own spec change never waits.
         let mut changed = second;

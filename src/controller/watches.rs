@@ -5,11 +5,11 @@
 //! Not kube-runtime's `Controller`: its scheduler polls every pending reconcile on every wake,
 //! O(waiting) per event, which at 10,000 Memcacheds cost more CPU than the reconciles did.
 
-use std::panic::AssertUnwindSafe;
+use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt, future};
+use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -21,15 +21,16 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, field, info, info_span};
+use tracing::{Instrument, debug, field, info, info_span};
 
 use super::Settings;
 use super::events::Events;
 use super::guarded::{Guarded, parse_event};
 use super::kept::{Kept, Owned};
+use super::outcome;
 use super::own_writes::OwnWrites;
 use super::pod_index::{PodIndex, PodMeta};
-use super::reconcile::{Context, error_policy, reconcile};
+use super::reconcile::{Context, reconcile};
 use super::rollouts::Rollouts;
 use crate::api::Memcached;
 use crate::metrics::Metrics;
@@ -41,19 +42,33 @@ use operator_runtime::initial_list::InitialList;
 use operator_runtime::queue::{Priority, Queue};
 use operator_runtime::readiness::{SyncGate, Unsynced};
 use operator_runtime::watch_namespace::Scope;
+use operator_runtime::workers::{Next, Workers};
 
 /// A queued reconcile: the watch scope (index into the scopes) and the Memcached. Shared: the
 /// queue holds a key in several of its sets at once.
-type Key = Arc<(usize, ObjectRef<Memcached>)>;
+type Key = Arc<ScopedKey>;
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ScopedKey {
+    scope: usize,
+    memcached: ObjectRef<Memcached>,
+}
+
+impl fmt::Display for ScopedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.memcached.fmt(f)
+    }
+}
+
+fn scoped(scope: usize, memcached: ObjectRef<Memcached>) -> Key {
+    Arc::new(ScopedKey { scope, memcached })
+}
 
 /// How long a status refresh waits for further events of the same Memcached to join it.
 const STATUS_SETTLE: Duration = Duration::from_millis(500);
 
 /// How often the in-flight work gauges are refreshed (client-go's interval).
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Retry delay after a reconcile panicked (a bug): the backoff of an error, from this floor.
-const PANIC_RETRY: Duration = Duration::from_secs(1);
 
 /// The controller, one watch set per scope, sharing the metrics, backoff, queue and workers.
 /// Its watches are registered in `caches` before this returns, so readiness cannot pass before
@@ -85,7 +100,6 @@ pub fn run(
         images: settings.images.clone(),
         service_monitors: settings.service_monitors,
         initial_list: settings.initial_list,
-        backoff: Arc::new(Backoff::default()),
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
         rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
@@ -100,7 +114,12 @@ pub fn run(
         .map(|(index, scope)| scope_watches(&shared, index, scope, caches.subset(), &leading))
         .unzip();
     let scopes = Arc::new(scopes);
-    let workers = usize::from(settings.max_concurrent_reconciles.max(1));
+    let workers = Workers {
+        queue: queue.clone(),
+        metrics: shared.metrics.controller.clone(),
+        backoff: Arc::new(Backoff::default()),
+        count: usize::from(settings.max_concurrent_reconciles),
+    };
     async move {
         let mut background: Vec<JoinHandle<()>> = watches.into_iter().flatten().collect();
         for (index, scope) in scopes.iter().enumerate() {
@@ -130,21 +149,11 @@ pub fn run(
             }
         }));
         // One set of workers for every scope: the limit is the process's, as in controller-runtime.
-        let workers: Vec<_> = (0..workers)
-            .map(|_| {
-                tokio::spawn(worker(
-                    queue.clone(),
-                    scopes.clone(),
-                    leading.clone(),
-                    shutdown.clone(),
-                ))
-            })
-            .collect();
-        for worker in future::join_all(workers).await {
-            if let Err(error) = worker {
-                error!(%error, "reconcile worker ended abnormally");
-            }
-        }
+        let reconcile = move |key: Key| {
+            let scopes = scopes.clone();
+            async move { reconcile_now(&scopes[key.scope], &key.memcached).await }
+        };
+        workers.run(reconcile, leading, shutdown).await;
         for task in background {
             task.abort();
         }
@@ -159,7 +168,6 @@ struct Shared {
     images: crate::resources::Images,
     service_monitors: bool,
     initial_list: InitialList,
-    backoff: Arc<Backoff<ObjectRef<Memcached>>>,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
     metrics: Arc<Metrics>,
@@ -170,50 +178,6 @@ struct Shared {
 struct ScopeState {
     memcacheds: Cache<Memcached>,
     ctx: Arc<Context>,
-}
-
-/// Takes keys from the queue and reconciles them, once this process leads, until shutdown.
-async fn worker(
-    queue: Arc<Queue<Key>>,
-    scopes: Arc<Vec<ScopeState>>,
-    mut leading: watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
-    tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => return,
-        led = leading.wait_for(|l| *l) => if led.is_err() { return },
-    }
-    while let Some((key, priority)) = queue.get().await {
-        let started = Instant::now();
-        let scope = &scopes[key.0];
-        let outcome = AssertUnwindSafe(reconcile_now(scope, &key.1))
-            .catch_unwind()
-            .await;
-        queue.observe_work(started.elapsed());
-        match outcome {
-            Ok(Next::AwaitChange) => {}
-            Ok(Next::After(delay)) => queue.add_after(key.clone(), delay, priority),
-            Ok(Next::Retry(delay)) => {
-                queue.note_retry();
-                queue.add_after(key.clone(), delay, priority);
-            }
-            Err(_) => {
-                error!(memcached = %key.1, "reconcile panicked; retrying with backoff");
-                let delay = scope.ctx.backoff.next_delay(key.1.clone()).max(PANIC_RETRY);
-                queue.note_retry();
-                queue.add_after(key.clone(), delay, priority);
-            }
-        }
-        queue.done(&key);
-    }
-}
-
-/// When a reconcile wants to run again.
-enum Next {
-    AwaitChange,
-    After(Duration),
-    Retry(Duration),
 }
 
 /// Reconciles the Memcached as the cache holds it now: changes that arrived while it waited are
@@ -227,19 +191,9 @@ async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
     };
     let span = reconcile_span(&mc);
     // Boxed: the reconcile's future is large, and workers' own futures stay small.
-    match Box::pin(reconcile(mc.clone(), scope.ctx.clone()))
-        .instrument(span)
-        .await
-    {
-        Ok(action) => action
-            .requeue_after()
-            .map_or(Next::AwaitChange, Next::After),
-        Err(error) => {
-            let action = error_policy(mc, &error, scope.ctx.clone());
-            action
-                .requeue_after()
-                .map_or(Next::AwaitChange, Next::Retry)
-        }
+    match Box::pin(reconcile(&mc, &scope.ctx)).instrument(span).await {
+        Ok(outcome) => outcome.next(),
+        Err(error) => outcome::failed(&error),
     }
 }
 
@@ -380,7 +334,6 @@ fn scope_watches(
         rollouts: shared.rollouts.clone(),
         events: shared.events.clone(),
         images: shared.images.clone(),
-        backoff: shared.backoff.clone(),
         metrics: shared.metrics.clone(),
         caches,
     });
@@ -445,14 +398,13 @@ impl Triggers {
             return;
         }
         match priority {
-            Priority::High => self.queue.add(Arc::new((self.scope, key)), priority),
+            Priority::High => self.queue.add(scoped(self.scope, key), priority),
             // A rollout moves pods and the Deployment's status through several states within a
             // second; one reconcile after them reports the same as one per state, with fewer
             // status writes in the way of the changes users wait for.
-            Priority::Low => {
-                self.queue
-                    .add_after(Arc::new((self.scope, key)), STATUS_SETTLE, priority)
-            }
+            Priority::Low => self
+                .queue
+                .add_after(scoped(self.scope, key), STATUS_SETTLE, priority),
         }
     }
 
@@ -553,7 +505,7 @@ async fn queue_all_on_leading(
         return;
     }
     for mc in memcacheds.state() {
-        queue.add(Arc::new((scope, key_of(&mc))), Priority::Low);
+        queue.add(scoped(scope, key_of(&mc)), Priority::Low);
     }
 }
 
