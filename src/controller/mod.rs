@@ -12,6 +12,7 @@ mod pod_index;
 mod reconcile;
 pub(crate) mod rollouts;
 mod shared_text;
+mod triggers;
 mod watches;
 
 pub use events::Events;

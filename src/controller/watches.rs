@@ -32,9 +32,10 @@ use super::own_writes::OwnWrites;
 use super::pod_index::{PodIndex, PodMeta};
 use super::reconcile::{Context, reconcile};
 use super::rollouts::Rollouts;
+use super::triggers::{self, OwnedTriggers, Trigger};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
-use crate::resources::{self, LABEL_INSTANCE, MANAGER_NAME};
+use crate::resources::{self, MANAGER_NAME};
 use crate::service_monitor::ServiceMonitor;
 use operator_runtime::backoff::Backoff;
 use operator_runtime::cache::{self, Cache};
@@ -230,7 +231,8 @@ fn scope_watches(
     })
     .for_each(move |event| {
         if let Some(event) = watched(event, "Memcached") {
-            let trigger = spec_change(&mc_cache, &event);
+            let trigger =
+                triggers::spec_change(cached_before(&mc_cache, &event).as_deref(), &event);
             mc_writer.apply_watcher_event(&event);
             released_on_first_list(&mut mc_unsynced, &event);
             mc_triggers.fire(&event, trigger);
@@ -244,10 +246,7 @@ fn scope_watches(
         &scope,
         &caches,
         triggers(),
-        OwnedTriggers {
-            drifted: generation_drifted,
-            on_status: true,
-        },
+        OwnedTriggers::deployments(),
         move |event| rollouts.observe(event),
     );
     let (services, service_watch) = owned_watch::<Service>(
@@ -255,10 +254,7 @@ fn scope_watches(
         &scope,
         &caches,
         triggers(),
-        OwnedTriggers {
-            drifted: service_drifted,
-            on_status: true,
-        },
+        OwnedTriggers::services(),
         |_| {},
     );
     // The disruption controller rewrites a budget's status whenever a pod's readiness changes;
@@ -268,10 +264,7 @@ fn scope_watches(
         &scope,
         &caches,
         triggers(),
-        OwnedTriggers {
-            drifted: generation_drifted,
-            on_status: false,
-        },
+        OwnedTriggers::budgets(),
         |_| {},
     );
 
@@ -283,10 +276,7 @@ fn scope_watches(
                 &scope,
                 &caches,
                 triggers(),
-                OwnedTriggers {
-                    drifted: generation_drifted,
-                    on_status: false,
-                },
+                OwnedTriggers::service_monitors(),
                 |_| {},
             );
             (Some(store), Some(watch))
@@ -308,15 +298,7 @@ fn scope_watches(
             if let Some(event) = watched(event, "Pod") {
                 pods.observe(&event);
                 released_on_first_list(&mut pod_unsynced, &event);
-                // Pods only change what the status reports.
-                let trigger = match &event {
-                    watcher::Event::Apply(pod)
-                    | watcher::Event::InitApply(pod)
-                    | watcher::Event::Delete(pod) => {
-                        memcached_of_pod(pod).map(|key| (key, Priority::Low))
-                    }
-                    watcher::Event::Init | watcher::Event::InitDone => None,
-                };
+                let trigger = triggers::pod_change(&event);
                 pod_triggers.fire(&event, trigger);
             }
             future::ready(())
@@ -348,6 +330,14 @@ fn scope_watches(
     (ScopeState { memcacheds, ctx }, tasks)
 }
 
+/// What the cache held of the object an event brings, before the event is applied to it.
+fn cached_before<K: Resource>(cache: &Cache<K>, event: &watcher::Event<K>) -> Option<Arc<K>> {
+    match event {
+        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => cache.get_for(obj),
+        _ => None,
+    }
+}
+
 /// The event, or `None` after logging a watch error (the watcher retries with backoff).
 fn watched<K>(
     event: Result<watcher::Event<K>, watcher::Error>,
@@ -374,7 +364,7 @@ struct Triggers {
     scope: usize,
     caches: SyncGate,
     leading: watch::Receiver<bool>,
-    relist: Option<Vec<(ObjectRef<Memcached>, Priority)>>,
+    relist: Option<Vec<Trigger>>,
 }
 
 impl Triggers {
@@ -408,11 +398,7 @@ impl Triggers {
         }
     }
 
-    fn fire<K>(
-        &mut self,
-        event: &watcher::Event<K>,
-        trigger: Option<(ObjectRef<Memcached>, Priority)>,
-    ) {
+    fn fire<K>(&mut self, event: &watcher::Event<K>, trigger: Option<Trigger>) {
         match event {
             watcher::Event::Init => self.relist = Some(Vec::new()),
             watcher::Event::InitDone => {
@@ -431,31 +417,6 @@ impl Triggers {
             }
         }
     }
-}
-
-/// A Memcached whose spec changed (or that is new) is what users wait for; status writes do not
-/// change the generation, so our own status patches trigger nothing.
-fn spec_change(
-    cache: &Cache<Memcached>,
-    event: &watcher::Event<Memcached>,
-) -> Option<(ObjectRef<Memcached>, Priority)> {
-    let (watcher::Event::Apply(mc) | watcher::Event::InitApply(mc)) = event else {
-        return None;
-    };
-    let changed = cache
-        .get_for(mc)
-        .is_none_or(|old| old.metadata.generation != mc.metadata.generation);
-    changed.then_some((key_of(mc), Priority::High))
-}
-
-/// Someone else's change to an owned object: its spec (the generation), labels or owner.
-fn generation_drifted<K: Owned>(old: &Kept<K>, new: &Kept<K>) -> bool {
-    old.metadata.generation != new.metadata.generation || old.ownership_differs(new)
-}
-
-/// Services have no generation: any change of the spec counts.
-fn service_drifted(old: &Kept<Service>, new: &Kept<Service>) -> bool {
-    old.spec_differs(new) || old.ownership_differs(new)
 }
 
 fn reconcile_span(mc: &Memcached) -> tracing::Span {
@@ -505,7 +466,7 @@ async fn queue_all_on_leading(
         return;
     }
     for mc in memcacheds.state() {
-        queue.add(scoped(scope, key_of(&mc)), Priority::Low);
+        queue.add(scoped(scope, triggers::key_of(&mc)), Priority::Low);
     }
 }
 
@@ -530,26 +491,6 @@ fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
             .labels(&resources::managed_by_selector())
             .any_semantic(),
     )
-}
-
-/// Which changes of an owned object queue its Memcached.
-struct OwnedTriggers<K: Owned> {
-    /// Someone changed what we set.
-    drifted: fn(&Kept<K>, &Kept<K>) -> bool,
-    /// Whether any other change (the status) does, at low priority.
-    on_status: bool,
-}
-
-impl<K: Owned> OwnedTriggers<K> {
-    /// How urgently a change from `old` (as cached) to `new` calls for a reconcile; `ours` when
-    /// it is the echo of our own write.
-    fn priority(&self, old: Option<&Kept<K>>, new: &Kept<K>, ours: bool) -> Option<Priority> {
-        match old {
-            Some(old) if !ours && (self.drifted)(old, new) => Some(Priority::High),
-            Some(_) if !self.on_status => None,
-            _ => Some(Priority::Low),
-        }
-    }
 }
 
 /// Watches owned objects by our label into a cache, shows each event (as cached) to `observe`,
@@ -577,24 +518,17 @@ where
     .default_backoff()
     .for_each(move |event| {
         if let Some(mut event) = watched(event, &K::kind(&())) {
-            let trigger = match &mut event {
+            let old = cached_before(&cache, &event);
+            let mut ours = false;
+            match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    let old = cache.get_for(&*obj);
                     obj.trim(old.as_deref());
-                    let ours = own_writes.is_echo(&*obj);
-                    owned
-                        .priority(old.as_deref(), obj, ours)
-                        .and_then(|p| controller_of(&*obj).map(|key| (key, p)))
+                    ours = own_writes.is_echo(&*obj);
                 }
-                watcher::Event::Delete(obj) => {
-                    controller_of(&*obj).map(|key| (key, Priority::High))
-                }
-                watcher::Event::Init => {
-                    own_writes.forget();
-                    None
-                }
-                watcher::Event::InitDone => None,
-            };
+                watcher::Event::Init => own_writes.forget(),
+                watcher::Event::Delete(_) | watcher::Event::InitDone => {}
+            }
+            let trigger = owned.trigger(old.as_deref(), &event, ours);
             observe(&event);
             writer.apply_watcher_event(&event);
             released_on_first_list(&mut unsynced, &event);
@@ -605,109 +539,48 @@ where
     (reader, watch)
 }
 
-/// A Memcached's key in the queue: its namespace and name (`ObjectRef::from_obj` would also
-/// copy its resourceVersion and uid into every queued key).
-fn key_of(mc: &Memcached) -> ObjectRef<Memcached> {
-    ObjectRef::new(mc.metadata.name.as_deref().unwrap_or_default())
-        .within(mc.metadata.namespace.as_deref().unwrap_or_default())
-}
-
-/// The Memcached a pod belongs to, by its instance label.
-fn memcached_of_pod(pod: &PodMeta) -> Option<ObjectRef<Memcached>> {
-    let ns = pod.namespace()?;
-    let instance = pod.labels().get(LABEL_INSTANCE)?;
-    Some(ObjectRef::new(instance).within(&ns))
-}
-
-/// The Memcached that controls an owned object.
-fn controller_of<K: Resource>(obj: &K) -> Option<ObjectRef<Memcached>> {
-    let ns = obj.namespace()?;
-    let owner = obj
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == Memcached::kind(&()))?;
-    Some(ObjectRef::new(&owner.name).within(&ns))
-}
-
 #[cfg(test)]
 mod tests {
-
     use super::*;
+    use crate::fixtures::memcached;
 
     #[tokio::test]
-    async fn everything_is_queued_once_leading_with_filled_caches() {
+    async fn every_cached_memcached_is_queued_once_leading_with_filled_caches() {
         let (leading_tx, leading) = watch::channel(false);
         let caches = SyncGate::default();
-        let memcacheds = caches.watch();
-        let mut queued = Box::pin(became_leader(leading, caches));
-        let soon = std::time::Duration::from_millis(200);
+        let filling = caches.watch();
+        let (memcacheds, mut writer) = cache::new::<Memcached>();
+        for name in ["a", "b"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(memcached(name, 1)));
+        }
+        let queue = Arc::new(Queue::new(None));
+        let queueing = tokio::spawn(queue_all_on_leading(
+            leading,
+            caches.clone(),
+            memcacheds,
+            queue.clone(),
+            0,
+        ));
+        let soon = Duration::from_millis(200);
+        assert!(
+            tokio::time::timeout(soon, queue.get()).await.is_err(),
+            "a follower queues nothing"
+        );
         leading_tx.send_replace(true);
         assert!(
-            tokio::time::timeout(soon, queued.next()).await.is_err(),
-            "not while the Memcached cache is still filling"
+            tokio::time::timeout(soon, queue.get()).await.is_err(),
+            "not while a cache of the scope is still filling"
         );
-        memcacheds.release();
-        assert_eq!(
-            tokio::time::timeout(soon, queued.next()).await,
-            Ok(Some(()))
-        );
-    }
-
-    #[test]
-    fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
-        let at = |generation: i64| {
-            Kept::of(&Deployment {
-                metadata: kube::api::ObjectMeta {
-                    generation: Some(generation),
-                    ..Default::default()
-                },
-                ..Deployment::default()
-            })
-        };
-        let deployments = OwnedTriggers {
-            drifted: generation_drifted,
-            on_status: true,
-        };
-        let (before, after) = (at(1), at(2));
-        assert_eq!(
-            deployments.priority(Some(&before), &after, false),
-            Some(Priority::High)
-        );
-        assert_eq!(
-            deployments.priority(Some(&before), &after, true),
-            Some(Priority::Low)
-        );
-        assert_eq!(
-            deployments.priority(Some(&before), &before, false),
-            Some(Priority::Low),
-            "a status change"
-        );
-        assert_eq!(
-            deployments.priority(None, &after, false),
-            Some(Priority::Low),
-            "a new object"
-        );
-        let budgets = OwnedTriggers {
-            drifted: generation_drifted,
-            on_status: false,
-        };
-        assert_eq!(budgets.priority(Some(&before), &after, true), None);
-        assert_eq!(
-            budgets.priority(Some(&before), &after, false),
-            Some(Priority::High)
-        );
-    }
-
-    #[test]
-    fn a_service_drifts_when_its_spec_or_ownership_changes() {
-        let ours = resources::service(&crate::fixtures::memcached("cache", 1));
-        let cached = Kept::of(&ours);
-        assert!(!service_drifted(&cached, &Kept::of(&ours)));
-        let mut ports = ours.clone();
-        ports.spec.as_mut().unwrap().ports = None;
-        assert!(service_drifted(&cached, &Kept::of(&ports)));
-        let mut relabelled = ours;
-        relabelled.metadata.labels = None;
-        assert!(service_drifted(&cached, &Kept::of(&relabelled)));
+        filling.release();
+        queueing.await.unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            let (key, priority) = queue.get().await.unwrap();
+            assert_eq!(priority, Priority::Low);
+            queued.push(key.memcached.name.clone());
+            queue.done(&key);
+        }
+        queued.sort();
+        assert_eq!(queued, ["a", "b"]);
     }
 }

@@ -1,0 +1,312 @@
+//! The trigger policy: which watch event queues which Memcached, and how urgently. Pure: the
+//! watches (watches.rs) call these with the event and what their cache held before it.
+//!
+//! - High: what users wait for — a Memcached's spec changed or it is new; someone else changed
+//!   or deleted what we own.
+//! - Low: what only the status reports — pods, an owned object's status, the echo of our own
+//!   write, an object just created.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+
+use super::kept::{Kept, Owned};
+use super::pod_index::PodMeta;
+use crate::api::Memcached;
+use crate::resources::LABEL_INSTANCE;
+use crate::service_monitor::ServiceMonitor;
+use operator_runtime::queue::Priority;
+
+/// A reconcile to queue: the Memcached and how urgently.
+pub type Trigger = (ObjectRef<Memcached>, Priority);
+
+/// A Memcached whose spec changed (or that is new); status writes do not change the
+/// generation, so our own status patches trigger nothing. `cached` is the version the cache held.
+pub fn spec_change(
+    cached: Option<&Memcached>,
+    event: &watcher::Event<Memcached>,
+) -> Option<Trigger> {
+    let (watcher::Event::Apply(mc) | watcher::Event::InitApply(mc)) = event else {
+        return None;
+    };
+    let changed = cached.is_none_or(|old| old.metadata.generation != mc.metadata.generation);
+    changed.then_some((key_of(mc), Priority::High))
+}
+
+/// Pods only change what the status reports.
+pub fn pod_change(event: &watcher::Event<PodMeta>) -> Option<Trigger> {
+    match event {
+        watcher::Event::Apply(pod)
+        | watcher::Event::InitApply(pod)
+        | watcher::Event::Delete(pod) => memcached_of_pod(pod).map(|key| (key, Priority::Low)),
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
+}
+
+/// Which changes of an owned kind queue its Memcached.
+pub struct OwnedTriggers<K: Owned> {
+    /// Someone changed what we set.
+    drifted: fn(&Kept<K>, &Kept<K>) -> bool,
+    /// Whether any other change (the status) does, at low priority.
+    on_status: bool,
+}
+
+impl OwnedTriggers<Deployment> {
+    pub fn deployments() -> Self {
+        Self {
+            drifted: generation_drifted,
+            on_status: true,
+        }
+    }
+}
+
+impl OwnedTriggers<Service> {
+    pub fn services() -> Self {
+        Self {
+            drifted: service_drifted,
+            on_status: true,
+        }
+    }
+}
+
+impl OwnedTriggers<PodDisruptionBudget> {
+    /// The disruption controller rewrites a budget's status whenever a pod's readiness changes;
+    /// the pod watch already reports that, so a status change triggers nothing.
+    pub fn budgets() -> Self {
+        Self {
+            drifted: generation_drifted,
+            on_status: false,
+        }
+    }
+}
+
+impl OwnedTriggers<ServiceMonitor> {
+    pub fn service_monitors() -> Self {
+        Self {
+            drifted: generation_drifted,
+            on_status: false,
+        }
+    }
+}
+
+impl<K: Owned> OwnedTriggers<K> {
+    /// What an event of an owned object queues: `cached` is the version the cache held, `ours`
+    /// whether the event is the echo of our own write.
+    pub fn trigger(
+        &self,
+        cached: Option<&Kept<K>>,
+        event: &watcher::Event<Kept<K>>,
+        ours: bool,
+    ) -> Option<Trigger> {
+        match event {
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => self
+                .priority(cached, obj, ours)
+                .and_then(|p| controller_of(obj).map(|key| (key, p))),
+            watcher::Event::Delete(obj) => controller_of(obj).map(|key| (key, Priority::High)),
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        }
+    }
+
+    /// How urgently a change from `old` (as cached) to `new` calls for a reconcile.
+    fn priority(&self, old: Option<&Kept<K>>, new: &Kept<K>, ours: bool) -> Option<Priority> {
+        match old {
+            Some(old) if !ours && (self.drifted)(old, new) => Some(Priority::High),
+            Some(_) if !self.on_status => None,
+            _ => Some(Priority::Low),
+        }
+    }
+}
+
+/// Someone else's change to an owned object: its spec (the generation), labels or owner.
+fn generation_drifted<K: Owned>(old: &Kept<K>, new: &Kept<K>) -> bool {
+    old.metadata.generation != new.metadata.generation || old.ownership_differs(new)
+}
+
+/// Services have no generation: any change of the spec counts.
+fn service_drifted(old: &Kept<Service>, new: &Kept<Service>) -> bool {
+    old.spec_differs(new) || old.ownership_differs(new)
+}
+
+/// A Memcached's key in the queue: its namespace and name (`ObjectRef::from_obj` would also
+/// copy its resourceVersion and uid into every queued key).
+pub fn key_of(mc: &Memcached) -> ObjectRef<Memcached> {
+    ObjectRef::new(mc.metadata.name.as_deref().unwrap_or_default())
+        .within(mc.metadata.namespace.as_deref().unwrap_or_default())
+}
+
+/// The Memcached a pod belongs to, by its instance label.
+fn memcached_of_pod(pod: &PodMeta) -> Option<ObjectRef<Memcached>> {
+    let ns = pod.namespace()?;
+    let instance = pod.labels().get(LABEL_INSTANCE)?;
+    Some(ObjectRef::new(instance).within(&ns))
+}
+
+/// The Memcached that controls an owned object.
+fn controller_of<K: Resource>(obj: &K) -> Option<ObjectRef<Memcached>> {
+    let ns = obj.namespace()?;
+    let owner = obj
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Memcached::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(&ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::resources;
+
+    fn cache_key() -> ObjectRef<Memcached> {
+        ObjectRef::new("cache").within("default")
+    }
+
+    /// Our Deployment for the Memcached "cache", at `generation`.
+    fn deployment_at(generation: i64) -> Kept<Deployment> {
+        let mut d = resources::deployment(&memcached("cache", 1), &Default::default());
+        d.metadata.generation = Some(generation);
+        Kept::of(&d)
+    }
+
+    #[test]
+    fn a_new_memcached_or_a_spec_change_is_urgent_and_a_status_write_queues_nothing() {
+        let mc = memcached("cache", 1);
+        let urgent = Some((cache_key(), Priority::High));
+        assert_eq!(
+            spec_change(None, &watcher::Event::Apply(mc.clone())),
+            urgent
+        );
+        let mut resized = mc.clone();
+        resized.metadata.generation = Some(2);
+        assert_eq!(
+            spec_change(Some(&mc), &watcher::Event::Apply(resized)),
+            urgent
+        );
+        let mut status_written = mc.clone();
+        status_written.metadata.resource_version = Some("2".into());
+        assert_eq!(
+            spec_change(Some(&mc), &watcher::Event::Apply(status_written)),
+            None
+        );
+        assert_eq!(
+            spec_change(Some(&mc), &watcher::Event::Delete(mc.clone())),
+            None
+        );
+    }
+
+    #[test]
+    fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
+        let deployments = OwnedTriggers::deployments();
+        let (before, after) = (deployment_at(1), deployment_at(2));
+        let applied = watcher::Event::Apply(after.clone());
+        let (urgent, refresh) = (
+            Some((cache_key(), Priority::High)),
+            Some((cache_key(), Priority::Low)),
+        );
+        assert_eq!(deployments.trigger(Some(&before), &applied, false), urgent);
+        assert_eq!(deployments.trigger(Some(&before), &applied, true), refresh);
+        let status_only = watcher::Event::Apply(before.clone());
+        assert_eq!(
+            deployments.trigger(Some(&before), &status_only, false),
+            refresh,
+            "a status change"
+        );
+        assert_eq!(
+            deployments.trigger(None, &applied, false),
+            refresh,
+            "a new object"
+        );
+    }
+
+    #[test]
+    fn a_deleted_object_is_urgent_for_the_memcached_that_controls_it() {
+        let gone = watcher::Event::Delete(deployment_at(1));
+        assert_eq!(
+            OwnedTriggers::deployments().trigger(None, &gone, false),
+            Some((cache_key(), Priority::High))
+        );
+        let mut orphan = resources::deployment(&memcached("cache", 1), &Default::default());
+        orphan.metadata.owner_references = None;
+        let orphan = watcher::Event::Delete(Kept::of(&orphan));
+        assert_eq!(
+            OwnedTriggers::deployments().trigger(None, &orphan, false),
+            None,
+            "no Memcached controls it"
+        );
+    }
+
+    #[test]
+    fn a_budgets_status_queues_nothing_but_drift_does() {
+        let mc = memcached("cache", 3);
+        let budget = |generation| {
+            let mut b = resources::pod_disruption_budget(&mc).expect("size 3 has one");
+            b.metadata.generation = Some(generation);
+            Kept::of(&b)
+        };
+        let budgets = OwnedTriggers::budgets();
+        let (before, after) = (budget(1), budget(2));
+        assert_eq!(
+            budgets.trigger(Some(&before), &watcher::Event::Apply(before.clone()), false),
+            None
+        );
+        assert_eq!(
+            budgets.trigger(Some(&before), &watcher::Event::Apply(after.clone()), true),
+            None,
+            "our own write"
+        );
+        assert_eq!(
+            budgets.trigger(Some(&before), &watcher::Event::Apply(after), false),
+            Some((cache_key(), Priority::High))
+        );
+    }
+
+    #[test]
+    fn a_service_drifts_when_its_spec_or_ownership_changes() {
+        let ours = resources::service(&memcached("cache", 1));
+        let cached = Kept::of(&ours);
+        assert!(!service_drifted(&cached, &Kept::of(&ours)));
+        let mut ports = ours.clone();
+        ports.spec.as_mut().unwrap().ports = None;
+        assert!(service_drifted(&cached, &Kept::of(&ports)));
+        let mut relabelled = ours;
+        relabelled.metadata.labels = None;
+        assert!(service_drifted(&cached, &Kept::of(&relabelled)));
+    }
+
+    #[test]
+    fn a_pod_is_a_status_refresh_of_the_memcached_its_instance_label_names() {
+        let pod = |labels: &[(&str, &str)]| PodMeta {
+            metadata: ObjectMeta {
+                name: Some("cache-7d9f-abcde".into()),
+                namespace: Some("default".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        };
+        let ours = pod(&[(LABEL_INSTANCE, "cache")]);
+        for event in [
+            watcher::Event::Apply(ours.clone()),
+            watcher::Event::Delete(ours.clone()),
+        ] {
+            assert_eq!(pod_change(&event), Some((cache_key(), Priority::Low)));
+        }
+        assert_eq!(pod_change(&watcher::Event::Apply(pod(&[]))), None);
+    }
+
+    #[test]
+    fn the_caches_deployment_fixture_is_controlled_by_its_memcached() {
+        // The fixtures above rely on the builders setting a controller reference.
+        let d = deployment_with_status(&memcached("cache", 1), 1, 1);
+        assert_eq!(controller_of(&d), Some(cache_key()));
+    }
+}
