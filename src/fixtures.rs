@@ -18,6 +18,26 @@ pub fn memcached(name: &str, size: i32) -> Memcached {
     mc
 }
 
+/// The Memcached "cache" of size 3 with `json`'s fields set in its spec.
+pub fn memcached_with_spec(json: serde_json::Value) -> Memcached {
+    let mut mc = memcached("cache", 3);
+    let mut spec = serde_json::to_value(&mc.spec).unwrap();
+    spec.as_object_mut()
+        .unwrap()
+        .extend(json.as_object().unwrap().clone());
+    mc.spec = serde_json::from_value(spec).unwrap();
+    mc
+}
+
+/// A Memcached with monitoring on, and the exporter image `image` if given.
+pub fn monitored_memcached(image: Option<&str>) -> Memcached {
+    let mut json = serde_json::json!({"monitoring": {"enabled": true}});
+    if let Some(image) = image {
+        json["monitoring"]["image"] = image.into();
+    }
+    memcached_with_spec(json)
+}
+
 /// The Deployment the operator would create for `mc`, with a status as the API server reports it,
 /// as the cache keeps it.
 pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Kept<Deployment> {

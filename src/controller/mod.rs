@@ -1,8 +1,11 @@
-//! The Memcached controller: the reconcile (the tutorial's steps), the events it records, and
-//! the watches, work queue and workers that drive it.
+//! The Memcached controller: the reconcile (the tutorial's steps), the events it records, the
+//! trigger policy, and the watches that feed the runtime's queue and workers.
 
+mod context;
 mod cuts;
+mod ensure;
 mod events;
+mod feed;
 mod guarded;
 pub(crate) mod kept;
 mod meta;
@@ -15,12 +18,13 @@ mod shared_text;
 mod triggers;
 mod watches;
 
+pub use context::Context;
 pub use events::Events;
 pub use guarded::parse_event;
 pub use operator_runtime::initial_list::InitialList;
 pub use operator_runtime::queue::Priority;
 pub use outcome::Outcome;
-pub use reconcile::{Context, reconcile};
+pub use reconcile::reconcile;
 pub use rollouts::Rollouts;
 pub use watches::run;
 

@@ -5,11 +5,10 @@
 //! Not kube-runtime's `Controller`: its scheduler polls every pending reconcile on every wake,
 //! O(waiting) per event, which at 10,000 Memcacheds cost more CPU than the reconciles did.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, future};
+use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -24,15 +23,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, field, info, info_span};
 
 use super::Settings;
+use super::context::Context;
 use super::events::Events;
+use super::feed::{Key, Triggers, queue_all_on_leading};
 use super::guarded::{Guarded, parse_event};
 use super::kept::{Kept, Owned};
 use super::outcome;
 use super::own_writes::OwnWrites;
 use super::pod_index::{PodIndex, PodMeta};
-use super::reconcile::{Context, reconcile};
+use super::reconcile::reconcile;
 use super::rollouts::Rollouts;
-use super::triggers::{self, OwnedTriggers, Trigger};
+use super::triggers::{self, OwnedTriggers};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::{self, MANAGER_NAME};
@@ -40,33 +41,10 @@ use crate::service_monitor::ServiceMonitor;
 use operator_runtime::backoff::Backoff;
 use operator_runtime::cache::{self, Cache};
 use operator_runtime::initial_list::InitialList;
-use operator_runtime::queue::{Priority, Queue};
+use operator_runtime::queue::Queue;
 use operator_runtime::readiness::{SyncGate, Unsynced};
 use operator_runtime::watch_namespace::Scope;
 use operator_runtime::workers::{Next, Workers};
-
-/// A queued reconcile: the watch scope (index into the scopes) and the Memcached. Shared: the
-/// queue holds a key in several of its sets at once.
-type Key = Arc<ScopedKey>;
-
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct ScopedKey {
-    scope: usize,
-    memcached: ObjectRef<Memcached>,
-}
-
-impl fmt::Display for ScopedKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.memcached.fmt(f)
-    }
-}
-
-fn scoped(scope: usize, memcached: ObjectRef<Memcached>) -> Key {
-    Arc::new(ScopedKey { scope, memcached })
-}
-
-/// How long a status refresh waits for further events of the same Memcached to join it.
-const STATUS_SETTLE: Duration = Duration::from_millis(500);
 
 /// How often the in-flight work gauges are refreshed (client-go's interval).
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
@@ -352,73 +330,6 @@ fn watched<K>(
     }
 }
 
-/// Queues the reconciles one watch's events call for, once the event is in the caches those
-/// reconciles read. The triggers of a relist wait for its end, since until then the store still
-/// holds the previous list.
-///
-/// Nothing is queued before this process leads and the scope's caches are filled: then
-/// `queue_all_on_leading` queues every Memcached, with whatever earlier events changed in the
-/// caches, so earlier triggers would only be reconciles that find the caches unfilled and retry.
-struct Triggers {
-    queue: Arc<Queue<Key>>,
-    scope: usize,
-    caches: SyncGate,
-    leading: watch::Receiver<bool>,
-    relist: Option<Vec<Trigger>>,
-}
-
-impl Triggers {
-    fn new(
-        queue: Arc<Queue<Key>>,
-        scope: usize,
-        caches: &SyncGate,
-        leading: &watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            queue,
-            scope,
-            caches: caches.clone(),
-            leading: leading.clone(),
-            relist: None,
-        }
-    }
-
-    fn add(&self, key: ObjectRef<Memcached>, priority: Priority) {
-        if !(*self.leading.borrow() && self.caches.synced()) {
-            return;
-        }
-        match priority {
-            Priority::High => self.queue.add(scoped(self.scope, key), priority),
-            // A rollout moves pods and the Deployment's status through several states within a
-            // second; one reconcile after them reports the same as one per state, with fewer
-            // status writes in the way of the changes users wait for.
-            Priority::Low => self
-                .queue
-                .add_after(scoped(self.scope, key), STATUS_SETTLE, priority),
-        }
-    }
-
-    fn fire<K>(&mut self, event: &watcher::Event<K>, trigger: Option<Trigger>) {
-        match event {
-            watcher::Event::Init => self.relist = Some(Vec::new()),
-            watcher::Event::InitDone => {
-                for (key, priority) in self.relist.take().unwrap_or_default() {
-                    self.add(key, priority);
-                }
-            }
-            _ => {
-                let Some((key, priority)) = trigger else {
-                    return;
-                };
-                match (&mut self.relist, event) {
-                    (Some(relist), watcher::Event::InitApply(_)) => relist.push((key, priority)),
-                    _ => self.add(key, priority),
-                }
-            }
-        }
-    }
-}
-
 fn reconcile_span(mc: &Memcached) -> tracing::Span {
     let span = info_span!(
         "reconcile",
@@ -445,43 +356,6 @@ fn released_on_first_list<K>(handle: &mut Option<Unsynced>, event: &watcher::Eve
     {
         handle.release();
     }
-}
-
-/// Once `leading` is true and the scope's caches are filled, queues every cached Memcached:
-/// triggers that came before were held, not processed, and a relist may have found changes no
-/// event announced. A store is empty until its first list is complete, so queueing at
-/// leadership alone could miss some.
-async fn queue_all_on_leading(
-    leading: watch::Receiver<bool>,
-    caches: SyncGate,
-    memcacheds: Cache<Memcached>,
-    queue: Arc<Queue<Key>>,
-    scope: usize,
-) {
-    if Box::pin(became_leader(leading, caches))
-        .next()
-        .await
-        .is_none()
-    {
-        return;
-    }
-    for mc in memcacheds.state() {
-        queue.add(scoped(scope, triggers::key_of(&mc)), Priority::Low);
-    }
-}
-
-/// Yields once, when `leading` is true and the scope's caches are filled.
-fn became_leader(
-    mut leading: watch::Receiver<bool>,
-    caches: SyncGate,
-) -> impl Stream<Item = ()> + Send + 'static {
-    futures::stream::once(async move {
-        let gained = leading.wait_for(|l| *l).await.is_ok();
-        caches.wait_synced().await;
-        gained
-    })
-    .filter(|gained| future::ready(*gained))
-    .map(|_| ())
 }
 
 /// What we own carries our label; the watch cache serves it.
@@ -537,50 +411,4 @@ where
         future::ready(())
     });
     (reader, watch)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fixtures::memcached;
-
-    #[tokio::test]
-    async fn every_cached_memcached_is_queued_once_leading_with_filled_caches() {
-        let (leading_tx, leading) = watch::channel(false);
-        let caches = SyncGate::default();
-        let filling = caches.watch();
-        let (memcacheds, mut writer) = cache::new::<Memcached>();
-        for name in ["a", "b"] {
-            writer.apply_watcher_event(&watcher::Event::Apply(memcached(name, 1)));
-        }
-        let queue = Arc::new(Queue::new(None));
-        let queueing = tokio::spawn(queue_all_on_leading(
-            leading,
-            caches.clone(),
-            memcacheds,
-            queue.clone(),
-            0,
-        ));
-        let soon = Duration::from_millis(200);
-        assert!(
-            tokio::time::timeout(soon, queue.get()).await.is_err(),
-            "a follower queues nothing"
-        );
-        leading_tx.send_replace(true);
-        assert!(
-            tokio::time::timeout(soon, queue.get()).await.is_err(),
-            "not while a cache of the scope is still filling"
-        );
-        filling.release();
-        queueing.await.unwrap();
-        let mut queued = Vec::new();
-        for _ in 0..2 {
-            let (key, priority) = queue.get().await.unwrap();
-            assert_eq!(priority, Priority::Low);
-            queued.push(key.memcached.name.clone());
-            queue.done(&key);
-        }
-        queued.sort();
-        assert_eq!(queued, ["a", "b"]);
-    }
 }

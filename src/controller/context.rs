@@ -1,0 +1,40 @@
+//! What a reconcile reads and shares: the API client, the caches of owned objects, and the
+//! controller's shared parts.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Client;
+
+use super::events::Events;
+use super::kept::Kept;
+use super::own_writes::OwnWrites;
+use super::pod_index::PodIndex;
+use super::rollouts::Rollouts;
+use crate::metrics::Metrics;
+use crate::resources::Images;
+use crate::service_monitor::ServiceMonitor;
+use operator_runtime::cache::Cache;
+use operator_runtime::readiness::SyncGate;
+
+/// What a reconcile needs: the API client and the caches of owned objects.
+pub struct Context {
+    pub client: Client,
+    pub deployments: Cache<Kept<Deployment>>,
+    pub services: Cache<Kept<Service>>,
+    pub pod_disruption_budgets: Cache<Kept<PodDisruptionBudget>>,
+    /// Owned ServiceMonitors; None where the cluster does not serve their API.
+    pub service_monitors: Option<Cache<Kept<ServiceMonitor>>>,
+    pub pods: Arc<PodIndex>,
+    /// Our writes to owned objects, so that their watches do not take them for drift.
+    pub own_writes: Arc<OwnWrites>,
+    pub rollouts: Arc<Rollouts>,
+    pub events: Events,
+    pub images: Images,
+    pub metrics: Arc<Metrics>,
+    /// This scope's watch caches: reconciling before they are filled would report a wrong status
+    /// (no pods yet) and correct it a moment later, two needless writes per object.
+    pub caches: SyncGate,
+}

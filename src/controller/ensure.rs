@@ -1,0 +1,262 @@
+//! The API calls that keep one owned object as a Memcached wants it: look it up (from the cache,
+//! or with a read while someone else's object holds its name), apply it unless it already holds
+//! what we want, delete one no longer wanted; and the Memcached's status patch.
+
+use std::sync::Arc;
+
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Api, Resource, ResourceExt};
+
+use super::context::Context;
+use super::events::Change;
+use super::guarded::Guarded;
+use super::kept::{Kept, Owned};
+use crate::api::{Memcached, MemcachedStatus};
+use crate::error::{Error, Result};
+use crate::resources::{MANAGER_NAME, is_controlled_by};
+use crate::status;
+use operator_runtime::cache::Cache;
+
+/// An object only some specs want (the disruption budget, the ServiceMonitor) as wanted:
+/// applied, or ours deleted when none is wanted any more.
+pub async fn ensure_optional<K: Owned>(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<Kept<K>>,
+    existing: Option<Arc<Kept<K>>>,
+    desired: Option<K>,
+) -> Result<()> {
+    match (desired, existing) {
+        // Its creation follows from the Deployment's, which has the event.
+        (Some(desired), existing) => {
+            ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
+        }
+        (None, Some(existing)) if is_controlled_by(existing.meta(), mc) => {
+            let name = existing.name_any();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: existing.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => ctx.events.applied(mc, existing.as_ref(), &Change::Deleted),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => {
+                    return Err(Error::Apply {
+                        kind: K::kind(&()).into_owned(),
+                        name,
+                        source,
+                    });
+                }
+            }
+        }
+        (None, _) => {}
+    }
+    Ok(())
+}
+
+/// The owned object of the Memcached's name, from the cache of labelled objects. A foreign
+/// object of that name is never in that cache: `ensure` finds it by creating only if nothing of
+/// that name exists, so the common path (nothing there) costs no read. While the status reports
+/// one, it is looked up with a read instead, so each recheck costs one request and never a write
+/// attempt on someone else's object.
+pub async fn lookup<K: Owned>(
+    api: &Api<Kept<K>>,
+    cache: &Cache<Kept<K>>,
+    mc: &Memcached,
+) -> Result<Option<Arc<Kept<K>>>> {
+    if let Some(cached) = cache.get_for(mc) {
+        return Ok(Some(cached));
+    }
+    if !reports_foreign_object(mc) {
+        return Ok(None);
+    }
+    read(api, &mc.name_any()).await
+}
+
+/// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
+/// matter (to delete them), and ours are in the cache.
+pub async fn lookup_optional<K: Owned>(
+    api: &Api<Kept<K>>,
+    cache: &Cache<Kept<K>>,
+    mc: &Memcached,
+    wanted: bool,
+) -> Result<Option<Arc<Kept<K>>>> {
+    match wanted {
+        true => lookup(api, cache, mc).await,
+        false => Ok(cache.get_for(mc)),
+    }
+}
+
+fn reports_foreign_object(mc: &Memcached) -> bool {
+    mc.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == status::DEGRADED && c.reason == status::Reason::ResourceExists.as_str()
+        })
+    })
+}
+
+async fn read<K: Owned>(api: &Api<Kept<K>>, name: &str) -> Result<Option<Arc<Kept<K>>>> {
+    match api.get_opt(name).await {
+        Ok(found) => Ok(found.map(|mut found| {
+            found.trim(None);
+            Arc::new(found)
+        })),
+        Err(source) => Err(Error::Read {
+            kind: K::kind(&()).into_owned(),
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Which applies get a Normal event.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Announce {
+    Always,
+    /// Changes to an existing object only.
+    Changes,
+}
+
+/// A resourceVersion no object has (etcd's first write is revision 2): an apply that carries it
+/// creates the object when there is none, and fails with a conflict when there is one.
+const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
+
+/// An owned object as it is after `ensure`.
+pub struct Ensured<K: Owned> {
+    pub object: Arc<Kept<K>>,
+    /// Whether `ensure` changed it: its watch will bring the change back, and a status refresh.
+    pub written: bool,
+}
+
+impl<K: Owned> Ensured<K> {
+    pub fn unchanged(object: Arc<Kept<K>>) -> Self {
+        Self {
+            object,
+            written: false,
+        }
+    }
+}
+
+/// Applies `desired` unless `existing` already holds it; returns the object as it now is. With
+/// nothing cached, the apply only creates: if an object of that name exists, it is read, and
+/// left alone (`Error::Foreign`) unless this Memcached controls it.
+pub async fn ensure<K: Owned>(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<Kept<K>>,
+    existing: Option<Arc<Kept<K>>>,
+    desired: K,
+    announce: Announce,
+) -> Result<Ensured<K>> {
+    let name = desired.name_any();
+    let existing = match existing {
+        Some(existing) => Some(existing),
+        None => {
+            let mut create = desired.clone();
+            create.meta_mut().resource_version = Some(NO_OBJECT_HAS_THIS_VERSION.into());
+            match apply(api, &create).await {
+                Ok(created) => {
+                    let written = ctx.own_writes.record(None, &created);
+                    if announce == Announce::Always {
+                        ctx.events.applied(mc, &created, &Change::Created);
+                    }
+                    return Ok(Ensured {
+                        object: Arc::new(created),
+                        written,
+                    });
+                }
+                Err(Error::Apply {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 409 => {}
+                Err(error) => return Err(error),
+            }
+            match read(api, &name).await? {
+                Some(found) if !is_controlled_by(found.meta(), mc) => {
+                    return Err(Error::Foreign {
+                        kind: K::kind(&()).into_owned(),
+                    });
+                }
+                // Ours, and not in the cache yet; or gone again, and then applied as new.
+                found => found,
+            }
+        }
+    };
+    if let Some(existing) = &existing
+        && !existing.needs_for(&desired, mc)
+    {
+        return Ok(Ensured::unchanged(existing.clone()));
+    }
+    let applied = apply(api, &desired).await?;
+    let written = ctx.own_writes.record(existing.as_deref(), &applied);
+    let change = Change::between(existing.as_deref(), &applied, mc);
+    if announce == Announce::Always || change != Change::Created {
+        ctx.events.applied(mc, &applied, &change);
+    }
+    Ok(Ensured {
+        object: Arc::new(applied),
+        written,
+    })
+}
+
+/// Applies `desired`; returns the object as the cache keeps it.
+async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
+    let name = desired.name_any();
+    let mut applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        })?;
+    applied.trim(None);
+    Ok(applied)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum StatusPatch {
+    Written,
+    /// Deleted since the cache saw it: the garbage collector's deletions of what it owned can
+    /// reach their watches before its own deletion reaches ours. Nothing is left to report on,
+    /// and nothing failed.
+    Gone,
+}
+
+pub async fn patch_status(
+    ctx: &Context,
+    mc: &Memcached,
+    status: &MemcachedStatus,
+) -> Result<StatusPatch> {
+    // The answer is decoded as the watch decodes Memcacheds (managedFields skipped): nothing
+    // reads it, the watch brings the new version to the cache.
+    let api: Api<Guarded> =
+        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": Memcached::api_version(&()),
+        "kind": Memcached::kind(&()),
+        "status": status,
+    });
+    match api
+        .patch_status(
+            &mc.name_any(),
+            &PatchParams::apply(MANAGER_NAME).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(StatusPatch::Written),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(StatusPatch::Gone),
+        Err(source) => Err(Error::Status {
+            name: mc.name_any(),
+            source,
+        }),
+    }
+}

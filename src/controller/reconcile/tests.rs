@@ -1,0 +1,755 @@
+//! Scenarios of one reconcile against a scripted API server.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::*;
+use crate::controller::Rollouts;
+use crate::controller::outcome::{self, CONFLICT_RECHECK, REFUSED_RECHECK};
+use crate::fixtures::apiserver::{self, ApiServer};
+use crate::fixtures::{deployment_with_status, memcached};
+use crate::resources::Images;
+use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
+use operator_runtime::workers::{Next, Retry};
+
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
+const BUDGET: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
+const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+/// Runs a reconcile against a scripted API server; the script must consume every request.
+async fn scenario<F>(
+    mc: Memcached,
+    ctx: Arc<Context>,
+    api: ApiServer,
+    script: impl FnOnce(ApiServer) -> F,
+) -> Result<Outcome>
+where
+    F: Future<Output = ApiServer> + Send + 'static,
+{
+    scenario_then(mc, ctx, api, script).await.0
+}
+
+/// As `scenario`, handing the API server back for the next one.
+async fn scenario_then<F>(
+    mc: Memcached,
+    ctx: Arc<Context>,
+    api: ApiServer,
+    script: impl FnOnce(ApiServer) -> F,
+) -> (Result<Outcome>, ApiServer)
+where
+    F: Future<Output = ApiServer> + Send + 'static,
+{
+    let server = tokio::spawn(script(api));
+    let result = tokio::time::timeout(Duration::from_secs(5), reconcile(&mc, &ctx))
+        .await
+        .expect("reconcile sent a request the script did not expect");
+    let api = server.await.expect("the script's assertions hold");
+    (result, api)
+}
+
+/// Requests answered in any order that must all be event creations: after a write of the
+/// Deployment the status is left to the refresh its watch event queues.
+fn events_only(seen: Vec<apiserver::Seen>) -> Vec<apiserver::Seen> {
+    assert!(
+        seen.iter()
+            .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS)),
+        "only events: {:?}",
+        seen.iter().map(|e| e.path()).collect::<Vec<_>>()
+    );
+    seen
+}
+
+/// Splits requests answered in any order into event creations and the one status apply.
+fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apiserver::Seen) {
+    let (mut status, events): (Vec<_>, Vec<_>) = seen.into_iter().partition(|r| r.path() == STATUS);
+    assert!(
+        events
+            .iter()
+            .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS))
+    );
+    assert_eq!(status.len(), 1, "one status apply");
+    (events, status.remove(0))
+}
+
+fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
+    let c = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap();
+    (
+        c["status"].as_str().unwrap().into(),
+        c["reason"].as_str().unwrap().into(),
+    )
+}
+
+#[tokio::test]
+async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = memcached("cache", 3);
+    let sent = mc.clone();
+    let (action, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        // No reads: an apply that only creates tells whether the name is free.
+        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        assert!(
+            apply
+                .path_and_query
+                .contains("fieldManager=memcached-operator")
+        );
+        assert!(apply.path_and_query.contains("force=true"));
+        assert_eq!(apply.body["metadata"]["resourceVersion"], "1");
+        assert_eq!(apply.body["spec"]["replicas"], 3);
+        assert_eq!(
+            apply.body["metadata"]["ownerReferences"][0]["uid"],
+            "uid-cache"
+        );
+        // Then the Service and the budget, and the events going out in the background.
+        let (mut services, rest): (Vec<_>, Vec<_>) = api
+            .echo_any_order(4, &sent)
+            .await
+            .into_iter()
+            .partition(|r| r.path() == SERVICE);
+        let svc = services.pop().expect("the Service is created");
+        assert_eq!(svc.method, "PATCH");
+        assert_eq!(svc.body["metadata"]["resourceVersion"], "1");
+        assert_eq!(svc.body["spec"]["clusterIP"], "None");
+        let budget = rest
+            .iter()
+            .find(|r| r.path() == BUDGET)
+            .expect("the budget is created");
+        assert_eq!(budget.body["metadata"]["resourceVersion"], "1");
+        assert_eq!(budget.body["spec"]["maxUnavailable"], 1);
+        assert_eq!(
+            budget.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+            "cache"
+        );
+        // The budget's creation has no event of its own (it comes with the Deployment's).
+        let rest = rest.into_iter().filter(|r| r.path() != BUDGET).collect();
+        let mut events: Vec<_> = events_only(rest).into_iter().map(|e| e.body).collect();
+        events.sort_by_key(|e| e["note"].to_string());
+        let described: Vec<_> = events
+            .iter()
+            .map(|e| {
+                (
+                    e["reason"].clone(),
+                    e["note"].clone(),
+                    e["related"]["kind"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            described,
+            [
+                (
+                    json!("Created"),
+                    json!("Created Deployment cache"),
+                    json!("Deployment")
+                ),
+                (
+                    json!("Created"),
+                    json!("Created Service cache"),
+                    json!("Service")
+                ),
+            ]
+        );
+        api
+    })
+    .await;
+    assert_eq!(action.unwrap(), Outcome::Converged);
+
+    // The Deployment's watch event (in the cache, no pods yet) queues the status refresh.
+    caches.add_deployment(deployment_with_status(&mc, 3, 0));
+    caches.add_service(resources::service(&mc));
+    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
+    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+        let status = api.echo_status(STATUS, &mc).await;
+        assert_eq!(condition(&status.body, AVAILABLE).0, "False");
+        assert_eq!(status.body["status"]["observedGeneration"], 1);
+        api
+    })
+    .await;
+    assert_eq!(action.unwrap(), Outcome::Converged);
+}
+
+/// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
+/// operator wrote then.
+fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
+    let d = deployment_with_status(mc, mc.spec.size, mc.spec.size);
+    caches.add_deployment(d.clone());
+    caches.add_service(resources::service(mc));
+    if let Some(mut budget) = resources::pod_disruption_budget(mc) {
+        budget.metadata.uid = Some("uid-budget".into());
+        caches.add_budget(budget);
+    }
+    let observed = Observed {
+        deployment: Some(d.seen()),
+        ..Default::default()
+    };
+    mc.status = Some(status::desired_status(
+        mc,
+        &observed,
+        &crate::fixtures::time(0),
+    ));
+}
+
+#[tokio::test]
+async fn converged_cr_makes_no_requests() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 3);
+    converged(&mut mc, &mut caches);
+    let action = scenario(mc, ctx, api, |api| async move { api })
+        .await
+        .unwrap();
+    assert_eq!(action, Outcome::Converged);
+}
+
+#[tokio::test]
+async fn a_memcached_deleted_meanwhile_is_no_failure() {
+    // Its owned objects' deletions, seen before its own, queue one more reconcile of it.
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 3);
+    converged(&mut mc, &mut caches);
+    mc.status = None;
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+    let action = one_request(
+        mc,
+        &ctx,
+        api,
+        ("PATCH", STATUS),
+        StatusCode::NOT_FOUND,
+        not_found,
+    );
+    let outcome = action.await.unwrap();
+    assert_eq!(outcome, Outcome::Gone);
+    assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
+    let text = ctx.metrics.render();
+    assert!(
+        !text.contains(r#"memcached="cache""#),
+        "no conditions kept for it: {text}"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_being_deleted_is_no_failure() {
+    // Its Deployment deleted with the namespace before the Memcached was: creating it again
+    // is refused, and the Memcached goes next.
+    let (ctx, api, _caches) = apiserver::context();
+    let mc = memcached("cache", 1);
+    let terminating = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": "deployments.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
+        "details": {"name": "cache", "group": "apps", "kind": "deployments",
+                    "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}});
+    let action = one_request(
+        mc,
+        &ctx,
+        api,
+        ("PATCH", DEPLOYMENT),
+        StatusCode::FORBIDDEN,
+        terminating,
+    );
+    let outcome = action.await.unwrap();
+    assert_eq!(outcome, Outcome::Gone);
+    assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
+}
+
+/// A reconcile whose one request is answered with `status` and `body`.
+async fn one_request(
+    mc: Memcached,
+    ctx: &Arc<Context>,
+    api: ApiServer,
+    (method, path): (&'static str, &'static str),
+    status: StatusCode,
+    body: serde_json::Value,
+) -> Result<Outcome> {
+    scenario(mc, ctx.clone(), api, move |mut api| async move {
+        api.expect(method, path, status, move |_| body).await;
+        api
+    })
+    .await
+}
+
+#[tokio::test]
+async fn size_change_scales_the_deployment() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 3);
+    converged(&mut mc, &mut caches);
+    mc.spec.size = 5;
+    mc.metadata.generation = Some(2);
+
+    scenario(mc.clone(), ctx, api, |mut api| async move {
+        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        assert_eq!(apply.body["spec"]["replicas"], 5);
+        let events = events_only(api.echo_any_order(1, &mc).await);
+        let [event] = &events[..] else {
+            panic!("one event, not {}", events.len())
+        };
+        assert_eq!(event.body["reason"], "Scaled");
+        assert_eq!(
+            event.body["note"],
+            "Scaled Deployment cache from 3 to 5 replicas"
+        );
+        api
+    })
+    .await
+    .unwrap();
+}
+
+fn conflict(_: &serde_json::Value) -> serde_json::Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+           "message": "Operation cannot be fulfilled on deployments.apps \"cache\": the object has been modified"})
+}
+
+fn foreign_deployment(mc: &Memcached) -> serde_json::Value {
+    let mut foreign = resources::deployment(mc, &Images::new("someone/else"));
+    foreign.metadata.owner_references = None;
+    foreign.metadata.labels = None;
+    serde_json::to_value(&foreign).unwrap()
+}
+
+#[tokio::test]
+async fn foreign_deployment_is_left_untouched_with_a_warning() {
+    let (ctx, api, _caches) = apiserver::context();
+    let mc = memcached("cache", 1);
+    let foreign = foreign_deployment(&mc);
+    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+        // The create-only apply fails on the existing object, without changing it.
+        let create = api
+            .expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+            .await;
+        assert_eq!(create.body["metadata"]["resourceVersion"], "1");
+        api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| foreign)
+            .await;
+        // Nothing else is created.
+        let status = api.echo_status(STATUS, &mc).await;
+        assert_eq!(
+            condition(&status.body, DEGRADED),
+            ("True".into(), "ResourceExists".into())
+        );
+        let event = api.echo("POST", EVENTS).await;
+        assert_eq!(
+            (event.body["type"].as_str(), event.body["reason"].as_str()),
+            (Some("Warning"), Some("ResourceExists"))
+        );
+        api
+    })
+    .await
+    .unwrap();
+    assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
+}
+
+#[tokio::test]
+async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
+    let (ctx, api, _caches) = apiserver::context();
+    let mut mc = memcached("cache", 1);
+    let blocked = Blocked::ResourceExists {
+        message: status::conflict_message("Deployment", &mc),
+    };
+    let observed = Observed {
+        blocked: Some(blocked),
+        ..Default::default()
+    };
+    mc.status = Some(status::desired_status(
+        &mc,
+        &observed,
+        &crate::fixtures::time(0),
+    ));
+    let foreign = foreign_deployment(&mc);
+    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
+        let mut reads = Vec::new();
+        for _ in 0..2 {
+            let (request, reply) = api.receive_any().await;
+            reads.push(request.path().to_string());
+            match request.path() {
+                DEPLOYMENT => reply.send(StatusCode::OK, &foreign),
+                _ => reply.send(StatusCode::NOT_FOUND, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})),
+            }
+        }
+        reads.sort();
+        assert_eq!(reads, [SERVICE, DEPLOYMENT]);
+        // The status already says so, and the Warning was published: nothing more.
+        api
+    })
+    .await
+    .unwrap();
+    assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
+}
+
+#[tokio::test]
+async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 1);
+    let d = deployment_with_status(&mc, 1, 1);
+    caches.add_service(resources::service(&mc));
+    let observed = Observed {
+        deployment: Some(d.seen()),
+        ..Default::default()
+    };
+    mc.status = Some(status::desired_status(
+        &mc,
+        &observed,
+        &crate::fixtures::time(0),
+    ));
+    let mut ours = d.as_value();
+    ours["status"] = serde_json::to_value(&d.status).unwrap();
+    scenario(mc, ctx, api, |mut api| async move {
+        api.expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+            .await;
+        api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| ours)
+            .await;
+        api
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn refused_apply_is_reported_once_and_rechecked_slowly() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = memcached("cache", 1);
+    caches.add_service(resources::service(&mc));
+    let invalid = |_: &serde_json::Value| {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+               "message": "Deployment.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
+    };
+    let reported = mc.clone();
+    let outcome = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+        api.expect(
+            "PATCH",
+            DEPLOYMENT,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            invalid,
+        )
+        .await;
+        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+        let (degraded, reason) = condition(&status.body, DEGRADED);
+        assert_eq!(
+            (degraded.as_str(), reason.as_str()),
+            ("True", "InvalidSpec")
+        );
+        let message = status.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == DEGRADED)
+            .unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("the API server refused Deployment cache: ")
+                && message.contains("must be less than or equal to cpu limit"),
+            "{message}"
+        );
+        let [event] = &events[..] else {
+            panic!("one event, not {}", events.len())
+        };
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], "InvalidSpec");
+        api
+    })
+    .await
+    .unwrap();
+    let Next::Failed { reason, retry, .. } = outcome.next() else {
+        panic!("a failure for the metrics: {outcome:?}")
+    };
+    assert_eq!(reason, "refused");
+    assert_eq!(
+        retry,
+        Retry::After(REFUSED_RECHECK),
+        "not retried hot, and the backoff of later failures not grown"
+    );
+}
+
+#[tokio::test]
+async fn an_api_error_is_retried_with_the_backoff() {
+    let (ctx, api, _caches) = apiserver::context();
+    let mc = memcached("cache", 1);
+    let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
+    let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
+        api.expect(
+            "PATCH",
+            DEPLOYMENT,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            server_error,
+        )
+        .await;
+        api
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.metric_label(), "apply");
+    let Next::Failed { retry, .. } = outcome::failed(&err) else {
+        panic!("a failure")
+    };
+    assert_eq!(retry, Retry::Backoff, "the worker's per-object backoff");
+}
+#[tokio::test]
+async fn below_two_pods_the_budget_is_deleted() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 3);
+    converged(&mut mc, &mut caches);
+    mc.spec.size = 1;
+    mc.metadata.generation = Some(2);
+    scenario(mc.clone(), ctx, api, |mut api| async move {
+        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        assert_eq!(apply.body["spec"]["replicas"], 1);
+        let delete = api
+            .expect(
+                "DELETE",
+                BUDGET,
+                StatusCode::OK,
+                |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            )
+            .await;
+        assert_eq!(
+            delete.body["preconditions"]["uid"], "uid-budget",
+            "only the budget we saw"
+        );
+        let events = events_only(api.echo_any_order(2, &mc).await);
+        let mut notes: Vec<_> = events.iter().map(|e| e.body["note"].to_string()).collect();
+        notes.sort();
+        assert_eq!(
+            notes,
+            [
+                "\"Deleted PodDisruptionBudget cache: no longer wanted by the spec\"",
+                "\"Scaled Deployment cache from 3 to 1 replicas\""
+            ]
+        );
+        api
+    })
+    .await
+    .unwrap();
+}
+
+const MONITOR: &str = "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
+
+fn with_monitoring(mut mc: Memcached, enabled: bool) -> Memcached {
+    mc.spec.monitoring = Some(crate::api::MonitoringSpec {
+        enabled,
+        image: None,
+    });
+    mc
+}
+
+type Requests = Vec<(String, String, serde_json::Value)>;
+
+/// The `n` requests (method, path, body; sorted) of a reconcile of the Memcached `prepare`
+/// returns after filling the caches, where the cluster does or does not serve
+/// ServiceMonitors.
+async fn requests_of(
+    served: bool,
+    n: usize,
+    prepare: impl FnOnce(&mut apiserver::Caches) -> Memcached,
+) -> Requests {
+    let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(served);
+    let mc = prepare(&mut caches);
+    let seen = Arc::new(std::sync::Mutex::new(Requests::new()));
+    let into = seen.clone();
+    let answered = mc.clone();
+    let action = scenario(mc, ctx, api, |mut api| async move {
+        let requests = api.echo_any_order(n, &answered).await;
+        *into.lock().unwrap() = requests
+            .into_iter()
+            .map(|r| (r.method.clone(), r.path().to_string(), r.body))
+            .collect();
+        api
+    })
+    .await;
+    assert_eq!(action.unwrap(), Outcome::Converged);
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    seen
+}
+
+/// A converged Memcached whose spec now turns monitoring on.
+fn turning_monitoring_on(caches: &mut apiserver::Caches) -> Memcached {
+    let mut mc = memcached("cache", 1);
+    converged(&mut mc, caches);
+    let mut mc = with_monitoring(mc, true);
+    mc.metadata.generation = Some(2);
+    mc
+}
+
+fn paths(requests: &Requests) -> Vec<(&str, &str)> {
+    requests
+        .iter()
+        .map(|(m, p, _)| (m.as_str(), p.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn monitoring_without_the_service_monitor_api_adds_the_exporter_and_port_only() {
+    // The status comes with the refresh the Deployment's watch event queues.
+    let requests = requests_of(false, 4, turning_monitoring_on).await;
+    assert_eq!(
+        paths(&requests),
+        [
+            ("PATCH", SERVICE),
+            ("PATCH", DEPLOYMENT),
+            ("POST", EVENTS),
+            ("POST", EVENTS)
+        ],
+        "nothing under monitoring.coreos.com"
+    );
+    assert_eq!(requests[0].2["spec"]["ports"][1]["name"], "metrics");
+    let deployment = &requests[1].2;
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][1]["name"],
+        "exporter"
+    );
+}
+
+#[tokio::test]
+async fn monitoring_where_the_api_is_served_creates_an_owned_service_monitor() {
+    let requests = requests_of(true, 5, turning_monitoring_on).await;
+    assert_eq!(
+        paths(&requests),
+        [
+            ("PATCH", SERVICE),
+            ("PATCH", DEPLOYMENT),
+            ("PATCH", MONITOR),
+            ("POST", EVENTS),
+            ("POST", EVENTS)
+        ]
+    );
+    let monitor = &requests[2].2;
+    assert_eq!(monitor["metadata"]["resourceVersion"], "1", "create only");
+    assert_eq!(
+        monitor["metadata"]["ownerReferences"][0]["uid"],
+        "uid-cache"
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "cache"
+    );
+}
+
+#[tokio::test]
+async fn turning_monitoring_off_deletes_our_service_monitor() {
+    let mut on = memcached("cache", 1);
+    on = with_monitoring(on, true);
+    let mut off = with_monitoring(on.clone(), false);
+    off.metadata.generation = Some(2);
+    let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(true);
+    converged(&mut on, &mut caches);
+    let mut monitor = resources::service_monitor(&on).unwrap();
+    monitor.metadata.uid = Some("uid-monitor".into());
+    caches.add_monitor(monitor);
+    off.status = on.status.clone();
+    scenario(off.clone(), ctx, api, |mut api| async move {
+        let mut seen = Vec::new();
+        let mut notes = Vec::new();
+        // The monitor's deletion, the Deployment and Service applies, and their three
+        // events (two updates, one deletion); the status comes with the refresh.
+        for _ in 0..6 {
+            let (request, reply) = api.receive_any().await;
+            match (request.method.as_str(), request.path()) {
+                ("DELETE", MONITOR) => {
+                    assert_eq!(request.body["preconditions"]["uid"], "uid-monitor");
+                    reply.send(
+                        StatusCode::OK,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    );
+                }
+                (_, STATUS) => {
+                    let mut object = serde_json::to_value(&off).unwrap();
+                    object["status"] = request.body["status"].clone();
+                    reply.send(StatusCode::OK, &object);
+                }
+                _ => reply.send(StatusCode::OK, &apiserver::echoed(&request.body)),
+            }
+            if request.path() == EVENTS {
+                notes.push(request.body["note"].as_str().unwrap().to_string());
+            }
+            seen.push((request.method.clone(), request.path().to_string()));
+        }
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen,
+            [
+                ("DELETE".to_string(), MONITOR.to_string()),
+                ("PATCH".to_string(), SERVICE.to_string()),
+                ("PATCH".to_string(), DEPLOYMENT.to_string()),
+                ("POST".to_string(), EVENTS.to_string()),
+            ]
+        );
+        notes.sort();
+        assert_eq!(
+            notes[0],
+            "Deleted ServiceMonitor cache: no longer wanted by the spec"
+        );
+        api
+    })
+    .await
+    .unwrap();
+}
+
+/// An operator whose pod template differs from the one running, for a Memcached whose spec
+/// did not change: an upgrade.
+fn upgraded_operator(limit: u16) -> (Arc<Context>, ApiServer, apiserver::Caches) {
+    let (ctx, api, caches) = apiserver::context();
+    let mut ctx = Arc::into_inner(ctx).unwrap();
+    ctx.images = Images::new("memcached:next");
+    ctx.rollouts = Arc::new(Rollouts::new(limit));
+    (Arc::new(ctx), api, caches)
+}
+
+#[tokio::test]
+async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
+    let (ctx, api, mut caches) = upgraded_operator(1);
+    let mut first = memcached("cache", 3);
+    converged(&mut first, &mut caches);
+    let mut second = memcached("other", 3);
+    converged(&mut second, &mut caches);
+
+    let (action, api) = scenario_then(first.clone(), ctx.clone(), api, |mut api| async move {
+        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        assert_eq!(
+            apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
+            "memcached:next"
+        );
+        let events = events_only(api.echo_any_order(1, &first).await);
+        assert_eq!(events[0].body["reason"], "Updated");
+        api
+    })
+    .await;
+    assert_eq!(action.unwrap(), Outcome::Converged);
+
+    // The budget of 1 is spent: the second waits, says so, and asks again later.
+    let status_path = STATUS.replace("/cache/", "/other/");
+    let reported = second.clone();
+    let (action, api) = scenario_then(second.clone(), ctx.clone(), api, |mut api| async move {
+        let status = api.echo_status(&status_path, &reported).await;
+        assert_eq!(
+            condition(&status.body, PROGRESSING),
+            ("True".into(), "RolloutQueued".into())
+        );
+        api
+    })
+    .await;
+    assert_eq!(action.unwrap(), Outcome::WaitingForRolloutSlot);
+
+    // Its own spec change never waits.
+    let mut changed = second;
+    changed.spec.size = 4;
+    changed.metadata.generation = Some(2);
+    let path = DEPLOYMENT.replace("/cache", "/other");
+    scenario(changed.clone(), ctx, api, |mut api| async move {
+        let apply = api.echo("PATCH", &path).await;
+        assert_eq!(
+            apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
+            "memcached:next"
+        );
+        events_only(api.echo_any_order(1, &changed).await);
+        api
+    })
+    .await
+    .unwrap();
+}

@@ -1,0 +1,335 @@
+//! Pure builders for the objects a Memcached owns: its Deployment, its headless Service, its
+//! PodDisruptionBudget and its ServiceMonitor. No API calls here; the controller applies what these return.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::api::{EXPORTER_PORT, Memcached};
+use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
+
+mod deployment;
+pub use deployment::deployment;
+
+/// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
+pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
+/// Exporter image used when neither `spec.monitoring.image` nor
+/// `RELATED_IMAGE_MEMCACHED_EXPORTER` is set.
+pub const FALLBACK_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.16.0";
+/// uid of `nobody`, the exporter image's user (named in the image, so set as a number here:
+/// the kubelet can only check runAsNonRoot for a numeric user).
+pub const EXPORTER_UID: i64 = 65534;
+/// Name of the exporter's port on the pod and on the Service, and the ServiceMonitor's endpoint.
+pub const METRICS_PORT_NAME: &str = "metrics";
+/// Name of the operator as field manager, event reporter and `managed-by` label.
+pub const MANAGER_NAME: &str = "memcached-operator";
+/// uid of the `memcache` user in the official memcached image. Set explicitly because the image
+/// names its user rather than numbering it, and the kubelet refuses runAsNonRoot for named users.
+pub const MEMCACHED_UID: i64 = 11211;
+
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+const TOPOLOGY_HOSTNAME: &str = "kubernetes.io/hostname";
+const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// Seconds a pod gets to stop after its preStop delay: memcached exits at once on SIGTERM, so
+/// this is margin, and with the default delay it gives Kubernetes' default grace of 30 s.
+const STOP_MARGIN_SECONDS: i64 = 20;
+
+/// Label selector (as a string) that finds everything this operator manages.
+pub fn managed_by_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGER_NAME}")
+}
+
+/// Labels that pick out one Memcached's pods. Also the Deployment's (immutable) selector.
+pub fn selector_labels(mc: &Memcached) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), "memcached".to_string()),
+        (LABEL_INSTANCE.to_string(), mc.name_any()),
+    ])
+}
+
+/// `status.selector` for the scale subresource, e.g. `app.kubernetes.io/instance=x,...`.
+pub fn selector_string(mc: &Memcached) -> String {
+    selector_labels(mc)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The recommended `app.kubernetes.io/*` labels on every owned object and pod.
+pub fn labels(mc: &Memcached) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(mc);
+    labels.insert(LABEL_MANAGED_BY.to_string(), MANAGER_NAME.to_string());
+    labels.insert(LABEL_COMPONENT.to_string(), "cache".to_string());
+    labels.insert(LABEL_PART_OF.to_string(), "memcached-operator".to_string());
+    labels
+}
+
+/// Controller reference, as controller-runtime's SetControllerReference: foreground deletion of
+/// the Memcached waits for what it owns.
+fn owner_reference(mc: &Memcached) -> OwnerReference {
+    let mut owner = mc
+        .controller_owner_ref(&())
+        .expect("a Memcached read from the API server has a name and uid");
+    owner.block_owner_deletion = Some(true);
+    owner
+}
+
+fn owned_metadata(mc: &Memcached) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(mc.name_any()),
+        namespace: mc.namespace(),
+        labels: Some(labels(mc)),
+        owner_references: Some(vec![owner_reference(mc)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The operator's default images (RELATED_IMAGE_MEMCACHED, RELATED_IMAGE_MEMCACHED_EXPORTER), for
+/// Memcacheds that name none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Images {
+    pub memcached: String,
+    pub exporter: String,
+}
+
+impl Images {
+    /// `memcached` and the fallback exporter image.
+    pub fn new(memcached: impl Into<String>) -> Self {
+        Self {
+            memcached: memcached.into(),
+            exporter: FALLBACK_EXPORTER_IMAGE.into(),
+        }
+    }
+}
+
+impl Default for Images {
+    fn default() -> Self {
+        Self::new(FALLBACK_MEMCACHED_IMAGE)
+    }
+}
+
+/// The memcached image for this CR: its own override, else the operator's default.
+pub fn image<'a>(mc: &'a Memcached, default_image: &'a str) -> &'a str {
+    mc.spec.image.as_deref().unwrap_or(default_image)
+}
+
+/// Whether the Memcached asks for memcached's own metrics.
+pub fn monitored(mc: &Memcached) -> bool {
+    mc.spec.monitoring.as_ref().is_some_and(|m| m.enabled)
+}
+
+/// The PodDisruptionBudget a Memcached should have: none below two pods (one pod cannot stay
+/// up through a drain anyway) or when the user turned it off.
+pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
+    let budget = mc.spec.pod_disruption_budget.clone().unwrap_or_default();
+    if !budget.enabled || mc.spec.size < 2 {
+        return None;
+    }
+    Some(PodDisruptionBudget {
+        metadata: owned_metadata(mc),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(budget.max_unavailable)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The headless Service through which clients find every memcached pod by DNS; with monitoring,
+/// also the exporters' `metrics` port, which a ServiceMonitor (or any endpoints-based scrape
+/// configuration) selects.
+pub fn service(mc: &Memcached) -> Service {
+    let port = |name: &str, port| ServicePort {
+        name: Some(name.to_string()),
+        port,
+        target_port: Some(IntOrString::String(name.to_string())),
+        protocol: Some("TCP".to_string()),
+        ..ServicePort::default()
+    };
+    let mut ports = vec![port("memcached", mc.spec.container_port)];
+    if monitored(mc) {
+        ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));
+    }
+    Service {
+        metadata: owned_metadata(mc),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            selector: Some(selector_labels(mc)),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The ServiceMonitor that has a prometheus-operator scrape this Memcached's exporters: the
+/// `metrics` port of its Service. None unless monitoring is on.
+pub fn service_monitor(mc: &Memcached) -> Option<ServiceMonitor> {
+    if !monitored(mc) {
+        return None;
+    }
+    Some(ServiceMonitor {
+        metadata: owned_metadata(mc),
+        spec: ServiceMonitorSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            },
+            endpoints: vec![Endpoint {
+                port: Some(METRICS_PORT_NAME.to_string()),
+                path: Some("/metrics".to_string()),
+            }],
+        },
+    })
+}
+
+/// True when `object` has a controller owner reference pointing at this Memcached (by uid).
+pub fn is_controlled_by(object: &ObjectMeta, mc: &Memcached) -> bool {
+    let uid = mc.uid();
+    object
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{
+        memcached, memcached_with_spec as spec_from, monitored_memcached as monitored_cache,
+    };
+
+    #[test]
+    fn service_is_headless_and_selects_the_pods() {
+        let mc = memcached("cache", 1);
+        let svc = service(&mc);
+        assert!(is_controlled_by(&svc.metadata, &mc));
+        let spec = svc.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.selector.unwrap(), selector_labels(&mc));
+    }
+
+    #[test]
+    fn foreign_owner_is_not_control() {
+        let mc = memcached("cache", 1);
+        let mut meta = deployment(&mc, &Images::new("img")).metadata;
+        meta.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+        assert!(!is_controlled_by(&meta, &mc));
+        meta.owner_references = None;
+        assert!(!is_controlled_by(&meta, &mc));
+    }
+
+    #[test]
+    fn a_budget_exists_from_two_pods_unless_turned_off() {
+        assert_eq!(pod_disruption_budget(&memcached("cache", 1)), None);
+        let budget = pod_disruption_budget(&memcached("cache", 2)).unwrap();
+        assert!(is_controlled_by(&budget.metadata, &memcached("cache", 2)));
+        let spec = budget.spec.unwrap();
+        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(
+            spec.selector.unwrap().match_labels.unwrap(),
+            selector_labels(&memcached("cache", 2))
+        );
+        assert_eq!(spec.min_available, None);
+
+        let wider = spec_from(serde_json::json!({"podDisruptionBudget": {"maxUnavailable": 2}}));
+        assert_eq!(
+            pod_disruption_budget(&wider)
+                .unwrap()
+                .spec
+                .unwrap()
+                .max_unavailable,
+            Some(IntOrString::Int(2))
+        );
+        let off = spec_from(serde_json::json!({"podDisruptionBudget": {"enabled": false}}));
+        assert_eq!(pod_disruption_budget(&off), None);
+    }
+
+    #[test]
+    fn monitoring_adds_the_metrics_port_to_the_service_and_a_service_monitor_for_it() {
+        let mc = monitored_cache(None);
+        let ports = service(&mc).spec.unwrap().ports.unwrap();
+        let named: Vec<_> = ports
+            .iter()
+            .map(|p| (p.name.clone().unwrap(), p.port, p.target_port.clone()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (
+                    "memcached".to_string(),
+                    11211,
+                    Some(IntOrString::String("memcached".into()))
+                ),
+                (
+                    "metrics".to_string(),
+                    9150,
+                    Some(IntOrString::String("metrics".into()))
+                ),
+            ]
+        );
+        let monitor = service_monitor(&mc).unwrap();
+        assert!(is_controlled_by(&monitor.metadata, &mc));
+        assert_eq!(monitor.metadata.name.as_deref(), Some("cache"));
+        assert_eq!(
+            monitor.spec.selector.match_labels.as_ref(),
+            Some(&selector_labels(&mc))
+        );
+        // It selects the Service (whose labels include the selector's), and only its metrics port.
+        let svc_labels = service(&mc).metadata.labels.unwrap();
+        assert!(
+            selector_labels(&mc)
+                .iter()
+                .all(|(k, v)| svc_labels.get(k) == Some(v))
+        );
+        assert_eq!(monitor.spec.endpoints.len(), 1);
+        assert_eq!(monitor.spec.endpoints[0].port.as_deref(), Some("metrics"));
+        let json = serde_json::to_value(&monitor).unwrap();
+        assert_eq!(json["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(json["kind"], "ServiceMonitor");
+    }
+
+    proptest::proptest! {
+        /// Whatever the schema admits, the builders do not panic, and a spec the reconciler
+        /// accepts comes out in the objects as written.
+        #[test]
+        fn every_admitted_spec_builds_objects_that_reflect_it(spec in crate::arbitrary::spec()) {
+            let mut mc = memcached("cache", 1);
+            mc.spec = spec.clone();
+            let d = deployment(&mc, &Images::default());
+            let svc = service(&mc);
+            if crate::validation::validate(&spec).is_err() {
+                return Ok(());
+            }
+            let d_spec = d.spec.unwrap();
+            proptest::prop_assert_eq!(d_spec.replicas, Some(spec.size));
+            let pod = d_spec.template.spec.unwrap();
+            let c = &pod.containers[0];
+            proptest::prop_assert_eq!(c.image.as_deref(), Some(spec.image.as_deref().unwrap_or(FALLBACK_MEMCACHED_IMAGE)));
+            let args = c.args.clone().unwrap();
+            let memory = spec.max_memory_mib.to_string();
+            proptest::prop_assert!(args.windows(2).any(|w| w[0] == "-m" && w[1] == memory));
+            proptest::prop_assert_eq!(c.ports.as_ref().unwrap()[0].container_port, spec.container_port);
+            proptest::prop_assert_eq!(c.resources.as_ref(), spec.resources.as_deref());
+            let selector = d_spec.selector.match_labels.unwrap();
+            let template_labels = d_spec.template.metadata.unwrap().labels.unwrap();
+            proptest::prop_assert!(selector.iter().all(|(k, v)| template_labels.get(k) == Some(v)));
+            let ports = svc.spec.unwrap().ports.unwrap();
+            proptest::prop_assert_eq!(ports[0].port, spec.container_port);
+        }
+    }
+}
