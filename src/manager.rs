@@ -271,9 +271,8 @@ async fn run_as_leader(
 
 /// Waits for the controller to finish after `stop`, for at most the graceful shutdown timeout.
 ///
-/// Not while the caches are still filling: nothing can be in flight then, and kube's controller
-/// does not finish a graceful shutdown begun before its first list (it waits for a store that
-/// will never be ready), which held the lease for the whole timeout.
+/// Not while the caches are still filling: no reconcile does anything before they are filled
+/// (each ends at once with `CachesFilling`), so there is nothing to wait for.
 async fn drain(
     controller: impl FusedFuture<Output = ()>,
     stop: &CancellationToken,
