@@ -2,6 +2,7 @@
 //! kube-controller-manager and scheduler limits raised so they are not what is measured.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::jiff::Timestamp;
@@ -108,7 +109,12 @@ impl Cluster {
         let path = self.local.dir.join("operator.kubeconfig");
         if !path.exists() {
             self.local
-                .service_account_kubeconfig(OPERATOR_NAMESPACE, SERVICE_ACCOUNT, &path, "10h")
+                .service_account_kubeconfig(
+                    OPERATOR_NAMESPACE,
+                    SERVICE_ACCOUNT,
+                    &path,
+                    Duration::from_secs(10 * 3600),
+                )
                 .await?;
         }
         Ok(path)

@@ -5,9 +5,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Api, Client, Config};
 use tokio::process::Command;
 
 #[derive(Clone, Debug)]
@@ -67,30 +73,64 @@ impl LocalCluster {
         (out.status.success(), text)
     }
 
-    /// Writes a kubeconfig at `out` that authenticates as ServiceAccount `sa` in `namespace` with
-    /// a token valid for `duration` (e.g. "2h"), through `hack/lib.sh`'s `write_sa_kubeconfig`.
+    /// Writes a kubeconfig at `out` (mode 600) that authenticates as ServiceAccount `sa` in
+    /// `namespace` with a token valid for `valid_for`, as `kubectl create token` would issue it.
     pub async fn service_account_kubeconfig(
         &self,
         namespace: &str,
         sa: &str,
         out: &Path,
-        duration: &str,
+        valid_for: Duration,
     ) -> Result<()> {
-        let lib = crate::repo_root().join("hack/lib.sh");
-        let status = Command::new("bash")
-            .arg("-c")
-            .arg(r#"source "$0" && write_sa_kubeconfig "$@""#)
-            .arg(&lib)
-            .args([namespace, sa])
-            .arg(out)
-            .arg(duration)
-            .env("KUBECONFIG", self.kubeconfig())
-            .status()
+        let admin = Kubeconfig::read_from(self.kubeconfig())?;
+        let cluster = admin
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref())
+            .context("the admin kubeconfig names no cluster")?;
+        let server = cluster.server.clone().context("no server")?;
+        let ca = cluster
+            .certificate_authority_data
+            .clone()
+            .context("no certificate-authority-data")?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(valid_for.as_secs() as i64),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin().await?, namespace);
+        let token = accounts
+            .create_token_request(sa, &PostParams::default(), &request)
             .await
-            .context("bash hack/lib.sh")?;
-        if !status.success() {
-            bail!("could not write a kubeconfig for ServiceAccount {namespace}/{sa}");
-        }
+            .with_context(|| format!("a token for ServiceAccount {namespace}/{sa}"))?
+            .status
+            .context("the TokenRequest has no status")?
+            .token;
+        let kubeconfig = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {{server: \"{server}\", certificate-authority-data: \"{ca}\"}}
+users:
+- name: {sa}
+  user: {{token: \"{token}\"}}
+contexts:
+- name: operator
+  context: {{cluster: local, user: {sa}, namespace: {namespace}}}
+current-context: operator
+"
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(out)
+            .and_then(|mut f| f.write_all(kubeconfig.as_bytes()))
+            .with_context(|| format!("writing {}", out.display()))?;
         Ok(())
     }
 }

@@ -1,7 +1,6 @@
 //! What the end-to-end suite (`tests/e2e`) and the benchmark (`bench/`) share: a local cluster
 //! started by `hack/cluster.sh`, the operator as a child process, free ports and plain HTTP, and
 //! for the real node: DNS lookups and a memcached client.
-//! The ServiceAccount kubeconfig comes from `hack/lib.sh`, the one place shell and Rust use.
 
 pub mod cluster;
 pub mod dns;

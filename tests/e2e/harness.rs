@@ -357,7 +357,12 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{sa}.kubeconfig"));
     cluster()
-        .service_account_kubeconfig(OPERATOR_NAMESPACE, &sa, &path, "2h")
+        .service_account_kubeconfig(
+            OPERATOR_NAMESPACE,
+            &sa,
+            &path,
+            Duration::from_secs(2 * 3600),
+        )
         .await
         .expect("ServiceAccount kubeconfig");
     path
