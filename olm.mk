@@ -51,24 +51,27 @@ scorecard-test: ## Build operator-sdk's scorecard-test program (cached); print i
 	@if [ "$(SCORECARD_TEST)" = "$(OLM_TOOLS_CACHE)/scorecard-test-$(OPERATOR_SDK_VERSION)/scorecard-test" ]; then \
 		hack/olm/build-tools.sh --path scorecard-test; else echo "$(SCORECARD_TEST)"; fi
 
+# bundle.Dockerfile's LABELs against bundle/metadata/annotations.yaml (tests/bundle).
+CHECK_BUNDLE_DOCKERFILE = $(CARGO) test --locked --quiet --test bundle -- the_bundle_dockerfile
+
 .PHONY: bundle
 bundle: operator-sdk ## Regenerate bundle/ and bundle.Dockerfile from config/ (operator-sdk generate bundle), then validate.
 	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh
-	hack/olm/check-bundle-dockerfile.sh
+	$(CHECK_BUNDLE_DOCKERFILE)
 
 .PHONY: bundle-validate
 bundle-validate: operator-sdk ## operator-sdk bundle validate ./bundle --select-optional suite=operatorframework.
 	$(OPERATOR_SDK) bundle validate ./bundle --select-optional suite=operatorframework
-	hack/olm/check-bundle-dockerfile.sh
+	$(CHECK_BUNDLE_DOCKERFILE)
 
 .PHONY: scorecard-static
 scorecard-static: scorecard-test ## Run the scorecard's built-in (static) tests on bundle/ offline.
-	SCORECARD_TEST=$(SCORECARD_TEST) hack/olm/scorecard-static.sh bundle
+	SCORECARD_TEST=$(SCORECARD_TEST) $(CARGO) test --locked --features olm --test bundle -- --nocapture the_scorecards_built_in_tests
 
 .PHONY: bundle-check
 bundle-check: operator-sdk opm ## Fail if bundle/, bundle.Dockerfile, catalog/ or catalog.Dockerfile drift from config/.
 	$(OLM_BUNDLE_ENV) hack/olm/bundle.sh --check
-	hack/olm/check-bundle-dockerfile.sh
+	$(CHECK_BUNDLE_DOCKERFILE)
 	OPM=$(OPM) OPM_IMAGE=$(OPM_IMAGE) CHANNELS=$(CHANNELS) DEFAULT_CHANNEL=$(DEFAULT_CHANNEL) hack/olm/catalog.sh --check
 
 .PHONY: bundle-build

@@ -5,6 +5,8 @@
 #[allow(dead_code)]
 mod harness;
 
+mod cluster;
+
 use std::time::{Duration, Instant};
 
 use harness::{
