@@ -16,7 +16,7 @@ use crate::config::RunArgs;
 use crate::controller::{self, InitialList, Settings};
 use crate::metrics::Metrics;
 use crate::resources::Images;
-use operator_runtime::admin::{self, Endpoints};
+use operator_runtime::admin::{self, Endpoints, Limits};
 use operator_runtime::leader::{LeaderElector, LeaseConfig};
 use operator_runtime::readiness::Readiness;
 
@@ -207,7 +207,16 @@ async fn serve_endpoints(
         (args.health_probe_bind_address.0, Endpoints::Health, None),
     ] {
         let Some(addr) = addr else { continue };
-        if let Err(e) = admin::bind(addr, endpoints, state.clone(), tls, stop.clone()).await {
+        if let Err(e) = admin::bind(
+            addr,
+            endpoints,
+            state.clone(),
+            tls,
+            Limits::default(),
+            stop.clone(),
+        )
+        .await
+        {
             error!(%addr, error = %e, "cannot listen");
             return Err(ExitCode::FAILURE);
         }
