@@ -6,6 +6,7 @@
 mod harness;
 
 mod cluster;
+mod endpoints;
 
 use std::time::{Duration, Instant};
 

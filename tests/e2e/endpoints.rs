@@ -1,0 +1,148 @@
+//! The operator's own HTTP endpoints under abuse, with real sockets: hundreds of stalled
+//! connections on each port, and a burst of random bearer tokens on the secure metrics port.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{Operator, OperatorOptions, admin, wait_for};
+
+/// Connections held open on each port, each stalled before finishing its first request (the
+/// health port) or its TLS handshake (the metrics port).
+const STALLED: usize = 300;
+const RANDOM_TOKENS: usize = 400;
+
+async fn healthz_latency(port: u16) -> Duration {
+    let started = Instant::now();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("/healthz answered within 5 s")
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    started.elapsed()
+}
+
+/// TokenReviews the API server has answered, from its own metrics.
+async fn token_reviews(client: &kube::Client) -> f64 {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"resource="tokenreviews""#)
+                && l.contains(r#"verb="POST""#)
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn the_endpoints_hold_under_stalled_connections_and_random_tokens() {
+    let client = admin().await;
+    let options = OperatorOptions {
+        extra_args: vec!["--metrics-secure".into()],
+        ..Default::default()
+    };
+    let op = Operator::start(&client, options).await;
+    let (health, metrics) = (op.health_port, op.metrics_port);
+    let url = format!("https://127.0.0.1:{metrics}/metrics");
+    // Until the API server's RBAC cache has the operator's TokenReview permission, reviews fail
+    // closed (403).
+    wait_for(
+        "RBAC for TokenReview in effect",
+        Duration::from_secs(15),
+        || async {
+            let out = tokio::process::Command::new("curl")
+                .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", &url])
+                .args(["-H", "Authorization: Bearer not-a-token"])
+                .output()
+                .await
+                .unwrap();
+            (out.stdout == b"401").then_some(())
+        },
+    )
+    .await;
+    let (cpu_before, log_before) = (op.cpu_seconds(), op.log_text().len());
+
+    let mut stalled = Vec::new();
+    for _ in 0..STALLED {
+        let mut on_health = TcpStream::connect(("127.0.0.1", health)).await.unwrap();
+        on_health
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        stalled.push(on_health);
+        stalled.push(TcpStream::connect(("127.0.0.1", metrics)).await.unwrap());
+    }
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        latencies.push(healthz_latency(health).await);
+    }
+    let worst = latencies.iter().max().unwrap();
+    assert!(
+        *worst < Duration::from_secs(1),
+        "/healthz under {STALLED} stalled connections a port: {latencies:?}"
+    );
+
+    let reviews_before = token_reviews(&client).await;
+    let burst = Instant::now();
+    let mut curl = tokio::process::Command::new("curl");
+    for i in 0..RANDOM_TOKENS {
+        if i > 0 {
+            curl.arg("--next");
+        }
+        curl.args(["-sk", "-o", "/dev/null", "-w", "%{http_code}\n", &url]);
+        curl.args([
+            "-H",
+            &format!(
+                "Authorization: Bearer random-{:016x}",
+                rand::random::<u64>()
+            ),
+        ]);
+    }
+    let out = curl.output().await.unwrap();
+    let burst = burst.elapsed();
+    let codes = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        codes.lines().filter(|c| *c == "401").count(),
+        RANDOM_TOKENS,
+        "every random token is refused: {codes}"
+    );
+    let reviews = token_reviews(&client).await - reviews_before;
+    // A burst of 20, then 5 a second.
+    let allowed = 20.0 + 5.0 * burst.as_secs_f64() + 2.0;
+    assert!(
+        reviews <= allowed,
+        "{reviews} TokenReviews for {RANDOM_TOKENS} random tokens in {burst:?}"
+    );
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cpu = op.cpu_seconds() - cpu_before;
+    let logged = op.log_text().len() - log_before;
+    println!(
+        "FIGURES stalled={STALLED}/port healthz_worst_ms={} reviews={reviews} tokens={RANDOM_TOKENS} burst_s={:.2} cpu_s={cpu:.2} log_bytes={logged}",
+        worst.as_millis(),
+        burst.as_secs_f64()
+    );
+    assert!(
+        cpu < 2.0,
+        "{cpu:.2} s of CPU over the attack ({burst:?} of tokens)"
+    );
+    assert!(logged < 64 * 1024, "{logged} bytes logged");
+    drop(stalled);
+}
