@@ -158,10 +158,11 @@ impl AcceptFailures {
         (delay, warn_now)
     }
 
+    /// After an accept that worked. The warning's rate is kept: at the open-file limit, accepts
+    /// that fail and accepts that work (as connections close) alternate.
     fn reset(&mut self) {
-        if self.count > 0 {
-            *self = Self::default();
-        }
+        self.count = 0;
+        self.delay = None;
     }
 }
 
@@ -358,7 +359,13 @@ mod tests {
             (warnings as f64) <= seconds + 1.0,
             "{warnings} warnings in {seconds:.1} s"
         );
+        assert!(failures.next(at).1, "a second after the last warning");
         failures.reset();
-        assert_eq!(failures.next(at).0, Duration::from_millis(10));
+        let (delay, warn_now) = failures.next(at + Duration::from_millis(10));
+        assert_eq!(delay, Duration::from_millis(10), "the back-off starts over");
+        assert!(
+            !warn_now,
+            "a failure right after a success is not warned again at once"
+        );
     }
 }
