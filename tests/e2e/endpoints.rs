@@ -151,6 +151,7 @@ async fn the_endpoints_hold_under_stalled_connections_and_random_tokens() {
     assert!(limited.success());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (cpu_before, log_before) = (op.cpu_seconds(), op.log_text().len());
+    let phase = Instant::now();
     let mut over_the_limit = Vec::new();
     for _ in 0..400 {
         let mut stream = TcpStream::connect(("127.0.0.1", health)).await.unwrap();
@@ -161,10 +162,20 @@ async fn the_endpoints_hold_under_stalled_connections_and_random_tokens() {
     let cpu = op.cpu_seconds() - cpu_before;
     let log = op.log_text();
     let warnings = log[log_before..].matches("accept failed").count();
-    println!("FIGURES nofile=256 connections=400 cpu_s={cpu:.2} accept_warnings={warnings}");
+    // Connecting may itself wait while the backlog is full: the window is all of it.
+    let window = phase.elapsed().as_secs_f64();
+    println!(
+        "FIGURES nofile=256 connections=400 window_s={window:.1} cpu_s={cpu:.2} accept_warnings={warnings}"
+    );
     assert!(warnings >= 1, "the failing accept is reported");
-    assert!(warnings <= 5, "{warnings} warnings in 3 s");
-    assert!(cpu < 1.0, "{cpu:.2} s of CPU in 3 s at the open-file limit");
+    assert!(
+        warnings as f64 <= window + 1.0,
+        "{warnings} warnings in {window:.1} s"
+    );
+    assert!(
+        cpu < window / 3.0,
+        "{cpu:.2} s of CPU in {window:.1} s at the open-file limit"
+    );
     drop(over_the_limit);
     wait_for(
         "/healthz served again once the connections are gone",
