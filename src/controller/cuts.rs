@@ -15,8 +15,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use super::lock;
 use super::shared_text::SharedText;
+use operator_runtime::lock;
 
 /// Enough for the shapes of Memcached a cluster has in practice; each entry holds a spec and a
 /// field set as text (a few KiB). When full, all go: where most objects have shapes of their

@@ -17,9 +17,9 @@ use serde::de::IgnoredAny;
 use tracing::{info, warn};
 
 use super::kept::{Kept, Owned};
-use super::lock;
 use crate::api::Memcached;
 use crate::status::Blocked;
+use operator_runtime::lock;
 
 /// What applying an owned object changed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -46,7 +46,3 @@ pub struct Settings {
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
 }
-
-/// The controller's shared maps and sets hold nothing a panic can leave worse than a stale entry
-/// or a repeated event.
-use operator_runtime::lock;

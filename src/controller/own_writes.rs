@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use kube::Resource;
 
-use super::lock;
+use operator_runtime::lock;
 
 #[derive(Default)]
 pub struct OwnWrites {

@@ -14,10 +14,10 @@ use kube::{Resource, ResourceExt};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 
-use super::lock;
 use super::meta::Meta;
 use super::meta::resource_of;
 use crate::resources::LABEL_INSTANCE;
+use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
 /// A pod as the pod watch decodes it: the metadata a reconcile reads (spec, status and

@@ -19,7 +19,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use super::kept::Kept;
-use super::lock;
+use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
 /// (namespace, name) of a Deployment.

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::lock;
+use operator_runtime::lock;
 
 /// Stands for the object's name in a factored text. JSON text holds no raw NUL (it is written
 /// `\u0000`), so factoring is undone exactly.
