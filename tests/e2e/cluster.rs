@@ -55,6 +55,12 @@ async fn the_local_cluster_runs_pods_authenticates_tokens_and_collects_garbage()
 
     let ns = namespace(&client, "smoke").await;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "the namespace's default ServiceAccount",
+        Duration::from_secs(30),
+        || async { accounts.get_opt("default").await.ok()? },
+    )
+    .await;
     let mut account = ServiceAccount::default();
     account.metadata.name = Some("smoke".into());
     accounts
