@@ -102,8 +102,8 @@ olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); p
 	@hack/olm/build-tools.sh --path olm
 
 .PHONY: test-digests
-test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root).
-	hack/olm/test-digests.sh
+test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root; tests/olm/digests.rs).
+	$(CARGO) test --locked --features olm --test olm -- --test-threads=1 --nocapture digests::
 
 .PHONY: test-run-bundle
 test-run-bundle: ## On a local control plane with a real node (root): operator-sdk run bundle, run bundle-upgrade, scorecard and cleanup with images from a registry on 127.0.0.1; the catalog image through OLM.
@@ -112,4 +112,6 @@ test-run-bundle: ## On a local control plane with a real node (root): operator-s
 .PHONY: test-olm
 test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked
-	OPM=$(OPM) OPERATOR_BIN=$(CURDIR)/target/debug/memcached-operator hack/olm/test-olm.sh $(CURDIR)/.cluster/olm-test
+	OLM_DIR="$$(hack/olm/build-tools.sh --path olm)" && \
+		OPM=$(OPM) OLM_DIR="$$OLM_DIR" OPERATOR_BIN=$(CURDIR)/target/debug/memcached-operator \
+		SUITE=olm hack/e2e.sh install_and_upgrade --nocapture

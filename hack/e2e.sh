@@ -4,12 +4,17 @@
 #   REAL_NODE=1 hack/e2e.sh [FILTER...]  tests/real_node: memcached and the operator as real
 #                                        containers on a real node (root; skipped without root
 #                                        unless REQUIRE_REAL_NODE=1, as in CI)
+#   SUITE=olm hack/e2e.sh [FILTER...]    tests/olm (feature olm) on fake (kwok) nodes, e.g.
+#                                        install_and_upgrade (`make test-olm`)
 # Set E2E_KEEP=1 to keep the cluster directory (logs, kubeconfig) after a failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REAL_NODE="${REAL_NODE:-0}"
 suite=e2e features=e2e
+if [[ "${SUITE:-}" == olm && "${REAL_NODE}" != 1 ]]; then
+	suite=olm features=olm
+fi
 if [[ "${REAL_NODE}" == 1 ]]; then
 	suite=real_node features=real-node
 	if [[ "$(id -u)" -ne 0 ]]; then

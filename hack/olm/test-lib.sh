@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The harness of the tests through real OLM (test-olm.sh, test-run-bundle.sh): checks counted as
+# The harness of the tests through real OLM (test-run-bundle.sh; test-olm and test-digests are Rust now, tests/olm): checks counted as
 # PASS/FAIL, figures, processes started in the background and stopped on exit with the cluster,
 # and OLM itself (its CRDs, the prometheus-operator's two CRDs the bundle needs, OLM's `olm` and
 # `catalog` operators as processes). Sourced after setting:

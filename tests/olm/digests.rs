@@ -1,1 +1,385 @@
-//! A release bundle pinned by digest (`make test-digests`): to be ported from hack/olm/test-digests.sh.
+//! A release bundle pinned by digest (`make test-digests`, root; was hack/olm/test-digests.sh), made
+//! as hack/olm/README.md ("Releasing") tells: the operator, memcached and exporter images pushed to
+//! a registry on 127.0.0.1, then hack/olm/bundle.sh with IMG and RELATED_IMAGES naming them there
+//! and USE_IMAGE_DIGESTS=true. Every image the CSV names (containerImage, the manager's image, the
+//! RELATED_IMAGE_* values and relatedImages) must be the registry's reference by the digest the
+//! registry serves, no tag may be left, and the bundle must validate. The shell scripts only build
+//! and push the images and generate the bundle; the checks are here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn hack(script: &str) -> Command {
+    let mut command = Command::new(repo().join("hack").join(script));
+    command.current_dir(repo());
+    command
+}
+
+/// Runs `command`, its stderr passed through; its stdout, trimmed. Panics unless it succeeds.
+fn stdout_of(command: &mut Command) -> String {
+    let what = format!("{command:?}");
+    let out = command
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(out.status.success(), "{what}: {}", out.status);
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Runs `command` with its output passed through (on stderr). Panics unless it succeeds.
+fn run(command: &mut Command) {
+    let what = format!("{command:?}");
+    let status = command
+        .stdout(std::io::stderr())
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(status.success(), "{what}: {status}");
+}
+
+/// `KEY=VALUE` lines, values unquoted as the shell would (`printf %q` output, versions.env).
+fn env_lines(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let words = shlex::split(v).unwrap_or_else(|| panic!("{k}: cannot unquote {v:?}"));
+            (k.trim().to_string(), words.join(" "))
+        })
+        .collect()
+}
+
+/// A throwaway registry (hack/olm/registry.sh) and the test's directory: the registry is stopped and
+/// the directory removed when this is dropped, the test failed or not.
+struct Workspace {
+    dir: PathBuf,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "olm-digests-{}-{:06x}",
+            std::process::id(),
+            rand::random::<u32>() & 0xff_ffff
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Workspace { dir }
+    }
+
+    fn registry_dir(&self) -> PathBuf {
+        self.dir.join("registry")
+    }
+
+    /// Starts the registry; its host:port.
+    fn start_registry(&self) -> String {
+        stdout_of(
+            hack("olm/registry.sh")
+                .arg("start")
+                .arg(self.registry_dir()),
+        )
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let stopped = hack("olm/registry.sh")
+            .arg("stop")
+            .arg(self.registry_dir())
+            .status();
+        if !stopped.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!(
+                "registry.sh stop {}: {stopped:?}",
+                self.registry_dir().display()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `REF` (host:port/name:tag) as `host:port/name@<the digest the registry serves for it>`.
+fn pinned(reference: &str) -> String {
+    let digest = stdout_of(hack("olm/registry.sh").arg("digest").arg(reference));
+    let (name, _tag) = reference.rsplit_once(':').unwrap();
+    format!("{name}@{digest}")
+}
+
+/// A reference by digest: `...@sha256:` and 64 lowercase hex digits at the end.
+fn by_digest(reference: &str) -> bool {
+    reference.rsplit_once("@sha256:").is_some_and(|(_, hex)| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// Every image reference in a manifest, wherever it is: the values of `image` and `containerImage`
+/// keys and of `RELATED_IMAGE_*` env entries, with where they were found.
+fn image_references(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::Mapping(map) => {
+            let related = map
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| n.starts_with("RELATED_IMAGE_"));
+            for (key, child) in map {
+                let key = key.as_str().unwrap_or("?");
+                let here = format!("{at}.{key}");
+                match child.as_str() {
+                    Some(s) if key == "image" || key == "containerImage" => {
+                        out.push((here, s.to_string()));
+                    }
+                    Some(s) if key == "value" && related.is_some() => {
+                        out.push((format!("{at}[{}]", related.unwrap()), s.to_string()));
+                    }
+                    _ => image_references(child, &here, out),
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                image_references(item, &format!("{at}[{i}]"), out);
+            }
+        }
+        Value::Tagged(tagged) => image_references(&tagged.value, at, out),
+        _ => {}
+    }
+}
+
+/// The references of `image_references` that are not by digest.
+fn tagged_references(csv: &Value) -> Vec<String> {
+    let mut refs = Vec::new();
+    image_references(csv, "", &mut refs);
+    refs.into_iter()
+        .filter(|(_, r)| !by_digest(r))
+        .map(|(at, r)| format!("{at}: {r}"))
+        .collect()
+}
+
+/// The manager container of the CSV's first deployment.
+fn manager(csv: &Value) -> Option<&Value> {
+    csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]["containers"]
+        .as_sequence()?
+        .iter()
+        .find(|c| c["name"].as_str() == Some("manager"))
+}
+
+fn env_value<'a>(container: Option<&'a Value>, name: &str) -> Option<&'a str> {
+    container?["env"]
+        .as_sequence()?
+        .iter()
+        .find(|e| e["name"].as_str() == Some(name))?["value"]
+        .as_str()
+}
+
+/// Each check: what, got, want; a line per check, and the failed ones.
+#[derive(Default)]
+struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    fn expect(&mut self, what: &str, got: Option<&str>, want: &str) {
+        if got == Some(want) {
+            println!("PASS  {what}: {want}");
+        } else {
+            let line = format!("{what}: got {got:?}, want {want:?}");
+            println!("FAIL  {line}");
+            self.failed.push(line);
+        }
+    }
+
+    fn that(&mut self, what: &str, ok: bool, detail: impl FnOnce() -> String) {
+        if ok {
+            println!("PASS  {what}");
+        } else {
+            let line = format!("{what}: {}", detail());
+            println!("FAIL  {line}");
+            self.failed.push(line);
+        }
+    }
+}
+
+fn operator_sdk() -> PathBuf {
+    let path = stdout_of(Command::new("make").current_dir(repo()).args([
+        "--no-print-directory",
+        "-s",
+        "operator-sdk",
+    ]));
+    PathBuf::from(
+        path.lines()
+            .last()
+            .expect("make operator-sdk printed no path"),
+    )
+}
+
+fn read_csv(bundle: &Path) -> Value {
+    let path = bundle.join("manifests/memcached-operator.clusterserviceversion.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+#[test]
+fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
+    let versions =
+        env_lines(&std::fs::read_to_string(repo().join("hack/olm/versions.env")).unwrap());
+    let version = &versions["BUNDLE_VERSION"];
+    run(hack("images.sh").arg("build"));
+    run(hack("images.sh").arg("operator"));
+    let images = env_lines(&stdout_of(hack("images.sh").arg("--print-env")));
+    let image = |key: &str| -> &str {
+        images
+            .get(key)
+            .unwrap_or_else(|| panic!("hack/images.sh --print-env has no {key}: {images:?}"))
+    };
+    let tag_of = |key: &str| image(key).rsplit_once(':').unwrap().1.to_string();
+    let sdk = operator_sdk();
+
+    let work = Workspace::new();
+    let registry = work.start_registry();
+    let operator_ref = format!("{registry}/memcached/memcached-operator:{version}");
+    let memcached_ref = format!(
+        "{registry}/memcached/memcached:{}",
+        tag_of("MEMCACHED_IMAGE")
+    );
+    let exporter_ref = format!(
+        "{registry}/memcached/memcached-exporter:{}",
+        tag_of("EXPORTER_IMAGE")
+    );
+    for (archive, reference) in [
+        ("OPERATOR_ARCHIVE", &operator_ref),
+        ("MEMCACHED_ARCHIVE", &memcached_ref),
+        ("EXPORTER_ARCHIVE", &exporter_ref),
+    ] {
+        run(hack("olm/registry.sh")
+            .arg("push")
+            .arg(image(archive))
+            .arg(reference));
+    }
+    let operator_pinned = pinned(&operator_ref);
+    let memcached_pinned = pinned(&memcached_ref);
+    let exporter_pinned = pinned(&exporter_ref);
+
+    let out = work.dir.join("out");
+    run(hack("olm/bundle.sh")
+        .arg(&out)
+        .env("IMG", &operator_ref)
+        .env(
+            "RELATED_IMAGES",
+            format!("MEMCACHED={memcached_ref} MEMCACHED_EXPORTER={exporter_ref}"),
+        )
+        .env("USE_IMAGE_DIGESTS", "true")
+        .env("OPERATOR_SDK", &sdk));
+    let bundle = out.join("bundle");
+    let csv = read_csv(&bundle);
+
+    let mut checks = Checks::default();
+    checks.expect(
+        "CSV containerImage",
+        csv["metadata"]["annotations"]["containerImage"].as_str(),
+        &operator_pinned,
+    );
+    let manager = manager(&csv);
+    checks.expect(
+        "manager image",
+        manager.and_then(|m| m["image"].as_str()),
+        &operator_pinned,
+    );
+    checks.expect(
+        "RELATED_IMAGE_MEMCACHED",
+        env_value(manager, "RELATED_IMAGE_MEMCACHED"),
+        &memcached_pinned,
+    );
+    checks.expect(
+        "RELATED_IMAGE_MEMCACHED_EXPORTER",
+        env_value(manager, "RELATED_IMAGE_MEMCACHED_EXPORTER"),
+        &exporter_pinned,
+    );
+    let related: Vec<&str> = csv["spec"]["relatedImages"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["image"].as_str())
+        .collect();
+    for want in [&operator_pinned, &memcached_pinned, &exporter_pinned] {
+        checks.that(
+            &format!("relatedImages lists {want}"),
+            related.contains(&want.as_str()),
+            || format!("relatedImages is {related:?}"),
+        );
+    }
+    let tagged = tagged_references(&csv);
+    checks.that("no image reference by tag", tagged.is_empty(), || {
+        format!("by tag: {tagged:?}")
+    });
+    let validate = Command::new(&sdk)
+        .arg("bundle")
+        .arg("validate")
+        .arg(&bundle)
+        .args(["--select-optional", "suite=operatorframework"])
+        .output()
+        .unwrap_or_else(|e| panic!("{sdk:?}: {e}"));
+    checks.that(
+        "operator-sdk bundle validate (suite=operatorframework)",
+        validate.status.success(),
+        || {
+            let log = String::from_utf8_lossy(&validate.stdout).into_owned()
+                + &String::from_utf8_lossy(&validate.stderr);
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("{}:\n{}", validate.status, tail.join("\n"))
+        },
+    );
+    assert!(
+        checks.failed.is_empty(),
+        "the bundle pinned by digest from {registry}:\n  - {}",
+        checks.failed.join("\n  - ")
+    );
+}
+
+#[test]
+fn an_image_named_by_tag_anywhere_in_a_csv_is_found() {
+    let digest = format!("@sha256:{}", "0123456789abcdef".repeat(4));
+    let csv: Value = serde_yaml::from_str(&format!(
+        r#"
+metadata:
+  annotations:
+    containerImage: r/operator{digest}
+spec:
+  install:
+    spec:
+      deployments:
+      - spec:
+          template:
+            spec:
+              containers:
+              - name: manager
+                image: r/operator{digest}
+                env:
+                - name: RELATED_IMAGE_MEMCACHED
+                  value: r/memcached:1.6
+                - name: OTHER
+                  value: not-an-image:1
+              initContainers:
+              - name: init
+                image: r/init:latest
+  relatedImages:
+  - name: memcached
+    image: r/memcached{digest}
+  - name: short
+    image: r/exporter@sha256:0123
+"#
+    ))
+    .unwrap();
+    assert_eq!(
+        tagged_references(&csv),
+        [
+            ".spec.install.spec.deployments[0].spec.template.spec.containers[0].env[0][RELATED_IMAGE_MEMCACHED]: r/memcached:1.6",
+            ".spec.install.spec.deployments[0].spec.template.spec.initContainers[0].image: r/init:latest",
+            ".spec.relatedImages[1].image: r/exporter@sha256:0123",
+        ]
+    );
+}

@@ -1,1 +1,1635 @@
-//! Install and upgrade through real OLM (`make test-olm`): to be ported from hack/olm/test-olm.sh.
+//! Install and upgrade through real OLM on the embedded local control plane (`make test-olm`,
+//! which runs `SUITE=olm hack/e2e.sh install_and_upgrade`): the operator installed, then upgraded
+//! along the catalog's upgrade graph, the way OperatorHub users receive a release, but without
+//! images or a container runtime:
+//!   - `hack/cluster.sh up` (by hack/e2e.sh): etcd, kube-apiserver, controller-manager,
+//!     scheduler, kwok (fake nodes);
+//!   - OLM's CRDs (the module's deploy/chart/crds) and OLM's own `olm` and `catalog` operators as
+//!     processes against it, built from the OLM module (`OLM_DIR`, `hack/olm/build-tools.sh
+//!     --path olm`);
+//!   - `opm serve` (`OPM`) on 127.0.0.1 of a file-based catalog (its bundles carry their objects
+//!     inline, so no bundle image and no unpack Job are needed), a grpc CatalogSource
+//!     (spec.address).
+//!
+//! Phase 1, the previous release: the catalog as it was before the bundle in bundle/ (the release
+//! its CSV `replaces`) is served. Two OwnNamespace installs of it: NS by an Automatic
+//! Subscription, NS_MANUAL by a Manual one (its InstallPlan approved by the test). Asserts the
+//! InstallPlan, the CSV phase and the objects OLM creates; runs the operator binary as each CSV's
+//! Deployment would (below) and creates Memcacheds, plus one in NS_OTHER that no OperatorGroup
+//! targets.
+//! Phase 2, the upgrade: catalog/ (all releases) is served in its place on the same address. NS
+//! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
+//! approves it. Asserts: the new CSV Succeeds and replaces the old one (which is removed), every
+//! Memcached stays Available throughout (polled every second), no Memcached is lost (same UIDs),
+//! and the memcached pods are not restarted (same pod UIDs, same Deployment generations: the new
+//! operator computes the same pod template). Then least privilege: the new CSV's `permissions`
+//! apply in NS only (`kubectl auth can-i` as the operator's ServiceAccount), and the operator
+//! still reconciles a new Memcached in NS.
+//! Phase 3: a fresh Subscription to the default channel installs the new release directly.
+//! Phase 4: without the ServiceMonitor and PrometheusRule CRDs, OLM fails the InstallPlan of the
+//! bundle, which holds one of each.
+//!
+//! kwok runs no containers, so the operator binary (`OPERATOR_BIN`, default the debug build)
+//! runs as a process instead of the pod, as the ServiceAccount OLM created, with the environment
+//! the pod gets (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation); when OLM rolls
+//! the Deployment to the new CSV, the process is replaced too, like the pod.
+//!
+//! Checks print `PASS`/`FAIL` lines and are reported together at the end ("N passed, N failed");
+//! a check the rest depends on ends the test at once. Figures (upgrade durations, pod UIDs) are
+//! printed as `FIGURE` lines and kept in `$E2E_CLUSTER_DIR/logs/olm-upgrade.txt`. Every process
+//! started here is killed when the test ends, panicking or not. TIMEOUT: seconds per wait
+//! (default 180). OLM's operators listen on :8080 (olm, health) and :8443 (catalog, health over
+//! TLS): their ports are fixed upstream, so the test refuses to start when either is taken.
+
+#[allow(dead_code)]
+#[path = "../e2e/harness.rs"]
+mod harness;
+mod olm;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
+};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::Memcached;
+use memcached_operator_testkit::net::free_port;
+use memcached_operator_testkit::{Launch, OperatorProcess};
+use serde_json::{Value, json};
+
+use olm::{Olm, Opm, wait_until};
+
+const PACKAGE: &str = "memcached-operator";
+const OLM_NS: &str = "olm";
+const NS: &str = "memcached-olm-test";
+const NS_MANUAL: &str = "memcached-olm-manual";
+const NS_OTHER: &str = "memcached-olm-other";
+const NS_FRESH: &str = "memcached-olm-fresh";
+const NS_NO_CRDS: &str = "memcached-olm-no-monitoring";
+const CATSRC: &str = "memcached-catalog";
+/// The memcached pods (not the operator's): labels of src/resources.rs.
+const MEMCACHED_PODS: &str =
+    "app.kubernetes.io/part-of=memcached-operator,app.kubernetes.io/component=cache";
+/// The second Memcached of each installed namespace, and the one created after the upgrade.
+const SECOND: &str = "memcached-second";
+const AFTER_UPGRADE: &str = "memcached-after-upgrade";
+/// Log and file prefix, as test-lib.sh's TEST_NAME.
+const PREFIX: &str = "olm";
+
+// ---------------------------------------------------------------- checks and figures
+
+/// Checks counted as passed or failed, printed as they happen, reported together at the end.
+struct Checks {
+    passed: usize,
+    failed: Vec<String>,
+    figures: PathBuf,
+    start: Instant,
+}
+
+impl Checks {
+    fn check(&mut self, desc: impl Into<String>, ok: bool) -> bool {
+        let desc = desc.into();
+        if ok {
+            self.passed += 1;
+            println!("PASS  {desc}");
+        } else {
+            println!("FAIL  {desc}");
+            self.failed.push(desc);
+        }
+        ok
+    }
+
+    /// A check the rest depends on: on failure, diagnostics and the end of the test.
+    async fn require(&mut self, desc: impl Into<String>, ok: bool, env: &Env) {
+        let desc = desc.into();
+        if !self.check(desc.clone(), ok) {
+            env.diagnostics().await;
+            panic!(
+                "{desc} failed: the checks after it would only time out\n{}",
+                self.summary()
+            );
+        }
+    }
+
+    fn figure(&self, text: impl AsRef<str>) {
+        let line = format!("FIGURE  {}", text.as_ref());
+        println!("{line}");
+        if let Ok(mut f) = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&self.figures)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+
+    fn summary(&self) -> String {
+        let mut s = format!("{} passed, {} failed", self.passed, self.failed.len());
+        for f in &self.failed {
+            s += &format!("\n  FAIL  {f}");
+        }
+        s
+    }
+}
+
+fn secs(since: Instant) -> String {
+    format!("{:.1}", since.elapsed().as_secs_f64())
+}
+
+// ---------------------------------------------------------------- the release facts
+
+/// What bundle/'s CSV and catalog/ say about the release under test and the one it replaces.
+struct Release {
+    csv_name: String,
+    prev_csv: String,
+    deployment: String,
+    sa: String,
+    image: String,
+    default_channel: String,
+    /// The CSV's first alm-example.
+    sample: Value,
+}
+
+impl Release {
+    fn read(root: &Path) -> Release {
+        let csv_file = root.join(format!(
+            "bundle/manifests/{PACKAGE}.clusterserviceversion.yaml"
+        ));
+        let csv: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&csv_file).unwrap()).unwrap();
+        let s = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+        let dep = &csv["spec"]["install"]["spec"]["deployments"][0];
+        let examples: Value = serde_json::from_str(
+            csv["metadata"]["annotations"]["alm-examples"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let package = yaml_docs(&root.join(format!("catalog/{PACKAGE}/package.yaml")));
+        let default_channel = package
+            .iter()
+            .find(|d| d["schema"].as_str() == Some("olm.package"))
+            .map(|d| s(&d["defaultChannel"]))
+            .unwrap_or_default();
+        Release {
+            csv_name: s(&csv["metadata"]["name"]),
+            prev_csv: s(&csv["spec"]["replaces"]),
+            deployment: s(&dep["name"]),
+            sa: s(&dep["spec"]["template"]["spec"]["serviceAccountName"]),
+            image: s(&dep["spec"]["template"]["spec"]["containers"][0]["image"]),
+            default_channel,
+            sample: examples[0].clone(),
+        }
+    }
+}
+
+fn yaml_docs(path: &Path) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect()
+}
+
+fn write_yaml_docs(path: &Path, docs: &[serde_yaml::Value]) {
+    let mut text = String::new();
+    for doc in docs {
+        text += "---\n";
+        text += &serde_yaml::to_string(doc).unwrap();
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// The catalog before `release`: catalog/ without its bundle (and its channel entries), the
+/// default channel one that still has entries (the one holding the replaced release). Its
+/// directory and that channel.
+fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, String) {
+    let catalog = root.join("catalog").join(PACKAGE);
+    let prev = dir.join("catalog-prev");
+    let _ = std::fs::remove_dir_all(&prev);
+    std::fs::create_dir_all(prev.join(PACKAGE)).unwrap();
+    for entry in std::fs::read_dir(&catalog).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name.starts_with(&format!("{PACKAGE}.v"))
+            && name.ends_with(".yaml")
+            && name != format!("{}.yaml", release.csv_name)
+        {
+            std::fs::copy(&path, prev.join(PACKAGE).join(&name)).unwrap();
+        }
+    }
+    let mut channels = vec![];
+    for mut ch in yaml_docs(&catalog.join("channels.yaml")) {
+        if let Some(entries) = ch
+            .get_mut("entries")
+            .and_then(serde_yaml::Value::as_sequence_mut)
+        {
+            entries.retain(|e| e["name"].as_str() != Some(&release.csv_name));
+            if entries.is_empty() {
+                continue;
+            }
+        }
+        channels.push(ch);
+    }
+    write_yaml_docs(&prev.join(PACKAGE).join("channels.yaml"), &channels);
+    let prev_channel = channels
+        .iter()
+        .find(|ch| {
+            ch["entries"].as_sequence().is_some_and(|es| {
+                es.iter()
+                    .any(|e| e["name"].as_str() == Some(&release.prev_csv))
+            })
+        })
+        .and_then(|ch| ch["name"].as_str())
+        .unwrap_or_else(|| {
+            panic!(
+                "{} is in no channel of catalog/{PACKAGE}/channels.yaml",
+                release.prev_csv
+            )
+        })
+        .to_string();
+    let mut package = yaml_docs(&catalog.join("package.yaml"));
+    for doc in &mut package {
+        if doc["schema"].as_str() == Some("olm.package") {
+            doc["defaultChannel"] = serde_yaml::Value::String(prev_channel.clone());
+        }
+    }
+    write_yaml_docs(&prev.join(PACKAGE).join("package.yaml"), &package);
+    (prev, prev_channel)
+}
+
+// ---------------------------------------------------------------- the cluster, as the admin
+
+fn resource(kind: &str) -> ApiResource {
+    let (group, version, plural) = match kind {
+        "CatalogSource" => ("operators.coreos.com", "v1alpha1", "catalogsources"),
+        "Subscription" => ("operators.coreos.com", "v1alpha1", "subscriptions"),
+        "InstallPlan" => ("operators.coreos.com", "v1alpha1", "installplans"),
+        "ClusterServiceVersion" => ("operators.coreos.com", "v1alpha1", "clusterserviceversions"),
+        "OperatorGroup" => ("operators.coreos.com", "v1", "operatorgroups"),
+        "ServiceMonitor" => ("monitoring.coreos.com", "v1", "servicemonitors"),
+        "PrometheusRule" => ("monitoring.coreos.com", "v1", "prometheusrules"),
+        _ => panic!("unknown kind {kind}"),
+    };
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// `obj`'s field at `path` (under its data, as kubectl's jsonpath below metadata).
+fn field<'a>(obj: &'a DynamicObject, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(&obj.data, |v, k| v.get(*k))
+}
+
+fn str_field(obj: &DynamicObject, path: &[&str]) -> String {
+    field(obj, path)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+struct Env {
+    client: Client,
+    dir: PathBuf,
+    release: Release,
+    timeout: Duration,
+    operator_bin: PathBuf,
+    operators: HashMap<String, OperatorProcess>,
+}
+
+impl Env {
+    fn api(&self, kind: &str, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &resource(kind))
+    }
+
+    async fn get(&self, kind: &str, ns: &str, name: &str) -> Option<DynamicObject> {
+        self.api(kind, ns).get(name).await.ok()
+    }
+
+    /// Server-side applies a JSON object of one of the kinds of `resource`.
+    async fn apply(&self, obj: Value) {
+        let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+        let kind = obj.types.as_ref().unwrap().kind.clone();
+        let ns = obj.namespace().unwrap();
+        harness::apply(&self.api(&kind, &ns), &obj).await;
+    }
+
+    async fn namespace(&self, name: &str) {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        harness::apply(&Api::<Namespace>::all(self.client.clone()), &ns).await;
+    }
+
+    /// A namespace with an OwnNamespace OperatorGroup.
+    async fn operator_group(&self, ns: &str) {
+        self.namespace(ns).await;
+        self.apply(json!({
+            "apiVersion": "operators.coreos.com/v1",
+            "kind": "OperatorGroup",
+            "metadata": {"name": PACKAGE, "namespace": ns},
+            "spec": {"targetNamespaces": [ns]},
+        }))
+        .await;
+    }
+
+    async fn subscription(&self, ns: &str, channel: &str, approval: &str, starting: Option<&str>) {
+        let mut spec = json!({
+            "name": PACKAGE,
+            "channel": channel,
+            "source": CATSRC,
+            "sourceNamespace": OLM_NS,
+            "installPlanApproval": approval,
+        });
+        if let Some(csv) = starting {
+            spec["startingCSV"] = json!(csv);
+        }
+        self.apply(json!({
+            "apiVersion": "operators.coreos.com/v1alpha1",
+            "kind": "Subscription",
+            "metadata": {"name": PACKAGE, "namespace": ns},
+            "spec": spec,
+        }))
+        .await;
+    }
+
+    async fn catalog_ready(&self) -> bool {
+        self.get("CatalogSource", OLM_NS, CATSRC)
+            .await
+            .is_some_and(|c| {
+                str_field(&c, &["status", "connectionState", "lastObservedState"]) == "READY"
+            })
+    }
+
+    /// The Subscription's current InstallPlan (empty when none).
+    async fn installplan(&self, ns: &str) -> String {
+        match self.get("Subscription", ns, PACKAGE).await {
+            Some(s) => str_field(&s, &["status", "installPlanRef", "name"]),
+            None => String::new(),
+        }
+    }
+
+    /// Waits for the Subscription's InstallPlan, one other than `old`; its name.
+    async fn wait_installplan(&self, ns: &str, old: &str) -> Option<String> {
+        let ok = wait_until(self.timeout, || async move {
+            let ip = self.installplan(ns).await;
+            !ip.is_empty() && ip != old
+        })
+        .await;
+        if ok {
+            Some(self.installplan(ns).await)
+        } else {
+            None
+        }
+    }
+
+    async fn ip_phase(&self, ns: &str, ip: &str) -> String {
+        match self.get("InstallPlan", ns, ip).await {
+            Some(ip) => str_field(&ip, &["status", "phase"]),
+            None => String::new(),
+        }
+    }
+
+    async fn wait_ip_phase(&self, ns: &str, ip: &str, phase: &str) -> bool {
+        wait_until(self.timeout, || async move {
+            self.ip_phase(ns, ip).await == phase
+        })
+        .await
+    }
+
+    async fn ip_installs(&self, ns: &str, ip: &str, csv: &str) -> bool {
+        self.get("InstallPlan", ns, ip).await.is_some_and(|ip| {
+            field(&ip, &["spec", "clusterServiceVersionNames"])
+                .and_then(Value::as_array)
+                .is_some_and(|names| names.iter().any(|n| n.as_str() == Some(csv)))
+        })
+    }
+
+    async fn ip_waits_for_approval(&self, ns: &str, ip: &str) -> bool {
+        wait_until(self.timeout, || async move {
+            self.get("InstallPlan", ns, ip).await.is_some_and(|ip| {
+                str_field(&ip, &["status", "phase"]) == "RequiresApproval"
+                    && field(&ip, &["spec", "approved"]) == Some(&json!(false))
+            })
+        })
+        .await
+    }
+
+    async fn approve(&self, ns: &str, ip: &str) -> bool {
+        self.api("InstallPlan", ns)
+            .patch(
+                ip,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"approved": true}})),
+            )
+            .await
+            .is_ok()
+    }
+
+    async fn csv_phase(&self, ns: &str, csv: &str) -> String {
+        match self.get("ClusterServiceVersion", ns, csv).await {
+            Some(c) => str_field(&c, &["status", "phase"]),
+            None => String::new(),
+        }
+    }
+
+    async fn csv_succeeded(&self, ns: &str, csv: &str) -> bool {
+        self.csv_phase(ns, csv).await == "Succeeded"
+    }
+
+    async fn wait_csv_succeeded(&self, ns: &str, csv: &str) -> bool {
+        wait_until(
+            self.timeout,
+            || async move { self.csv_succeeded(ns, csv).await },
+        )
+        .await
+    }
+
+    async fn csv_gone(&self, ns: &str, csv: &str) -> bool {
+        matches!(
+            self.api("ClusterServiceVersion", ns).get_opt(csv).await,
+            Ok(None)
+        )
+    }
+
+    async fn deployment(&self, ns: &str) -> Option<Deployment> {
+        Api::<Deployment>::namespaced(self.client.clone(), ns)
+            .get(&self.release.deployment)
+            .await
+            .ok()
+    }
+
+    /// The operator Deployment's container env var `name`: its value, or its fieldRef's path.
+    async fn operator_env(&self, ns: &str, name: &str) -> (String, String) {
+        let Some(d) = self.deployment(ns).await else {
+            return Default::default();
+        };
+        let env = d
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().next())
+            .and_then(|c| c.env)
+            .unwrap_or_default();
+        env.into_iter()
+            .find(|e| e.name == name)
+            .map(|e| {
+                let path = e
+                    .value_from
+                    .and_then(|v| v.field_ref)
+                    .map(|f| f.field_path)
+                    .unwrap_or_default();
+                (e.value.unwrap_or_default(), path)
+            })
+            .unwrap_or_default()
+    }
+
+    /// olm.targetNamespaces of the (first) operator pod in `ns`.
+    async fn pod_target_namespaces(&self, ns: &str) -> String {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels("control-plane=controller-manager"))
+            .await;
+        pods.ok()
+            .and_then(|l| l.items.into_iter().next())
+            .and_then(|p| p.annotations().get("olm.targetNamespaces").cloned())
+            .unwrap_or_default()
+    }
+
+    /// Some object of the kind of `api` that OLM labelled as owned by `csv` exists.
+    async fn owned<K>(&self, api: Api<K>, csv: &str) -> bool
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.list(&ListParams::default().labels(&format!("olm.owner={csv}")))
+            .await
+            .is_ok_and(|l| !l.items.is_empty())
+    }
+
+    async fn owned_role_and_binding(&self, csv: &str, ns: &str) -> bool {
+        self.owned(Api::<Role>::namespaced(self.client.clone(), ns), csv)
+            .await
+            && self
+                .owned(Api::<RoleBinding>::namespaced(self.client.clone(), ns), csv)
+                .await
+    }
+
+    async fn owned_clusterrole_and_binding(&self, csv: &str) -> bool {
+        self.owned(Api::<ClusterRole>::all(self.client.clone()), csv)
+            .await
+            && self
+                .owned(Api::<ClusterRoleBinding>::all(self.client.clone()), csv)
+                .await
+    }
+
+    /// `kubectl auth can-i --as=<the operator's ServiceAccount in NS> ARGS` answers `answer`.
+    async fn can_i(&self, answer: &str, args: &[&str]) -> bool {
+        let who = format!("--as=system:serviceaccount:{NS}:{}", self.release.sa);
+        let mut all = vec!["--request-timeout=20s", "auth", "can-i", who.as_str()];
+        all.extend(args);
+        let (_, out) = harness::kubectl(&all).await;
+        out.lines().next().map(str::trim) == Some(answer)
+    }
+
+    async fn can(&self, args: &[&str]) -> bool {
+        self.can_i("yes", args).await
+    }
+
+    async fn cannot(&self, args: &[&str]) -> bool {
+        self.can_i("no", args).await
+    }
+
+    fn memcacheds(&self, ns: &str) -> Api<Memcached> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// A Memcached from the CSV's first alm-example, renamed and resized when asked.
+    async fn create_sample(&self, ns: &str, name: Option<&str>, size: Option<i64>) {
+        let mut sample = self.release.sample.clone();
+        if let Some(name) = name {
+            sample["metadata"]["name"] = json!(name);
+        }
+        if let Some(size) = size {
+            sample["spec"]["size"] = json!(size);
+        }
+        let mc: Memcached = serde_json::from_value(sample).unwrap();
+        harness::apply(&self.memcacheds(ns), &mc).await;
+    }
+
+    async fn wait_available(&self, ns: &str, names: &[&str]) -> bool {
+        wait_until(self.timeout, || async move {
+            for name in names {
+                let Ok(mc) = self.memcacheds(ns).get(name).await else {
+                    return false;
+                };
+                if harness::condition(&mc, "Available").map(|c| c.0).as_deref() != Some("True") {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+    }
+
+    /// No Deployment in NS_OTHER and no condition on its sample: no operator reconciled it.
+    async fn not_reconciled_elsewhere(&self) -> bool {
+        let deployments = Api::<Deployment>::namespaced(self.client.clone(), NS_OTHER)
+            .list(&ListParams::default())
+            .await;
+        let sample = self.memcacheds(NS_OTHER).get(&self.sample_name()).await;
+        deployments.is_ok_and(|l| l.items.is_empty())
+            && sample.is_ok_and(|mc| mc.status.is_none_or(|s| s.conditions.is_empty()))
+    }
+
+    fn sample_name(&self) -> String {
+        self.release.sample["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// name -> uid of every Memcached in `ns`.
+    async fn memcached_uids(&self, ns: &str) -> BTreeMap<String, String> {
+        let list = self.memcacheds(ns).list(&ListParams::default()).await;
+        list.map(|l| {
+            l.items
+                .iter()
+                .map(|m| (m.name_any(), m.uid().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// name -> uid of the memcached pods in `ns`.
+    async fn pod_uids(&self, ns: &str) -> BTreeMap<String, String> {
+        let list = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(MEMCACHED_PODS))
+            .await;
+        list.map(|l| {
+            l.items
+                .iter()
+                .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// name -> generation of the memcached Deployments in `ns`.
+    async fn deployment_generations(&self, ns: &str) -> BTreeMap<String, i64> {
+        let list = Api::<Deployment>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(MEMCACHED_PODS))
+            .await;
+        list.map(|l| {
+            l.items
+                .iter()
+                .map(|d| (d.name_any(), d.metadata.generation.unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// 2 Memcacheds of 3 + 2 pods, all Running.
+    async fn all_pods_ready(&self, ns: &str) -> bool {
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(
+                &ListParams::default()
+                    .labels(MEMCACHED_PODS)
+                    .fields("status.phase=Running"),
+            )
+            .await
+            .is_ok_and(|l| l.items.len() == 5)
+    }
+
+    /// The Deployment runs the new CSV's template, its one pod from it.
+    async fn rolled(&self, ns: &str) -> bool {
+        let Some(d) = self.deployment(ns).await else {
+            return false;
+        };
+        let image = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
+        let status = d.status.unwrap_or_default();
+        image == self.release.image
+            && status.updated_replicas == Some(1)
+            && status.replicas == Some(1)
+    }
+
+    /// The CSV replaced the previous one in `ns`: its spec.replaces, the Subscription's
+    /// installedCSV, and the previous CSV removed.
+    async fn replaced(&self, ns: &str) -> bool {
+        let r = &self.release;
+        let Some(csv) = self.get("ClusterServiceVersion", ns, &r.csv_name).await else {
+            return false;
+        };
+        let Some(sub) = self.get("Subscription", ns, PACKAGE).await else {
+            return false;
+        };
+        str_field(&csv, &["spec", "replaces"]) == r.prev_csv
+            && str_field(&sub, &["status", "installedCSV"]) == r.csv_name
+            && self.csv_gone(ns, &r.prev_csv).await
+    }
+
+    /// (Re)starts the operator for `ns` as its current pod would run: stops the previous
+    /// process first (the old pod goes away), a fresh token of the ServiceAccount, the pod's
+    /// olm.targetNamespaces as WATCH_NAMESPACE, the Deployment's RELATED_IMAGE_MEMCACHED.
+    /// Whether it became ready, and its WATCH_NAMESPACE.
+    async fn run_operator(&mut self, ns: &str, tag: &str) -> (bool, String) {
+        if let Some(mut old) = self.operators.remove(ns) {
+            let _ = std::process::Command::new("kill")
+                .arg(old.pid().to_string())
+                .status();
+            old.wait().await;
+        }
+        let kubeconfig = self.dir.join(format!("operator-{ns}.kubeconfig"));
+        harness::cluster()
+            .service_account_kubeconfig(
+                ns,
+                &self.release.sa,
+                &kubeconfig,
+                Duration::from_secs(3600),
+            )
+            .await
+            .expect("the operator's ServiceAccount kubeconfig");
+        let watch_ns = self.pod_target_namespaces(ns).await;
+        let (related, _) = self.operator_env(ns, "RELATED_IMAGE_MEMCACHED").await;
+        let launch = Launch {
+            command: format!(
+                "{} --leader-elect --log-format=json --metrics-secure \
+                 --metrics-bind-address=127.0.0.1:{{metrics}} \
+                 --health-probe-bind-address=127.0.0.1:{{health}}",
+                self.operator_bin.display()
+            ),
+            identity: format!("{PREFIX}-operator-{ns}-{tag}"),
+            kubeconfig,
+            log_dir: self.dir.join("logs"),
+            env: vec![
+                ("POD_NAMESPACE".into(), ns.into()),
+                ("POD_NAME".into(), format!("olm-test-operator-{tag}")),
+                ("WATCH_NAMESPACE".into(), watch_ns.clone()),
+                ("RELATED_IMAGE_MEMCACHED".into(), related),
+            ],
+        };
+        let op = OperatorProcess::spawn(launch).expect("the operator starts");
+        let ready = match op.wait_health("/readyz", Duration::from_secs(60)).await {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("{e}");
+                false
+            }
+        };
+        self.operators.insert(ns.into(), op);
+        (ready, watch_ns)
+    }
+
+    /// On failures: what OLM and the test namespace hold.
+    async fn diagnostics(&self) {
+        eprintln!("diagnostics:");
+        for args in [
+            &["get", "catalogsource,subscription,installplan,csv", "-A"][..],
+            &["get", "deployment,pods,jobs", "-n", NS, "-o", "wide"][..],
+        ] {
+            let (_, out) = harness::kubectl(args).await;
+            eprintln!("$ kubectl {}\n{out}", args.join(" "));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the availability monitor
+
+/// Every Memcached's Available condition in NS and NS_MANUAL, every second, until aborted: a
+/// line per namespace and read, and a NOT-AVAILABLE line for each read where the sample or the
+/// second Memcached is not True (or missing), an ERROR line for a failed read.
+struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Monitor {
+    fn start(client: Client, sample: String, log: PathBuf) -> Monitor {
+        let lines = Arc::new(Mutex::new(vec![]));
+        let task = tokio::spawn({
+            let lines = lines.clone();
+            async move {
+                let start = Instant::now();
+                let mut file = std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .ok();
+                loop {
+                    for ns in [NS, NS_MANUAL] {
+                        let t = format!("{:7.1}", start.elapsed().as_secs_f64());
+                        let api: Api<Memcached> = Api::namespaced(client.clone(), ns);
+                        let mut new = vec![];
+                        match tokio::time::timeout(
+                            Duration::from_secs(5),
+                            api.list(&ListParams::default()),
+                        )
+                        .await
+                        {
+                            Ok(Ok(list)) => {
+                                let states: BTreeMap<String, String> = list
+                                    .items
+                                    .iter()
+                                    .map(|mc| {
+                                        let status = harness::condition(mc, "Available")
+                                            .map(|c| c.0)
+                                            .unwrap_or_default();
+                                        (mc.name_any(), status)
+                                    })
+                                    .collect();
+                                let line: Vec<String> =
+                                    states.iter().map(|(n, s)| format!("{n}={s}")).collect();
+                                let line = line.join(" ");
+                                new.push(format!("{t} {ns} {line}"));
+                                let ok = [sample.as_str(), SECOND]
+                                    .iter()
+                                    .all(|n| states.get(*n).map(String::as_str) == Some("True"));
+                                if !ok {
+                                    new.push(format!("{t} {ns} NOT-AVAILABLE {line}"));
+                                }
+                            }
+                            Ok(Err(e)) => new.push(format!("{t} {ns} ERROR {e}")),
+                            Err(_) => new.push(format!("{t} {ns} ERROR timed out after 5s")),
+                        }
+                        if let Some(f) = file.as_mut() {
+                            for l in &new {
+                                let _ = writeln!(f, "{l}");
+                            }
+                        }
+                        lines.lock().unwrap().extend(new);
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        });
+        Monitor { lines, task }
+    }
+
+    /// Stops it; its lines.
+    fn stop(self) -> Vec<String> {
+        self.task.abort();
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------- the test
+
+fn path_env(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// A tool's path: `$VAR`, else what `hack/olm/build-tools.sh --path TOOL` prints (building it).
+fn tool(var: &str, name: &str) -> PathBuf {
+    if let Some(p) = path_env(var) {
+        return p;
+    }
+    let root = memcached_operator_testkit::repo_root();
+    let out = std::process::Command::new(root.join("hack/olm/build-tools.sh"))
+        .args(["--path", name])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("hack/olm/build-tools.sh runs");
+    assert!(
+        out.status.success(),
+        "hack/olm/build-tools.sh --path {name} failed"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_and_upgrade_through_olm() {
+    let root = memcached_operator_testkit::repo_root();
+    let cluster = harness::cluster();
+    let dir = cluster.dir.clone();
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let timeout = Duration::from_secs(
+        std::env::var("TIMEOUT")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(180),
+    );
+
+    // ------------------------------------------------------------ setup
+    olm::assert_ports_free();
+    let release = Release::read(&root);
+    let catalog = root.join("catalog").join(PACKAGE);
+    assert!(
+        catalog.join("package.yaml").is_file(),
+        "catalog/{PACKAGE}/package.yaml not found: run make catalog"
+    );
+    assert!(
+        !release.prev_csv.is_empty(),
+        "{} replaces nothing: there is no upgrade to test",
+        release.csv_name
+    );
+    assert!(
+        catalog.join(format!("{}.yaml", release.prev_csv)).is_file(),
+        "the release {} replaces, {}, is not in catalog/{PACKAGE}",
+        release.csv_name,
+        release.prev_csv
+    );
+    // The binary may be rebuilt meanwhile: run a copy.
+    let bin = path_env("OPERATOR_BIN")
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_memcached-operator")));
+    assert!(
+        bin.is_file(),
+        "{} not built (set OPERATOR_BIN)",
+        bin.display()
+    );
+    let operator_bin = dir.join("memcached-operator");
+    std::fs::copy(&bin, &operator_bin).unwrap();
+    let opm = tool("OPM", "opm");
+    let olm_dir = tool("OLM_DIR", "olm");
+
+    let client = cluster.admin().await.expect("admin client");
+    let mut checks = Checks {
+        passed: 0,
+        failed: vec![],
+        figures: dir.join("logs/olm-upgrade.txt"),
+        start: Instant::now(),
+    };
+    let _ = std::fs::write(&checks.figures, "");
+    let mut env = Env {
+        client: client.clone(),
+        dir: dir.clone(),
+        release,
+        timeout,
+        operator_bin,
+        operators: HashMap::new(),
+    };
+    let (csv_name, prev_csv) = (env.release.csv_name.clone(), env.release.prev_csv.clone());
+    let (deployment, sa) = (env.release.deployment.clone(), env.release.sa.clone());
+    let sample = env.sample_name();
+
+    // ------------------------------------------------------------ OLM
+    let olm_crds = olm::crds_in(&[olm_dir.join("crds.yaml")]);
+    let ok = olm::apply_crds(&client, &olm_crds, timeout).await;
+    checks.require("OLM CRDs established", ok, &env).await;
+    env.namespace(OLM_NS).await;
+    // The bundle since 0.2.0 holds a ServiceMonitor and a PrometheusRule: OLM fails an
+    // InstallPlan whose objects' kinds the cluster does not serve, so the cluster gets the
+    // prometheus-operator's CRDs first, as a user's would (docs/monitoring.md).
+    let monitoring_crds = olm::crds_in(&olm::monitoring_crd_files());
+    let ok = olm::apply_crds(&client, &monitoring_crds, timeout).await;
+    checks
+        .require(
+            "ServiceMonitor and PrometheusRule CRDs established",
+            ok,
+            &env,
+        )
+        .await;
+    let olm = Olm::start(&olm_dir, &cluster.kubeconfig(), OLM_NS, &dir, PREFIX);
+    let ok = olm.olm_healthy(Duration::from_secs(60)).await;
+    checks
+        .require("olm operator healthy (:8080/healthz)", ok, &env)
+        .await;
+    let ok = olm.catalog_healthy(Duration::from_secs(60)).await;
+    checks
+        .require("catalog operator healthy (:8443/healthz)", ok, &env)
+        .await;
+
+    // The catalog before this release.
+    let (catalog_prev, prev_channel) = previous_catalog(&root, &dir, &env.release);
+    let validated = tokio::process::Command::new(&opm)
+        .arg("validate")
+        .arg(&catalog_prev)
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    checks.check(
+        format!(
+            "the catalog before {csv_name} ({prev_csv} in channel {prev_channel}) passes opm validate"
+        ),
+        validated,
+    );
+
+    let grpc_port = free_port();
+    let (cached, opm_prev) =
+        Opm::serve(&opm, &catalog_prev, grpc_port, &dir, PREFIX, "previous").await;
+    checks.check(
+        "opm serve --cache-only builds the cache of previous",
+        cached,
+    );
+    let ok = opm_prev.listening(Duration::from_secs(60)).await;
+    checks
+        .require(
+            format!("opm serve previous listening on 127.0.0.1:{grpc_port}"),
+            ok,
+            &env,
+        )
+        .await;
+
+    // ------------------------------------------------------------ phase 1: the previous release
+    println!(
+        "creating CatalogSource, OperatorGroups and Subscriptions ({prev_csv}, channel {prev_channel})"
+    );
+    let t0 = Instant::now();
+    env.apply(json!({
+        "apiVersion": "operators.coreos.com/v1alpha1",
+        "kind": "CatalogSource",
+        "metadata": {"name": CATSRC, "namespace": OLM_NS},
+        "spec": {
+            "sourceType": "grpc",
+            "address": format!("127.0.0.1:{grpc_port}"),
+            "displayName": "memcached-operator (local catalog/)",
+            "publisher": "memcached-operator maintainers",
+        },
+    }))
+    .await;
+    env.operator_group(NS).await;
+    env.subscription(NS, &prev_channel, "Automatic", None).await;
+    env.operator_group(NS_MANUAL).await;
+    env.subscription(NS_MANUAL, &prev_channel, "Manual", Some(&prev_csv))
+        .await;
+    env.namespace(NS_OTHER).await;
+
+    let e = &env;
+    let ok = wait_until(timeout, || async move { e.catalog_ready().await }).await;
+    checks.check(format!("CatalogSource {CATSRC} connection READY"), ok);
+
+    let ip = env.wait_installplan(NS, "").await;
+    checks
+        .require(
+            format!("Subscription in {NS} resolved to an InstallPlan"),
+            ip.is_some(),
+            &env,
+        )
+        .await;
+    let ip = ip.unwrap();
+    let ok = env.wait_ip_phase(NS, &ip, "Complete").await;
+    checks.check(format!("InstallPlan {ip} phase Complete"), ok);
+    let ok = env.ip_installs(NS, &ip, &prev_csv).await;
+    checks.check(format!("InstallPlan {ip} installs {prev_csv}"), ok);
+    let jobs = Api::<Job>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .is_ok_and(|l| l.items.is_empty());
+    checks.check(
+        "no bundle unpack Job (bundle objects inline in the catalog)",
+        jobs,
+    );
+    let ok = env.wait_csv_succeeded(NS, &prev_csv).await;
+    checks
+        .require(format!("CSV {prev_csv} in {NS} phase Succeeded"), ok, &env)
+        .await;
+
+    let ip_manual = env.wait_installplan(NS_MANUAL, "").await;
+    checks
+        .require(
+            format!("Manual Subscription in {NS_MANUAL} resolved to an InstallPlan"),
+            ip_manual.is_some(),
+            &env,
+        )
+        .await;
+    let ip_manual = ip_manual.unwrap();
+    let ok = env.ip_waits_for_approval(NS_MANUAL, &ip_manual).await;
+    checks.check(
+        format!("InstallPlan {ip_manual} ({prev_csv}) waits for approval"),
+        ok,
+    );
+    let ok = env.approve(NS_MANUAL, &ip_manual).await;
+    checks.check(format!("InstallPlan {ip_manual} approved"), ok);
+    let ok = env.wait_csv_succeeded(NS_MANUAL, &prev_csv).await;
+    checks
+        .require(
+            format!("CSV {prev_csv} in {NS_MANUAL} phase Succeeded"),
+            ok,
+            &env,
+        )
+        .await;
+
+    // ------------------------------------------------------------ what OLM created
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let ok = wait_until(Duration::from_secs(10), || {
+        let crds = &crds;
+        async move {
+            crds.get("memcacheds.cache.example.com")
+                .await
+                .is_ok_and(|c| {
+                    c.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+        }
+    })
+    .await;
+    checks.check(
+        "CRD memcacheds.cache.example.com created and Established",
+        ok,
+    );
+    let ok = Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .get(&sa)
+        .await
+        .is_ok();
+    checks.check(format!("ServiceAccount {sa}"), ok);
+    let ok = env.owned_role_and_binding(&prev_csv, NS).await;
+    checks.check(
+        format!("Role and RoleBinding (permissions) owned by {prev_csv}"),
+        ok,
+    );
+    let ok = env.owned_clusterrole_and_binding(&prev_csv).await;
+    checks.check(
+        format!("ClusterRole and ClusterRoleBinding (clusterPermissions) owned by {prev_csv}"),
+        ok,
+    );
+    let ok = Api::<ClusterRole>::all(client.clone())
+        .get("memcached-operator-memcached-viewer-role")
+        .await
+        .is_ok();
+    checks.check(
+        "ClusterRole memcached-operator-memcached-viewer-role (bundle object)",
+        ok,
+    );
+    let ok = Api::<Service>::namespaced(client.clone(), NS)
+        .get("memcached-operator-controller-manager-metrics-service")
+        .await
+        .is_ok();
+    checks.check("metrics Service (bundle object)", ok);
+    let ok = wait_until(timeout, || async move {
+        e.deployment(NS).await.is_some_and(|d| {
+            d.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Available" && c.status == "True")
+        })
+    })
+    .await;
+    checks
+        .require(
+            format!("Deployment {deployment} Available (kwok runs its pod)"),
+            ok,
+            &env,
+        )
+        .await;
+    let ok = env.pod_target_namespaces(NS).await == NS;
+    checks.check(
+        format!("operator pod annotated olm.targetNamespaces={NS} (its WATCH_NAMESPACE)"),
+        ok,
+    );
+    let (_, path) = env.operator_env(NS, "WATCH_NAMESPACE").await;
+    checks.check(
+        "WATCH_NAMESPACE comes from metadata.annotations['olm.targetNamespaces']",
+        path == "metadata.annotations['olm.targetNamespaces']",
+    );
+    let (related, _) = env.operator_env(NS, "RELATED_IMAGE_MEMCACHED").await;
+    checks.check(
+        "RELATED_IMAGE_MEMCACHED set on the operator",
+        !related.is_empty(),
+    );
+    println!(
+        "install of {prev_csv} through OLM took {}s after the control plane was up",
+        secs(t0)
+    );
+
+    // ------------------------------------------------------------ the operator, as its pod would run
+    for ns in [NS, NS_MANUAL] {
+        let (ok, watch_ns) = env.run_operator(ns, &prev_csv).await;
+        checks
+            .require(
+                format!("operator ({prev_csv}) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"),
+                ok,
+                &env,
+            )
+            .await;
+    }
+
+    // The CSV's first alm-example, and a second Memcached of 2 pods, in each installed
+    // namespace; the alm-example also in NS_OTHER, which no OperatorGroup targets.
+    for ns in [NS, NS_MANUAL] {
+        env.create_sample(ns, None, None).await;
+        env.create_sample(ns, Some(SECOND), Some(2)).await;
+    }
+    env.create_sample(NS_OTHER, None, None).await;
+    for ns in [NS, NS_MANUAL] {
+        let ok = env.wait_available(ns, &[&sample, SECOND]).await;
+        checks.check(
+            format!("Memcacheds {sample} and {SECOND} Available in {ns} ({prev_csv})"),
+            ok,
+        );
+    }
+    let ok = Api::<Deployment>::namespaced(client.clone(), NS)
+        .get(&sample)
+        .await
+        .is_ok()
+        && Api::<Service>::namespaced(client.clone(), NS)
+            .get(&sample)
+            .await
+            .is_ok();
+    checks.check("their Deployments and Services exist", ok);
+    let ok = env.not_reconciled_elsewhere().await;
+    checks.check(
+        format!("Memcached in {NS_OTHER} (outside the OperatorGroups) left alone"),
+        ok,
+    );
+    // The contrast for the least-privilege checks after the upgrade: the previous release's
+    // rules were all clusterPermissions.
+    let ok = env.can(&["list", "deployments.apps", "-n", NS_OTHER]).await;
+    checks.check(
+        format!("under {prev_csv} (clusterPermissions) {sa} can list Deployments in {NS_OTHER}"),
+        ok,
+    );
+
+    // The state the upgrade must not disturb.
+    let e = &env;
+    let mut before = BTreeMap::new();
+    for ns in [NS, NS_MANUAL] {
+        let ok = wait_until(timeout, || async move { e.all_pods_ready(ns).await }).await;
+        checks.check(format!("5 memcached pods Running in {ns}"), ok);
+        before.insert(
+            ns,
+            (
+                env.memcached_uids(ns).await,
+                env.pod_uids(ns).await,
+                env.deployment_generations(ns).await,
+            ),
+        );
+    }
+
+    let monitor = Monitor::start(
+        client.clone(),
+        sample.clone(),
+        dir.join("logs/olm-availability.log"),
+    );
+
+    // ------------------------------------------------------------ phase 2: the upgrade
+    println!("serving catalog/ (all releases) in place of the previous catalog");
+    opm_prev.process.stop().await;
+    let (cached, opm_current) = Opm::serve(
+        &opm,
+        &root.join("catalog"),
+        grpc_port,
+        &dir,
+        PREFIX,
+        "current",
+    )
+    .await;
+    checks.check("opm serve --cache-only builds the cache of current", cached);
+    let ok = opm_current.listening(Duration::from_secs(60)).await;
+    checks
+        .require(
+            format!("opm serve current listening on 127.0.0.1:{grpc_port}"),
+            ok,
+            &env,
+        )
+        .await;
+    let t_publish = Instant::now();
+
+    // Automatic: OLM upgrades as soon as it sees the new release.
+    let ip_up = env.wait_installplan(NS, &ip).await;
+    checks
+        .require(
+            format!("Subscription in {NS} resolved to a new InstallPlan"),
+            ip_up.is_some(),
+            &env,
+        )
+        .await;
+    let ip_up = ip_up.unwrap();
+    let ok = env.ip_installs(NS, &ip_up, &csv_name).await;
+    checks.check(format!("InstallPlan {ip_up} installs {csv_name}"), ok);
+    let ok = env.wait_csv_succeeded(NS, &csv_name).await;
+    if checks.check(
+        format!("CSV {csv_name} in {NS} phase Succeeded (Automatic)"),
+        ok,
+    ) {
+        checks.figure(format!(
+            "Automatic: catalog with {csv_name} served -> CSV Succeeded in {} s",
+            secs(t_publish)
+        ));
+    }
+
+    // Manual: the upgrade's InstallPlan waits; nothing moves until it is approved.
+    let ip_manual_up = env.wait_installplan(NS_MANUAL, &ip_manual).await;
+    checks
+        .require(
+            format!("Manual Subscription in {NS_MANUAL} resolved to a new InstallPlan"),
+            ip_manual_up.is_some(),
+            &env,
+        )
+        .await;
+    let ip_manual_up = ip_manual_up.unwrap();
+    let ok = env.ip_waits_for_approval(NS_MANUAL, &ip_manual_up).await;
+    checks.check(
+        format!("InstallPlan {ip_manual_up} ({csv_name}) waits for approval"),
+        ok,
+    );
+    let ok = env.ip_installs(NS_MANUAL, &ip_manual_up, &csv_name).await;
+    checks.check(
+        format!("InstallPlan {ip_manual_up} installs {csv_name}"),
+        ok,
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let ok =
+        env.csv_gone(NS_MANUAL, &csv_name).await && env.csv_succeeded(NS_MANUAL, &prev_csv).await;
+    checks.check(
+        format!("unapproved: {NS_MANUAL} still runs {prev_csv} 5 s later, no {csv_name}"),
+        ok,
+    );
+    let t_approve = Instant::now();
+    let ok = env.approve(NS_MANUAL, &ip_manual_up).await;
+    checks.check(format!("InstallPlan {ip_manual_up} approved"), ok);
+    let ok = env.wait_csv_succeeded(NS_MANUAL, &csv_name).await;
+    if checks.check(
+        format!("CSV {csv_name} in {NS_MANUAL} phase Succeeded (Manual)"),
+        ok,
+    ) {
+        checks.figure(format!(
+            "Manual: InstallPlan approved -> CSV Succeeded in {} s",
+            secs(t_approve)
+        ));
+    }
+
+    let image = env.release.image.clone();
+    for ns in [NS, NS_MANUAL] {
+        let e = &env;
+        let ok = wait_until(timeout, || async move { e.replaced(ns).await }).await;
+        checks.check(
+            format!("{csv_name} replaced {prev_csv} in {ns} (installedCSV; the old CSV removed)"),
+            ok,
+        );
+        let ok = wait_until(timeout, || async move { e.rolled(ns).await }).await;
+        checks.check(
+            format!("Deployment {deployment} in {ns} rolled to {image}"),
+            ok,
+        );
+        let (ok, watch_ns) = env.run_operator(ns, &csv_name).await;
+        checks
+            .require(
+                format!("operator ({csv_name}) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"),
+                ok,
+                &env,
+            )
+            .await;
+    }
+    let e = &env;
+
+    // The new operators have started: let them reconcile everything once, then compare.
+    let t_reconcile = Instant::now();
+    env.create_sample(NS, Some(AFTER_UPGRADE), Some(1)).await;
+    let ok = env.wait_available(NS, &[AFTER_UPGRADE]).await;
+    checks.check(
+        format!("operator ({csv_name}) reconciles a new Memcached in {NS}: Available"),
+        ok,
+    );
+    if let Some(rest) = Duration::from_secs(10).checked_sub(t_reconcile.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    let lines = monitor.stop();
+    for ns in [NS, NS_MANUAL] {
+        let (mcs_before, pods_before, gens_before) = &before[ns];
+        let mut mcs_after = env.memcached_uids(ns).await;
+        mcs_after.remove(AFTER_UPGRADE);
+        let mut pods_after = env.pod_uids(ns).await;
+        pods_after.retain(|name, _| !name.starts_with(&format!("{AFTER_UPGRADE}-")));
+        let mut gens_after = env.deployment_generations(ns).await;
+        gens_after.remove(AFTER_UPGRADE);
+        checks.check(
+            format!("no Memcached lost in {ns} (same names and UIDs)"),
+            *mcs_before == mcs_after,
+        );
+        checks.check(
+            format!("memcached pods not restarted in {ns} (same pod UIDs)"),
+            *pods_before == pods_after,
+        );
+        checks.check(
+            format!("memcached Deployments untouched in {ns} (same generations)"),
+            *gens_before == gens_after,
+        );
+        if *pods_before != pods_after || *mcs_before != mcs_after || *gens_before != gens_after {
+            eprintln!(
+                "{ns} before: {mcs_before:?} {pods_before:?} {gens_before:?}\n{ns} after: {mcs_after:?} {pods_after:?} {gens_after:?}"
+            );
+        }
+        let uids = |m: &BTreeMap<String, String>| m.values().cloned().collect::<Vec<_>>().join(" ");
+        checks.figure(format!(
+            "{ns}: Memcacheds before/after: {}/{}; memcached pod UIDs before/after: {} / {}",
+            mcs_before.len(),
+            mcs_after.len(),
+            uids(pods_before),
+            uids(&pods_after)
+        ));
+    }
+    let samples = lines
+        .iter()
+        .filter(|l| !l.contains(" NOT-AVAILABLE "))
+        .count();
+    let bad: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains(" NOT-AVAILABLE ") || l.contains(" ERROR "))
+        .collect();
+    for l in &bad {
+        eprintln!("availability: {l}");
+    }
+    checks.check(
+        format!("every Memcached Available throughout the upgrade ({samples} samples, 1 s apart)"),
+        samples > 0 && bad.is_empty(),
+    );
+    checks.figure(format!(
+        "availability samples during the upgrades: {samples}, not Available: {}",
+        lines
+            .iter()
+            .filter(|l| l.contains(" NOT-AVAILABLE "))
+            .count()
+    ));
+
+    // ------------------------------------------------------------ monitoring (the new bundle's objects)
+    let ok = env
+        .get(
+            "ServiceMonitor",
+            NS,
+            "memcached-operator-controller-manager-metrics-monitor",
+        )
+        .await
+        .is_some();
+    checks.check(
+        format!(
+            "servicemonitor memcached-operator-controller-manager-metrics-monitor (bundle object) in {NS}"
+        ),
+        ok,
+    );
+    let ok = env
+        .get("PrometheusRule", NS, "memcached-operator-alerts")
+        .await
+        .is_some();
+    checks.check(
+        format!("prometheusrule memcached-operator-alerts (bundle object) in {NS}"),
+        ok,
+    );
+    let ok = Api::<ConfigMap>::namespaced(client.clone(), NS)
+        .get("memcached-operator-grafana-dashboard")
+        .await
+        .is_ok();
+    checks.check(
+        format!("configmap memcached-operator-grafana-dashboard (bundle object) in {NS}"),
+        ok,
+    );
+    let (exporter, _) = env
+        .operator_env(NS, "RELATED_IMAGE_MEMCACHED_EXPORTER")
+        .await;
+    checks.check(
+        format!("RELATED_IMAGE_MEMCACHED_EXPORTER set on the operator ({csv_name})"),
+        !exporter.is_empty(),
+    );
+    let ok = env
+        .can(&["create", "servicemonitors.monitoring.coreos.com", "-n", NS])
+        .await;
+    checks.check(
+        format!("{sa} can create ServiceMonitors in {NS} (spec.monitoring)"),
+        ok,
+    );
+    let ok = env
+        .cannot(&[
+            "list",
+            "servicemonitors.monitoring.coreos.com",
+            "-n",
+            NS_OTHER,
+        ])
+        .await;
+    checks.check(
+        format!("{sa} cannot list ServiceMonitors in {NS_OTHER}"),
+        ok,
+    );
+
+    // ------------------------------------------------------------ least privilege (the new CSV)
+    let ok = env.can(&["list", "deployments.apps", "-n", NS]).await;
+    checks.check(format!("{sa} can list Deployments in {NS}"), ok);
+    let ok = env
+        .can(&[
+            "patch",
+            "memcacheds.cache.example.com",
+            "--subresource=status",
+            "-n",
+            NS,
+        ])
+        .await;
+    checks.check(format!("{sa} can patch Memcached status in {NS}"), ok);
+    let ok = wait_until(Duration::from_secs(60), || async move {
+        e.cannot(&["list", "deployments.apps", "-n", NS_OTHER])
+            .await
+    })
+    .await;
+    checks.check(
+        format!("{sa} cannot list Deployments in {NS_OTHER} (permissions, not clusterPermissions)"),
+        ok,
+    );
+    let ok = env
+        .cannot(&["list", "memcacheds.cache.example.com", "--all-namespaces"])
+        .await;
+    checks.check(format!("{sa} cannot list Memcacheds in all namespaces"), ok);
+    let ok = env.cannot(&["list", "pods", "-n", NS_OTHER]).await;
+    checks.check(format!("{sa} cannot list Pods in {NS_OTHER}"), ok);
+    let ok = env
+        .can(&["create", "tokenreviews.authentication.k8s.io"])
+        .await;
+    checks.check(
+        format!("{sa} can create TokenReviews (clusterPermissions: secure metrics)"),
+        ok,
+    );
+    let ok = env
+        .can(&["create", "subjectaccessreviews.authorization.k8s.io"])
+        .await;
+    checks.check(
+        format!("{sa} can create SubjectAccessReviews (clusterPermissions: secure metrics)"),
+        ok,
+    );
+    let ok = env.owned_role_and_binding(&csv_name, NS).await;
+    checks.check(
+        format!("Role and RoleBinding (permissions) owned by {csv_name}"),
+        ok,
+    );
+    let prev = prev_csv.as_str();
+    let ok = wait_until(Duration::from_secs(60), || async move {
+        !e.owned(Api::<ClusterRole>::all(e.client.clone()), prev)
+            .await
+            && !e
+                .owned(Api::<ClusterRoleBinding>::all(e.client.clone()), prev)
+                .await
+    })
+    .await;
+    checks.check(
+        format!("no ClusterRole or ClusterRoleBinding of {prev_csv} left"),
+        ok,
+    );
+    let ok = env.not_reconciled_elsewhere().await;
+    checks.check(format!("Memcached in {NS_OTHER} still left alone"), ok);
+    let forbidden: Vec<String> = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with(&format!("{PREFIX}-operator-")) && n.ends_with(".log")
+            })
+        })
+        .flat_map(|p| {
+            std::fs::read_to_string(&p)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.to_lowercase().contains("forbidden"))
+                .map(|l| format!("{}: {l}", p.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for l in &forbidden {
+        eprintln!("{l}");
+    }
+    checks.check(
+        "operator logs have no RBAC 'forbidden' errors",
+        forbidden.is_empty(),
+    );
+
+    // ------------------------------------------------------------ phase 3: a fresh install
+    let channel = env.release.default_channel.clone();
+    env.operator_group(NS_FRESH).await;
+    env.subscription(NS_FRESH, &channel, "Automatic", None)
+        .await;
+    let t_fresh = Instant::now();
+    let ok = env.wait_csv_succeeded(NS_FRESH, &csv_name).await;
+    if checks.check(
+        format!("fresh Subscription to channel {channel} installs {csv_name}: Succeeded"),
+        ok,
+    ) {
+        checks.figure(format!(
+            "fresh install of {csv_name} (channel {channel}): Subscription -> CSV Succeeded in {} s",
+            secs(t_fresh)
+        ));
+    }
+
+    // ------------------------------------------------------------ phase 4: without the monitoring CRDs
+    // What the README tells users: the bundle's ServiceMonitor and PrometheusRule need their
+    // CRDs, and OLM fails the InstallPlan without them.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in &monitoring_crds {
+        let _ = crds.delete(&crd.name_any(), &DeleteParams::default()).await;
+    }
+    let c = &client;
+    let ok = wait_until(Duration::from_secs(60), || async move {
+        c.list_api_groups()
+            .await
+            .is_ok_and(|g| g.groups.iter().all(|g| g.name != "monitoring.coreos.com"))
+    })
+    .await;
+    checks.check("ServiceMonitor and PrometheusRule CRDs removed", ok);
+    env.operator_group(NS_NO_CRDS).await;
+    env.subscription(NS_NO_CRDS, &channel, "Automatic", None)
+        .await;
+    let ip_no_crds = env.wait_installplan(NS_NO_CRDS, "").await;
+    checks
+        .require(
+            format!("Subscription in {NS_NO_CRDS} resolved to an InstallPlan"),
+            ip_no_crds.is_some(),
+            &env,
+        )
+        .await;
+    let ip_no_crds = ip_no_crds.unwrap();
+    let ok = env.wait_ip_phase(NS_NO_CRDS, &ip_no_crds, "Failed").await;
+    checks.check(
+        format!("without the monitoring CRDs, InstallPlan {ip_no_crds} fails"),
+        ok,
+    );
+    if let Some(ip) = env.get("InstallPlan", NS_NO_CRDS, &ip_no_crds).await {
+        let installed = field(&ip, &["status", "conditions"])
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Installed"))
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        checks.figure(format!(
+            "InstallPlan without the monitoring CRDs: {} {installed}",
+            str_field(&ip, &["status", "message"])
+        ));
+    }
+    // The steps before the failing one stay (the CSV), short of what it needs: no operator runs.
+    let phase = env.csv_phase(NS_NO_CRDS, &csv_name).await;
+    let no_deployment = Api::<Deployment>::namespaced(client.clone(), NS_NO_CRDS)
+        .list(&ListParams::default())
+        .await
+        .is_ok_and(|l| l.items.is_empty());
+    checks.check(
+        format!("no operator Deployment in {NS_NO_CRDS}, {csv_name} not Succeeded ({phase})"),
+        phase != "Succeeded" && no_deployment,
+    );
+
+    // ------------------------------------------------------------ the end
+    if !checks.failed.is_empty() {
+        env.diagnostics().await;
+        for p in [&olm.olm, &olm.catalog, &opm_current.process] {
+            eprintln!(
+                "----- tail of {} ({})\n{}",
+                p.name,
+                p.log.display(),
+                p.log_tail(20)
+            );
+        }
+    }
+    println!(
+        "{PREFIX} took {}s after the control plane was up",
+        checks.start.elapsed().as_secs()
+    );
+    let summary = checks.summary();
+    println!("{summary}");
+    assert!(checks.failed.is_empty(), "{summary}");
+}
