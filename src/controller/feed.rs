@@ -47,7 +47,7 @@ const STATUS_SETTLE: Duration = Duration::from_millis(500);
 /// Nothing is queued before this process leads and the scope's caches are filled: then
 /// `queue_all_on_leading` queues every Memcached, with whatever earlier events changed in the
 /// caches, so earlier triggers would only be reconciles that find the caches unfilled and retry.
-pub struct Triggers {
+pub struct Feed {
     queue: Arc<Queue<Key>>,
     scope: usize,
     caches: SyncGate,
@@ -55,7 +55,7 @@ pub struct Triggers {
     relist: Option<Vec<Trigger>>,
 }
 
-impl Triggers {
+impl Feed {
     pub fn new(
         queue: Arc<Queue<Key>>,
         scope: usize,

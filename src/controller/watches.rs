@@ -25,7 +25,7 @@ use tracing::{Instrument, debug, field, info, info_span};
 use super::Settings;
 use super::context::Context;
 use super::events::Events;
-use super::feed::{Key, Triggers, queue_all_on_leading};
+use super::feed::{Feed, Key, queue_all_on_leading};
 use super::guarded::{Guarded, parse_event};
 use super::kept::{Kept, Owned};
 use super::outcome;
@@ -192,9 +192,9 @@ fn scope_watches(
     let events = shared.events.clone();
     let (memcacheds, mut mc_writer) = cache::new::<Memcached>();
     let mut mc_unsynced = Some(caches.watch());
-    // Each watch queues through triggers of its own (they hold that watch's relist).
-    let triggers = || Triggers::new(queue.clone(), index, &caches, leading);
-    let mut mc_triggers = triggers();
+    // Each watch queues through a feed of its own (it holds that watch's relist).
+    let feed = || Feed::new(queue.clone(), index, &caches, leading);
+    let mut mc_feed = feed();
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
         scope.api::<Guarded>(client),
@@ -213,7 +213,7 @@ fn scope_watches(
                 triggers::spec_change(cached_before(&mc_cache, &event).as_deref(), &event);
             mc_writer.apply_watcher_event(&event);
             released_on_first_list(&mut mc_unsynced, &event);
-            mc_triggers.fire(&event, trigger);
+            mc_feed.fire(&event, trigger);
         }
         future::ready(())
     });
@@ -223,7 +223,7 @@ fn scope_watches(
         shared,
         &scope,
         &caches,
-        triggers(),
+        feed(),
         OwnedTriggers::deployments(),
         move |event| rollouts.observe(event),
     );
@@ -231,7 +231,7 @@ fn scope_watches(
         shared,
         &scope,
         &caches,
-        triggers(),
+        feed(),
         OwnedTriggers::services(),
         |_| {},
     );
@@ -241,7 +241,7 @@ fn scope_watches(
         shared,
         &scope,
         &caches,
-        triggers(),
+        feed(),
         OwnedTriggers::budgets(),
         |_| {},
     );
@@ -253,7 +253,7 @@ fn scope_watches(
                 shared,
                 &scope,
                 &caches,
-                triggers(),
+                feed(),
                 OwnedTriggers::service_monitors(),
                 |_| {},
             );
@@ -264,7 +264,7 @@ fn scope_watches(
 
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
-    let mut pod_triggers = triggers();
+    let mut pod_feed = feed();
     let pod_watch = watcher(
         scope.api::<PodMeta>(client),
         owned_watch_config(shared.initial_list),
@@ -277,7 +277,7 @@ fn scope_watches(
                 pods.observe(&event);
                 released_on_first_list(&mut pod_unsynced, &event);
                 let trigger = triggers::pod_change(&event);
-                pod_triggers.fire(&event, trigger);
+                pod_feed.fire(&event, trigger);
             }
             future::ready(())
         }
@@ -374,7 +374,7 @@ fn owned_watch<K>(
     shared: &Shared,
     scope: &Scope,
     caches: &SyncGate,
-    mut triggers: Triggers,
+    mut feed: Feed,
     owned: OwnedTriggers<K>,
     observe: impl Fn(&watcher::Event<Kept<K>>) + Send + 'static,
 ) -> (Cache<Kept<K>>, impl Future<Output = ()> + Send + 'static)
@@ -406,7 +406,7 @@ where
             observe(&event);
             writer.apply_watcher_event(&event);
             released_on_first_list(&mut unsynced, &event);
-            triggers.fire(&event, trigger);
+            feed.fire(&event, trigger);
         }
         future::ready(())
     });
