@@ -256,20 +256,26 @@ mod tests {
         String::from_utf8_lossy(&answer).into_owned()
     }
 
-    const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-
-    #[tokio::test]
-    async fn healthz_answers_at_once_while_hundreds_of_clients_stall() {
-        let (addr, _stop) = health_endpoint(Limits::default()).await;
-        let mut stalled = Vec::new();
-        for _ in 0..300 {
+    /// `n` connections that each send the start of a request and stop there.
+    async fn stalled(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+        let mut streams = Vec::with_capacity(n);
+        for _ in 0..n {
             let mut stream = TcpStream::connect(addr).await.unwrap();
             stream
                 .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
                 .await
                 .unwrap();
-            stalled.push(stream);
+            streams.push(stream);
         }
+        streams
+    }
+
+    const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+    #[tokio::test]
+    async fn healthz_answers_at_once_while_hundreds_of_clients_stall() {
+        let (addr, _stop) = health_endpoint(Limits::default()).await;
+        let _stalled = stalled(addr, 300).await;
         let started = std::time::Instant::now();
         let answer = exchange(addr, HEALTHZ).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -312,15 +318,7 @@ mod tests {
             ..Limits::default()
         };
         let (addr, _stop) = health_endpoint(limits).await;
-        let mut held = Vec::new();
-        for _ in 0..20 {
-            let mut stream = TcpStream::connect(addr).await.unwrap();
-            stream
-                .write_all(b"GET /healthz HTTP/1.1\r\n")
-                .await
-                .unwrap();
-            held.push(stream);
-        }
+        let mut held = stalled(addr, 20).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(exchange(addr, HEALTHZ).await, "", "closed unanswered");
         held.truncate(10);
