@@ -62,6 +62,12 @@ pub const EXPORTER_PORT: i32 = 9150;
         description = "True when all desired pods are Ready"
     ),
     printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].reason",
+        description = "Why it is (not) Available, e.g. ImagePullFailed, Unschedulable, OOMKilled"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"

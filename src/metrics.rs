@@ -1,5 +1,5 @@
 //! The operator's metrics: the controller's (controller-runtime's names, from the runtime crate)
-//! and one condition series per Memcached.
+//! and per Memcached the status and the reason of each condition.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,7 +10,7 @@ use prometheus::IntGauge;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Gauge as GaugeProto, LabelPair, Metric, MetricFamily, MetricType};
 
-use crate::status::CONDITION_TYPES;
+use crate::status::{CONDITION_TYPES, Reason};
 
 /// Value of the `controller` label.
 pub const CONTROLLER: &str = "memcached";
@@ -68,32 +68,44 @@ impl Metrics {
     }
 }
 
-/// `memcached_operator_memcached_condition`: one small entry per Memcached, turned into series
-/// only when scraped. An `IntGaugeVec` keeps each of a Memcached's three series as a labelled
-/// child of its own, about 870 bytes each: 25 MiB at 10,000 Memcacheds.
+/// `memcached_operator_memcached_condition` and its companion `..._condition_reason`: one small
+/// entry per Memcached, turned into series only when scraped. An `IntGaugeVec` keeps each of a
+/// Memcached's series as a labelled child of its own, about 870 bytes each: 25 MiB for three
+/// series at 10,000 Memcacheds.
 #[derive(Clone)]
 struct ConditionGauges(Arc<ConditionGaugesInner>);
 
 struct ConditionGaugesInner {
-    desc: Desc,
+    status: Desc,
+    reason: Desc,
     states: Mutex<ConditionStates>,
 }
 
-/// (namespace, name) → the status of each of `CONDITION_TYPES`, where reported.
-type ConditionStates = BTreeMap<(String, String), [Option<bool>; CONDITION_TYPES.len()]>;
+/// A condition as the series report it: True or not, and its reason where it is one of ours.
+type ConditionState = (bool, Option<Reason>);
+
+/// (namespace, name) → the state of each of `CONDITION_TYPES`, where reported.
+type ConditionStates = BTreeMap<(String, String), [Option<ConditionState>; CONDITION_TYPES.len()]>;
 
 impl ConditionGauges {
     fn new() -> Self {
-        let desc = Desc::new(
-            "memcached_operator_memcached_condition".into(),
-            "Status of each condition of each Memcached the leader reconciled: 1 True, 0 otherwise"
-                .into(),
-            vec!["namespace".into(), "memcached".into(), "type".into()],
-            HashMap::new(),
-        )
-        .unwrap();
+        let desc = |name: &str, help: &str, labels: &[&str]| {
+            let labels = labels.iter().map(|l| l.to_string()).collect();
+            Desc::new(name.into(), help.into(), labels, HashMap::new()).unwrap()
+        };
         Self(Arc::new(ConditionGaugesInner {
-            desc,
+            status: desc(
+                "memcached_operator_memcached_condition",
+                "Status of each condition of each Memcached the leader reconciled: 1 True, 0 otherwise",
+                &["namespace", "memcached", "type"],
+            ),
+            // A label of its own series, not of the one above: a reason that changes does not
+            // restart an alert's `for` on the condition.
+            reason: desc(
+                "memcached_operator_memcached_condition_reason",
+                "Reason of each condition of each Memcached the leader reconciled: 1 for the reason it has now",
+                &["namespace", "memcached", "type", "reason"],
+            ),
             states: Mutex::default(),
         }))
     }
@@ -105,7 +117,7 @@ impl ConditionGauges {
             .or_default();
         for c in conditions {
             if let Some(i) = CONDITION_TYPES.iter().position(|t| *t == c.type_) {
-                state[i] = Some(c.status == "True");
+                state[i] = Some((c.status == "True", Reason::parse(&c.reason)));
             }
         }
     }
@@ -126,7 +138,7 @@ impl ConditionGauges {
 
 impl Collector for ConditionGauges {
     fn desc(&self) -> Vec<&Desc> {
-        vec![&self.0.desc]
+        vec![&self.0.status, &self.0.reason]
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
@@ -136,29 +148,47 @@ impl Collector for ConditionGauges {
             pair.set_value(value.into());
             pair
         };
+        let gauge = |labels: Vec<LabelPair>, value: f64| {
+            let mut gauge = GaugeProto::default();
+            gauge.set_value(value);
+            let mut metric = Metric::from_label(labels);
+            metric.set_gauge(gauge);
+            metric
+        };
         let states = self.states();
-        let mut metrics = Vec::with_capacity(states.len() * CONDITION_TYPES.len());
+        let mut statuses = Vec::with_capacity(states.len() * CONDITION_TYPES.len());
+        let mut reasons = Vec::with_capacity(states.len() * CONDITION_TYPES.len());
         for ((namespace, name), state) in states.iter() {
-            for (type_, status) in CONDITION_TYPES.iter().zip(state) {
-                let Some(status) = status else { continue };
-                let mut gauge = GaugeProto::default();
-                gauge.set_value(if *status { 1.0 } else { 0.0 });
+            for (type_, state) in CONDITION_TYPES.iter().zip(state) {
+                let Some((status, reason)) = state else {
+                    continue;
+                };
                 // Sorted by label name, as the text format expects.
-                let mut metric = Metric::from_label(vec![
+                let labels = vec![
                     label("memcached", name),
                     label("namespace", namespace),
                     label("type", type_),
-                ]);
-                metric.set_gauge(gauge);
-                metrics.push(metric);
+                ];
+                if let Some(reason) = reason {
+                    let mut labels = labels.clone();
+                    labels.insert(2, label("reason", reason.as_str()));
+                    reasons.push(gauge(labels, 1.0));
+                }
+                statuses.push(gauge(labels, if *status { 1.0 } else { 0.0 }));
             }
         }
-        let mut family = MetricFamily::default();
-        family.set_name(self.0.desc.fq_name.clone());
-        family.set_help(self.0.desc.help.clone());
-        family.set_field_type(MetricType::GAUGE);
-        family.set_metric(metrics);
-        vec![family]
+        let family = |desc: &Desc, metrics| {
+            let mut family = MetricFamily::default();
+            family.set_name(desc.fq_name.clone());
+            family.set_help(desc.help.clone());
+            family.set_field_type(MetricType::GAUGE);
+            family.set_metric(metrics);
+            family
+        };
+        vec![
+            family(&self.0.status, statuses),
+            family(&self.0.reason, reasons),
+        ]
     }
 }
 
@@ -172,7 +202,7 @@ mod tests {
         let condition = |type_: &str, status: &str| Condition {
             type_: type_.into(),
             status: status.into(),
-            reason: "R".into(),
+            reason: "ImagePullFailed".into(),
             message: String::new(),
             last_transition_time: crate::fixtures::time(0),
             observed_generation: None,
@@ -189,13 +219,13 @@ mod tests {
         for line in [
             r#"memcached_operator_memcached_condition{memcached="cache",namespace="ns",type="Available"} 0"#,
             r#"memcached_operator_memcached_condition{memcached="cache",namespace="ns",type="Degraded"} 1"#,
+            r#"memcached_operator_memcached_condition_reason{memcached="cache",namespace="ns",reason="ImagePullFailed",type="Available"} 1"#,
         ] {
             assert!(text.contains(line), "missing {line} in:\n{text}");
         }
         m.forget_memcached("ns", "cache");
-        assert!(
-            !m.render()
-                .contains("memcached_operator_memcached_condition{")
-        );
+        let text = m.render();
+        assert!(!text.contains("memcached_operator_memcached_condition{"));
+        assert!(!text.contains("memcached_operator_memcached_condition_reason{"));
     }
 }

@@ -1,5 +1,6 @@
-//! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), and why
-//! nothing could be applied (a Warning with the Degraded reason).
+//! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), why
+//! nothing could be applied (a Warning with the Degraded reason), and why its pods are not Ready
+//! (a Warning with the cause, e.g. ImagePullFailed).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use tracing::{info, warn};
 
 use super::kept::{Kept, Owned};
 use crate::api::Memcached;
-use crate::status::Blocked;
+use crate::status::{Blocked, Reason, Trouble};
 use operator_runtime::lock;
 
 /// What applying an owned object changed.
@@ -94,6 +95,8 @@ pub struct Events {
     /// The cause last warned about, per blocked Memcached. The status says the same once the
     /// cache has our status write, but a reconcile can start before it does.
     warned: Arc<Mutex<HashMap<ObjectRef<Memcached>, Blocked>>>,
+    /// The pod trouble last warned about, per troubled Memcached (as `warned`).
+    troubled: Arc<Mutex<HashMap<ObjectRef<Memcached>, Reason>>>,
     /// Objects that do not parse, as (uid, resourceVersion), already reported.
     invalid: Arc<Mutex<HashSet<(String, String)>>>,
 }
@@ -104,6 +107,7 @@ impl Events {
             client,
             reporter,
             warned: Arc::default(),
+            troubled: Arc::default(),
             invalid: Arc::default(),
         }
     }
@@ -144,6 +148,33 @@ impl Events {
         );
     }
 
+    /// A Warning that `mc`'s pods are not Ready, and why: once per cause, not per pod or retry.
+    /// `None` when there is no trouble: a cause that comes back is warned about again.
+    pub fn troubled(&self, mc: &Memcached, trouble: Option<&Trouble>) {
+        let key = ObjectRef::from_obj(mc);
+        let Some(trouble) = trouble else {
+            lock(&self.troubled).remove(&key);
+            return;
+        };
+        let previous = lock(&self.troubled).insert(key, trouble.reason);
+        let reported = mc.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.reason == trouble.reason.as_str())
+        });
+        if previous == Some(trouble.reason) || reported {
+            return;
+        }
+        self.publish(
+            mc,
+            None,
+            EventType::Warning,
+            trouble.reason.as_str(),
+            "Reconcile",
+            trouble.message(),
+        );
+    }
+
     /// A Warning on a stored Memcached that does not parse (written while the schema was looser):
     /// the controller skips it. Once per version of the object, not on every relist.
     pub fn invalid(&self, meta: &ObjectMeta, error: String) {
@@ -173,6 +204,13 @@ impl Events {
             "Parse",
             note,
         );
+    }
+
+    /// `mc` is gone: nothing of it is kept.
+    pub fn forget(&self, mc: &Memcached) {
+        let key = ObjectRef::from_obj(mc);
+        lock(&self.warned).remove(&key);
+        lock(&self.troubled).remove(&key);
     }
 
     /// `mc` is no longer blocked: a later cause is warned about again.

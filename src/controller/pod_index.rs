@@ -17,15 +17,18 @@ use serde::{Deserialize, Deserializer};
 use super::meta::Meta;
 use super::meta::resource_of;
 use crate::resources::LABEL_INSTANCE;
+use crate::status::pods::{PodStatusSeen, PodTrouble};
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
-/// A pod as the pod watch decodes it: the metadata a reconcile reads (spec, status and
-/// managedFields are skipped). Not a metadata-only watch (`metadata_api`): at 10,000 pods that
-/// cost the API server more CPU than sending whole pods (docs/performance.md, Restart at 10,000).
+/// A pod as the pod watch decodes it: the metadata a reconcile reads, and why it is not Ready
+/// (the spec, managedFields and the rest of the status are skipped). Not a metadata-only watch
+/// (`metadata_api`): at 10,000 pods that cost the API server more CPU than sending whole pods
+/// (docs/performance.md, Restart at 10,000), and the status says why a pod is not Ready.
 #[derive(Clone, Debug, Default)]
 pub struct PodMeta {
     pub metadata: ObjectMeta,
+    pub trouble: Option<PodTrouble>,
 }
 
 impl<'de> Deserialize<'de> for PodMeta {
@@ -34,10 +37,13 @@ impl<'de> Deserialize<'de> for PodMeta {
         struct Wire {
             #[serde(default)]
             metadata: Meta<IgnoredAny>,
+            #[serde(default)]
+            status: PodStatusSeen,
         }
         let wire = Wire::deserialize(deserializer)?;
         Ok(Self {
             metadata: wire.metadata.meta,
+            trouble: wire.status.trouble(),
         })
     }
 }
@@ -61,9 +67,24 @@ type Key = (String, String);
 struct Index {
     /// Pod → the Memcached (instance label) it belongs to.
     owner: HashMap<Key, String>,
-    /// Memcached → its pods' names, sorted (a Vec: most Memcacheds have a few pods, and a
+    /// Memcached → its pods, sorted by name (a Vec: most Memcacheds have a few pods, and a
     /// B-tree node is a few hundred bytes even for one).
-    pods: HashMap<Key, Vec<String>>,
+    pods: HashMap<Key, Vec<PodEntry>>,
+}
+
+/// A pod's name, and why it is not Ready if it says (boxed: most pods are fine).
+struct PodEntry {
+    name: String,
+    trouble: Option<Box<PodTrouble>>,
+}
+
+/// The pods of one Memcached as the pod watch last reported them.
+#[derive(Debug, Default, PartialEq)]
+pub struct Pods {
+    /// Sorted names of the pods not being deleted.
+    pub names: Vec<String>,
+    /// Why those that are not Ready are not, where they say.
+    pub troubles: Vec<PodTrouble>,
 }
 
 impl Index {
@@ -73,7 +94,7 @@ impl Index {
         };
         let key = (pod.0.clone(), instance);
         if let Some(names) = self.pods.get_mut(&key) {
-            if let Ok(at) = names.binary_search(&pod.1) {
+            if let Ok(at) = names.binary_search_by(|p| p.name.cmp(&pod.1)) {
                 names.remove(at);
             }
             if names.is_empty() {
@@ -95,8 +116,12 @@ impl Index {
             return;
         };
         let names = self.pods.entry((ns, instance.clone())).or_default();
-        if let Err(at) = names.binary_search(&key.1) {
-            names.insert(at, key.1.clone());
+        if let Err(at) = names.binary_search_by(|p| p.name.cmp(&key.1)) {
+            let entry = PodEntry {
+                name: key.1.clone(),
+                trouble: pod.trouble.clone().map(Box::new),
+            };
+            names.insert(at, entry);
         }
         self.owner.insert(key, instance.clone());
     }
@@ -114,14 +139,23 @@ impl PodIndex {
         });
     }
 
-    /// Sorted names of the pods of Memcached `name` in `namespace` that are not being deleted.
-    pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<String> {
-        lock(&self.0)
+    /// The pods of Memcached `name` in `namespace`.
+    pub fn pods_of(&self, namespace: &str, name: &str) -> Pods {
+        let index = lock(&self.0);
+        let Some(entries) = index
             .live()
             .pods
             .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
-            .unwrap_or_default()
+        else {
+            return Pods::default();
+        };
+        Pods {
+            names: entries.iter().map(|p| p.name.clone()).collect(),
+            troubles: entries
+                .iter()
+                .filter_map(|p| p.trouble.as_deref().cloned())
+                .collect(),
+        }
     }
 }
 
@@ -132,6 +166,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
+    use crate::status::pods::Cause;
 
     fn pod(ns: &str, name: &str, instance: Option<&str>) -> PodMeta {
         let labels =
@@ -143,6 +178,7 @@ mod tests {
                 labels,
                 ..Default::default()
             },
+            trouble: None,
         }
     }
 
@@ -157,6 +193,35 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(pod.metadata, pod_meta("a", "cache-1", "cache"));
+        assert_eq!(pod.trouble, None, "a running pod");
+    }
+
+    #[test]
+    fn a_pod_that_is_not_ready_keeps_why_until_it_is() {
+        let unschedulable = |ready: bool| -> PodMeta {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "cache-1", "namespace": "a", "labels": {LABEL_INSTANCE: "cache"}},
+                "status": {"conditions": [
+                    {"type": "PodScheduled", "status": if ready { "True" } else { "False" },
+                     "reason": "Unschedulable", "message": "0/1 nodes are available"},
+                    {"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+            }))
+            .unwrap()
+        };
+        let index = PodIndex::default();
+        index.observe(&watcher::Event::Apply(unschedulable(false)));
+        index.observe(&watcher::Event::Apply(pod("a", "cache-2", Some("cache"))));
+        let pods = index.pods_of("a", "cache");
+        assert_eq!(pods.names, ["cache-1", "cache-2"]);
+        assert_eq!(
+            pods.troubles,
+            [PodTrouble {
+                cause: Cause::Unschedulable,
+                words: "0/1 nodes are available".into()
+            }]
+        );
+        index.observe(&watcher::Event::Apply(unschedulable(true)));
+        assert!(index.pods_of("a", "cache").troubles.is_empty());
     }
 
     fn pod_meta(ns: &str, name: &str, instance: &str) -> ObjectMeta {
@@ -175,10 +240,10 @@ mod tests {
         ] {
             index.observe(&watcher::Event::Apply(p));
         }
-        assert_eq!(index.pods_of("a", "cache"), ["cache-1", "cache-2"]);
-        assert_eq!(index.pods_of("b", "cache"), ["cache-9"]);
-        assert_eq!(index.pods_of("a", "other"), ["other-1"]);
-        assert!(index.pods_of("c", "cache").is_empty());
+        assert_eq!(index.pods_of("a", "cache").names, ["cache-1", "cache-2"]);
+        assert_eq!(index.pods_of("b", "cache").names, ["cache-9"]);
+        assert_eq!(index.pods_of("a", "other").names, ["other-1"]);
+        assert!(index.pods_of("c", "cache").names.is_empty());
     }
 
     #[test]
@@ -192,8 +257,8 @@ mod tests {
         terminating.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         index.observe(&watcher::Event::Apply(terminating));
         index.observe(&watcher::Event::Apply(pod("a", "cache-3", Some("other"))));
-        assert!(index.pods_of("a", "cache").is_empty());
-        assert_eq!(index.pods_of("a", "other"), ["cache-3"]);
+        assert!(index.pods_of("a", "cache").names.is_empty());
+        assert_eq!(index.pods_of("a", "other").names, ["cache-3"]);
     }
 
     #[test]
@@ -207,11 +272,11 @@ mod tests {
             Some("cache"),
         )));
         assert_eq!(
-            index.pods_of("a", "cache"),
+            index.pods_of("a", "cache").names,
             ["gone"],
             "a half-done relist is not visible"
         );
         index.observe(&watcher::Event::InitDone);
-        assert_eq!(index.pods_of("a", "cache"), ["cache-1"]);
+        assert_eq!(index.pods_of("a", "cache").names, ["cache-1"]);
     }
 }

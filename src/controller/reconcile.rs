@@ -32,6 +32,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     if mc.metadata.deletion_timestamp.is_some() {
         ctx.metrics
             .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
+        ctx.events.forget(mc);
         return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
@@ -154,9 +155,11 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         ctx.events.unblocked(mc);
         return Ok(Outcome::Converged);
     }
+    let pods = ctx.pods.pods_of(&ns, &mc.name_any());
     let observed = Observed {
         deployment: deployment.as_deref().map(Kept::seen),
-        pods: ctx.pods.pods_of(&ns, &mc.name_any()),
+        pods: pods.names,
+        troubles: pods.troubles,
         blocked: blocked.clone(),
         rollout_queued,
     };
@@ -166,10 +169,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
     {
         ctx.metrics.forget_memcached(&ns, &mc.name_any());
+        ctx.events.forget(mc);
         return Ok(Outcome::Gone);
     }
     ctx.metrics
         .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
+    ctx.events
+        .troubled(mc, status::trouble(mc, &observed).as_ref());
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {

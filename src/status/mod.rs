@@ -9,6 +9,10 @@ use crate::api::{Memcached, MemcachedStatus};
 use crate::error::Refusal;
 use crate::resources::selector_string;
 
+pub mod pods;
+
+use pods::{Cause, PodTrouble};
+
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
@@ -33,6 +37,15 @@ pub enum Reason {
     InvalidSpec,
     /// The API server forbade an owned object (a quota, a policy).
     Forbidden,
+    /// Why pods are not Ready (see `Trouble`).
+    Unschedulable,
+    ImagePullFailed,
+    CrashLooping,
+    OOMKilled,
+    /// The ReplicaSet cannot create pods (a quota, an admission policy).
+    PodCreationRefused,
+    /// The Deployment made no progress within its deadline.
+    ProgressDeadlineExceeded,
 }
 
 impl Reason {
@@ -48,6 +61,47 @@ impl Reason {
             Self::ResourceExists => "ResourceExists",
             Self::InvalidSpec => "InvalidSpec",
             Self::Forbidden => "Forbidden",
+            Self::Unschedulable => "Unschedulable",
+            Self::ImagePullFailed => "ImagePullFailed",
+            Self::CrashLooping => "CrashLooping",
+            Self::OOMKilled => "OOMKilled",
+            Self::PodCreationRefused => "PodCreationRefused",
+            Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
+        }
+    }
+
+    pub const ALL: [Reason; 16] = [
+        Self::AllPodsReady,
+        Self::PodsNotReady,
+        Self::Converged,
+        Self::Creating,
+        Self::Reconciling,
+        Self::RolloutQueued,
+        Self::AsExpected,
+        Self::ResourceExists,
+        Self::InvalidSpec,
+        Self::Forbidden,
+        Self::Unschedulable,
+        Self::ImagePullFailed,
+        Self::CrashLooping,
+        Self::OOMKilled,
+        Self::PodCreationRefused,
+        Self::ProgressDeadlineExceeded,
+    ];
+
+    /// The reason a condition's string names, if it is one of ours.
+    pub fn parse(reason: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == reason)
+    }
+}
+
+impl From<Cause> for Reason {
+    fn from(cause: Cause) -> Self {
+        match cause {
+            Cause::ImagePullFailed => Self::ImagePullFailed,
+            Cause::OomKilled => Self::OOMKilled,
+            Cause::CrashLooping => Self::CrashLooping,
+            Cause::Unschedulable => Self::Unschedulable,
         }
     }
 }
@@ -59,6 +113,8 @@ pub struct Observed<'a> {
     pub deployment: Option<DeploymentSeen<'a>>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
+    /// What its pods that are not Ready say of why.
+    pub troubles: Vec<PodTrouble>,
     /// Set when the operator must not apply anything for this Memcached.
     pub blocked: Option<Blocked>,
     /// The operator's new pod template waits for a rollout slot; the limit is in the message.
@@ -140,44 +196,57 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
     // At least size: a rollout's surge pod (maxSurge 1) is Ready before an old one leaves.
     let all_ready = observed.deployment.is_some() && ready >= size;
     let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
-    let pods_ready = format!("{ready}/{size} pods are ready");
+    let trouble = trouble(mc, observed);
     let available = if all_ready {
-        cond(AVAILABLE, true, Reason::AllPodsReady.as_str(), &pods_ready)
+        let pods_ready = format!("{ready}/{size} pods are ready");
+        cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)
+    } else if let Some(t) = &trouble {
+        cond(AVAILABLE, false, t.reason, &t.message())
     } else {
-        cond(AVAILABLE, false, Reason::PodsNotReady.as_str(), &pods_ready)
+        let pods_ready = format!("{ready}/{size} pods are ready");
+        cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready)
     };
     let (progressing, degraded) = match &observed.blocked {
         Some(b) => (
-            cond(PROGRESSING, false, b.reason().as_str(), b.message()),
-            cond(DEGRADED, true, b.reason().as_str(), b.message()),
+            cond(PROGRESSING, false, b.reason(), b.message()),
+            cond(DEGRADED, true, b.reason(), b.message()),
         ),
         None => {
             let progressing = if let Some(limit) = observed.rollout_queued {
                 let message = format!(
                     "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
                 );
-                cond(PROGRESSING, true, Reason::RolloutQueued.as_str(), &message)
+                cond(PROGRESSING, true, Reason::RolloutQueued, &message)
             } else if converged {
-                cond(
-                    PROGRESSING,
-                    false,
-                    Reason::Converged.as_str(),
-                    &format!("{size} pods match the spec"),
-                )
+                let message = format!("{size} pods match the spec");
+                cond(PROGRESSING, false, Reason::Converged, &message)
             } else if observed.deployment.is_none() {
                 cond(
                     PROGRESSING,
                     true,
-                    Reason::Creating.as_str(),
+                    Reason::Creating,
                     "creating the Deployment",
                 )
+            } else if let Some(t) = &trouble {
+                // kstatus and `kubectl rollout status` read a deadline passed as failed.
+                let still = t.reason != Reason::ProgressDeadlineExceeded;
+                cond(PROGRESSING, still, t.reason, &t.message())
             } else {
                 let message = format!(
                     "{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running"
                 );
-                cond(PROGRESSING, true, Reason::Reconciling.as_str(), &message)
+                cond(PROGRESSING, true, Reason::Reconciling, &message)
             };
-            (progressing, deployment_degraded(observed.deployment))
+            let degraded = match &trouble {
+                Some(t) if t.lasting => cond(DEGRADED, true, t.reason, &t.message()),
+                _ => cond(
+                    DEGRADED,
+                    false,
+                    Reason::AsExpected,
+                    "no cause that needs a fix is reported",
+                ),
+            };
+            (progressing, degraded)
         }
     };
 
@@ -185,6 +254,7 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
         .into_iter()
         .map(|mut c| {
             c.observed_generation = generation;
+            keep_words(mc, &mut c, trouble.as_ref());
             keep_transition_time(mc, c, now)
         })
         .collect();
@@ -209,38 +279,111 @@ pub fn is_deployment_failure(c: &DeploymentCondition) -> bool {
         || (c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
 }
 
-/// Degraded mirrors the Deployment's own failure signals (quota, admission, stuck rollout).
-fn deployment_degraded(deployment: Option<DeploymentSeen>) -> Condition {
-    let failing = deployment
-        .and_then(|d| d.status)
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| is_deployment_failure(c));
-    match failing {
-        Some(c) => cond(
-            DEGRADED,
-            true,
-            c.reason.as_deref().unwrap_or(&c.type_),
-            c.message.as_deref().unwrap_or_default(),
-        ),
-        None => cond(
-            DEGRADED,
-            false,
-            Reason::AsExpected.as_str(),
-            "the Deployment reports no failure",
-        ),
+/// Why not all wanted pods are Ready (or a rollout is stuck), from the Deployment's failure
+/// signals and the pods' own status: for the conditions and the Warning event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trouble {
+    pub reason: Reason,
+    /// The counts, e.g. "0/2 pods are ready; 2 pods cannot be scheduled": the part of the
+    /// message whose change is worth a status write.
+    pub summary: String,
+    /// The pods' or the Deployment's own words.
+    pub words: String,
+    /// Whether it stays until someone changes something (Degraded=True).
+    pub lasting: bool,
+}
+
+impl Trouble {
+    pub fn message(&self) -> String {
+        format!("{}: {}", self.summary, self.words)
     }
 }
 
-fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+/// The trouble of a Memcached, if any: a ReplicaSet that cannot create pods first (nothing
+/// else can start), then the graver pod cause with the number of pods it holds back, then a
+/// passed progress deadline.
+pub fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
+    let deployment_status = observed.deployment?.status;
+    let ready = deployment_status
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let pods_ready = format!("{ready}/{} pods are ready", mc.spec.size);
+    let failures = || {
+        deployment_status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| is_deployment_failure(c))
+    };
+    let words = |c: &DeploymentCondition| c.message.clone().unwrap_or_default();
+    if let Some(c) = failures().find(|c| c.type_ == "ReplicaFailure") {
+        return Some(Trouble {
+            reason: Reason::PodCreationRefused,
+            summary: format!("{pods_ready}; the ReplicaSet cannot create pods"),
+            words: words(c),
+            lasting: true,
+        });
+    }
+    if let Some(cause) = observed.troubles.iter().map(|t| t.cause).min() {
+        let mut held = observed.troubles.iter().filter(|t| t.cause == cause);
+        let first = held.next().expect("the cause is some pod's");
+        let count = 1 + held.count();
+        let pods = if count == 1 {
+            "1 pod".to_string()
+        } else {
+            format!("{count} pods")
+        };
+        let what = match cause {
+            Cause::ImagePullFailed => "cannot pull the image",
+            Cause::OomKilled => "OOMKilled",
+            Cause::CrashLooping => "crash-looping",
+            Cause::Unschedulable => "cannot be scheduled",
+        };
+        return Some(Trouble {
+            reason: cause.into(),
+            summary: format!("{pods_ready}; {pods} {what}"),
+            words: first.words.to_string(),
+            lasting: cause.lasting(),
+        });
+    }
+    failures().next().map(|c| Trouble {
+        reason: Reason::ProgressDeadlineExceeded,
+        summary: format!("{pods_ready}; the rollout made no progress in time"),
+        words: words(c),
+        lasting: true,
+    })
+}
+
+fn cond(type_: &str, status: bool, reason: Reason, message: &str) -> Condition {
     Condition {
         type_: type_.to_string(),
         status: if status { "True" } else { "False" }.to_string(),
-        reason: reason.to_string(),
+        reason: reason.as_str().to_string(),
         message: message.to_string(),
         last_transition_time: Time(Default::default()),
         observed_generation: None,
+    }
+}
+
+/// A pod's own words change with each retry (back-off durations, the pull error then
+/// "Back-off pulling image"); while the reason and the counts hold, the words first written stay,
+/// so a retry is not a status write.
+fn keep_words(mc: &Memcached, new: &mut Condition, trouble: Option<&Trouble>) {
+    let Some(trouble) = trouble.filter(|t| t.reason.as_str() == new.reason) else {
+        return;
+    };
+    let previous = mc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == new.type_));
+    if let Some(p) = previous
+        && p.status == new.status
+        && p.reason == new.reason
+        && p.message
+            .strip_prefix(&trouble.summary)
+            .is_some_and(|rest| rest.starts_with(": "))
+    {
+        new.message = p.message.clone();
     }
 }
 
@@ -452,8 +595,153 @@ mod tests {
             },
             &time(0),
         );
-        assert_eq!(find(&s, DEGRADED).reason, "FailedCreate");
-        assert_eq!(find(&s, DEGRADED).message, "exceeded quota");
+        for type_ in [AVAILABLE, DEGRADED] {
+            assert_eq!(find(&s, type_).reason, "PodCreationRefused");
+            assert_eq!(
+                find(&s, type_).message,
+                "0/1 pods are ready; the ReplicaSet cannot create pods: exceeded quota"
+            );
+        }
+        assert_eq!(find(&s, DEGRADED).status, "True");
+    }
+
+    fn unschedulable() -> PodTrouble {
+        PodTrouble {
+            cause: Cause::Unschedulable,
+            words: "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+                .into(),
+        }
+    }
+
+    fn cannot_pull(words: &str) -> PodTrouble {
+        PodTrouble {
+            cause: Cause::ImagePullFailed,
+            words: words.into(),
+        }
+    }
+
+    fn with_troubles(
+        mc: &Memcached,
+        deployment: &DeploymentStatus,
+        troubles: Vec<PodTrouble>,
+    ) -> MemcachedStatus {
+        let observed = Observed {
+            deployment: seen(deployment),
+            troubles,
+            ..Default::default()
+        };
+        desired_status(mc, &observed, &time(0))
+    }
+
+    #[test]
+    fn pods_no_node_takes_are_unschedulable_but_not_degraded() {
+        let mc = memcached("cache", 2);
+        let s = with_troubles(
+            &mc,
+            &deployment_status(2, 0),
+            vec![unschedulable(), unschedulable()],
+        );
+        let available = find(&s, AVAILABLE);
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            ("False", "Unschedulable")
+        );
+        assert_eq!(
+            available.message,
+            "0/2 pods are ready; 2 pods cannot be scheduled: 0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+        );
+        assert_eq!(find(&s, PROGRESSING).reason, "Unschedulable");
+        assert_eq!(find(&s, DEGRADED).status, "False", "a node may join");
+    }
+
+    #[test]
+    fn the_graver_cause_is_reported_with_its_own_count() {
+        let mc = memcached("cache", 3);
+        let s = with_troubles(
+            &mc,
+            &deployment_status(3, 1),
+            vec![unschedulable(), cannot_pull("not found")],
+        );
+        assert_eq!(find(&s, AVAILABLE).reason, "ImagePullFailed");
+        assert_eq!(
+            find(&s, AVAILABLE).message,
+            "1/3 pods are ready; 1 pod cannot pull the image: not found"
+        );
+        let degraded = find(&s, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ImagePullFailed")
+        );
+    }
+
+    #[test]
+    fn a_retry_in_other_words_is_not_a_status_change_but_a_new_count_is() {
+        let mut mc = memcached("cache", 2);
+        let d = deployment_status(2, 0);
+        let first = with_troubles(&mc, &d, vec![cannot_pull("rpc error: not found")]);
+        mc.status = Some(first.clone());
+        let retry = with_troubles(&mc, &d, vec![cannot_pull("Back-off pulling image")]);
+        assert_eq!(retry, first, "only the pod's words changed");
+
+        let both = with_troubles(
+            &mc,
+            &d,
+            vec![cannot_pull("Back-off pulling image"), cannot_pull("x")],
+        );
+        assert_eq!(
+            find(&both, AVAILABLE).message,
+            "0/2 pods are ready; 2 pods cannot pull the image: Back-off pulling image"
+        );
+    }
+
+    #[test]
+    fn a_new_pod_that_fails_during_a_rollout_degrades_an_available_memcached() {
+        let mc = memcached("cache", 2);
+        let mut rolling = deployment_status(3, 2);
+        rolling.updated_replicas = Some(1);
+        let s = with_troubles(&mc, &rolling, vec![cannot_pull("not found")]);
+        assert!(condition_is_true(&s, AVAILABLE), "the old pods serve");
+        assert_eq!(find(&s, PROGRESSING).reason, "ImagePullFailed");
+        assert_eq!(find(&s, DEGRADED).reason, "ImagePullFailed");
+        assert_eq!(find(&s, DEGRADED).status, "True");
+    }
+
+    #[test]
+    fn a_rollout_past_its_deadline_is_no_longer_progressing() {
+        let mc = memcached("cache", 1);
+        let mut d = deployment_status(1, 0);
+        d.conditions = Some(vec![DeploymentCondition {
+            type_: "Progressing".into(),
+            status: "False".into(),
+            reason: Some("ProgressDeadlineExceeded".into()),
+            message: Some("ReplicaSet \"cache-1\" has timed out progressing.".into()),
+            ..Default::default()
+        }]);
+        let s = with_troubles(&mc, &d, vec![]);
+        let progressing = find(&s, PROGRESSING);
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("False", "ProgressDeadlineExceeded")
+        );
+        assert_eq!(find(&s, AVAILABLE).reason, "ProgressDeadlineExceeded");
+        assert_eq!(find(&s, DEGRADED).status, "True");
+    }
+
+    #[test]
+    fn without_a_cause_pods_are_only_not_ready() {
+        let mc = memcached("cache", 2);
+        let s = with_troubles(&mc, &deployment_status(2, 1), vec![]);
+        assert_eq!(find(&s, AVAILABLE).reason, "PodsNotReady");
+        assert_eq!(find(&s, AVAILABLE).message, "1/2 pods are ready");
+        assert_eq!(find(&s, DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn every_reason_reads_back() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(Reason::parse("FailedCreate"), None);
     }
 
     #[test]
