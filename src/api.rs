@@ -435,7 +435,7 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
+        assert_eq!(columns, ["Size", "Ready", "Available", "Reason", "Age"]);
         let size =
             &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"];
         assert_eq!(size["minimum"].as_f64(), Some(0.0));
