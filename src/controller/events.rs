@@ -83,6 +83,13 @@ impl Change {
     }
 }
 
+/// The pod troubles warned about for one Memcached at one generation of its spec.
+#[derive(Debug, Default)]
+struct Warned {
+    generation: Option<i64>,
+    reasons: Vec<Reason>,
+}
+
 /// Publishes events as this controller instance.
 ///
 /// Best-effort and in the background, as client-go's recorder: a worker does not wait a round
@@ -95,8 +102,8 @@ pub struct Events {
     /// The cause last warned about, per blocked Memcached. The status says the same once the
     /// cache has our status write, but a reconcile can start before it does.
     warned: Arc<Mutex<HashMap<ObjectRef<Memcached>, Blocked>>>,
-    /// The pod trouble last warned about, per troubled Memcached (as `warned`).
-    troubled: Arc<Mutex<HashMap<ObjectRef<Memcached>, Reason>>>,
+    /// The pod troubles warned about per Memcached, and at which generation of its spec.
+    troubled: Arc<Mutex<HashMap<ObjectRef<Memcached>, Warned>>>,
     /// Objects that do not parse, as (uid, resourceVersion), already reported.
     invalid: Arc<Mutex<HashSet<(String, String)>>>,
 }
@@ -148,21 +155,30 @@ impl Events {
         );
     }
 
-    /// A Warning that `mc`'s pods are not Ready, and why: once per cause, not per pod or retry.
-    /// `None` when there is no trouble: a cause that comes back is warned about again.
+    /// A Warning that `mc`'s pods are not Ready, and why: once per cause and version of the
+    /// spec, not per pod, retry or restart (a pod OOM-killed again and again between Ready spells).
+    /// A cause that comes back after the spec changed is warned about again.
     pub fn troubled(&self, mc: &Memcached, trouble: Option<&Trouble>) {
-        let key = ObjectRef::from_obj(mc);
-        let Some(trouble) = trouble else {
-            lock(&self.troubled).remove(&key);
-            return;
-        };
-        let previous = lock(&self.troubled).insert(key, trouble.reason);
+        let Some(trouble) = trouble else { return };
         let reported = mc.status.as_ref().is_some_and(|s| {
             s.conditions
                 .iter()
                 .any(|c| c.reason == trouble.reason.as_str())
         });
-        if previous == Some(trouble.reason) || reported {
+        let mut troubled = lock(&self.troubled);
+        let warned = troubled.entry(ObjectRef::from_obj(mc)).or_default();
+        if warned.generation != mc.metadata.generation {
+            *warned = Warned {
+                generation: mc.metadata.generation,
+                reasons: Vec::new(),
+            };
+        }
+        if warned.reasons.contains(&trouble.reason) {
+            return;
+        }
+        warned.reasons.push(trouble.reason);
+        drop(troubled);
+        if reported {
             return;
         }
         self.publish(

@@ -8,10 +8,12 @@ use serde_json::json;
 use super::*;
 use crate::controller::Rollouts;
 use crate::controller::outcome::{self, CONFLICT_RECHECK, REFUSED_RECHECK};
+use crate::controller::pod_index::PodMeta;
 use crate::fixtures::apiserver::{self, ApiServer};
 use crate::fixtures::{deployment_with_status, memcached};
 use crate::resources::Images;
 use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
+use kube::runtime::watcher;
 use operator_runtime::workers::{Next, Retry};
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
@@ -752,4 +754,88 @@ async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
     })
     .await
     .unwrap();
+}
+
+/// A pod of `mc` as the pod watch reports it, not Ready because it cannot pull its image.
+fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
+    let labels = [(crate::resources::LABEL_INSTANCE.to_string(), mc.name_any())];
+    PodMeta {
+        metadata: ObjectMeta {
+            namespace: mc.namespace(),
+            name: Some(name.into()),
+            labels: Some(labels.into()),
+            ..Default::default()
+        },
+        trouble: Some(crate::status::pods::PodTrouble {
+            cause: crate::status::pods::Cause::ImagePullFailed,
+            words: words.into(),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retries_say() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 2);
+    converged(&mut mc, &mut caches);
+    caches.add_deployment(deployment_with_status(&mc, 2, 0));
+    for pod in ["cache-a", "cache-b"] {
+        let pod = pod_that_cannot_pull(&mc, pod, "failed to pull image: not found");
+        ctx.pods.observe(&watcher::Event::Apply(pod));
+    }
+    let reported = mc.clone();
+    let (first, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+        let conditions = &status.body["status"]["conditions"];
+        let available = conditions
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == AVAILABLE)
+            .unwrap();
+        assert_eq!(available["reason"], "ImagePullFailed");
+        assert_eq!(
+            available["message"],
+            "0/2 pods are ready; 2 pods cannot pull the image: failed to pull image: not found"
+        );
+        assert_eq!(
+            condition(&status.body, DEGRADED),
+            ("True".into(), "ImagePullFailed".into())
+        );
+        let [event] = &events[..] else {
+            panic!("one event, not {}", events.len())
+        };
+        assert_eq!(
+            (&event.body["type"], &event.body["reason"]),
+            (&json!("Warning"), &json!("ImagePullFailed"))
+        );
+        assert_eq!(event.body["note"], available["message"]);
+        api
+    })
+    .await;
+    assert_eq!(first.unwrap(), Outcome::Converged);
+
+    // The kubelet retries: the pods now say "Back-off pulling image". The status written keeps
+    // the first words, and the cause was warned about: no request.
+    let deployment = deployment_with_status(&mc, 2, 0);
+    let pods = ctx.pods.pods_of("default", "cache");
+    let observed = Observed {
+        deployment: Some(deployment.seen()),
+        pods: pods.names,
+        troubles: pods.troubles,
+        ..Default::default()
+    };
+    mc.status = Some(status::desired_status(
+        &mc,
+        &observed,
+        &crate::fixtures::time(1),
+    ));
+    for pod in ["cache-a", "cache-b"] {
+        let pod = pod_that_cannot_pull(&mc, pod, "Back-off pulling image \"memcached:nope\"");
+        ctx.pods.observe(&watcher::Event::Apply(pod));
+    }
+    let outcome = scenario(mc, ctx, api, |api| async move { api })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Converged);
 }
