@@ -126,31 +126,35 @@ impl ContainerStatusSeen {
                 .unwrap_or("the image cannot be pulled");
             return Some(trouble(Cause::ImagePullFailed, words));
         }
-        // Killed now, or killed last time and not Ready since (waiting to restart, or restarted
-        // and not yet passing its probe).
-        let terminated = self
-            .state
-            .terminated
-            .as_ref()
-            .or(self.last_state.terminated.as_ref())?;
-        if terminated.reason.as_deref() == Some("OOMKilled") {
+        // Between restarts the kubelet shows the container terminated (restart count already
+        // up), or waiting in CrashLoopBackOff with the last termination (which it sometimes
+        // drops), or running again and not yet Ready.
+        let crash_looping = waiting_reason == Some("CrashLoopBackOff");
+        let ended = self.state.terminated.as_ref();
+        let last = ended.or(self.last_state.terminated.as_ref());
+        if last.is_some_and(|t| t.reason.as_deref() == Some("OOMKilled")) {
             let words = format!(
                 "container {} was killed for exceeding its memory limit",
                 self.name
             );
             return Some(trouble(Cause::OomKilled, &words));
         }
-        if waiting_reason == Some("CrashLoopBackOff") {
-            let code = terminated.exit_code.unwrap_or_default();
-            let words = match terminated.reason.as_deref() {
-                Some(reason) if reason != "Error" => {
-                    format!("container {} exited with code {code} ({reason})", self.name)
-                }
-                _ => format!("container {} exited with code {code}", self.name),
-            };
-            return Some(trouble(Cause::CrashLooping, &words));
+        if !crash_looping && ended.is_none() {
+            return None;
         }
-        None
+        let words = match last {
+            Some(t) => {
+                let code = t.exit_code.unwrap_or_default();
+                match t.reason.as_deref() {
+                    Some(reason) if reason != "Error" => {
+                        format!("container {} exited with code {code} ({reason})", self.name)
+                    }
+                    _ => format!("container {} exited with code {code}", self.name),
+                }
+            }
+            None => format!("container {} keeps exiting", self.name),
+        };
+        Some(trouble(Cause::CrashLooping, &words))
     }
 }
 
@@ -291,6 +295,34 @@ mod tests {
         assert_eq!(
             cause_and_words(looping("ContainerCannotRun")).unwrap().1,
             "container memcached exited with code 64 (ContainerCannotRun)"
+        );
+    }
+
+    #[test]
+    fn a_container_terminated_between_restarts_or_without_its_last_state_is_crash_looping() {
+        // As the kubelet shows it between restarts: terminated, restart count already up.
+        let terminated = serde_json::json!({"containerStatuses": [{"name": "memcached",
+            "ready": false, "restartCount": 3,
+            "state": {"terminated": {"reason": "Error", "exitCode": 1}}, "lastState": {}}]});
+        assert_eq!(
+            cause_and_words(terminated),
+            Some((
+                Cause::CrashLooping,
+                "container memcached exited with code 1".into()
+            ))
+        );
+        // The kubelet sometimes drops the last state while backing off.
+        let forgotten = serde_json::json!({"containerStatuses": [{"name": "memcached",
+            "ready": false, "restartCount": 5,
+            "state": {"waiting": {"reason": "CrashLoopBackOff",
+                "message": "back-off 2m40s restarting failed container=memcached pod=mc-1"}},
+            "lastState": {}}]});
+        assert_eq!(
+            cause_and_words(forgotten),
+            Some((
+                Cause::CrashLooping,
+                "container memcached keeps exiting".into()
+            ))
         );
     }
 

@@ -10,6 +10,7 @@ mod memcached;
 mod monitoring;
 mod operator_pod;
 mod prometheus;
+mod why_not_ready;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -20,7 +20,7 @@ use crate::harness::{
 use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
 
 /// The operator as a process (its own ServiceAccount), deploying the local memcached image in `ns`.
-async fn operator_for(client: &Client, node: &RealNode, ns: &str) -> Operator {
+pub async fn operator_for(client: &Client, node: &RealNode, ns: &str) -> Operator {
     Operator::start(
         client,
         OperatorOptions {
