@@ -21,16 +21,28 @@ pub fn needs_apply<D: Serialize, A: Serialize>(desired: &D, actual: &A) -> bool 
 /// (controller/kept.rs): an item there that `desired` no longer lists (the exporter sidecar, the
 /// metrics port, once monitoring is turned off) was applied by us, and applying removes it.
 pub fn needs_apply_to_ours<D: Serialize>(desired: &D, ours: &Value) -> bool {
-    differs(desired, ours, Lists::Exact)
+    differs(desired, ours, Lists::ExactBelowSpec)
 }
 
-/// How lists of objects (merged by key on the server) compare.
+/// How lists of objects (merged by key on the server) and, within a spec, objects compare.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Lists {
     /// Other managers' items may follow ours.
     MayHaveMore,
-    /// Every item is ours: one more is one to remove.
+    /// Every item is ours: one more is one to remove. Objects too, once within a `spec` (the
+    /// object's metadata and status are not cut to ours).
     Exact,
+    /// As `Exact`, above the spec.
+    ExactBelowSpec,
+}
+
+impl Lists {
+    fn within(self, key: &str) -> Lists {
+        match self {
+            Lists::ExactBelowSpec if key == "spec" => Lists::Exact,
+            other => other,
+        }
+    }
 }
 
 fn differs<D: Serialize>(desired: &D, actual: &Value, lists: Lists) -> bool {
@@ -47,16 +59,24 @@ fn differs<D: Serialize>(desired: &D, actual: &Value, lists: Lists) -> bool {
 /// Arrays of scalars (args, command, finalizers) are atomic and must match exactly.
 fn contains(actual: &Value, desired: &Value, lists: Lists) -> bool {
     match (actual, desired) {
-        (Value::Object(a), Value::Object(d)) => d.iter().all(|(key, dv)| match a.get(key) {
-            Some(av) => contains(av, dv, lists),
-            None => is_empty(dv),
-        }),
+        (Value::Object(a), Value::Object(d)) => {
+            // Within our cut of a spec every field is one we applied: a field `desired` no
+            // longer sets (a node selector taken out of the Memcached) is removed by applying.
+            let unwanted = lists == Lists::Exact
+                && a.iter()
+                    .any(|(key, av)| !d.contains_key(key) && !is_empty(av));
+            !unwanted
+                && d.iter().all(|(key, dv)| match a.get(key) {
+                    Some(av) => contains(av, dv, lists.within(key)),
+                    None => is_empty(dv),
+                })
+        }
         (Value::Array(a), Value::Array(d)) => {
             let objects = d.iter().all(Value::is_object);
             if objects {
                 let lengths = match lists {
                     Lists::MayHaveMore => a.len() >= d.len(),
-                    Lists::Exact => a.len() == d.len(),
+                    Lists::Exact | Lists::ExactBelowSpec => a.len() == d.len(),
                 };
                 lengths && d.iter().zip(a).all(|(dv, av)| contains(av, dv, lists))
             } else {
@@ -105,6 +125,22 @@ mod tests {
             "in a whole object it may be someone else's"
         );
         assert!(!needs_apply_to_ours(&desired, &desired));
+    }
+
+    #[test]
+    fn a_field_of_ours_no_longer_wanted_is_drift_in_our_cut() {
+        let desired =
+            json!({"spec": {"template": {"spec": {"containers": [{"name": "memcached"}]}}}});
+        let ours = json!({"spec": {"template": {"spec": {"containers": [{"name": "memcached"}],
+                                                           "nodeSelector": {"disk": "ssd"}}}}});
+        assert!(needs_apply_to_ours(&desired, &ours));
+        assert!(
+            !needs_apply(&desired, &ours),
+            "in a whole object it may be someone else's"
+        );
+        let emptied = json!({"spec": {"template": {"spec": {"containers": [{"name": "memcached"}],
+                                                              "nodeSelector": {}}}}});
+        assert!(!needs_apply_to_ours(&desired, &emptied));
     }
 
     #[test]

@@ -131,11 +131,15 @@ async fn patch_spec(mcs: &Api<Memcached>, name: &str, spec: serde_json::Value) {
     .expect("patch the spec");
 }
 
-/// Fixed: Available=True with all pods Ready, and Degraded=False.
+/// Fixed: Available=True with all pods Ready, and Degraded=False (the Deployment drops a
+/// ReplicaFailure at its next rollout pass, after the scaling one).
 async fn wait_fixed(client: &Client, mcs: &Api<Memcached>, ns: &str, name: &str, size: i32) {
     wait_converged(client, ns, name, size).await;
-    let degraded = condition(mcs, name, "Degraded").await.unwrap();
-    assert_eq!(degraded.0, "False", "{degraded:?}");
+    wait_for("Degraded=False", CONVERGE, || async {
+        let degraded = condition(mcs, name, "Degraded").await?;
+        (degraded.0 == "False").then_some(())
+    })
+    .await;
 }
 
 fn waiting_reason(pod: &Pod) -> Vec<String> {
