@@ -74,6 +74,10 @@ async fn wait_named(
         },
     )
     .await;
+    println!(
+        "{reason} named {:.1} s after the pod reported it: {message}",
+        since.elapsed().as_secs_f64()
+    );
     let degraded = condition(mcs, name, "Degraded").await.unwrap();
     if lasting {
         assert_eq!(
