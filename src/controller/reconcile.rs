@@ -163,8 +163,8 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         blocked: blocked.clone(),
         rollout_queued,
     };
-    let new_status =
-        status::desired_status(mc, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
     if mc.status.as_ref() != Some(&new_status)
         && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
     {
@@ -174,8 +174,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     }
     ctx.metrics
         .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
-    ctx.events
-        .troubled(mc, status::trouble(mc, &observed).as_ref());
+    ctx.events.troubled(mc, trouble.as_ref());
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {

@@ -179,6 +179,15 @@ impl Blocked {
 /// The status a Memcached should have. Conditions keep their lastTransitionTime while their
 /// status stays the same, so recomputing an unchanged status yields an equal value.
 pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> MemcachedStatus {
+    desired_status_and_trouble(mc, observed, now).0
+}
+
+/// `desired_status`, and the trouble its conditions report (for the Warning event).
+pub fn desired_status_and_trouble(
+    mc: &Memcached,
+    observed: &Observed,
+    now: &Time,
+) -> (MemcachedStatus, Option<Trouble>) {
     let size = mc.spec.size;
     let generation = mc.metadata.generation;
     let deploy_status = observed
@@ -197,14 +206,11 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
     let all_ready = observed.deployment.is_some() && ready >= size;
     let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
     let trouble = trouble(mc, observed);
-    let available = if all_ready {
-        let pods_ready = format!("{ready}/{size} pods are ready");
-        cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)
-    } else if let Some(t) = &trouble {
-        cond(AVAILABLE, false, t.reason, &t.message())
-    } else {
-        let pods_ready = format!("{ready}/{size} pods are ready");
-        cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready)
+    let pods_ready = format!("{ready}/{size} pods are ready");
+    let available = match &trouble {
+        _ if all_ready => cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready),
+        Some(t) => cond(AVAILABLE, false, t.reason, &t.message()),
+        None => cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready),
     };
     let (progressing, degraded) = match &observed.blocked {
         Some(b) => (
@@ -261,7 +267,7 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
 
     let mut pods = observed.pods.clone();
     pods.sort();
-    MemcachedStatus {
+    let status = MemcachedStatus {
         nodes: pods,
         replicas,
         ready_replicas: ready,
@@ -269,7 +275,8 @@ pub fn desired_status(mc: &Memcached, observed: &Observed, now: &Time) -> Memcac
         selector: Some(selector_string(mc)),
         observed_generation: generation,
         conditions,
-    }
+    };
+    (status, trouble)
 }
 
 /// A Deployment's own failure signals (quota, admission, stuck rollout): the only conditions of
@@ -302,7 +309,7 @@ impl Trouble {
 /// The trouble of a Memcached, if any: a ReplicaSet that cannot create pods first (nothing
 /// else can start), then the graver pod cause with the number of pods it holds back, then a
 /// passed progress deadline.
-pub fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
+fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
     let deployment_status = observed.deployment?.status;
     let ready = deployment_status
         .and_then(|s| s.ready_replicas)
@@ -434,6 +441,21 @@ mod tests {
         })
     }
 
+    /// The status of `mc` whose Deployment (at generation 1) reports `deployment` and whose
+    /// pods report `troubles`.
+    fn status_seeing(
+        mc: &Memcached,
+        deployment: &DeploymentStatus,
+        troubles: Vec<PodTrouble>,
+    ) -> MemcachedStatus {
+        let observed = Observed {
+            deployment: seen(deployment),
+            troubles,
+            ..Default::default()
+        };
+        desired_status(mc, &observed, &time(0))
+    }
+
     fn find<'a>(s: &'a MemcachedStatus, t: &str) -> &'a Condition {
         s.conditions.iter().find(|c| c.type_ == t).unwrap()
     }
@@ -457,14 +479,7 @@ mod tests {
     fn available_only_when_size_pods_are_ready() {
         let mc = memcached("cache", 3);
         let partly = deployment_status(3, 2);
-        let s = desired_status(
-            &mc,
-            &Observed {
-                deployment: seen(&partly),
-                ..Default::default()
-            },
-            &time(0),
-        );
+        let s = status_seeing(&mc, &partly, vec![]);
         assert_eq!(find(&s, AVAILABLE).status, "False");
         assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
@@ -496,14 +511,7 @@ mod tests {
         let mc = memcached("cache", 3);
         let mut rolling = deployment_status(4, 4);
         rolling.updated_replicas = Some(1);
-        let s = desired_status(
-            &mc,
-            &Observed {
-                deployment: seen(&rolling),
-                ..Default::default()
-            },
-            &time(0),
-        );
+        let s = status_seeing(&mc, &rolling, vec![]);
         assert!(condition_is_true(&s, AVAILABLE));
         assert_eq!(find(&s, AVAILABLE).message, "4/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
@@ -517,14 +525,7 @@ mod tests {
     fn scaled_to_zero_is_available() {
         let mc = memcached("cache", 0);
         let d = deployment_status(0, 0);
-        let s = desired_status(
-            &mc,
-            &Observed {
-                deployment: seen(&d),
-                ..Default::default()
-            },
-            &time(0),
-        );
+        let s = status_seeing(&mc, &d, vec![]);
         assert!(condition_is_true(&s, AVAILABLE));
         assert!(s.nodes.is_empty());
     }
@@ -587,14 +588,7 @@ mod tests {
             message: Some("exceeded quota".into()),
             ..Default::default()
         }]);
-        let s = desired_status(
-            &mc,
-            &Observed {
-                deployment: seen(&d),
-                ..Default::default()
-            },
-            &time(0),
-        );
+        let s = status_seeing(&mc, &d, vec![]);
         for type_ in [AVAILABLE, DEGRADED] {
             assert_eq!(find(&s, type_).reason, "PodCreationRefused");
             assert_eq!(
@@ -620,23 +614,10 @@ mod tests {
         }
     }
 
-    fn with_troubles(
-        mc: &Memcached,
-        deployment: &DeploymentStatus,
-        troubles: Vec<PodTrouble>,
-    ) -> MemcachedStatus {
-        let observed = Observed {
-            deployment: seen(deployment),
-            troubles,
-            ..Default::default()
-        };
-        desired_status(mc, &observed, &time(0))
-    }
-
     #[test]
     fn pods_no_node_takes_are_unschedulable_but_not_degraded() {
         let mc = memcached("cache", 2);
-        let s = with_troubles(
+        let s = status_seeing(
             &mc,
             &deployment_status(2, 0),
             vec![unschedulable(), unschedulable()],
@@ -657,7 +638,7 @@ mod tests {
     #[test]
     fn the_graver_cause_is_reported_with_its_own_count() {
         let mc = memcached("cache", 3);
-        let s = with_troubles(
+        let s = status_seeing(
             &mc,
             &deployment_status(3, 1),
             vec![unschedulable(), cannot_pull("not found")],
@@ -678,12 +659,12 @@ mod tests {
     fn a_retry_in_other_words_is_not_a_status_change_but_a_new_count_is() {
         let mut mc = memcached("cache", 2);
         let d = deployment_status(2, 0);
-        let first = with_troubles(&mc, &d, vec![cannot_pull("rpc error: not found")]);
+        let first = status_seeing(&mc, &d, vec![cannot_pull("rpc error: not found")]);
         mc.status = Some(first.clone());
-        let retry = with_troubles(&mc, &d, vec![cannot_pull("Back-off pulling image")]);
+        let retry = status_seeing(&mc, &d, vec![cannot_pull("Back-off pulling image")]);
         assert_eq!(retry, first, "only the pod's words changed");
 
-        let both = with_troubles(
+        let both = status_seeing(
             &mc,
             &d,
             vec![cannot_pull("Back-off pulling image"), cannot_pull("x")],
@@ -699,7 +680,7 @@ mod tests {
         let mc = memcached("cache", 2);
         let mut rolling = deployment_status(3, 2);
         rolling.updated_replicas = Some(1);
-        let s = with_troubles(&mc, &rolling, vec![cannot_pull("not found")]);
+        let s = status_seeing(&mc, &rolling, vec![cannot_pull("not found")]);
         assert!(condition_is_true(&s, AVAILABLE), "the old pods serve");
         assert_eq!(find(&s, PROGRESSING).reason, "ImagePullFailed");
         assert_eq!(find(&s, DEGRADED).reason, "ImagePullFailed");
@@ -717,7 +698,7 @@ mod tests {
             message: Some("ReplicaSet \"cache-1\" has timed out progressing.".into()),
             ..Default::default()
         }]);
-        let s = with_troubles(&mc, &d, vec![]);
+        let s = status_seeing(&mc, &d, vec![]);
         let progressing = find(&s, PROGRESSING);
         assert_eq!(
             (progressing.status.as_str(), progressing.reason.as_str()),
@@ -730,7 +711,7 @@ mod tests {
     #[test]
     fn without_a_cause_pods_are_only_not_ready() {
         let mc = memcached("cache", 2);
-        let s = with_troubles(&mc, &deployment_status(2, 1), vec![]);
+        let s = status_seeing(&mc, &deployment_status(2, 1), vec![]);
         assert_eq!(find(&s, AVAILABLE).reason, "PodsNotReady");
         assert_eq!(find(&s, AVAILABLE).message, "1/2 pods are ready");
         assert_eq!(find(&s, DEGRADED).status, "False");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -513,6 +514,18 @@ pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) ->
         },
     )
     .await
+}
+
+/// The events regarding the object `name` in `ns`.
+pub async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
 }
 
 /// Waits until Memcached `name` reports Degraded=True for `reason`; its message.

@@ -11,12 +11,11 @@ mod endpoints;
 use std::time::{Duration, Instant};
 
 use harness::{
-    CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, kubectl, memcached,
-    namespace, set_size, wait_converged, wait_degraded, wait_for, wait_gone,
+    CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, events_for,
+    kubectl, memcached, namespace, set_size, wait_converged, wait_degraded, wait_for, wait_gone,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -29,17 +28,6 @@ async fn deployment_replicas(client: &Client, ns: &str, name: &str) -> Option<i3
         .ok()??
         .spec?
         .replicas
-}
-
-async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect()
 }
 
 #[tokio::test]

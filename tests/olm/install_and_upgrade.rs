@@ -301,6 +301,26 @@ fn str_field(obj: &DynamicObject, path: &[&str]) -> String {
         .to_string()
 }
 
+/// name -> `value` of each object `api` lists with `params`; empty when the list fails.
+async fn by_name<K, V>(
+    api: Api<K>,
+    params: ListParams,
+    value: impl Fn(&K) -> V,
+) -> BTreeMap<String, V>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&params)
+        .await
+        .map(|l| l.items.iter().map(|o| (o.name_any(), value(o))).collect())
+        .unwrap_or_default()
+}
+
+/// An object's uid, empty when it has none.
+fn uid<K: kube::Resource>(obj: &K) -> String {
+    obj.uid().unwrap_or_default()
+}
+
 struct Env {
     client: Client,
     dir: PathBuf,
@@ -605,42 +625,23 @@ impl Env {
 
     /// name -> uid of every Memcached in `ns`.
     async fn memcached_uids(&self, ns: &str) -> BTreeMap<String, String> {
-        let list = self.memcacheds(ns).list(&ListParams::default()).await;
-        list.map(|l| {
-            l.items
-                .iter()
-                .map(|m| (m.name_any(), m.uid().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default()
+        by_name(self.memcacheds(ns), ListParams::default(), uid).await
     }
 
     /// name -> uid of the memcached pods in `ns`.
     async fn pod_uids(&self, ns: &str) -> BTreeMap<String, String> {
-        let list = Api::<Pod>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(MEMCACHED_PODS))
-            .await;
-        list.map(|l| {
-            l.items
-                .iter()
-                .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default()
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns);
+        by_name(pods, ListParams::default().labels(MEMCACHED_PODS), uid).await
     }
 
     /// name -> generation of the memcached Deployments in `ns`.
     async fn deployment_generations(&self, ns: &str) -> BTreeMap<String, i64> {
-        let list = Api::<Deployment>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(MEMCACHED_PODS))
-            .await;
-        list.map(|l| {
-            l.items
-                .iter()
-                .map(|d| (d.name_any(), d.metadata.generation.unwrap_or_default()))
-                .collect()
+        let deployments = Api::<Deployment>::namespaced(self.client.clone(), ns);
+        let params = ListParams::default().labels(MEMCACHED_PODS);
+        by_name(deployments, params, |d| {
+            d.metadata.generation.unwrap_or_default()
         })
-        .unwrap_or_default()
+        .await
     }
 
     /// 2 Memcacheds of 3 + 2 pods, all Running.

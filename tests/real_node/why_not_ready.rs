@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 
-use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
+use crate::harness::{
+    CONVERGE, Operator, admin, create, events_for, memcached, wait_converged, wait_for,
+};
 use crate::memcached::operator_for;
 use crate::{RealNode, pods_of, real_namespace};
 
@@ -93,15 +95,37 @@ async fn wait_named(
 
 /// The Warning events on Memcached `name` with `reason`.
 async fn warnings(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
+    events_for(client, ns, name)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason))
         .collect()
+}
+
+/// What each test starts from: a namespace on the real node with an operator of its own.
+struct Scene {
+    client: Client,
+    node: RealNode,
+    ns: String,
+    mcs: Api<Memcached>,
+    operator: Operator,
+}
+
+impl Scene {
+    async fn start(prefix: &str) -> Scene {
+        let client = admin().await;
+        let node = RealNode::get();
+        let ns = real_namespace(&client, prefix).await;
+        let operator = operator_for(&client, &node, &ns).await;
+        let mcs = Api::namespaced(client.clone(), &ns);
+        Scene {
+            client,
+            node,
+            ns,
+            mcs,
+            operator,
+        }
+    }
 }
 
 /// Waits for the cause's Warning, then checks it stays the only one while the pods keep failing.
@@ -156,11 +180,13 @@ fn waiting_reason(pod: &Pod) -> Vec<String> {
 
 #[tokio::test]
 async fn an_image_tag_that_does_not_exist_is_image_pull_failed() {
-    let client = admin().await;
-    let node = RealNode::get();
-    let ns = real_namespace(&client, "why-image").await;
-    let _op = operator_for(&client, &node, &ns).await;
-    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let Scene {
+        client,
+        node,
+        ns,
+        mcs,
+        operator: _operator,
+    } = Scene::start("why-image").await;
     let repository = node.memcached_image().rsplit_once(':').unwrap().0;
     let mut mc = memcached("cache", 2);
     mc.spec.image = Some(format!("{repository}:does-not-exist"));
@@ -185,11 +211,13 @@ async fn an_image_tag_that_does_not_exist_is_image_pull_failed() {
 
 #[tokio::test]
 async fn a_node_selector_nothing_matches_is_unschedulable() {
-    let client = admin().await;
-    let node = RealNode::get();
-    let ns = real_namespace(&client, "why-selector").await;
-    let _op = operator_for(&client, &node, &ns).await;
-    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let Scene {
+        client,
+        node: _,
+        ns,
+        mcs,
+        operator: _operator,
+    } = Scene::start("why-selector").await;
     let mut mc = memcached("cache", 2);
     mc.spec.node_selector = Some([("disk".to_string(), "none-has-this".to_string())].into());
     create(&client, &ns, &mc).await;
@@ -217,9 +245,13 @@ async fn a_node_selector_nothing_matches_is_unschedulable() {
 
 #[tokio::test]
 async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
-    let client = admin().await;
-    let node = RealNode::get();
-    let ns = real_namespace(&client, "why-quota").await;
+    let Scene {
+        client,
+        node: _,
+        ns,
+        mcs,
+        operator: _operator,
+    } = Scene::start("why-quota").await;
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "one-pod"},
         "spec": {"hard": {"pods": "1"}}
@@ -229,8 +261,6 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
         .create(&PostParams::default(), &quota)
         .await
         .unwrap();
-    let _op = operator_for(&client, &node, &ns).await;
-    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     create(&client, &ns, &memcached("cache", 2)).await;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -269,11 +299,13 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
 /// cache fills (after some 630 items of 100 KiB at 64 MiB).
 #[tokio::test]
 async fn a_memory_limit_memcached_outgrows_is_oom_killed() {
-    let client = admin().await;
-    let node = RealNode::get();
-    let ns = real_namespace(&client, "why-oom").await;
-    let _op = operator_for(&client, &node, &ns).await;
-    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let Scene {
+        client,
+        node: _,
+        ns,
+        mcs,
+        operator: _operator,
+    } = Scene::start("why-oom").await;
     let mc: Memcached = serde_json::from_value(serde_json::json!({
         "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
         "metadata": {"name": "cache"},
