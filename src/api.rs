@@ -391,7 +391,7 @@ pub struct MemcachedStatus {
 
 /// The CRD as YAML, as committed in `config/crd/bases/`.
 pub fn crd_yaml() -> String {
-    let yaml = serde_yaml::to_string(&Memcached::crd()).expect("CRD serialises");
+    let yaml = serde_saphyr::to_string(&Memcached::crd()).expect("CRD serialises");
     format!("---\n{yaml}")
 }
 

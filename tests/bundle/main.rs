@@ -103,7 +103,7 @@ fn annotations(path: &Path) -> BTreeMap<String, String> {
         annotations: BTreeMap<String, String>,
     }
     let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::from_str::<File>(&text).unwrap().annotations
+    serde_saphyr::from_str::<File>(&text).unwrap().annotations
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn the_scorecards_built_in_tests_pass_on_the_bundle() {
         entrypoint: Vec<String>,
     }
     let bundle = repo().join("bundle");
-    let config: Config = serde_yaml::from_str(
+    let config: Config = serde_saphyr::from_str(
         &std::fs::read_to_string(bundle.join("tests/scorecard/config.yaml")).unwrap(),
     )
     .unwrap();

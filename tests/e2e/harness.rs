@@ -43,7 +43,7 @@ async fn install_crd(client: &Client) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("config/crd/bases/cache.example.com_memcacheds.yaml");
     let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     apply(&crds, &crd).await;
     wait_for("CRD Established", Duration::from_secs(30), || async {
@@ -196,7 +196,7 @@ fn rules_of(file: &str) -> Vec<PolicyRule> {
             .join(file),
     )
     .unwrap();
-    let role: ClusterRole = serde_yaml::from_str(&text).unwrap();
+    let role: ClusterRole = serde_saphyr::from_str(&text).unwrap();
     role.rules.unwrap()
 }
 
@@ -252,7 +252,7 @@ fn leader_election_rules() -> Vec<PolicyRule> {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rbac/leader_election_role.yaml"),
     )
     .unwrap();
-    let role: Role = serde_yaml::from_str(&text).unwrap();
+    let role: Role = serde_saphyr::from_str(&text).unwrap();
     role.rules.unwrap()
 }
 

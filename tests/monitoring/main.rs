@@ -24,19 +24,19 @@ fn read(path: &str) -> String {
 }
 
 /// The PrometheusRule's spec: a Prometheus rules file (`groups:`).
-fn rule_groups() -> serde_yaml::Value {
-    let rule: serde_yaml::Value =
-        serde_yaml::from_str(&read("config/prometheus/prometheus_rule.yaml")).unwrap();
+fn rule_groups() -> serde_json::Value {
+    let rule: serde_json::Value =
+        serde_saphyr::from_str(&read("config/prometheus/prometheus_rule.yaml")).unwrap();
     assert_eq!(rule["kind"], "PrometheusRule");
     rule["spec"].clone()
 }
 
-fn alerts() -> Vec<serde_yaml::Value> {
+fn alerts() -> Vec<serde_json::Value> {
     rule_groups()["groups"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().unwrap().clone())
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
         .collect()
 }
 
@@ -232,7 +232,7 @@ fn promtool_tests_fire_and_spare_every_alert() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("rules.yaml"),
-        serde_yaml::to_string(&rule_groups()).unwrap(),
+        serde_saphyr::to_string(&rule_groups()).unwrap(),
     )
     .unwrap();
     let tests = read("config/prometheus/tests/alerts_test.yaml");
@@ -244,13 +244,13 @@ fn promtool_tests_fire_and_spare_every_alert() {
     assert!(tested.contains("SUCCESS"));
 
     // Every alert has a case where it fires and one where it does not.
-    let cases: serde_yaml::Value = serde_yaml::from_str(&tests).unwrap();
+    let cases: serde_json::Value = serde_saphyr::from_str(&tests).unwrap();
     let mut fired = BTreeSet::new();
     let mut spared = BTreeSet::new();
-    for test in cases["tests"].as_sequence().unwrap() {
-        for case in test["alert_rule_test"].as_sequence().unwrap() {
+    for test in cases["tests"].as_array().unwrap() {
+        for case in test["alert_rule_test"].as_array().unwrap() {
             let name = case["alertname"].as_str().unwrap().to_string();
-            let expected = case["exp_alerts"].as_sequence().map_or(0, Vec::len);
+            let expected = case["exp_alerts"].as_array().map_or(0, Vec::len);
             if expected > 0 {
                 fired.insert(name);
             } else {

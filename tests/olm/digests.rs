@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -120,13 +120,13 @@ fn by_digest(reference: &str) -> bool {
 /// keys and of `RELATED_IMAGE_*` env entries, with where they were found.
 fn image_references(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
     match value {
-        Value::Mapping(map) => {
+        Value::Object(map) => {
             let related = map
                 .get("name")
                 .and_then(Value::as_str)
                 .filter(|n| n.starts_with("RELATED_IMAGE_"));
             for (key, child) in map {
-                let key = key.as_str().unwrap_or("?");
+                let key = key.as_str();
                 let here = format!("{at}.{key}");
                 match child.as_str() {
                     Some(s) if key == "image" || key == "containerImage" => {
@@ -139,12 +139,11 @@ fn image_references(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
                 }
             }
         }
-        Value::Sequence(items) => {
+        Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
                 image_references(item, &format!("{at}[{i}]"), out);
             }
         }
-        Value::Tagged(tagged) => image_references(&tagged.value, at, out),
         _ => {}
     }
 }
@@ -162,14 +161,14 @@ fn tagged_references(csv: &Value) -> Vec<String> {
 /// The manager container of the CSV's first deployment.
 fn manager(csv: &Value) -> Option<&Value> {
     csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]["containers"]
-        .as_sequence()?
+        .as_array()?
         .iter()
         .find(|c| c["name"].as_str() == Some("manager"))
 }
 
 fn env_value<'a>(container: Option<&'a Value>, name: &str) -> Option<&'a str> {
     container?["env"]
-        .as_sequence()?
+        .as_array()?
         .iter()
         .find(|e| e["name"].as_str() == Some(name))?["value"]
         .as_str()
@@ -219,7 +218,7 @@ fn operator_sdk() -> PathBuf {
 fn read_csv(bundle: &Path) -> Value {
     let path = bundle.join("manifests/memcached-operator.clusterserviceversion.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
 }
 
 #[test]
@@ -299,7 +298,7 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
         &exporter_pinned,
     );
     let related: Vec<&str> = csv["spec"]["relatedImages"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
         .filter_map(|r| r["image"].as_str())
@@ -343,7 +342,7 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
 #[test]
 fn an_image_named_by_tag_anywhere_in_a_csv_is_found() {
     let digest = format!("@sha256:{}", "0123456789abcdef".repeat(4));
-    let csv: Value = serde_yaml::from_str(&format!(
+    let csv: Value = serde_saphyr::from_str(&format!(
         r#"
 metadata:
   annotations:

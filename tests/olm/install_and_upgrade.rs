@@ -164,9 +164,9 @@ impl Release {
         let csv_file = root.join(format!(
             "bundle/manifests/{PACKAGE}.clusterserviceversion.yaml"
         ));
-        let csv: serde_yaml::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&csv_file).unwrap()).unwrap();
-        let s = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+        let csv: serde_json::Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(&csv_file).unwrap()).unwrap();
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
         let dep = &csv["spec"]["install"]["spec"]["deployments"][0];
         let examples: Value = serde_json::from_str(
             csv["metadata"]["annotations"]["alm-examples"]
@@ -192,19 +192,18 @@ impl Release {
     }
 }
 
-fn yaml_docs(path: &Path) -> Vec<serde_yaml::Value> {
+fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .filter(|v: &serde_yaml::Value| !v.is_null())
-        .collect()
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    docs.into_iter().filter(|v| !v.is_null()).collect()
 }
 
-fn write_yaml_docs(path: &Path, docs: &[serde_yaml::Value]) {
+fn write_yaml_docs(path: &Path, docs: &[serde_json::Value]) {
     let mut text = String::new();
     for doc in docs {
         text += "---\n";
-        text += &serde_yaml::to_string(doc).unwrap();
+        text += &serde_saphyr::to_string(doc).unwrap();
     }
     std::fs::write(path, text).unwrap();
 }
@@ -231,7 +230,7 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
     for mut ch in yaml_docs(&catalog.join("channels.yaml")) {
         if let Some(entries) = ch
             .get_mut("entries")
-            .and_then(serde_yaml::Value::as_sequence_mut)
+            .and_then(serde_json::Value::as_array_mut)
         {
             entries.retain(|e| e["name"].as_str() != Some(&release.csv_name));
             if entries.is_empty() {
@@ -244,7 +243,7 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
     let prev_channel = channels
         .iter()
         .find(|ch| {
-            ch["entries"].as_sequence().is_some_and(|es| {
+            ch["entries"].as_array().is_some_and(|es| {
                 es.iter()
                     .any(|e| e["name"].as_str() == Some(&release.prev_csv))
             })
@@ -260,7 +259,7 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
     let mut package = yaml_docs(&catalog.join("package.yaml"));
     for doc in &mut package {
         if doc["schema"].as_str() == Some("olm.package") {
-            doc["defaultChannel"] = serde_yaml::Value::String(prev_channel.clone());
+            doc["defaultChannel"] = serde_json::Value::String(prev_channel.clone());
         }
     }
     write_yaml_docs(&prev.join(PACKAGE).join("package.yaml"), &package);

@@ -118,12 +118,12 @@ async fn service_monitor_targets(client: &Client, ns: &str, mc: &Memcached) -> V
 fn alert_expressions() -> BTreeMap<String, String> {
     let text =
         std::fs::read_to_string(repo().join("config/prometheus/prometheus_rule.yaml")).unwrap();
-    let rule: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let rule: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     rule["spec"]["groups"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().unwrap().clone())
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
         .map(|r| {
             (
                 r["alert"].as_str().unwrap().to_string(),

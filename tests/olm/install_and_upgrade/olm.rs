@@ -120,10 +120,11 @@ pub fn crds_in(files: &[PathBuf]) -> Vec<CustomResourceDefinition> {
     for file in files {
         let text =
             std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for value in docs {
             if value.get("kind").and_then(|k| k.as_str()) == Some("CustomResourceDefinition") {
-                crds.push(serde_yaml::from_value(value).unwrap_or_else(|e| {
+                crds.push(serde_json::from_value(value).unwrap_or_else(|e| {
                     panic!("a CustomResourceDefinition in {}: {e}", file.display())
                 }));
             }
