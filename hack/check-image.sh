@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Fails when the operator image built here (hack/images.sh operator) and the Dockerfile disagree:
-# the image's User, Entrypoint, Cmd, Env and Labels must be the runtime stage's USER, ENTRYPOINT,
-# CMD, ENV and LABELs (no more, no less; buildah's and BuildKit's default PATH aside), and its
-# files exactly the runtime stage's COPY destinations (plus their parent directories). Also
-# checks what the Dockerfile promises in words: a static binary, a passwd entry for the USER,
-# a CA bundle; and that config/manager's Deployment runs as the image's user.
+# Fails when the operator image built here (hack/images.sh operator: what the real-node and OLM
+# tests run) and the Dockerfile disagree: the image's User, Entrypoint, Cmd, Env and Labels must be
+# the runtime stage's USER, ENTRYPOINT, CMD, ENV and LABELs (ARGs filled in; no more, no less;
+# buildah's and BuildKit's default PATH aside), and its files exactly the runtime stage's COPY
+# destinations (plus their parent directories). The binary must be what the builder stage says it
+# builds: its toolchain (FROM rust:X.Y, read from the binary's .comment), its C library (glibc's
+# .note.ABI-tag) and static or not. Also: the OCI labels registries and scanners read (source,
+# version, revision, created) present, as skopeo reads them, the version the crate's and the
+# source the CSV's link; a passwd entry for the USER, a CA bundle; and that config/manager's
+# Deployment runs as the image's user.
 #
 # Then it checks itself: the same image against mutated copies of the Dockerfile (another USER,
-# ENTRYPOINT, a LABEL changed or added, a COPY added or dropped) must each fail.
+# ENTRYPOINT, a LABEL changed or added, a COPY added or dropped, a dynamic or musl build, another
+# toolchain, an ARG gone) must each fail.
 #
 # Usage: hack/check-image.sh [ARCHIVE [DOCKERFILE]]
 #        (default: the cached archive of `hack/images.sh operator`, built if missing; ./Dockerfile)
@@ -21,24 +26,34 @@ source "${HACK_DIR}/lib.sh"
 
 archive="${1:-}"
 dockerfile="${2:-${ROOT}/Dockerfile}"
-if [[ -z "${archive}" ]]; then
-	"${HACK_DIR}/images.sh" operator
-	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^OPERATOR_ARCHIVE=')"
-	archive="${OPERATOR_ARCHIVE}"
-fi
+ensure_packages skopeo
+"${HACK_DIR}/images.sh" operator
+eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^OPERATOR_')"
+archive="${archive:-${OPERATOR_ARCHIVE}}"
 [[ -s "${archive}" ]] || die "no image archive at ${archive}"
+# The labels as a registry or a scanner reads them.
+tmp="$(mktemp -d)"
+trap 'rm -rf "${tmp}"' EXIT
+skopeo inspect "oci-archive:${archive}" >"${tmp}/inspect.json"
 
 # check DOCKERFILE : 0 when the image agrees with it; the disagreements on stderr otherwise.
 check() {
-	python3 - "$1" "${archive}" "${ROOT}/config/manager/manager.yaml" "${HACK_DIR}/dockerfile.py" <<'PY'
-import importlib.util, io, json, sys, tarfile
+	python3 - "$1" "${archive}" "${ROOT}/config/manager/manager.yaml" "${HACK_DIR}/dockerfile.py" \
+		"${tmp}/inspect.json" "${ROOT}/config/manifests/bases/memcached-operator.clusterserviceversion.yaml" \
+		VERSION="${OPERATOR_VERSION}" REVISION="${OPERATOR_REVISION}" CREATED="${OPERATOR_CREATED}" <<'PY'
+import datetime, importlib.util, io, json, re, sys, tarfile
 
-dockerfile, archive, manager, helper = sys.argv[1:5]
+dockerfile, archive, manager, helper, inspected, csv = sys.argv[1:7]
+build_args = dict(a.split("=", 1) for a in sys.argv[7:])
 spec = importlib.util.spec_from_file_location("dockerfile", helper)
 df = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(df)
-exp = df.expect(open(dockerfile, encoding="utf-8").read())
+text = open(dockerfile, encoding="utf-8").read()
+exp = df.expect(text, build_args)
+build = df.build(text)
 problems = []
+for name in exp.get("unset", []):
+    problems.append(f"${{{name}}} in a LABEL is not an ARG with a value")
 
 outer = tarfile.open(archive)
 def blob(digest):
@@ -73,6 +88,23 @@ labels = cfg.get("Labels") or {}
 for key in sorted(set(labels) | set(exp["labels"])):
     if labels.get(key) != exp["labels"].get(key):
         problems.append(f"label {key}: image {labels.get(key)!r}, Dockerfile {exp['labels'].get(key)!r}")
+# What registries and scanners read (OCI image spec annotations, as labels).
+oci = "org.opencontainers.image."
+for key in ("title", "description", "licenses", "source", "version", "revision", "created"):
+    if not labels.get(oci + key):
+        problems.append(f"label {oci}{key}: missing or empty")
+if labels.get(oci + "version") != build_args.get("VERSION"):
+    problems.append(f"label {oci}version {labels.get(oci + 'version')!r}, the crate's version {build_args.get('VERSION')!r}")
+try:
+    datetime.datetime.fromisoformat(labels.get(oci + "created", "").replace("Z", "+00:00"))
+except ValueError:
+    problems.append(f"label {oci}created {labels.get(oci + 'created')!r}: not an RFC 3339 time")
+links = re.findall(r"- name: Source Code\n\s+url: (\S+)", open(csv, encoding="utf-8").read())
+if links and labels.get(oci + "source") != links[0]:
+    problems.append(f"label {oci}source {labels.get(oci + 'source')!r}, the CSV's Source Code link {links[0]!r}")
+skopeo = json.load(open(inspected))
+if (skopeo.get("Labels") or {}) != labels:
+    problems.append(f"skopeo inspect reads other labels: {skopeo.get('Labels')}")
 
 # The layers, applied in order (whiteouts remove).
 files = {}
@@ -111,12 +143,30 @@ if entry in files:
     if data[:4] != b"\x7fELF" or data[18] != 62:
         problems.append(f"{entry}: not an x86-64 ELF")
     else:
+        u = lambda at, n: int.from_bytes(data[at : at + n], "little")
         # Static: no PT_INTERP (3) among the program headers.
-        phoff = int.from_bytes(data[32:40], "little")
-        phentsize, phnum = int.from_bytes(data[54:56], "little"), int.from_bytes(data[56:58], "little")
-        kinds = [int.from_bytes(data[phoff + i * phentsize : phoff + i * phentsize + 4], "little") for i in range(phnum)]
-        if 3 in kinds:
+        phoff, phentsize, phnum = u(32, 8), u(54, 2), u(56, 2)
+        static = 3 not in [u(phoff + i * phentsize, 4) for i in range(phnum)]
+        if not static:
             problems.append(f"{entry}: dynamically linked (PT_INTERP); FROM scratch has no loader")
+        # The sections by name: .comment names the compiler, .note.ABI-tag is glibc's.
+        shoff, shentsize, shnum, shstrndx = u(40, 8), u(58, 2), u(60, 2), u(62, 2)
+        header = lambda i: (u(shoff + i * shentsize, 4), u(shoff + i * shentsize + 24, 8), u(shoff + i * shentsize + 32, 8))
+        names_at = header(shstrndx)[1]
+        sections = {}
+        for i in range(shnum):
+            name, off, size = header(i)
+            start = names_at + name
+            sections[data[start : data.index(b"\0", start)].decode()] = data[off : off + size]
+        rustc = re.search(rb"rustc version (\d+\.\d+)\.\d+", sections.get(".comment", b""))
+        libc = "gnu" if ".note.ABI-tag" in sections else "musl"
+        # The builder stage's promises against the binary it is said to have built.
+        if build["static"] != static:
+            problems.append(f"{entry}: {'static' if static else 'dynamic'}, the builder stage says {'static' if build['static'] else 'dynamic'}")
+        if build["libc"] != libc:
+            problems.append(f"{entry}: {libc} libc, the builder stage builds for {build['libc']}")
+        if not rustc or rustc.group(1).decode() != build["rust"]:
+            problems.append(f"{entry}: built by rustc {rustc and rustc.group(1).decode()}, the builder stage is FROM rust:{build['rust']}")
 else:
     problems.append(f"ENTRYPOINT {entry!r} is not a file in the image")
 passwd = (files.get("/etc/passwd") or (None, b""))[1] or b""
@@ -139,7 +189,9 @@ if run_as and any(r != user for r in run_as):
 for p in problems:
     print(f"  {p}", file=sys.stderr)
 size = sum(len(d or b"") for _, d in files.values())
-print(f"{len(regular)} files, {size / 2**20:.1f} MiB unpacked; User {cfg.get('User')}, Entrypoint {cfg.get('Entrypoint')}, {len(labels)} labels")
+print(f"{len(regular)} files, {size / 2**20:.1f} MiB unpacked; User {cfg.get('User')}, Entrypoint {cfg.get('Entrypoint')}; built {build}")
+for key, value in sorted(labels.items()):
+    print(f"  {key}={value}")
 sys.exit(1 if problems else 0)
 PY
 }
@@ -151,8 +203,6 @@ fi
 log "the image agrees with ${dockerfile}"
 
 # The check must notice each kind of disagreement.
-tmp="$(mktemp -d)"
-trap 'rm -rf "${tmp}"' EXIT
 mutations=(
 	's/^USER .*/USER 0:0/'
 	's|^ENTRYPOINT .*|ENTRYPOINT ["/bin/memcached-operator"]|'
@@ -161,6 +211,11 @@ mutations=(
 	's|^USER |COPY --from=builder /memcached-operator /bin/memcached-operator\nUSER |'
 	'/^COPY --from=builder \/group /d'
 	's|^ENTRYPOINT .*|&\nCMD ["--leader-elect"]|'
+	's/+crt-static/-crt-static/'
+	's/-unknown-linux-gnu/-unknown-linux-musl/g'
+	's/ rust:[0-9.]* AS builder/ rust:1.94 AS builder/'
+	'/^ARG CREATED/d'
+	's|image.source="[^"]*"|image.source="https://example.org/fork"|'
 )
 failed=0
 for m in "${mutations[@]}"; do

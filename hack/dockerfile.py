@@ -6,8 +6,10 @@ built here without Docker follows the Dockerfile instead of a copy of it.
   dockerfile.py builder-script DOCKERFILE   the builder stage's `cargo build` RUN as a bash script
                                             for this machine (see builder_script)
   dockerfile.py context ROOT                the files the build context holds (.dockerignore applied)
-  dockerfile.py expect DOCKERFILE           the runtime stage's USER, ENTRYPOINT, CMD, ENV, LABELs
-                                            and COPY destinations, as JSON
+  dockerfile.py expect DOCKERFILE [ARG=VALUE...]
+                                            the runtime stage's USER, ENTRYPOINT, CMD, ENV, LABELs
+                                            (ARGs filled in) and COPY destinations, as JSON
+  dockerfile.py build DOCKERFILE            what the builder stage builds: toolchain, libc, static
 """
 import fnmatch
 import json
@@ -43,7 +45,7 @@ def stages(text):
     for n, ins in instructions(text):
         word, _, rest = ins.partition(" ")
         if word.upper() == "FROM":
-            parts = rest.split()
+            parts = [p for p in rest.split() if not p.startswith("--")]
             name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
             result.append({"from": parts[0], "name": name, "line": n, "body": []})
         elif result:
@@ -57,10 +59,10 @@ def runtime_stage(text):
 
 
 def builder_script(text):
-    """The builder stage's RUN that calls `cargo build`, rewritten for this machine: no cache
-    mounts (the target directory is the caller's CARGO_TARGET_DIR), the gnu target where the
-    Dockerfile says musl (rustup has no musl target here; RUSTFLAGS makes it static), and the
-    stage's outputs (absolute paths written at /) under "${BUILDER_OUT}"."""
+    """The builder stage's RUN that calls `cargo build`, for this machine: the stage's ENV
+    exported first, no cache mounts (the target directory is the caller's CARGO_TARGET_DIR), and
+    the stage's outputs (absolute paths written at /) under "${BUILDER_OUT}". The caller sets
+    TARGETARCH, as BuildKit does."""
     builder = next(s for s in stages(text) if s["name"] == "builder")
     runs = [i for i in builder["body"] if i.upper().startswith("RUN ") and "cargo build" in i]
     if len(runs) != 1:
@@ -68,12 +70,36 @@ def builder_script(text):
     script = runs[0][4:].strip()
     while script.startswith("--"):
         script = script.split(None, 1)[1]
-    script = script.replace("-unknown-linux-musl", "-unknown-linux-gnu")
     # `cp X /memcached-operator`, `>/passwd`: outputs at the builder's root.
     script, n = re.subn(r'(\s|>)/(memcached-operator|passwd|group)\b', r'\1"${BUILDER_OUT}"/\2', script)
     if n != 3:
         sys.exit(f"expected the builder RUN to write /memcached-operator, /passwd and /group; rewrote {n} paths")
-    return "set -euo pipefail\n" + script + "\n"
+    env = [f"export {shlex.quote(k + '=' + v)}" for k, v in stage_env(builder).items()]
+    return "\n".join(["set -euo pipefail", *env, script]) + "\n"
+
+
+def stage_env(stage):
+    """The ENV a stage sets, in order."""
+    env = {}
+    for ins in stage["body"]:
+        word, _, rest = ins.partition(" ")
+        if word.upper() == "ENV":
+            for tok in shlex.split(rest):
+                key, _, value = tok.partition("=")
+                env[key] = value
+    return env
+
+
+def build(text):
+    """What the builder stage says it builds: the Rust toolchain (rust:<version>), the target's
+    C library (gnu or musl) and whether the binary is static (crt-static)."""
+    builder = next(s for s in stages(text) if s["name"] == "builder")
+    image = builder["from"]
+    rust = image.split(":", 1)[1] if image.startswith("rust:") else None
+    script = builder_script(text)
+    libc = sorted(set(re.findall(r"-unknown-linux-(gnu|musl)", script)))
+    static = "+crt-static" in script or libc == ["musl"]
+    return {"rust": rust, "libc": "/".join(libc) or None, "static": static}
 
 
 def dockerignore_patterns(root):
@@ -122,18 +148,34 @@ def context(root):
     return sorted(files)
 
 
-def expect(text):
+def expect(text, build_args):
+    """The runtime stage's promises, its ARGs filled in from build_args (NAME -> value)."""
     last = stages(text)[-1]
     exp = {"from": last["from"], "user": None, "entrypoint": None, "cmd": None, "env": {}, "labels": {}, "copies": []}
+    args = {}
+
+    def fill(value):
+        def arg(m):
+            name = m.group(1) or m.group(2)
+            if args.get(name) is None:
+                exp.setdefault("unset", []).append(name)
+                return ""
+            return args[name]
+
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", arg, value)
+
     for ins in last["body"]:
         word, _, rest = ins.partition(" ")
         word, rest = word.upper(), rest.strip()
-        if word == "LABEL":
+        if word == "ARG":
+            name, sep, default = rest.partition("=")
+            args[name] = build_args.get(name, default if sep else None)
+        elif word == "LABEL":
             for tok in shlex.split(rest):
                 key, sep, value = tok.partition("=")
                 if not sep:
                     sys.exit(f"LABEL without '=': {tok!r}")
-                exp["labels"][key] = value
+                exp["labels"][key] = fill(value)
         elif word == "USER":
             exp["user"] = rest
         elif word in ("ENTRYPOINT", "CMD"):
@@ -151,25 +193,29 @@ def expect(text):
             for src in srcs:
                 target = dest.rstrip("/") + "/" + os.path.basename(src) if dest.endswith("/") else dest
                 exp["copies"].append({"src": src, "dest": target, "opts": opts})
-        elif word in ("RUN", "WORKDIR", "VOLUME", "EXPOSE", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "ARG", "ONBUILD"):
+        elif word in ("RUN", "WORKDIR", "VOLUME", "EXPOSE", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "ONBUILD"):
             exp.setdefault("other", []).append(ins)
     return exp
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3 or (len(sys.argv) > 3 and sys.argv[1] != "expect"):
         sys.exit(__doc__)
     cmd, arg = sys.argv[1], sys.argv[2]
     if cmd == "context":
         print("\n".join(context(arg)))
         return
     text = open(arg, encoding="utf-8").read()
+    if cmd == "build":
+        print(json.dumps(build(text)))
+        return
     if cmd == "runtime-stage":
         sys.stdout.write(runtime_stage(text))
     elif cmd == "builder-script":
         sys.stdout.write(builder_script(text))
     elif cmd == "expect":
-        print(json.dumps(expect(text), indent=2))
+        build_args = dict(a.split("=", 1) for a in sys.argv[3:])
+        print(json.dumps(expect(text, build_args), indent=2))
     else:
         sys.exit(__doc__)
 

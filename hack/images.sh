@@ -22,12 +22,15 @@
 #                                        (where the kubelet's CRI looks)
 #   hack/images.sh exporter-binary       build the exporter binary (cached); print its path
 #   hack/images.sh operator              build the operator image (cached): the Dockerfile's builder
-#                                        stage's `cargo build` run here (static glibc instead of
-#                                        musl) in the .dockerignore'd context, then its runtime
-#                                        stage built by `buildah bud` (root; vfs storage)
+#                                        stage's `cargo build` run here in the .dockerignore'd
+#                                        context, then its runtime stage built by `buildah bud`
+#                                        (root; vfs storage) with the labels' build arguments
+#   hack/images.sh operator-binary       build the builder stage if needed; print the path of the
+#                                        binary the image runs (what the benchmarks run)
 #   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE
-#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, EXPORTER_IMAGE, OPERATOR_IMAGE
-#                                        and the archive paths
+#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, EXPORTER_IMAGE, OPERATOR_IMAGE,
+#                                        the archive paths, OPERATOR_BINARY and the operator image's
+#                                        OPERATOR_VERSION, OPERATOR_REVISION, OPERATOR_CREATED
 #
 # Image references: containerd's CRI normalizes names as Docker does. `memcached:1.6.18-debian`
 # would mean docker.io/library/memcached:1.6.18-debian; `localhost/...` is taken as a registry
@@ -148,7 +151,8 @@ print_env() {
 	image_names
 	operator_paths
 	printf 'MEMCACHED_IMAGE=%q\nPAUSE_IMAGE=%q\nEXPORTER_IMAGE=%q\n' "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}" "${EXPORTER_IMAGE}"
-	printf 'OPERATOR_IMAGE=%q\nOPERATOR_ARCHIVE=%q\n' "${OPERATOR_IMAGE}" "${OPERATOR_ARCHIVE}"
+	printf 'OPERATOR_IMAGE=%q\nOPERATOR_ARCHIVE=%q\nOPERATOR_BINARY=%q\n' "${OPERATOR_IMAGE}" "${OPERATOR_ARCHIVE}" "${OPERATOR_BINARY}"
+	printf 'OPERATOR_VERSION=%q\nOPERATOR_REVISION=%q\nOPERATOR_CREATED=%q\n' "${OPERATOR_VERSION}" "${OPERATOR_REVISION}" "${OPERATOR_CREATED}"
 	if [[ -n "$(pkg_version memcached)" && -n "$(pkg_version busybox-static)" ]]; then
 		archive_paths
 		printf 'MEMCACHED_ARCHIVE=%q\nPAUSE_ARCHIVE=%q\nEXPORTER_ARCHIVE=%q\n' "${MEMCACHED_ARCHIVE}" "${PAUSE_ARCHIVE}" "${EXPORTER_ARCHIVE}"
@@ -158,32 +162,45 @@ print_env() {
 # ---------------------------------------------------------------- the operator image
 
 ROOT="$(cd "${HACK_DIR}/.." && pwd)"
-OPERATOR_RECIPE_VERSION=1
+OPERATOR_RECIPE_VERSION=2
 OPERATOR_PACKAGES=(buildah ca-certificates libc6-dev)
 
-# OPERATOR_IMAGE (localhost/memcached-operator:<version in Cargo.toml>, or $OPERATOR_IMAGE) and
-# OPERATOR_ARCHIVE, whose name carries a hash of everything the image is made of: the build
-# context's files (.dockerignore applied: sources, Cargo.toml, Cargo.lock), the Dockerfile, the
-# Rust toolchain, and the versions of the packages that supply CA certificates, glibc and buildah.
+# OPERATOR_IMAGE (localhost/memcached-operator:<version in Cargo.toml>, or $OPERATOR_IMAGE);
+# OPERATOR_BUILDER, the builder stage's output (the binary, passwd, group, CA bundle), named by a
+# hash of everything the build reads: the build context's files (.dockerignore applied: sources,
+# Cargo.toml, Cargo.lock), the Dockerfile, the Rust toolchain, and the versions of the packages
+# that supply CA certificates, glibc and buildah; OPERATOR_BINARY in it; and OPERATOR_ARCHIVE, the
+# image, named by that hash and the labels' version, revision and created (the git commit and its
+# time), so a new commit with the same sources only re-runs the runtime stage.
 operator_paths() {
-	local version key
-	version="$(sed -n 's/^version = "\(.*\)"/\1/p' "${ROOT}/Cargo.toml" | head -n1)"
-	OPERATOR_IMAGE="${OPERATOR_IMAGE:-localhost/memcached-operator:${version}}"
+	local key
+	OPERATOR_VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "${ROOT}/Cargo.toml" | head -n1)"
+	OPERATOR_IMAGE="${OPERATOR_IMAGE:-localhost/memcached-operator:${OPERATOR_VERSION}}"
+	OPERATOR_REVISION="$(git -C "${ROOT}" describe --always --dirty --abbrev=40 --match=NONE 2>/dev/null || echo unknown)"
+	OPERATOR_CREATED="$(git -C "${ROOT}" log -1 --format=%cI 2>/dev/null | sed 's/+00:00$/Z/')"
+	OPERATOR_CREATED="${OPERATOR_CREATED:-1970-01-01T00:00:00Z}"
 	key="$(
 		cd "${ROOT}"
-		printf 'recipe=%s image=%s\n' "${OPERATOR_RECIPE_VERSION}" "${OPERATOR_IMAGE}"
+		printf 'recipe=%s targetarch=%s\n' "${OPERATOR_RECIPE_VERSION}" "$(target_arch)"
 		rustc -vV 2>/dev/null || true
 		for p in "${OPERATOR_PACKAGES[@]}"; do printf '%s %s\n' "${p}" "$(pkg_version "${p}")"; done
 		sha256sum Dockerfile .dockerignore hack/dockerfile.py
 		python3 hack/dockerfile.py context . | tr '\n' '\0' | xargs -0 sha256sum
 	)"
 	key="$(sha256sum <<<"${key}" | cut -c1-12)"
-	OPERATOR_ARCHIVE="${BIN_ROOT}/memcached-operator-${version}-${key}.oci.tar"
+	OPERATOR_BUILDER="${BIN_ROOT}/operator-builder-${OPERATOR_VERSION}-${key}"
+	OPERATOR_BINARY="${OPERATOR_BUILDER}/memcached-operator"
+	local labels
+	labels="$(sha256sum <<<"${OPERATOR_IMAGE} ${OPERATOR_REVISION} ${OPERATOR_CREATED}" | cut -c1-8)"
+	OPERATOR_ARCHIVE="${BIN_ROOT}/memcached-operator-${OPERATOR_VERSION}-${key}-${labels}.oci.tar"
 }
 
-# The Dockerfile's builder stage, run here: its `cargo build` RUN (hack/dockerfile.py
-# builder-script) in a copy of the build context, static through crt-static on the gnu target
-# (no musl target here), and the files the runtime stage copies from it, in OUT.
+# The Dockerfile's TARGETARCH for this machine (its Debian architecture: amd64, arm64).
+target_arch() { dpkg --print-architecture; }
+
+# The Dockerfile's builder stage, run here: its `cargo build` RUN and its ENV (hack/dockerfile.py
+# builder-script) in a copy of the build context, and the files the runtime stage copies from
+# it, in OUT.
 operator_builder_stage() { # OUT
 	local out="$1" ctx="${BIN_ROOT}/operator-context" script
 	script="$(python3 "${HACK_DIR}/dockerfile.py" builder-script "${ROOT}/Dockerfile")"
@@ -197,13 +214,35 @@ operator_builder_stage() { # OUT
 	local target_dir="${CARGO_TARGET_DIR:-${ROOT}/target}"
 	mkdir -p "${target_dir}"
 	ln -s "${target_dir}" "${ctx}/target"
-	log "builder stage: cargo build (static, $(rustc -V)) in ${ctx}"
+	log "builder stage: cargo build ($(rustc -V)) in ${ctx}"
 	(
 		cd "${ctx}"
-		unset CARGO_TARGET_DIR
-		export BUILDER_OUT="${out}" RUSTFLAGS="-C target-feature=+crt-static"
+		unset CARGO_TARGET_DIR RUSTFLAGS
+		export BUILDER_OUT="${out}" TARGETARCH
+		TARGETARCH="$(target_arch)"
 		timed "builder stage" nice -n "${BUILD_NICE:-5}" bash -c "${script}"
 	)
+}
+
+# Keep the newest three of what matches NAME in BIN_ROOT.
+keep_newest() { # NAME
+	find "${BIN_ROOT}" -maxdepth 1 -name "$1" -printf '%T@ %p\n' | sort -rn |
+		tail -n +4 | cut -d' ' -f2- | xargs -r rm -rf
+}
+
+# The builder stage's output, built unless cached (called with the lock held).
+operator_builder() {
+	if [[ -x "${OPERATOR_BINARY}" ]]; then
+		log "builder stage cached (${OPERATOR_BUILDER})"
+		return 0
+	fi
+	rm -rf "${BIN_ROOT}"/.tmp.operator-builder.*
+	local work
+	work="$(mktemp -d "${BIN_ROOT}/.tmp.operator-builder.XXXXXX")"
+	chmod 755 "${work}"
+	operator_builder_stage "${work}"
+	mv "${work}" "${OPERATOR_BUILDER}"
+	keep_newest 'operator-builder-*'
 }
 
 build_operator() {
@@ -217,16 +256,18 @@ build_operator() {
 		flock -u 9
 		return 0
 	fi
-	rm -rf "${BIN_ROOT}"/.tmp.operator.*
 	local work t0=${SECONDS}
+	operator_builder
+	rm -rf "${BIN_ROOT}"/.tmp.operator.*
 	work="$(mktemp -d "${BIN_ROOT}/.tmp.operator.XXXXXX")"
-	operator_builder_stage "${work}/builder"
-	# The runtime stage verbatim; `COPY --from=builder` reads the directory the builder stage filled.
+	# The runtime stage verbatim; `COPY --from=builder` reads the builder stage's output.
 	python3 "${HACK_DIR}/dockerfile.py" runtime-stage "${ROOT}/Dockerfile" >"${work}/Dockerfile.runtime"
 	mkdir -p "${work}/context"
 	local -a buildah=(buildah --root "${work}/storage/root" --runroot "${work}/storage/run" --storage-driver vfs)
-	"${buildah[@]}" bud --quiet --identity-label=false --timestamp 0 \
-		--build-context builder="${work}/builder" \
+	"${buildah[@]}" bud --quiet --identity-label=false --timestamp "$(date -d "${OPERATOR_CREATED}" +%s)" \
+		--build-arg VERSION="${OPERATOR_VERSION}" --build-arg REVISION="${OPERATOR_REVISION}" \
+		--build-arg CREATED="${OPERATOR_CREATED}" \
+		--build-context builder="${OPERATOR_BUILDER}" \
 		-f "${work}/Dockerfile.runtime" -t "${OPERATOR_IMAGE}" "${work}/context" >"${work}/bud.log" 2>&1 ||
 		{
 			cat "${work}/bud.log" >&2
@@ -235,11 +276,20 @@ build_operator() {
 	"${buildah[@]}" push --quiet "${OPERATOR_IMAGE}" "oci-archive:${work}/image.tar:${OPERATOR_IMAGE##*:}" >/dev/null
 	mv "${work}/image.tar" "${OPERATOR_ARCHIVE}"
 	rm -rf "${work}"
-	# Older archives of this image: keep the newest three.
-	find "${BIN_ROOT}" -maxdepth 1 -name 'memcached-operator-*.oci.tar' -printf '%T@ %p\n' | sort -rn |
-		tail -n +4 | cut -d' ' -f2- | xargs -r rm -f
+	keep_newest 'memcached-operator-*.oci.tar'
 	log "built ${OPERATOR_IMAGE}: ${OPERATOR_ARCHIVE} ($(du -h "${OPERATOR_ARCHIVE}" | cut -f1)) in $((SECONDS - t0))s"
 	flock -u 9
+}
+
+# The builder stage's binary (what the image runs), for the benchmarks.
+operator_binary() {
+	mkdir -p "${BIN_ROOT}"
+	operator_paths
+	exec 9>"${BIN_ROOT}/.operator.lock"
+	flock 9
+	operator_builder
+	flock -u 9
+	printf '%s\n' "${OPERATOR_BINARY}"
 }
 
 import_operator() { # SOCKET
@@ -343,6 +393,7 @@ main() {
 		import_images "$2"
 		;;
 	operator) build_operator ;;
+	operator-binary) operator_binary ;;
 	exporter-binary)
 		exporter_binary
 		printf '%s\n' "${EXPORTER_BIN}"

@@ -43,11 +43,15 @@ struct Args {
     /// Namespaces to spread them over.
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
-    /// Command that runs the operator; {metrics}, {health} and {identity} are filled in, and
-    /// KUBECONFIG points at its ServiceAccount's credentials.
+    /// The operator's binary, for {bin} in --operator. `make bench` passes the image's (the
+    /// Dockerfile's static build, `hack/images.sh operator-binary`).
+    #[arg(long, default_value = "target/release/memcached-operator")]
+    operator_bin: PathBuf,
+    /// Command that runs the operator; {bin}, {metrics}, {health} and {identity} are filled in,
+    /// and KUBECONFIG points at its ServiceAccount's credentials.
     #[arg(
         long,
-        default_value = "target/release/memcached-operator --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --max-concurrent-reconciles=8"
+        default_value = "{bin} --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --max-concurrent-reconciles=8"
     )]
     operator: String,
     /// CRD to install.
@@ -81,6 +85,11 @@ struct Args {
 impl Args {
     fn out(&self) -> PathBuf {
         PathBuf::from(self.out.replace("{crs}", &self.crs.to_string()))
+    }
+
+    fn operator_command(&self) -> String {
+        self.operator
+            .replace("{bin}", &self.operator_bin.display().to_string())
     }
 }
 
@@ -128,12 +137,13 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     let timeout = Duration::from_secs(args.timeout_seconds);
     let mut results = json!({
         "machine": machine,
-        "operator": args.operator,
+        "operator": args.operator_command(),
+        "operator_binary": binary_facts(&args.operator_bin),
         "crs": args.crs,
         "namespaces": args.namespaces,
     });
 
-    let mut op = operator::start(cluster, &args.operator, "bench-a").await?;
+    let mut op = operator::start(cluster, &args.operator_command(), "bench-a").await?;
     op.wait_health("/readyz", Duration::from_secs(60)).await?;
 
     let deployments: Store<Deployment> = watched(&client).await;
@@ -293,7 +303,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let t_audit = audit::now();
         let cpu_before = procs::snapshot();
         let started = Instant::now();
-        op = operator::start(cluster, &args.operator, "bench-b").await?;
+        op = operator::start(cluster, &args.operator_command(), "bench-b").await?;
         op.wait_health("/readyz", Duration::from_secs(120)).await?;
         let ready = started.elapsed();
         let cpu_used = cpu_since(&cpu_before, &op);
@@ -316,7 +326,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     if scenarios.contains(&"failover") {
         let elect = format!(
             "{} --leader-elect --leader-election-namespace={}",
-            args.operator,
+            args.operator_command(),
             memcached_operator::config::OPERATOR_NAMESPACE
         );
         let mut gaps = BTreeMap::new();
@@ -619,6 +629,22 @@ fn percentile(values: &[f64], p: f64) -> f64 {
     v[rank - 1]
 }
 
+/// The operator binary's size and linkage (static: no ELF interpreter), so a result says which
+/// build it measured.
+fn binary_facts(path: &std::path::Path) -> Value {
+    let Ok(elf) = std::fs::read(path) else {
+        return Value::Null;
+    };
+    let u = |at: usize, n: usize| {
+        elf.get(at..at + n).map_or(0, |b| {
+            b.iter().rev().fold(0u64, |v, &x| (v << 8) | u64::from(x))
+        })
+    };
+    let (phoff, phentsize, phnum) = (u(32, 8) as usize, u(54, 2) as usize, u(56, 2) as usize);
+    let interpreter = (0..phnum).any(|i| u(phoff + i * phentsize, 4) == 3);
+    json!({ "path": path, "bytes": elf.len(), "static": elf.starts_with(b"\x7fELF") && !interpreter })
+}
+
 fn machine_facts() -> Value {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -677,6 +703,15 @@ fn calibration_seconds() -> f64 {
 }
 
 fn print_table(results: &Value) {
+    let bin = &results["operator_binary"];
+    if let (Some(bytes), Some(is_static)) = (bin["bytes"].as_u64(), bin["static"].as_bool()) {
+        let linkage = if is_static { "static" } else { "dynamic" };
+        println!(
+            "\noperator: {} ({linkage}, {:.1} MiB)",
+            bin["path"].as_str().unwrap_or("?"),
+            bytes as f64 / 1048576.0
+        );
+    }
     println!("\n{:<48} {:>14}", "figure", "value");
     let rows = [
         (
