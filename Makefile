@@ -149,8 +149,8 @@ cluster-up-real: ## As cluster-up, plus a real node (root): containerd, kubelet,
 	REAL_NODE=1 hack/cluster.sh up $(LOCAL_CLUSTER_DIR)
 
 .PHONY: test-real-node-smoke
-test-real-node-smoke: ## Real-node smoke test (root): 3 memcached pods, DNS, kube-proxy, clean teardown.
-	hack/smoke-real-node.sh
+test-real-node-smoke: ## The real node itself (root): pods on its bridge, cluster DNS and the API server from a pod, kube-proxy, logs, clean teardown.
+	REAL_NODE=1 hack/e2e.sh pods_on_the_real_node
 
 ##@ Deployment
 

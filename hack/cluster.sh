@@ -154,7 +154,31 @@ cmd_down() {
 	stop_components "${dir}" 20 kube-apiserver
 	stop_components "${dir}" 10 etcd
 	rm -f "${dir}/env"
+	nothing_left "${dir}" || die "cluster in ${dir} is down, but it left the above behind"
 	log "cluster in ${dir} is down"
+}
+
+# nothing_left DIR : fails, naming each, when a process of the cluster in DIR, a mount under it
+# or (after a real node) a kubepods cgroup, its bridge, a network namespace or a KUBE-/CNI-
+# iptables chain is still there.
+nothing_left() {
+	local dir="$1" p cmd bridge left=()
+	for p in /proc/[0-9]*; do
+		[[ "${p#/proc/}" != "$$" && "${p#/proc/}" != "${PPID}" ]] || continue
+		cmd="$(tr '\0' ' ' <"${p}/cmdline" 2>/dev/null)" || continue
+		[[ "${cmd}" != *"${dir}/"* ]] || left+=("process ${p#/proc/}: ${cmd:0:100}")
+	done
+	while read -r p; do left+=("mount ${p}"); done < <(awk -v d="${dir}/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo)
+	if [[ -d "${dir}/real-node" ]]; then
+		for p in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ ! -d "${p}" ]] || left+=("cgroup ${p}"); done
+		bridge="$(sed -n 's/^REAL_NODE_BRIDGE=//p' "${dir}/real-node/node.env" 2>/dev/null)"
+		bridge="${bridge:-${REAL_NODE_BRIDGE}}"
+		if ip link show "${bridge}" >/dev/null 2>&1; then left+=("bridge ${bridge}"); fi
+		for p in /var/run/netns/*; do [[ ! -e "${p}" ]] || left+=("network namespace ${p}"); done
+		while read -r p; do left+=("iptables chain ${p}"); done < <({ iptables-save; ip6tables-save; } 2>/dev/null | grep -oE '^:(KUBE|CNI)-[^ ]*' | cut -c2-)
+	fi
+	for p in "${left[@]+"${left[@]}"}"; do log "left behind: ${p}"; done
+	[[ ${#left[@]} -eq 0 ]]
 }
 
 cmd_env() {
@@ -231,35 +255,6 @@ gen_pki() {
 		openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 		rm -f ./*.csr ./*.ext
 		chmod 644 ca.crt apiserver.crt front-proxy-ca.crt front-proxy-client.crt sa.pub
-	)
-}
-
-# write_kubeconfig FILE SERVER CA_FILE USER TOKEN
-write_kubeconfig() {
-	local file="$1" server="$2" ca="$3" user="$4" token="$5" ca_data
-	ca_data="$(base64 -w0 <"${ca}")"
-	(
-		umask 077
-		cat >"${file}" <<-EOF
-			apiVersion: v1
-			kind: Config
-			clusters:
-			- name: local
-			  cluster:
-			    server: ${server}
-			    certificate-authority-data: ${ca_data}
-			users:
-			- name: ${user}
-			  user:
-			    token: ${token}
-			contexts:
-			- name: local
-			  context:
-			    cluster: local
-			    user: ${user}
-			    namespace: default
-			current-context: local
-		EOF
 	)
 }
 

@@ -27,7 +27,11 @@ dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-${suite}.XXXXXX")"
 status=1
 
 cleanup() {
-	"${ROOT}/hack/cluster.sh" down "${dir}" || true
+	# Teardown is checked too: down fails when anything of the cluster is left on the host.
+	if ! "${ROOT}/hack/cluster.sh" down "${dir}"; then
+		echo "FAIL: hack/cluster.sh down (above)" >&2
+		status=1
+	fi
 	if [[ ${status} -ne 0 ]]; then
 		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log; do
 			[[ -f "${log}" ]] || continue
@@ -40,6 +44,7 @@ cleanup() {
 	else
 		echo "kept ${dir}" >&2
 	fi
+	[[ ${status} -eq 0 ]] || exit 1
 }
 trap cleanup EXIT
 

@@ -10,6 +10,16 @@ die() {
 	exit 1
 }
 
+# Configuration files with ${KEY} placeholders, rendered by render.
+TEMPLATES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/templates"
+
+# render TEMPLATE KEY=VALUE... : print TEMPLATE with each ${KEY} filled in (Python's
+# string.Template); a ${KEY} without a value is an error, not an empty string.
+render() {
+	python3 -c 'import string, sys
+print(string.Template(open(sys.argv[1]).read()).substitute(dict(a.split("=", 1) for a in sys.argv[2:])), end="")' "$@"
+}
+
 timed() { # LABEL CMD... : run CMD, log its wall time.
 	local label="$1" start rc=0
 	shift
@@ -90,31 +100,23 @@ print(" ".join(map(str, out)))
 PY
 }
 
-# write_sa_kubeconfig NS SA OUT DURATION : a kubeconfig at OUT (mode 600) for ServiceAccount SA
-# in NS, with a token of DURATION, against the cluster of the current KUBECONFIG.
-write_sa_kubeconfig() {
-	local ns="$1" sa="$2" out="$3" duration="$4" token server ca
-	token="$(kubectl --request-timeout=20s -n "${ns}" create token "${sa}" --duration="${duration}")"
-	server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
-	ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+# write_kubeconfig FILE SERVER CA_FILE USER TOKEN [NAMESPACE] : a kubeconfig at FILE (mode 600).
+write_kubeconfig() {
 	(
 		umask 077
-		cat >"${out}" <<YAML
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster: {server: "${server}", certificate-authority-data: "${ca}"}
-users:
-- name: ${sa}
-  user: {token: "${token}"}
-contexts:
-- name: operator
-  context: {cluster: local, user: ${sa}, namespace: ${ns}}
-current-context: operator
-YAML
+		render "${TEMPLATES}/kubeconfig.yaml" SERVER="$2" CA_DATA="$(base64 -w0 <"$3")" USER="$4" TOKEN="$5" \
+			NAMESPACE="${6:-default}" >"$1"
 	)
-	chmod 600 "${out}"
+}
+
+# write_sa_kubeconfig NS SA OUT DURATION : a kubeconfig at OUT for ServiceAccount SA in NS, with a
+# token of DURATION, against the cluster of the current KUBECONFIG.
+write_sa_kubeconfig() {
+	local ns="$1" sa="$2" out="$3" duration="$4" token server
+	token="$(kubectl --request-timeout=20s -n "${ns}" create token "${sa}" --duration="${duration}")"
+	server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
+	write_kubeconfig "${out}" "${server}" <(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d) \
+		"${sa}" "${token}" "${ns}"
 }
 
 # ensure_packages PKG... : install the Debian packages that are missing (apt-get, as root,

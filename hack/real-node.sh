@@ -108,38 +108,8 @@ write_containerd_config() {
 	local d
 	d="$(rn_dir)/containerd"
 	mkdir -p "${d}/root" "${d}/state"
-	cat >"${d}/config.toml" <<-EOF
-		version = 2
-		root = "${d}/root"
-		state = "${d}/state"
-		disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-		[grpc]
-		  address = "${d}/containerd.sock"
-		[plugins."io.containerd.internal.v1.opt"]
-		  path = "${d}/opt"
-		[plugins."io.containerd.grpc.v1.cri"]
-		  sandbox_image = "${PAUSE_IMAGE}"
-		  # This VM refuses a negative oom_score_adj even to root; the kubelet asks -998 for sandboxes.
-		  restrict_oom_score_adj = true
-		  stream_server_address = "127.0.0.1"
-		  stream_server_port = "0"
-		  enable_selinux = false
-		  [plugins."io.containerd.grpc.v1.cri".containerd]
-		    snapshotter = "overlayfs"
-		    default_runtime_name = "runc"
-		    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-		      runtime_type = "io.containerd.runc.v2"
-		      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-		        SystemdCgroup = false
-		  [plugins."io.containerd.grpc.v1.cri".cni]
-		    bin_dir = "${REAL_NODE_CNI_BIN}"
-		    conf_dir = "$(rn_dir)/cni/net.d"
-		    max_conf_num = 1
-		  # One hosts.toml per registry (read at each pull): tests that pull from a registry on
-		  # 127.0.0.1 write theirs here (real_node_registry_hosts).
-		  [plugins."io.containerd.grpc.v1.cri".registry]
-		    config_path = "${d}/certs.d"
-	EOF
+	render "${TEMPLATES}/containerd.toml" DIR="${d}" PAUSE_IMAGE="${PAUSE_IMAGE}" \
+		CNI_BIN="${REAL_NODE_CNI_BIN}" CNI_CONF_DIR="$(rn_dir)/cni/net.d" >"${d}/config.toml"
 }
 
 # real_node_registry_hosts CLUSTER_DIR REGISTRY CA [HOST...] : the real node's containerd pulls
@@ -161,32 +131,11 @@ real_node_registry_hosts() {
 }
 
 write_cni_config() {
-	local d gw
+	local d
 	d="$(rn_dir)/cni"
-	gw="$(rn_gateway)"
 	mkdir -p "${d}/net.d" "${d}/ipam"
-	cat >"${d}/net.d/10-real-node.conflist" <<-EOF
-		{
-		  "cniVersion": "1.0.0",
-		  "name": "memcached-operator-real-node",
-		  "plugins": [
-		    {
-		      "type": "bridge",
-		      "bridge": "${REAL_NODE_BRIDGE}",
-		      "isGateway": true,
-		      "ipMasq": false,
-		      "hairpinMode": true,
-		      "ipam": {
-		        "type": "host-local",
-		        "ranges": [[{"subnet": "${REAL_NODE_POD_CIDR}", "gateway": "${gw}"}]],
-		        "routes": [{"dst": "0.0.0.0/0"}],
-		        "dataDir": "${d}/ipam"
-		      }
-		    },
-		    {"type": "portmap", "capabilities": {"portMappings": true}}
-		  ]
-		}
-	EOF
+	render "${TEMPLATES}/cni.conflist" BRIDGE="${REAL_NODE_BRIDGE}" POD_CIDR="${REAL_NODE_POD_CIDR}" \
+		GATEWAY="$(rn_gateway)" IPAM_DIR="${d}/ipam" >"${d}/net.d/10-real-node.conflist"
 }
 
 # real_node_bridge_up : before the apiserver starts (it listens on the bridge's gateway): saves the
@@ -215,138 +164,23 @@ write_kubelet_config() { # PORT HEALTHZ_PORT
 	local d
 	d="$(rn_dir)/kubelet"
 	mkdir -p "${d}/root" "${d}/pod-logs" "${d}/volume-plugins"
-	cat >"${d}/config.yaml" <<-EOF
-		apiVersion: kubelet.config.k8s.io/v1beta1
-		kind: KubeletConfiguration
-		# The host has a hybrid cgroup layout (v1 controllers): kubelet 1.35 refuses v1 unless told.
-		failCgroupV1: false
-		cgroupDriver: cgroupfs
-		failSwapOn: false
-		containerRuntimeEndpoint: unix://$(rn_sock)
-		imageServiceEndpoint: unix://$(rn_sock)
-		address: $(rn_gateway)
-		port: $1
-		readOnlyPort: 0
-		healthzBindAddress: 127.0.0.1
-		healthzPort: $2
-		# A throwaway local node: the apiserver (no kubelet client certificate) reaches logs/exec.
-		# The kubelet listens on the bridge's gateway, its node IP (a node IP cannot be loopback).
-		authentication:
-		  anonymous: {enabled: true}
-		  webhook: {enabled: false}
-		authorization:
-		  mode: AlwaysAllow
-		clusterDomain: cluster.local
-		clusterDNS: [${REAL_NODE_DNS_IP}]
-		registerNode: true
-		registerWithTaints:
-		- {key: ${REAL_NODE_TAINT}, value: "true", effect: NoSchedule}
-		enforceNodeAllocatable: []
-		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
-		# The images are imported, not pullable: never garbage-collect them.
-		imageGCHighThresholdPercent: 100
-		imageGCLowThresholdPercent: 99
-		podLogsDir: ${d}/pod-logs
-		volumePluginDir: ${d}/volume-plugins
-		maxPods: 110
-		serializeImagePulls: false
-		rotateCertificates: false
-		serverTLSBootstrap: false
-	EOF
+	render "${TEMPLATES}/kubelet.yaml" SOCKET="$(rn_sock)" GATEWAY="$(rn_gateway)" PORT="$1" \
+		HEALTHZ_PORT="$2" DNS_IP="${REAL_NODE_DNS_IP}" TAINT="${REAL_NODE_TAINT}" DIR="${d}" >"${d}/config.yaml"
 }
 
 write_kube_proxy_config() { # HEALTHZ_PORT METRICS_PORT
-	cat >"$(rn_dir)/kube-proxy.yaml" <<-EOF
-		apiVersion: kubeproxy.config.k8s.io/v1alpha1
-		kind: KubeProxyConfiguration
-		clientConnection:
-		  kubeconfig: ${CLUSTER_DIR}/kubeconfig-kube-proxy
-		hostnameOverride: ${REAL_NODE_NAME}
-		mode: iptables
-		clusterCIDR: ${REAL_NODE_POD_CIDR}
-		detectLocalMode: ClusterCIDR
-		healthzBindAddress: 127.0.0.1:$1
-		metricsBindAddress: 127.0.0.1:$2
-		# NodePorts on the bridge's gateway only (127.0.0.1 would need route_localnet).
-		nodePortAddresses: ["$(rn_gateway)/32"]
-		conntrack:
-		  maxPerCore: 0
-		  min: 0
-		  tcpEstablishedTimeout: 0s
-		  tcpCloseWaitTimeout: 0s
-		iptables:
-		  syncPeriod: 30s
-		  minSyncPeriod: 1s
-	EOF
+	render "${TEMPLATES}/kube-proxy.yaml" KUBECONFIG="${CLUSTER_DIR}/kubeconfig-kube-proxy" \
+		NODE_NAME="${REAL_NODE_NAME}" POD_CIDR="${REAL_NODE_POD_CIDR}" HEALTHZ_PORT="$1" METRICS_PORT="$2" \
+		GATEWAY="$(rn_gateway)" >"$(rn_dir)/kube-proxy.yaml"
 }
 
 write_corefile() { # HEALTH_PORT READY_PORT
-	cat >"$(rn_dir)/Corefile" <<-EOF
-		# Cluster names only: no forward plugin, nothing leaves the machine.
-		.:53 {
-		    bind $(rn_gateway)
-		    errors
-		    health 127.0.0.1:$1
-		    ready 127.0.0.1:$2
-		    kubernetes cluster.local in-addr.arpa ip6.arpa {
-		        kubeconfig ${CLUSTER_DIR}/kubeconfig-coredns local
-		        pods insecure
-		        fallthrough in-addr.arpa ip6.arpa
-		        ttl 5
-		    }
-		    cache 5
-		}
-	EOF
+	render "${TEMPLATES}/Corefile" GATEWAY="$(rn_gateway)" HEALTH_PORT="$1" READY_PORT="$2" \
+		KUBECONFIG="${CLUSTER_DIR}/kubeconfig-coredns" >"$(rn_dir)/Corefile"
 }
 
-# kube-dns: a Service without selector, its one endpoint the host's CoreDNS on the gateway;
-# plus the RBAC CoreDNS needs (as the upstream system:coredns role).
 dns_manifest() {
-	cat <<-EOF
-		apiVersion: rbac.authorization.k8s.io/v1
-		kind: ClusterRole
-		metadata: {name: "system:coredns"}
-		rules:
-		- apiGroups: [""]
-		  resources: [endpoints, services, pods, namespaces]
-		  verbs: [list, watch]
-		- apiGroups: [discovery.k8s.io]
-		  resources: [endpointslices]
-		  verbs: [list, watch]
-		---
-		apiVersion: rbac.authorization.k8s.io/v1
-		kind: ClusterRoleBinding
-		metadata: {name: "system:coredns"}
-		roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
-		subjects:
-		- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
-		---
-		apiVersion: v1
-		kind: Service
-		metadata:
-		  name: kube-dns
-		  namespace: kube-system
-		  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
-		spec:
-		  clusterIP: ${REAL_NODE_DNS_IP}
-		  ports:
-		  - {name: dns, port: 53, protocol: UDP, targetPort: 53}
-		  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
-		---
-		apiVersion: discovery.k8s.io/v1
-		kind: EndpointSlice
-		metadata:
-		  name: kube-dns-host
-		  namespace: kube-system
-		  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: memcached-operator-hack}
-		addressType: IPv4
-		endpoints:
-		- addresses: ["$(rn_gateway)"]
-		  conditions: {ready: true}
-		ports:
-		- {name: dns, port: 53, protocol: UDP}
-		- {name: dns-tcp, port: 53, protocol: TCP}
-	EOF
+	render "${TEMPLATES}/coredns.yaml" DNS_IP="${REAL_NODE_DNS_IP}" GATEWAY="$(rn_gateway)"
 }
 
 # real_node_tokens : tokens.csv lines for the kubelet (a proper node identity, so the Node

@@ -8,6 +8,7 @@
 mod harness;
 mod memcached;
 mod monitoring;
+mod node;
 mod operator_pod;
 mod prometheus;
 mod why_not_ready;
