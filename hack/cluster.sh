@@ -158,25 +158,17 @@ cmd_down() {
 	log "cluster in ${dir} is down"
 }
 
-# nothing_left DIR : fails, naming each, when a process of the cluster in DIR, a mount under it
-# or (after a real node) a kubepods cgroup, its bridge, a network namespace or a KUBE-/CNI-
-# iptables chain is still there.
+# nothing_left DIR : fails, naming each, when a process of the cluster in DIR or a mount under it
+# is still there, or what its real node leaves on the host (real_node_left).
 nothing_left() {
-	local dir="$1" p cmd bridge left=()
+	local dir="$1" p cmd left=()
 	for p in /proc/[0-9]*; do
 		[[ "${p#/proc/}" != "$$" && "${p#/proc/}" != "${PPID}" ]] || continue
-		cmd="$(tr '\0' ' ' <"${p}/cmdline" 2>/dev/null)" || continue
+		cmd="$(tr '\0' ' ' 2>/dev/null <"${p}/cmdline")" || continue
 		[[ "${cmd}" != *"${dir}/"* ]] || left+=("process ${p#/proc/}: ${cmd:0:100}")
 	done
 	while read -r p; do left+=("mount ${p}"); done < <(awk -v d="${dir}/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo)
-	if [[ -d "${dir}/real-node" ]]; then
-		for p in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ ! -d "${p}" ]] || left+=("cgroup ${p}"); done
-		bridge="$(sed -n 's/^REAL_NODE_BRIDGE=//p' "${dir}/real-node/node.env" 2>/dev/null)"
-		bridge="${bridge:-${REAL_NODE_BRIDGE}}"
-		if ip link show "${bridge}" >/dev/null 2>&1; then left+=("bridge ${bridge}"); fi
-		for p in /var/run/netns/*; do [[ ! -e "${p}" ]] || left+=("network namespace ${p}"); done
-		while read -r p; do left+=("iptables chain ${p}"); done < <({ iptables-save; ip6tables-save; } 2>/dev/null | grep -oE '^:(KUBE|CNI)-[^ ]*' | cut -c2-)
-	fi
+	while read -r p; do left+=("${p}"); done < <(real_node_left "${dir}")
 	for p in "${left[@]+"${left[@]}"}"; do log "left behind: ${p}"; done
 	[[ ${#left[@]} -eq 0 ]]
 }

@@ -327,14 +327,32 @@ delete_iptables_chains() {
 	done
 }
 
+# rn_bridge_of DIR : the bridge of the real node of the cluster in DIR (as it was started).
+rn_bridge_of() {
+	local bridge
+	bridge="$(sed -n 's/^REAL_NODE_BRIDGE=//p' "$1/real-node/node.env" 2>/dev/null)"
+	printf '%s\n' "${bridge:-${REAL_NODE_BRIDGE}}"
+}
+
+# real_node_left DIR : after real_node_down, one line for each thing of a real node still on the
+# host (kubepods cgroups, its bridge, network namespaces, KUBE-/CNI- chains); nothing without one.
+real_node_left() {
+	[[ -d "$1/real-node" ]] || return 0
+	local p bridge
+	bridge="$(rn_bridge_of "$1")"
+	for p in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ ! -d "${p}" ]] || echo "cgroup ${p}"; done
+	if ip link show "${bridge}" >/dev/null 2>&1; then echo "bridge ${bridge}"; fi
+	for p in /var/run/netns/*; do [[ ! -e "${p}" ]] || echo "network namespace ${p}"; done
+	{ iptables-save; ip6tables-save; } 2>/dev/null | grep -oE '^:(KUBE|CNI)-[^ ]*' | sed 's/^:/iptables chain /' || true
+}
+
 # real_node_down DIR : stop the node components and undo what `up` did on the host. Runs after
 # the scheduler, controller-manager and kwok are stopped, before the apiserver.
 real_node_down() {
 	local dir="$1" rn="$1/real-node"
 	[[ -d "${rn}" ]] || return 0
-	local bridge=mcop0 kube_node=""
-	bridge="$(sed -n 's/^REAL_NODE_BRIDGE=//p' "${rn}/node.env" 2>/dev/null)"
-	bridge="${bridge:-${REAL_NODE_BRIDGE}}"
+	local bridge kube_node=""
+	bridge="$(rn_bridge_of "${dir}")"
 	if [[ -f "${dir}/logs/kubelet.cmdline" ]]; then
 		kube_node="$(sed 's/ .*//' "${dir}/logs/kubelet.cmdline")"
 	fi

@@ -10,14 +10,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
-use crate::harness::{admin, cluster, namespace, wait_for};
-
-fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+use crate::harness::{admin, cluster, namespace, node_is_ready, pod_is_ready, wait_for};
 
 /// The HTTP status the API server answers `path` with for a client of `kubeconfig`.
 async fn status_for(kubeconfig: &std::path::Path, path: &str) -> u16 {
@@ -41,7 +34,7 @@ async fn the_local_cluster_runs_pods_authenticates_tokens_and_collects_garbage()
     let kwok = ListParams::default().labels("type=kwok");
     let count = wait_for("every kwok node Ready", Duration::from_secs(30), || async {
         let list = nodes.list(&kwok).await.ok()?.items;
-        (!list.is_empty() && list.iter().all(ready)).then_some(list.len())
+        (!list.is_empty() && list.iter().all(node_is_ready)).then_some(list.len())
     })
     .await;
     assert!(count >= 1);
@@ -119,11 +112,8 @@ async fn the_local_cluster_runs_pods_authenticates_tokens_and_collects_garbage()
             let running: Vec<String> = list
                 .iter()
                 .filter(|p| {
-                    let status = p.status.as_ref();
-                    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-                        && status.and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-                            c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && pod_is_ready(p)
                 })
                 .filter_map(|p| p.spec.as_ref()?.node_name.clone())
                 .collect();

@@ -1337,11 +1337,7 @@ async fn a_drain_evicts_one_memcached_pod_at_a_time() {
 }
 
 fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    p.metadata.deletion_timestamp.is_none() && harness::pod_is_ready(p)
 }
 
 /// `kubectl rollout status`'s test of a Deployment still rolling.

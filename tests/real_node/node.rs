@@ -15,17 +15,10 @@ use kube::{Api, Client, ResourceExt};
 use memcached_operator_testkit::dns::lookup_a;
 use memcached_operator_testkit::memcached::Connection;
 
-use crate::harness::{CONVERGE, admin, apply, namespace, wait_for};
+use crate::harness::{CONVERGE, admin, apply, namespace, node_is_ready, pod_is_ready, wait_for};
 use crate::{Process, RealNode, pod_ip, real_namespace};
 
 const MAX_MEMORY_MIB: u64 = 48;
-
-fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
 
 /// A Deployment of `replicas` pods of `image` running memcached, confined as the operator's are.
 fn memcached_deployment(name: &str, image: &str, replicas: i32) -> Deployment {
@@ -77,16 +70,7 @@ async fn ready_pods(client: &Client, ns: &str, name: &str, count: usize) -> Vec<
                 .list(&ListParams::default().labels(&format!("app={name}")))
                 .await
                 .ok()?;
-            let ready: Vec<Pod> = list
-                .items
-                .into_iter()
-                .filter(|p| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
-                .collect();
+            let ready: Vec<Pod> = list.items.into_iter().filter(pod_is_ready).collect();
             (ready.len() == count).then_some(ready)
         },
     )
@@ -151,7 +135,7 @@ async fn pods_on_the_real_node_get_its_network_cluster_dns_services_and_the_api(
 
     // The node: containerd behind the kubelet, Ready beside kwok's nodes.
     let real = nodes.get(node.name()).await.unwrap();
-    assert!(ready(&real), "{} Ready", node.name());
+    assert!(node_is_ready(&real), "{} Ready", node.name());
     let runtime = real
         .status
         .as_ref()
@@ -165,7 +149,7 @@ async fn pods_on_the_real_node_get_its_network_cluster_dns_services_and_the_api(
         .unwrap()
         .items;
     assert!(
-        !kwok.is_empty() && kwok.iter().all(ready),
+        !kwok.is_empty() && kwok.iter().all(node_is_ready),
         "kwok's nodes Ready"
     );
 

@@ -15,7 +15,8 @@ use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 
 use crate::harness::{
-    CONVERGE, Operator, admin, create, events_for, memcached, wait_converged, wait_for,
+    CONVERGE, Operator, admin, create, events_for, memcached, pod_is_ready, wait_converged,
+    wait_for,
 };
 use crate::memcached::operator_for;
 use crate::{RealNode, pods_of, real_namespace};
@@ -213,10 +214,10 @@ async fn an_image_tag_that_does_not_exist_is_image_pull_failed() {
 async fn a_node_selector_nothing_matches_is_unschedulable() {
     let Scene {
         client,
-        node: _,
         ns,
         mcs,
         operator: _operator,
+        ..
     } = Scene::start("why-selector").await;
     let mut mc = memcached("cache", 2);
     mc.spec.node_selector = Some([("disk".to_string(), "none-has-this".to_string())].into());
@@ -247,10 +248,10 @@ async fn a_node_selector_nothing_matches_is_unschedulable() {
 async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
     let Scene {
         client,
-        node: _,
         ns,
         mcs,
         operator: _operator,
+        ..
     } = Scene::start("why-quota").await;
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "one-pod"},
@@ -301,10 +302,10 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
 async fn a_memory_limit_memcached_outgrows_is_oom_killed() {
     let Scene {
         client,
-        node: _,
         ns,
         mcs,
         operator: _operator,
+        ..
     } = Scene::start("why-oom").await;
     let mc: Memcached = serde_json::from_value(serde_json::json!({
         "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
@@ -345,11 +346,7 @@ async fn a_memory_limit_memcached_outgrows_is_oom_killed() {
         }
     });
     let oom_killed = |p: &Pod| {
-        let ready = p
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter().flatten())
-            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let ready = pod_is_ready(p);
         let killed = p
             .status
             .iter()
