@@ -159,16 +159,22 @@ cmd_down() {
 }
 
 # nothing_left DIR : fails, naming each, when a process of the cluster in DIR or a mount under it
-# is still there, or what its real node leaves on the host (real_node_left).
+# is still there, or what its real node leaves on the host (real_node_left), 10 s after down.
+# (The components' supervisors exit after the components they wait for: a moment after them.)
 nothing_left() {
-	local dir="$1" p cmd left=()
-	for p in /proc/[0-9]*; do
-		[[ "${p#/proc/}" != "$$" && "${p#/proc/}" != "${PPID}" ]] || continue
-		cmd="$(tr '\0' ' ' 2>/dev/null <"${p}/cmdline")" || continue
-		[[ "${cmd}" != *"${dir}/"* ]] || left+=("process ${p#/proc/}: ${cmd:0:100}")
+	local dir="$1" p cmd left=() deadline=$((SECONDS + 10))
+	while :; do
+		left=()
+		for p in /proc/[0-9]*; do
+			[[ "${p#/proc/}" != "$$" && "${p#/proc/}" != "${PPID}" ]] || continue
+			cmd="$(tr '\0' ' ' 2>/dev/null <"${p}/cmdline")" || continue
+			[[ "${cmd}" != *"${dir}/"* ]] || left+=("process ${p#/proc/}: ${cmd:0:100}")
+		done
+		while read -r p; do left+=("mount ${p}"); done < <(awk -v d="${dir}/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo)
+		while read -r p; do left+=("${p}"); done < <(real_node_left "${dir}")
+		[[ ${#left[@]} -gt 0 && ${SECONDS} -lt ${deadline} ]] || break
+		sleep 0.5
 	done
-	while read -r p; do left+=("mount ${p}"); done < <(awk -v d="${dir}/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo)
-	while read -r p; do left+=("${p}"); done < <(real_node_left "${dir}")
 	for p in "${left[@]+"${left[@]}"}"; do log "left behind: ${p}"; done
 	[[ ${#left[@]} -eq 0 ]]
 }

@@ -27,17 +27,26 @@ dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-${suite}.XXXXXX")"
 status=1
 
 cleanup() {
-	# Teardown is checked too: down fails when anything of the cluster is left on the host.
-	if ! "${ROOT}/hack/cluster.sh" down "${dir}"; then
-		echo "FAIL: hack/cluster.sh down (above)" >&2
-		status=1
-	fi
 	if [[ ${status} -ne 0 ]]; then
 		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log; do
 			[[ -f "${log}" ]] || continue
 			echo "----- tail of ${log}" >&2
 			tail -n 30 "${log}" >&2
 		done
+		if [[ -f "${dir}/tests.out" ]]; then
+			echo "----- the tests' failures, or the end of their output (all of it above the logs)" >&2
+			if grep -q '^failures:$' "${dir}/tests.out"; then
+				sed -n '/^failures:$/,$p' "${dir}/tests.out" | tail -n 60 >&2
+			else
+				tail -n 30 "${dir}/tests.out" >&2
+			fi
+		fi
+	fi
+	# Teardown is checked too: down fails when anything of the cluster is left on the host (its
+	# output comes last, so that a CI log's tail shows what).
+	if ! "${ROOT}/hack/cluster.sh" down "${dir}"; then
+		echo "FAIL: hack/cluster.sh down (above)" >&2
+		status=1
 	fi
 	if [[ ${status} -eq 0 || -z "${E2E_KEEP:-}" ]]; then
 		rm -rf "${dir}"
@@ -67,5 +76,7 @@ export E2E_CLUSTER_DIR="${dir}"
 cd "${ROOT}"
 # One test at a time: each runs its own operator processes, and two cores are shared with the
 # control plane.
-cargo test --locked --features "${features}" --test "${suite}" -- --test-threads=1 "$@"
+# Its output is also kept, for the summary at the end (cleanup).
+cargo test --locked --features "${features}" --test "${suite}" -- --test-threads=1 "$@" 2>&1 |
+	tee "${dir}/tests.out"
 status=0
