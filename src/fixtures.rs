@@ -4,7 +4,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Memcached, MemcachedSpec};
-use crate::controller::kept::Kept;
+use crate::controller::owned::OwnedObject;
 use crate::resources;
 
 /// A Memcached in namespace `default` with a uid and generation 1, as stored by the API server.
@@ -40,12 +40,21 @@ pub fn monitored_memcached(image: Option<&str>) -> Memcached {
 
 /// The Deployment the operator would create for `mc`, with a status as the API server reports it,
 /// as the cache keeps it.
-pub fn deployment_with_status(mc: &Memcached, replicas: i32, ready: i32) -> Kept<Deployment> {
+pub fn deployment_with_status(
+    mc: &Memcached,
+    replicas: i32,
+    ready: i32,
+) -> OwnedObject<Deployment> {
+    OwnedObject::of(&stored_deployment(mc, replicas, ready))
+}
+
+/// The Deployment the operator would create for `mc`, with a status as the API server reports it.
+pub fn stored_deployment(mc: &Memcached, replicas: i32, ready: i32) -> Deployment {
     let mut d = resources::deployment(mc, &resources::Images::default());
     d.metadata.generation = Some(1);
     d.metadata.resource_version = Some("10".into());
     d.status = Some(deployment_status(replicas, ready));
-    Kept::of(&d)
+    d
 }
 
 /// The status of a Deployment at generation 1 with `replicas` pods, all updated, `ready` of
@@ -84,7 +93,7 @@ pub mod apiserver {
     use serde_json::{Value, json};
     use tower_test::mock::{self, Handle};
 
-    use crate::controller::kept::Kept;
+    use crate::controller::owned::OwnedObject;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
     use crate::service_monitor::ServiceMonitor;
@@ -94,28 +103,28 @@ pub mod apiserver {
 
     /// Caches the test fills before reconciling, as the watches would.
     pub struct Caches {
-        pub deployments: Writer<Kept<Deployment>>,
-        pub services: Writer<Kept<Service>>,
-        pub budgets: Writer<Kept<PodDisruptionBudget>>,
-        pub monitors: Writer<Kept<ServiceMonitor>>,
+        pub deployments: Writer<OwnedObject<Deployment>>,
+        pub services: Writer<OwnedObject<Service>>,
+        pub budgets: Writer<OwnedObject<PodDisruptionBudget>>,
+        pub monitors: Writer<OwnedObject<ServiceMonitor>>,
     }
 
     impl Caches {
-        pub fn add_deployment(&mut self, d: Kept<Deployment>) {
+        pub fn add_deployment(&mut self, d: OwnedObject<Deployment>) {
             self.deployments
                 .apply_watcher_event(&watcher::Event::Apply(d));
         }
         pub fn add_service(&mut self, s: Service) {
             self.services
-                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&s)));
+                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&s)));
         }
         pub fn add_budget(&mut self, b: PodDisruptionBudget) {
             self.budgets
-                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&b)));
+                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&b)));
         }
         pub fn add_monitor(&mut self, m: ServiceMonitor) {
             self.monitors
-                .apply_watcher_event(&watcher::Event::Apply(Kept::of(&m)));
+                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&m)));
         }
     }
 

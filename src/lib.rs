@@ -5,7 +5,6 @@ pub mod api;
 pub mod arbitrary;
 pub mod config;
 pub mod controller;
-pub mod drift;
 pub mod error;
 pub mod manager;
 pub mod metrics;

@@ -9,8 +9,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 
 use super::events::Events;
-use super::kept::Kept;
 use super::own_writes::OwnWrites;
+use super::owned::OwnedObject;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
 use crate::metrics::Metrics;
@@ -22,11 +22,11 @@ use operator_runtime::readiness::SyncGate;
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
-    pub deployments: Cache<Kept<Deployment>>,
-    pub services: Cache<Kept<Service>>,
-    pub pod_disruption_budgets: Cache<Kept<PodDisruptionBudget>>,
+    pub deployments: Cache<OwnedObject<Deployment>>,
+    pub services: Cache<OwnedObject<Service>>,
+    pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
-    pub service_monitors: Option<Cache<Kept<ServiceMonitor>>>,
+    pub service_monitors: Option<Cache<OwnedObject<ServiceMonitor>>>,
     pub pods: Arc<PodIndex>,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,

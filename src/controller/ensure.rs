@@ -9,8 +9,8 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::context::Context;
 use super::events::Change;
-use super::guarded::Guarded;
-use super::kept::{Kept, Owned};
+use super::owned::{Owned, OwnedObject};
+use super::watched_memcached::WatchedMemcached;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, is_controlled_by};
@@ -22,8 +22,8 @@ use operator_runtime::cache::Cache;
 pub async fn ensure_optional<K: Owned>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<Kept<K>>,
-    existing: Option<Arc<Kept<K>>>,
+    api: &Api<OwnedObject<K>>,
+    existing: Option<Arc<OwnedObject<K>>>,
     desired: Option<K>,
 ) -> Result<()> {
     match (desired, existing) {
@@ -63,10 +63,10 @@ pub async fn ensure_optional<K: Owned>(
 /// one, it is looked up with a read instead, so each recheck costs one request and never a write
 /// attempt on someone else's object.
 pub async fn lookup<K: Owned>(
-    api: &Api<Kept<K>>,
-    cache: &Cache<Kept<K>>,
+    api: &Api<OwnedObject<K>>,
+    cache: &Cache<OwnedObject<K>>,
     mc: &Memcached,
-) -> Result<Option<Arc<Kept<K>>>> {
+) -> Result<Option<Arc<OwnedObject<K>>>> {
     if let Some(cached) = cache.get_for(mc) {
         return Ok(Some(cached));
     }
@@ -79,11 +79,11 @@ pub async fn lookup<K: Owned>(
 /// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
 /// matter (to delete them), and ours are in the cache.
 pub async fn lookup_optional<K: Owned>(
-    api: &Api<Kept<K>>,
-    cache: &Cache<Kept<K>>,
+    api: &Api<OwnedObject<K>>,
+    cache: &Cache<OwnedObject<K>>,
     mc: &Memcached,
     wanted: bool,
-) -> Result<Option<Arc<Kept<K>>>> {
+) -> Result<Option<Arc<OwnedObject<K>>>> {
     match wanted {
         true => lookup(api, cache, mc).await,
         false => Ok(cache.get_for(mc)),
@@ -98,10 +98,13 @@ fn reports_foreign_object(mc: &Memcached) -> bool {
     })
 }
 
-async fn read<K: Owned>(api: &Api<Kept<K>>, name: &str) -> Result<Option<Arc<Kept<K>>>> {
+async fn read<K: Owned>(
+    api: &Api<OwnedObject<K>>,
+    name: &str,
+) -> Result<Option<Arc<OwnedObject<K>>>> {
     match api.get_opt(name).await {
         Ok(found) => Ok(found.map(|mut found| {
-            found.trim(None);
+            found.observe(None);
             Arc::new(found)
         })),
         Err(source) => Err(Error::Read {
@@ -126,13 +129,13 @@ const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
 /// An owned object as it is after `ensure`.
 pub struct Ensured<K: Owned> {
-    pub object: Arc<Kept<K>>,
+    pub object: Arc<OwnedObject<K>>,
     /// Whether `ensure` changed it: its watch will bring the change back, and a status refresh.
     pub written: bool,
 }
 
 impl<K: Owned> Ensured<K> {
-    pub fn unchanged(object: Arc<Kept<K>>) -> Self {
+    pub fn unchanged(object: Arc<OwnedObject<K>>) -> Self {
         Self {
             object,
             written: false,
@@ -146,8 +149,8 @@ impl<K: Owned> Ensured<K> {
 pub async fn ensure<K: Owned>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<Kept<K>>,
-    existing: Option<Arc<Kept<K>>>,
+    api: &Api<OwnedObject<K>>,
+    existing: Option<Arc<OwnedObject<K>>>,
     desired: K,
     announce: Announce,
 ) -> Result<Ensured<K>> {
@@ -186,7 +189,7 @@ pub async fn ensure<K: Owned>(
         }
     };
     if let Some(existing) = &existing
-        && !existing.needs_for(&desired, mc)
+        && !existing.needs(&desired)
     {
         return Ok(Ensured::unchanged(existing.clone()));
     }
@@ -203,7 +206,7 @@ pub async fn ensure<K: Owned>(
 }
 
 /// Applies `desired`; returns the object as the cache keeps it.
-async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
+async fn apply<K: Owned>(api: &Api<OwnedObject<K>>, desired: &K) -> Result<OwnedObject<K>> {
     let name = desired.name_any();
     let mut applied = api
         .patch(
@@ -217,7 +220,7 @@ async fn apply<K: Owned>(api: &Api<Kept<K>>, desired: &K) -> Result<Kept<K>> {
             name,
             source,
         })?;
-    applied.trim(None);
+    applied.observe(None);
     Ok(applied)
 }
 
@@ -237,7 +240,7 @@ pub async fn patch_status(
 ) -> Result<StatusPatch> {
     // The answer is decoded as the watch decodes Memcacheds (managedFields skipped): nothing
     // reads it, the watch brings the new version to the cache.
-    let api: Api<Guarded> =
+    let api: Api<WatchedMemcached> =
         Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let patch = serde_json::json!({
         "apiVersion": Memcached::api_version(&()),

@@ -17,7 +17,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::IgnoredAny;
 use tracing::{info, warn};
 
-use super::kept::{Kept, Owned};
+use super::owned::{Owned, OwnedObject};
 use crate::api::Memcached;
 use crate::status::{Blocked, Reason, Trouble};
 use operator_runtime::lock;
@@ -44,11 +44,15 @@ pub enum Change {
 impl Change {
     /// Compares the object before and after an apply. A replica difference is the user's new
     /// size when the spec changed since the last status was written, drift otherwise.
-    pub fn between<K: Owned>(before: Option<&Kept<K>>, after: &Kept<K>, mc: &Memcached) -> Change {
+    pub fn between<K: Owned>(
+        before: Option<&OwnedObject<K>>,
+        after: &OwnedObject<K>,
+        mc: &Memcached,
+    ) -> Change {
         let Some(before) = before else {
             return Change::Created;
         };
-        let replicas = |o: &Kept<K>| o.replicas.map(i64::from);
+        let replicas = |o: &OwnedObject<K>| o.replicas.map(i64::from);
         match (replicas(before), replicas(after)) {
             (Some(from), Some(to)) if from != to && crate::status::spec_changed(mc) => {
                 Change::Scaled { from, to }

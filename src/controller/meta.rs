@@ -3,7 +3,7 @@
 //! managedFields are most of an object's metadata (one entry per writer, each a tree of field
 //! names), and decoding them into typed entries was a large share of the operator's allocations
 //! on every event. Pods and Memcacheds never need them (`Meta<IgnoredAny>`); owned objects only
-//! when their spec changed (see kept.rs), and then they are parsed from the text.
+//! when their spec or metadata changed (see owned.rs), and then they are parsed from the text.
 
 use std::collections::BTreeMap;
 

@@ -2,30 +2,28 @@
 //! trigger policy, and the watches that feed the runtime's queue and workers.
 
 mod context;
-mod cuts;
 mod ensure;
 mod events;
 mod feed;
-mod guarded;
-pub(crate) mod kept;
 mod meta;
 mod outcome;
 mod own_writes;
+pub(crate) mod owned;
 mod pod_index;
 mod reconcile;
 pub(crate) mod rollouts;
-mod shared_text;
 mod triggers;
+mod watched_memcached;
 mod watches;
 
 pub use context::Context;
 pub use events::Events;
-pub use guarded::parse_event;
 pub use operator_runtime::initial_list::InitialList;
 pub use operator_runtime::queue::Priority;
 pub use outcome::Outcome;
 pub use reconcile::reconcile;
 pub use rollouts::Rollouts;
+pub use watched_memcached::parse_event;
 pub use watches::run;
 
 use operator_runtime::watch_namespace::WatchNamespace;

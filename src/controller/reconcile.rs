@@ -15,10 +15,9 @@ use super::context::Context;
 use super::ensure::{
     Announce, Ensured, StatusPatch, ensure, ensure_optional, lookup, lookup_optional, patch_status,
 };
-use super::kept::Kept;
 use super::outcome::Outcome;
+use super::owned::OwnedObject;
 use crate::api::Memcached;
-use crate::drift::needs_apply_to_ours;
 use crate::error::{Error, Result};
 use crate::resources::{self, is_controlled_by};
 use crate::service_monitor::ServiceMonitor;
@@ -39,13 +38,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         return Ok(Outcome::CachesFilling);
     }
     let ns = mc.namespace().unwrap_or_default();
-    let deployments: Api<Kept<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
-    let services: Api<Kept<Service>> = Api::namespaced(ctx.client.clone(), &ns);
-    let budgets: Api<Kept<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
+    let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
     let desired_budget = resources::pod_disruption_budget(mc);
     // Only where the cluster serves them (and so they are watched).
     let monitors = ctx.service_monitors.as_ref().map(|cache| {
-        let api: Api<Kept<ServiceMonitor>> = Api::namespaced(ctx.client.clone(), &ns);
+        let api: Api<OwnedObject<ServiceMonitor>> = Api::namespaced(ctx.client.clone(), &ns);
         (api, cache)
     });
     let desired_monitor = resources::service_monitor(mc);
@@ -157,7 +156,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     }
     let pods = ctx.pods.pods_of(&ns, &mc.name_any());
     let observed = Observed {
-        deployment: deployment.as_deref().map(Kept::seen),
+        deployment: deployment.as_deref().map(OwnedObject::seen),
         pods: pods.names,
         troubles: pods.troubles,
         blocked: blocked.clone(),
@@ -191,13 +190,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
 async fn ensure_deployment(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<Kept<Deployment>>,
-    existing: Option<Arc<Kept<Deployment>>>,
+    api: &Api<OwnedObject<Deployment>>,
+    existing: Option<Arc<OwnedObject<Deployment>>>,
 ) -> Result<(Ensured<Deployment>, bool)> {
     let desired = resources::deployment(mc, &ctx.images);
     // Converged (the common case): nothing to apply, nothing to wait for.
     if let Some(existing) = &existing
-        && existing.needs_for(&desired, mc)
+        && existing.needs(&desired)
         && rollout_must_wait(ctx, mc, existing, &desired)
     {
         return Ok((Ensured::unchanged(existing.clone()), true));
@@ -211,11 +210,10 @@ async fn ensure_deployment(
 fn rollout_must_wait(
     ctx: &Context,
     mc: &Memcached,
-    existing: &Kept<Deployment>,
+    existing: &OwnedObject<Deployment>,
     desired: &Deployment,
 ) -> bool {
-    let desired = desired.spec.as_ref().map(|s| &s.template);
-    if status::spec_changed(mc) || !needs_apply_to_ours(&desired, &existing.spec()["template"]) {
+    if status::spec_changed(mc) || !existing.template_needs(desired) {
         return false;
     }
     !ctx.rollouts

@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
-use super::kept::Kept;
+use super::owned::OwnedObject;
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
@@ -50,7 +50,7 @@ impl Rollouts {
     }
 
     /// Keeps the set of rolling Deployments current from the Deployment watch.
-    pub fn observe(&self, event: &watcher::Event<Kept<Deployment>>) {
+    pub fn observe(&self, event: &watcher::Event<OwnedObject<Deployment>>) {
         let mut state = lock(&self.state);
         match event {
             // The watch now shows the rollout it granted, or shows it gone.
@@ -105,11 +105,11 @@ impl Rollouts {
     }
 }
 
-fn key(d: &Kept<Deployment>) -> Key {
+fn key(d: &OwnedObject<Deployment>) -> Key {
     (d.namespace().unwrap_or_default(), d.name_any())
 }
 
-fn update(rolling: &mut HashSet<Key>, d: &Kept<Deployment>) {
+fn update(rolling: &mut HashSet<Key>, d: &OwnedObject<Deployment>) {
     if is_rolling(d) {
         rolling.insert(key(d));
     } else {
@@ -119,7 +119,7 @@ fn update(rolling: &mut HashSet<Key>, d: &Kept<Deployment>) {
 
 /// `kubectl rollout status`'s test: the controller has not observed the spec, or replicas are
 /// not all updated and available; a rollout past its progress deadline has failed, not rolling.
-pub fn is_rolling(d: &Kept<Deployment>) -> bool {
+pub fn is_rolling(d: &OwnedObject<Deployment>) -> bool {
     let Some(status) = &d.status else {
         return true;
     };
@@ -148,7 +148,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{deployment_with_status, memcached};
 
-    fn deployment(name: &str, rolling: bool) -> Kept<Deployment> {
+    fn deployment(name: &str, rolling: bool) -> OwnedObject<Deployment> {
         let mut d = deployment_with_status(&memcached(name, 2), 2, 2);
         if rolling {
             d.metadata.generation = Some(2);

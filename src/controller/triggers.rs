@@ -6,6 +6,8 @@
 //! - Low: what only the status reports — pods, an owned object's status, the echo of our own
 //!   write, an object just created.
 
+use std::marker::PhantomData;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -13,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::kept::{Kept, Owned};
+use super::owned::{Owned, OwnedObject};
 use super::pod_index::PodMeta;
 use crate::api::Memcached;
 use crate::resources::LABEL_INSTANCE;
@@ -46,29 +48,32 @@ pub fn pod_change(event: &watcher::Event<PodMeta>) -> Option<Trigger> {
     }
 }
 
-/// Which changes of an owned kind queue its Memcached.
+/// Which changes of an owned kind queue its Memcached: a change by someone else of what we set
+/// or of its owners always, at high priority (`OwnedObject::changed_from`).
 pub struct OwnedTriggers<K: Owned> {
-    /// Someone changed what we set.
-    drifted: fn(&Kept<K>, &Kept<K>) -> bool,
     /// Whether any other change (the status) does, at low priority.
     on_status: bool,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K: Owned> OwnedTriggers<K> {
+    fn new(on_status: bool) -> Self {
+        Self {
+            on_status,
+            kind: PhantomData,
+        }
+    }
 }
 
 impl OwnedTriggers<Deployment> {
     pub fn deployments() -> Self {
-        Self {
-            drifted: generation_drifted,
-            on_status: true,
-        }
+        Self::new(true)
     }
 }
 
 impl OwnedTriggers<Service> {
     pub fn services() -> Self {
-        Self {
-            drifted: service_drifted,
-            on_status: true,
-        }
+        Self::new(true)
     }
 }
 
@@ -76,19 +81,13 @@ impl OwnedTriggers<PodDisruptionBudget> {
     /// The disruption controller rewrites a budget's status whenever a pod's readiness changes;
     /// the pod watch already reports that, so a status change triggers nothing.
     pub fn budgets() -> Self {
-        Self {
-            drifted: generation_drifted,
-            on_status: false,
-        }
+        Self::new(false)
     }
 }
 
 impl OwnedTriggers<ServiceMonitor> {
     pub fn service_monitors() -> Self {
-        Self {
-            drifted: generation_drifted,
-            on_status: false,
-        }
+        Self::new(false)
     }
 }
 
@@ -97,8 +96,8 @@ impl<K: Owned> OwnedTriggers<K> {
     /// whether the event is the echo of our own write.
     pub fn trigger(
         &self,
-        cached: Option<&Kept<K>>,
-        event: &watcher::Event<Kept<K>>,
+        cached: Option<&OwnedObject<K>>,
+        event: &watcher::Event<OwnedObject<K>>,
         ours: bool,
     ) -> Option<Trigger> {
         match event {
@@ -111,23 +110,18 @@ impl<K: Owned> OwnedTriggers<K> {
     }
 
     /// How urgently a change from `old` (as cached) to `new` calls for a reconcile.
-    fn priority(&self, old: Option<&Kept<K>>, new: &Kept<K>, ours: bool) -> Option<Priority> {
+    fn priority(
+        &self,
+        old: Option<&OwnedObject<K>>,
+        new: &OwnedObject<K>,
+        ours: bool,
+    ) -> Option<Priority> {
         match old {
-            Some(old) if !ours && (self.drifted)(old, new) => Some(Priority::High),
+            Some(old) if !ours && new.changed_from(old) => Some(Priority::High),
             Some(_) if !self.on_status => None,
             _ => Some(Priority::Low),
         }
     }
-}
-
-/// Someone else's change to an owned object: its spec (the generation), labels or owner.
-fn generation_drifted<K: Owned>(old: &Kept<K>, new: &Kept<K>) -> bool {
-    old.metadata.generation != new.metadata.generation || old.ownership_differs(new)
-}
-
-/// Services have no generation: any change of the spec counts.
-fn service_drifted(old: &Kept<Service>, new: &Kept<Service>) -> bool {
-    old.spec_differs(new) || old.ownership_differs(new)
 }
 
 /// A Memcached's key in the queue: its namespace and name (`ObjectRef::from_obj` would also
@@ -167,10 +161,10 @@ mod tests {
     }
 
     /// Our Deployment for the Memcached "cache", at `generation`.
-    fn deployment_at(generation: i64) -> Kept<Deployment> {
+    fn deployment_at(generation: i64) -> OwnedObject<Deployment> {
         let mut d = resources::deployment(&memcached("cache", 1), &Default::default());
         d.metadata.generation = Some(generation);
-        Kept::of(&d)
+        OwnedObject::of(&d)
     }
 
     #[test]
@@ -232,7 +226,7 @@ mod tests {
         );
         let mut orphan = resources::deployment(&memcached("cache", 1), &Default::default());
         orphan.metadata.owner_references = None;
-        let orphan = watcher::Event::Delete(Kept::of(&orphan));
+        let orphan = watcher::Event::Delete(OwnedObject::of(&orphan));
         assert_eq!(
             OwnedTriggers::deployments().trigger(None, &orphan, false),
             None,
@@ -246,7 +240,7 @@ mod tests {
         let budget = |generation| {
             let mut b = resources::pod_disruption_budget(&mc).expect("size 3 has one");
             b.metadata.generation = Some(generation);
-            Kept::of(&b)
+            OwnedObject::of(&b)
         };
         let budgets = OwnedTriggers::budgets();
         let (before, after) = (budget(1), budget(2));
@@ -268,14 +262,14 @@ mod tests {
     #[test]
     fn a_service_drifts_when_its_spec_or_ownership_changes() {
         let ours = resources::service(&memcached("cache", 1));
-        let cached = Kept::of(&ours);
-        assert!(!service_drifted(&cached, &Kept::of(&ours)));
+        let cached = OwnedObject::of(&ours);
+        assert!(!OwnedObject::of(&ours).changed_from(&cached));
         let mut ports = ours.clone();
         ports.spec.as_mut().unwrap().ports = None;
-        assert!(service_drifted(&cached, &Kept::of(&ports)));
+        assert!(OwnedObject::of(&ports).changed_from(&cached));
         let mut relabelled = ours;
         relabelled.metadata.labels = None;
-        assert!(service_drifted(&cached, &Kept::of(&relabelled)));
+        assert!(OwnedObject::of(&relabelled).changed_from(&cached));
     }
 
     #[test]

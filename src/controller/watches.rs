@@ -26,14 +26,14 @@ use super::Settings;
 use super::context::Context;
 use super::events::Events;
 use super::feed::{Feed, Key, queue_all_on_leading};
-use super::guarded::{Guarded, parse_event};
-use super::kept::{Kept, Owned};
 use super::outcome;
 use super::own_writes::OwnWrites;
+use super::owned::{Owned, OwnedObject};
 use super::pod_index::{PodIndex, PodMeta};
 use super::reconcile::reconcile;
 use super::rollouts::Rollouts;
 use super::triggers::{self, OwnedTriggers};
+use super::watched_memcached::{WatchedMemcached, parse_event};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::{self, MANAGER_NAME};
@@ -197,7 +197,7 @@ fn scope_watches(
     let mut mc_feed = feed();
     let mc_cache = memcacheds.clone();
     let mc_watch = watcher(
-        scope.api::<Guarded>(client),
+        scope.api::<WatchedMemcached>(client),
         shared
             .initial_list
             .configure(watcher::Config::default().any_semantic()),
@@ -376,8 +376,11 @@ fn owned_watch<K>(
     caches: &SyncGate,
     mut feed: Feed,
     owned: OwnedTriggers<K>,
-    observe: impl Fn(&watcher::Event<Kept<K>>) + Send + 'static,
-) -> (Cache<Kept<K>>, impl Future<Output = ()> + Send + 'static)
+    observe: impl Fn(&watcher::Event<OwnedObject<K>>) + Send + 'static,
+) -> (
+    Cache<OwnedObject<K>>,
+    impl Future<Output = ()> + Send + 'static,
+)
 where
     K: Owned,
 {
@@ -386,7 +389,7 @@ where
     let mut unsynced = Some(caches.watch());
     let own_writes = shared.own_writes.clone();
     let watch = watcher(
-        scope.api::<Kept<K>>(&shared.client),
+        scope.api::<OwnedObject<K>>(&shared.client),
         owned_watch_config(shared.initial_list),
     )
     .default_backoff()
@@ -396,7 +399,7 @@ where
             let mut ours = false;
             match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    obj.trim(old.as_deref());
+                    obj.observe(old.as_deref());
                     ours = own_writes.is_echo(&*obj);
                 }
                 watcher::Event::Init => own_writes.forget(),

@@ -385,6 +385,7 @@ async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
 async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 1);
+    let stored = crate::fixtures::stored_deployment(&mc, 1, 1);
     let d = deployment_with_status(&mc, 1, 1);
     caches.add_service(resources::service(&mc));
     let observed = Observed {
@@ -396,8 +397,7 @@ async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
         &observed,
         &crate::fixtures::time(0),
     ));
-    let mut ours = d.as_value();
-    ours["status"] = serde_json::to_value(&d.status).unwrap();
+    let ours = serde_json::to_value(&stored).unwrap();
     scenario(mc, ctx, api, |mut api| async move {
         api.expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
             .await;

@@ -2,8 +2,8 @@
 //! was looser) is kept aside with the error, instead of failing the whole list or watch.
 //!
 //! The object's text is held once and parsed once into the typed Memcached; only an object that
-//! fails is parsed again, for the metadata its Warning names. Like `Kept`, holding the text needs
-//! the watch event's `type` before its `object`, as the API server writes it.
+//! fails is parsed again, for the metadata its Warning names. Like `OwnedObject`, holding the text
+//! needs the watch event's `type` before its `object`, as the API server writes it.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -17,7 +17,7 @@ use super::meta::{Meta, resource_of};
 use crate::api::{Memcached, MemcachedSpec, MemcachedStatus};
 
 #[derive(Clone, Debug)]
-pub enum Guarded {
+pub enum WatchedMemcached {
     Valid(Box<Memcached>),
     /// The error names the field that does not fit.
     Invalid {
@@ -26,7 +26,7 @@ pub enum Guarded {
     },
 }
 
-impl<'de> Deserialize<'de> for Guarded {
+impl<'de> Deserialize<'de> for WatchedMemcached {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         // Held as text, not a `Value` tree: parsing it below is the only decode of a valid one.
         let raw = Box::<RawValue>::deserialize(deserializer)?;
@@ -34,7 +34,7 @@ impl<'de> Deserialize<'de> for Guarded {
     }
 }
 
-impl Guarded {
+impl WatchedMemcached {
     fn parse(text: &str) -> Self {
         #[derive(Deserialize)]
         struct Wire {
@@ -74,7 +74,7 @@ impl Guarded {
     }
 }
 
-impl Resource for Guarded {
+impl Resource for WatchedMemcached {
     resource_of!(Memcached);
 
     fn meta(&self) -> &ObjectMeta {
@@ -92,16 +92,16 @@ impl Resource for Guarded {
     }
 }
 
-/// Turns a watch event of guarded objects into one of Memcacheds, dropping (and reporting) those
+/// Turns a watch event of watched Memcacheds (valid or not) into one of Memcacheds, dropping (and reporting) those
 /// that do not parse, so that one malformed object cannot break the watch for all the others.
 pub fn parse_event(
-    event: watcher::Event<Guarded>,
+    event: watcher::Event<WatchedMemcached>,
     invalid: &prometheus::IntGauge,
     report: impl Fn(&ObjectMeta, String),
 ) -> Option<watcher::Event<Memcached>> {
-    let parse = |obj: Guarded| match obj {
-        Guarded::Valid(mc) => Some(*mc),
-        Guarded::Invalid { metadata, error } => {
+    let parse = |obj: WatchedMemcached| match obj {
+        WatchedMemcached::Valid(mc) => Some(*mc),
+        WatchedMemcached::Invalid { metadata, error } => {
             invalid.inc();
             let name = format!(
                 "{}/{}",
@@ -135,9 +135,9 @@ mod tests {
 
     /// As the API server writes it (Go's WatchEvent): the type before the object, so that the
     /// object is decoded in place rather than buffered, which holding it as text needs.
-    fn watched(obj: serde_json::Value) -> Guarded {
+    fn watched(obj: serde_json::Value) -> WatchedMemcached {
         let line = format!(r#"{{"type":"ADDED","object":{obj}}}"#);
-        match serde_json::from_str::<WatchEvent<Guarded>>(&line).unwrap() {
+        match serde_json::from_str::<WatchEvent<WatchedMemcached>>(&line).unwrap() {
             WatchEvent::Added(o) => o,
             other => panic!("{other:?}"),
         }
@@ -162,7 +162,7 @@ mod tests {
         applied["metadata"]["annotations"] = json!({
             "kubectl.kubernetes.io/last-applied-configuration": applied.to_string()
         });
-        let Guarded::Valid(mc) = watched(applied) else {
+        let WatchedMemcached::Valid(mc) = watched(applied) else {
             panic!("a valid Memcached was refused")
         };
         assert_eq!(mc.name_any(), "good");
@@ -185,13 +185,13 @@ mod tests {
             ]
         })
         .to_string();
-        let list: kube::core::ObjectList<Guarded> = serde_json::from_str(&page).unwrap();
+        let list: kube::core::ObjectList<WatchedMemcached> = serde_json::from_str(&page).unwrap();
         let errors: Vec<_> = list
             .items
             .iter()
             .map(|o| match o {
-                Guarded::Valid(mc) => (mc.name_any(), String::new()),
-                Guarded::Invalid { metadata, error } => {
+                WatchedMemcached::Valid(mc) => (mc.name_any(), String::new()),
+                WatchedMemcached::Invalid { metadata, error } => {
                     (metadata.name.clone().unwrap(), error.clone())
                 }
             })

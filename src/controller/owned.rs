@@ -1,0 +1,784 @@
+//! What the caches keep of an owned object: what a reconcile reads of it, and a digest of what
+//! our apply set in it.
+//!
+//! A reconcile reads an owned object's metadata (name, owner, generation), its status, its
+//! `spec.replicas`, and whether applying the desired object would change anything. For the last,
+//! what matters is what our last apply left in place: the fields our managedFields entry lists,
+//! with the values they have now. A field someone else changed has moved to their entry, so it
+//! is missing there, and that shows as a difference as a changed value would. So the cache keeps
+//! a 64-bit digest of those fields, not the fields: `needs` compares it with the same digest of
+//! the desired object. Server defaults and other managers' fields are not ours, so they are not
+//! in it; empty maps and lists count as absent, as the API server drops them.
+//!
+//! An object arrives with its spec and managedFields as text; `observe` digests them and lets
+//! them go. A status update (most events) keeps the spec and metadata the cached version had, so
+//! its digest is reused without parsing either. Of a Deployment's status conditions only
+//! failures are kept: nothing reads the others.
+
+use std::fmt::Debug;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::marker::PhantomData;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+
+use super::meta::{Meta, resource_of};
+use crate::resources::MANAGER_NAME;
+use crate::service_monitor::ServiceMonitor;
+use crate::status;
+
+/// A kind this operator owns objects of, and what of its status a reconcile reads.
+pub trait Owned:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The status as kept; `IgnoredAny` where nothing reads it.
+    type Status: DeserializeOwned + Clone + Debug + PartialEq + Send + Sync + 'static;
+    /// Whether every spec change moves the generation (so an update at the same generation
+    /// keeps the spec, and its digest).
+    const GENERATION_TRACKS_SPEC: bool = true;
+
+    /// Drops from a decoded status what nothing reads.
+    fn drop_unread(_status: &mut Self::Status) {}
+}
+
+impl OwnedObject<Deployment> {
+    /// What the status reads of it.
+    pub fn seen(&self) -> status::DeploymentSeen<'_> {
+        status::DeploymentSeen {
+            generation: self.metadata.generation,
+            status: self.status.as_ref(),
+        }
+    }
+
+    /// True when applying `desired` could change the pod template (and so roll the pods).
+    pub fn template_needs(&self, desired: &Deployment) -> bool {
+        let template = desired.spec.as_ref().map(|spec| &spec.template);
+        let desired = serde_json::to_value(template).unwrap_or_default();
+        self.ours
+            .is_none_or(|ours| ours.template != digest(&desired))
+    }
+}
+
+impl Owned for Deployment {
+    type Status = DeploymentStatus;
+
+    fn drop_unread(status: &mut DeploymentStatus) {
+        if let Some(conditions) = &mut status.conditions {
+            conditions.retain(status::is_deployment_failure);
+            if conditions.is_empty() {
+                status.conditions = None;
+            }
+        }
+    }
+}
+
+impl Owned for PodDisruptionBudget {
+    // The disruption controller's counts; nothing here reads them.
+    type Status = IgnoredAny;
+}
+
+impl Owned for ServiceMonitor {
+    type Status = IgnoredAny;
+}
+
+impl Owned for Service {
+    type Status = IgnoredAny;
+    // Services have no generation.
+    const GENERATION_TRACKS_SPEC: bool = false;
+}
+
+/// An owned object as the caches keep it (see the module's doc). Labels and annotations are
+/// not kept: only the digest reads them.
+#[derive(Clone, Debug)]
+pub struct OwnedObject<K: Owned> {
+    pub metadata: ObjectMeta,
+    /// `spec.replicas`, whoever owns it.
+    pub replicas: Option<i32>,
+    pub status: Option<K::Status>,
+    /// Digests of our fields; `None` before `observe`, and for an object that does not parse.
+    ours: Option<Digests>,
+    /// The spec and managedFields as sent, until `observe`.
+    sent_spec: Option<Box<RawValue>>,
+    managed_fields: Option<Box<RawValue>>,
+    kind: PhantomData<fn() -> K>,
+}
+
+/// What the cache knows of an object's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Digests {
+    /// Of the fields our apply owns: labels, annotations and owner references, and the spec
+    /// (all of them while no managedFields entry is ours: such an object is applied once, which
+    /// makes one).
+    object: u64,
+    /// Of the part of those in `spec.template`.
+    template: u64,
+    /// Of the labels, annotations and owner references as sent: when they and the generation
+    /// are unchanged, so is `object`.
+    metadata: u64,
+}
+
+/// Decodes the spec in place as text. That needs serde_json's own deserializer reading the
+/// object, not a buffered copy: kube decodes a watch event (serde's adjacent tagging) in place
+/// when its `type` comes before its `object`, which is how the API server writes it (Go's
+/// WatchEvent struct: Type, then Object).
+impl<'de, K: Owned> Deserialize<'de> for OwnedObject<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The wire form: the spec left as text, to be digested (or dropped for a digest kept).
+        #[derive(Deserialize)]
+        struct Wire<S> {
+            #[serde(default)]
+            metadata: Meta,
+            spec: Option<Box<RawValue>>,
+            status: Option<S>,
+        }
+        let mut wire = Wire::<K::Status>::deserialize(deserializer)?;
+        if let Some(status) = &mut wire.status {
+            K::drop_unread(status);
+        }
+        Ok(Self {
+            metadata: wire.metadata.meta,
+            managed_fields: wire.metadata.managed_fields,
+            replicas: None,
+            status: wire.status,
+            ours: None,
+            sent_spec: wire.spec,
+            kind: PhantomData,
+        })
+    }
+}
+
+impl<K: Owned> Resource for OwnedObject<K> {
+    resource_of!(K);
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<K: Owned> OwnedObject<K> {
+    /// Digests the object as sent and lets go of what only the digest reads; `old` is the
+    /// cached version it replaces.
+    pub fn observe(&mut self, old: Option<&Self>) {
+        let metadata = metadata_digest(&self.metadata);
+        match old {
+            Some(old)
+                if K::GENERATION_TRACKS_SPEC
+                    && self.metadata.generation.is_some()
+                    && self.metadata.generation == old.metadata.generation
+                    && self.metadata.uid == old.metadata.uid
+                    && old.ours.is_some_and(|ours| ours.metadata == metadata) =>
+            {
+                self.ours = old.ours;
+                self.replicas = old.replicas;
+            }
+            _ => self.digest(metadata),
+        }
+        self.sent_spec = None;
+        self.managed_fields = None;
+        self.metadata.labels = None;
+        self.metadata.annotations = None;
+    }
+
+    fn digest(&mut self, metadata_seen: u64) {
+        let spec = self
+            .sent_spec
+            .as_deref()
+            .and_then(|spec| serde_json::from_str::<Value>(spec.get()).ok())
+            .unwrap_or(Value::Null);
+        let replicas = spec.get("replicas").cloned();
+        self.replicas = replicas
+            .as_ref()
+            .and_then(Value::as_i64)
+            .and_then(|r| i32::try_from(r).ok());
+        let metadata = serde_json::to_value(&self.metadata).unwrap_or_default();
+        let whole = applied_fields(&metadata, spec);
+        let fields = self
+            .managed_fields
+            .as_deref()
+            .and_then(|m| our_fields(m.get()))
+            .and_then(|f| serde_json::from_str::<Value>(f).ok());
+        let mut ours = match &fields {
+            Some(fields) => project(&whole, fields),
+            None => whole,
+        };
+        // `spec.replicas` counts whoever owns it: a size put back names the size it found.
+        if let (Some(replicas), Some(Value::Object(spec))) = (replicas, ours.get_mut("spec")) {
+            spec.insert("replicas".into(), replicas);
+        }
+        self.ours = Some(Digests {
+            object: digest(&ours),
+            template: digest(&ours["spec"]["template"]),
+            metadata: metadata_seen,
+        });
+    }
+
+    /// True when applying `desired` could change this object.
+    pub fn needs(&self, desired: &K) -> bool {
+        let Ok(Value::Object(mut desired)) = serde_json::to_value(desired) else {
+            return true;
+        };
+        let spec = desired.remove("spec").unwrap_or_default();
+        let metadata = desired.remove("metadata").unwrap_or_default();
+        let desired = applied_fields(&metadata, spec);
+        self.ours.is_none_or(|ours| ours.object != digest(&desired))
+    }
+
+    /// Whether someone changed this object, a later version of `old`, in a way that may concern
+    /// us: its spec (the generation) or what of it is ours, or its owners.
+    pub fn changed_from(&self, old: &Self) -> bool {
+        self.metadata.generation != old.metadata.generation
+            || self.ours.map(|o| o.object) != old.ours.map(|o| o.object)
+            || self.metadata.owner_references != old.metadata.owner_references
+    }
+
+    /// `obj` as a watch would bring it and the cache keep it.
+    #[cfg(test)]
+    pub fn of(obj: &K) -> Self {
+        let mut kept: Self = serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap();
+        kept.observe(None);
+        kept
+    }
+}
+
+/// The fields an apply sets: the metadata it carries and the spec.
+fn applied_fields(metadata: &Value, spec: Value) -> Value {
+    json!({
+        "metadata": {
+            "labels": metadata["labels"],
+            "annotations": metadata["annotations"],
+            "ownerReferences": metadata["ownerReferences"],
+        },
+        "spec": spec,
+    })
+}
+
+/// A digest of the labels, annotations and owner references.
+fn metadata_digest(metadata: &ObjectMeta) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (&metadata.labels, &metadata.annotations).hash(&mut hasher);
+    serde_json::to_string(&metadata.owner_references)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Our managedFields entry's fields, borrowed from the text of the entries, none of them
+/// decoded (the other managers' entries, the controllers' status fields, are most of the
+/// text).
+fn our_fields(managed_fields: &str) -> Option<&str> {
+    #[derive(Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow)]
+        manager: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow)]
+        operation: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow)]
+        subresource: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "fieldsV1", borrow)]
+        fields_v1: Option<&'a RawValue>,
+    }
+    let entries: Vec<Entry> = serde_json::from_str(managed_fields).ok()?;
+    let ours = entries.into_iter().find(|entry| {
+        entry.manager.as_deref() == Some(MANAGER_NAME)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    })?;
+    Some(ours.fields_v1?.get())
+}
+
+/// A digest of `value` in which empty maps, empty lists and nulls count as absent (an apply
+/// that sets `resources: {}` leaves nothing the API server keeps).
+fn digest(value: &Value) -> u64 {
+    fn absent(value: &Value) -> bool {
+        match value {
+            Value::Null => true,
+            Value::Array(items) => items.is_empty(),
+            Value::Object(fields) => fields.values().all(absent),
+            _ => false,
+        }
+    }
+    fn feed(value: &Value, hasher: &mut DefaultHasher) {
+        match value {
+            Value::Null => 0u8.hash(hasher),
+            Value::Bool(b) => (1u8, b).hash(hasher),
+            Value::Number(n) => (2u8, n.to_string()).hash(hasher),
+            Value::String(s) => (3u8, s).hash(hasher),
+            Value::Array(items) => {
+                (4u8, items.len()).hash(hasher);
+                for item in items {
+                    feed(item, hasher);
+                }
+            }
+            Value::Object(fields) => {
+                5u8.hash(hasher);
+                for (key, field) in fields.iter().filter(|(_, field)| !absent(field)) {
+                    key.hash(hasher);
+                    feed(field, hasher);
+                }
+                6u8.hash(hasher);
+            }
+        }
+    }
+    let mut hasher = DefaultHasher::new();
+    feed(value, &mut hasher);
+    hasher.finish()
+}
+
+/// The parts of `value` that `fields` (managedFields' FieldsV1: `f:<field>` for a field,
+/// `k:<key json>` for a list item by its keys, `v:<json>` for a set item, `.` for the node
+/// itself, `{}` for a whole leaf or atomic value) names.
+pub fn project(value: &Value, fields: &Value) -> Value {
+    let Value::Object(fields) = fields else {
+        return value.clone();
+    };
+    let children = fields.keys().any(|k| k != ".");
+    if !children {
+        return value.clone();
+    }
+    match value {
+        Value::Object(object) => {
+            let mut kept = Map::new();
+            for (key, sub) in fields {
+                if let Some(name) = key.strip_prefix("f:")
+                    && let Some(child) = object.get(name)
+                {
+                    kept.insert(name.to_string(), project(child, sub));
+                }
+            }
+            Value::Object(kept)
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .filter_map(|item| {
+                    fields.iter().find_map(|(key, sub)| {
+                        if let Some(keys) = key.strip_prefix("k:") {
+                            let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
+                            let matches = keys.iter().all(|(k, v)| item.get(k) == Some(v));
+                            matches.then(|| {
+                                let mut kept = project(item, sub);
+                                // The keys identify the item, whether or not they are listed.
+                                if let Value::Object(kept) = &mut kept {
+                                    for (k, v) in keys {
+                                        kept.insert(k, v);
+                                    }
+                                }
+                                kept
+                            })
+                        } else if let Some(set_item) = key.strip_prefix("v:") {
+                            let set_item: Value = serde_json::from_str(set_item).ok()?;
+                            (set_item == *item).then(|| item.clone())
+                        } else {
+                            None
+                        }
+                    })
+                })
+                .collect(),
+        ),
+        leaf => leaf.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::events::Change;
+    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::resources;
+
+    /// The FieldsV1 a server-side apply of `applied` records: every field it sets; list items
+    /// of objects by their `uid` (or `name`, `containerPort`, `port`) key; scalar lists whole.
+    fn fields_of(applied: &Value) -> Value {
+        match applied {
+            Value::Object(object) => Value::Object(
+                object
+                    .iter()
+                    .map(|(k, v)| (format!("f:{k}"), fields_of(v)))
+                    .collect(),
+            ),
+            Value::Array(items) if items.iter().all(Value::is_object) => Value::Object(
+                items
+                    .iter()
+                    .map(|item| {
+                        let key = ["uid", "name", "containerPort", "port", "topologyKey"]
+                            .into_iter()
+                            .find_map(|k| item.get(k).map(|v| json!({ k: v })))
+                            .unwrap();
+                        (format!("k:{key}"), fields_of(item))
+                    })
+                    .collect(),
+            ),
+            _ => json!({}),
+        }
+    }
+
+    /// A Deployment as the API server holds it after our apply of `desired`: server defaults
+    /// in its spec and metadata, and managedFields of ours and of the Deployment controller.
+    fn as_stored(desired: &Deployment) -> Deployment {
+        let applied = serde_json::to_value(desired).unwrap();
+        let mut stored = applied.clone();
+        let spec = &mut stored["spec"];
+        spec["progressDeadlineSeconds"] = json!(600);
+        spec["revisionHistoryLimit"] = json!(10);
+        let pod = &mut spec["template"]["spec"];
+        pod["dnsPolicy"] = json!("ClusterFirst");
+        pod["restartPolicy"] = json!("Always");
+        pod["schedulerName"] = json!("default-scheduler");
+        let container = &mut pod["containers"][0];
+        container["terminationMessagePath"] = json!("/dev/termination-log");
+        container["imagePullPolicy"] = json!("IfNotPresent");
+        stored["metadata"]["annotations"] = json!({"deployment.kubernetes.io/revision": "1"});
+        let mut stored: Deployment = serde_json::from_value(stored).unwrap();
+        let metadata = &applied["metadata"];
+        let ours = fields_of(&json!({
+            "metadata": {"labels": metadata["labels"], "ownerReferences": metadata["ownerReferences"]},
+            "spec": applied["spec"],
+        }));
+        stored.metadata.managed_fields = Some(vec![
+            ManagedFieldsEntry {
+                manager: Some(MANAGER_NAME.into()),
+                operation: Some("Apply".into()),
+                fields_v1: Some(FieldsV1(ours)),
+                ..Default::default()
+            },
+            ManagedFieldsEntry {
+                manager: Some("kube-controller-manager".into()),
+                operation: Some("Update".into()),
+                subresource: Some("status".into()),
+                fields_v1: Some(FieldsV1(json!({"f:status": {"f:replicas": {}}}))),
+                ..Default::default()
+            },
+        ]);
+        stored
+    }
+
+    /// As the watch decodes it, before `observe`.
+    fn decoded(obj: &Deployment) -> OwnedObject<Deployment> {
+        serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap()
+    }
+
+    fn images() -> resources::Images {
+        resources::Images::new("memcached:1")
+    }
+
+    /// Our entry's fields in `stored`, to take one away as another manager's change would.
+    fn our_entry(stored: &mut Deployment) -> &mut Value {
+        &mut stored.metadata.managed_fields.as_mut().unwrap()[0]
+            .fields_v1
+            .as_mut()
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_deployment_as_stored_after_our_apply_needs_nothing_and_keeps_what_reconcile_reads() {
+        let mc = memcached("cache", 3);
+        let desired = resources::deployment(&mc, &images());
+        let mut stored = as_stored(&desired);
+        stored.status = Some(deployment_with_status(&mc, 3, 3).status.unwrap());
+        stored.metadata.generation = Some(1);
+
+        let kept = OwnedObject::of(&stored);
+        assert!(!kept.needs(&desired), "server defaults are not drift");
+        assert!(!kept.template_needs(&desired));
+        assert!(kept.managed_fields.is_none() && kept.sent_spec.is_none());
+        assert!(kept.metadata.labels.is_none() && kept.metadata.annotations.is_none());
+        assert_eq!(kept.status, stored.status);
+        assert_eq!(kept.replicas, Some(3));
+        assert_eq!(
+            kept.metadata.owner_references,
+            stored.metadata.owner_references
+        );
+        assert!(kept.needs(&resources::deployment(&memcached("cache", 4), &images())));
+        assert!(!kept.template_needs(&resources::deployment(&memcached("cache", 4), &images())));
+        assert!(kept.template_needs(&resources::deployment(
+            &mc,
+            &resources::Images::new("memcached:2")
+        )));
+    }
+
+    #[test]
+    fn drift_by_another_manager_is_seen() {
+        let mc = memcached("cache", 2);
+        let desired = resources::deployment(&mc, &images());
+
+        // `kubectl scale`: replicas changes hands and value.
+        let mut scaled = as_stored(&desired);
+        scaled.spec.as_mut().unwrap().replicas = Some(4);
+        our_entry(&mut scaled)["f:spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:replicas");
+        let scaled = OwnedObject::of(&scaled);
+        assert!(scaled.needs(&desired));
+        let mut seen = mc.clone();
+        seen.status = Some(Default::default());
+        seen.status.as_mut().unwrap().observed_generation = Some(1);
+        assert_eq!(
+            Change::between(Some(&scaled), &OwnedObject::of(&desired), &seen),
+            Change::DriftRestored { was: 4, to: 2 }
+        );
+
+        // `kubectl set image`: the image is someone else's now, at the same value or not.
+        let mut reimaged = as_stored(&desired);
+        our_entry(&mut reimaged)["f:spec"]["f:template"]["f:spec"]["f:containers"]
+            ["k:{\"name\":\"memcached\"}"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:image");
+        assert!(OwnedObject::of(&reimaged).needs(&desired));
+        assert!(OwnedObject::of(&reimaged).template_needs(&desired));
+
+        // `kubectl label --overwrite`: our label's value is theirs.
+        let mut relabelled = as_stored(&desired);
+        our_entry(&mut relabelled)["f:metadata"]["f:labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:app.kubernetes.io/instance");
+        assert!(OwnedObject::of(&relabelled).needs(&desired));
+    }
+
+    #[test]
+    fn a_field_of_ours_no_longer_wanted_is_drift_and_others_fields_are_not() {
+        let mut mc = memcached("cache", 2);
+        mc.spec.node_selector = Some([("disk".into(), "ssd".into())].into());
+        let with_selector = OwnedObject::of(&as_stored(&resources::deployment(&mc, &images())));
+        mc.spec.node_selector = None;
+        let desired = resources::deployment(&mc, &images());
+        assert!(with_selector.needs(&desired));
+
+        let mut labelled = as_stored(&desired);
+        labelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "theirs".into());
+        labelled
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .priority_class_name = Some("theirs".into());
+        assert!(!OwnedObject::of(&labelled).needs(&desired));
+    }
+
+    #[test]
+    fn a_status_update_reuses_the_digest() {
+        let mc = memcached("cache", 1);
+        let desired = resources::deployment(&mc, &images());
+        let mut first = as_stored(&desired);
+        first.metadata.generation = Some(1);
+        first.metadata.uid = Some("d".into());
+        let first = OwnedObject::of(&first);
+        // A spec that differs at the same generation cannot come from the API server; here it
+        // tells a reused digest from a new one.
+        let other = resources::deployment(&mc, &resources::Images::new("memcached:2"));
+        let mut sent = as_stored(&other);
+        sent.metadata.generation = Some(1);
+        sent.metadata.uid = Some("d".into());
+        sent.status = deployment_with_status(&mc, 1, 1).status;
+        let observed = |sent: &Deployment| {
+            let mut update = decoded(sent);
+            update.observe(Some(&first));
+            update
+        };
+        let update = observed(&sent);
+        assert!(!update.needs(&desired), "reused");
+        assert!(!update.changed_from(&first));
+        assert_eq!(update.status, deployment_with_status(&mc, 1, 1).status);
+
+        sent.metadata.generation = Some(2);
+        assert!(
+            observed(&sent).needs(&desired),
+            "a new generation is digested afresh"
+        );
+        assert!(observed(&sent).changed_from(&first));
+
+        sent.metadata.generation = Some(1);
+        sent.metadata.uid = Some("recreated".into());
+        assert!(
+            observed(&sent).needs(&desired),
+            "so is another object of the name"
+        );
+
+        sent.metadata.uid = Some("d".into());
+        sent.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "theirs".into());
+        assert!(observed(&sent).needs(&desired), "and new labels");
+        assert!(!observed(&sent).needs(&other));
+    }
+
+    #[test]
+    fn of_a_deployment_status_the_counts_and_the_failures_are_kept() {
+        use k8s_openapi::api::apps::v1::DeploymentCondition;
+        let condition = |type_: &str, status: &str, reason: &str| DeploymentCondition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(format!("{type_} is {status}")),
+            ..Default::default()
+        };
+        let mc = memcached("cache", 3);
+        let mut stored = resources::deployment(&mc, &images());
+        stored.status = Some(DeploymentStatus {
+            replicas: Some(3),
+            ready_replicas: Some(2),
+            conditions: Some(vec![
+                condition("Available", "True", "MinimumReplicasAvailable"),
+                condition("Progressing", "True", "NewReplicaSetAvailable"),
+            ]),
+            ..Default::default()
+        });
+        let healthy = OwnedObject::of(&stored).status.unwrap();
+        assert_eq!(
+            (healthy.replicas, healthy.ready_replicas),
+            (Some(3), Some(2))
+        );
+        assert_eq!(healthy.conditions, None, "healthy conditions are not kept");
+
+        let failing = vec![
+            condition("Available", "False", "MinimumReplicasUnavailable"),
+            condition("Progressing", "False", "ProgressDeadlineExceeded"),
+            condition("ReplicaFailure", "True", "FailedCreate"),
+        ];
+        stored.status.as_mut().unwrap().conditions = Some(failing.clone());
+        let kept = OwnedObject::of(&stored).status.unwrap().conditions.unwrap();
+        assert_eq!(kept, failing[1..], "the failures, whole");
+    }
+
+    #[test]
+    fn a_watch_event_decodes_into_what_the_cache_keeps() {
+        let mc = memcached("cache", 2);
+        let desired = resources::deployment(&mc, &images());
+        let stored = as_stored(&desired);
+        // As the API server writes it (Go's WatchEvent): the type before the object, so that the
+        // object is decoded in place rather than buffered, which a spec left as text needs.
+        let line = format!(
+            r#"{{"type":"MODIFIED","object":{}}}"#,
+            serde_json::to_string(&stored).unwrap()
+        );
+        let event: kube::core::WatchEvent<OwnedObject<Deployment>> =
+            serde_json::from_str(&line).unwrap();
+        let kube::core::WatchEvent::Modified(mut kept) = event else {
+            panic!("not a modification: {line}");
+        };
+        kept.observe(None);
+        assert!(!kept.needs(&desired));
+        assert_eq!(kept.replicas, Some(2));
+    }
+
+    #[test]
+    fn a_list_page_decodes_and_an_absent_or_null_spec_is_applied() {
+        let desired = resources::service(&memcached("cache", 1));
+        let service = serde_json::to_value(&desired).unwrap();
+        let page = format!(
+            r#"{{"apiVersion":"v1","kind":"ServiceList","metadata":{{"resourceVersion":"9"}},"items":[{service},{{"metadata":{{"name":"a"}},"spec":null}},{{"metadata":{{"name":"b"}}}}]}}"#
+        );
+        let list: kube::core::ObjectList<OwnedObject<Service>> =
+            serde_json::from_str(&page).unwrap();
+        let mut items = list.items;
+        for item in &mut items {
+            item.observe(None);
+        }
+        assert!(!items[0].needs(&desired));
+        assert!(items[1].needs(&desired));
+        assert!(items[2].needs(&desired));
+    }
+
+    #[test]
+    fn an_object_without_our_entry_is_compared_whole() {
+        let desired = resources::deployment(&memcached("cache", 1), &images());
+        let mut stored = as_stored(&desired);
+        stored.metadata.managed_fields.as_mut().unwrap().remove(0);
+        assert!(
+            OwnedObject::of(&stored).needs(&desired),
+            "applied once, to make our entry"
+        );
+        assert!(!OwnedObject::of(&desired).needs(&desired));
+    }
+
+    #[test]
+    fn changes_that_concern_us_are_told_from_those_that_do_not() {
+        let desired = resources::deployment(&memcached("cache", 1), &images());
+        let stored = as_stored(&desired);
+        let kept = OwnedObject::of(&stored);
+        let changed = |change: fn(&mut Deployment)| {
+            let mut other = stored.clone();
+            change(&mut other);
+            OwnedObject::of(&other).changed_from(&kept)
+        };
+        assert!(!changed(|d| d.status = Some(Default::default())));
+        assert!(!changed(|d| {
+            d.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("team".into(), "theirs".into());
+        }));
+        assert!(changed(|d| d.metadata.generation = Some(7)));
+        assert!(changed(|d| d.metadata.owner_references = None));
+        assert!(changed(|d| {
+            d.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .remove("app.kubernetes.io/instance");
+        }));
+    }
+
+    #[test]
+    fn empty_maps_lists_and_nulls_count_as_absent_and_nothing_else_does() {
+        assert_eq!(
+            digest(&json!({"a": {}, "b": [], "c": null, "d": {"e": {}}, "n": 1})),
+            digest(&json!({"n": 1}))
+        );
+        for (one, other) in [
+            (json!({"n": 1}), json!({"n": "1"})),
+            (json!({"a": ["x", "y"]}), json!({"a": ["y", "x"]})),
+            (json!({"a": [{}]}), json!({"a": []})),
+            (json!({"a": true}), json!({"a": false})),
+            (json!({"a": {"b": 1}}), json!({"a": 1, "b": 1})),
+        ] {
+            assert_ne!(digest(&one), digest(&other), "{one} against {other}");
+        }
+    }
+
+    #[test]
+    fn set_items_and_atomic_lists_are_projected() {
+        let value = json!({"finalizers": ["a", "b"], "args": ["-m", "64"], "other": 1});
+        let fields = json!({"f:finalizers": {"v:\"a\"": {}}, "f:args": {}});
+        assert_eq!(
+            project(&value, &fields),
+            json!({"finalizers": ["a"], "args": ["-m", "64"]})
+        );
+    }
+}
