@@ -76,7 +76,7 @@ impl Release {
     }
 }
 
-/// The last dot-free part of an image reference: `memcached-operator:0.1.0`.
+/// An image reference without its registry host: `memcached-operator:0.1.0`.
 pub fn short(reference: &str) -> &str {
     reference.rsplit_once('/').map_or(reference, |(_, s)| s)
 }
@@ -609,7 +609,7 @@ impl Scene {
 
         Scene {
             client,
-            root: root.clone(),
+            root,
             cluster_dir,
             work: work.join("work"),
             logs,
