@@ -107,8 +107,8 @@ test-digests: operator-sdk ## A release bundle pinned by digest: images pushed t
 	$(CARGO) test --locked --features olm --test olm -- --test-threads=1 --nocapture digests::
 
 .PHONY: test-run-bundle
-test-run-bundle: ## On a local control plane with a real node (root): operator-sdk run bundle, run bundle-upgrade, scorecard and cleanup with images from a registry on 127.0.0.1; the catalog image through OLM.
-	hack/olm/test-run-bundle.sh $(CURDIR)/.cluster/run-bundle
+test-run-bundle: ## On a local control plane with a real node (root): operator-sdk run bundle, run bundle-upgrade, scorecard and cleanup with images from a registry on 127.0.0.1; the catalog image through OLM (tests/olm/run_bundle.rs).
+	SUITE=olm REAL_NODE=1 NODES=0 hack/e2e.sh run_bundle --nocapture
 
 .PHONY: test-olm
 test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.

@@ -6,19 +6,22 @@
 #                                        unless REQUIRE_REAL_NODE=1, as in CI)
 #   SUITE=olm hack/e2e.sh [FILTER...]    tests/olm (feature olm) on fake (kwok) nodes, e.g.
 #                                        install_and_upgrade (`make test-olm`)
+#   SUITE=olm REAL_NODE=1 NODES=0 hack/e2e.sh run_bundle
+#                                        tests/olm with the real node (features olm, real-node;
+#                                        root, skipped as above): `make test-run-bundle`
 # Set E2E_KEEP=1 to keep the cluster directory (logs, kubeconfig) after a failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REAL_NODE="${REAL_NODE:-0}"
 suite=e2e features=e2e
-if [[ "${SUITE:-}" == olm && "${REAL_NODE}" != 1 ]]; then
+if [[ "${SUITE:-}" == olm ]]; then
 	suite=olm features=olm
 fi
 if [[ "${REAL_NODE}" == 1 ]]; then
-	suite=real_node features=real-node
+	if [[ "${suite}" == olm ]]; then features=olm,real-node; else suite=real_node features=real-node; fi
 	if [[ "$(id -u)" -ne 0 ]]; then
-		echo "SKIPPED: the real-node suite needs root (containerd, runc, bridges, iptables)" >&2
+		echo "SKIPPED: the ${suite} suite on the real node needs root (containerd, runc, bridges, iptables)" >&2
 		[[ -z "${REQUIRE_REAL_NODE:-}" ]] || exit 2
 		exit 0
 	fi
@@ -59,13 +62,17 @@ trap cleanup EXIT
 
 if [[ "${REAL_NODE}" == 1 ]]; then
 	# The operator's image (the Dockerfile's stages, a static release build; cached) before the
-	# cluster, so its build time is not the tests'; the tests import it into the node. Prometheus
-	# scrapes the operator pod in tests/real_node/operator_pod.rs; curl reads HTTPS /metrics.
+	# cluster, so its build time is not the tests'; the tests import it into the node (or push it
+	# to a registry). Prometheus scrapes the operator pod in tests/real_node/operator_pod.rs; curl
+	# reads HTTPS /metrics. The OLM suite's tool images (opm, OLM's util, scorecard-test, busybox)
+	# likewise.
 	# shellcheck source=hack/lib.sh
 	source "${ROOT}/hack/lib.sh"
 	LOG_TAG=e2e-real-node
-	ensure_packages prometheus curl
+	ensure_packages curl
+	if [[ "${suite}" == real_node ]]; then ensure_packages prometheus; fi
 	timed "operator image" "${ROOT}/hack/images.sh" operator
+	if [[ "${suite}" == olm ]]; then timed "OLM's tool images" "${ROOT}/hack/olm/images.sh" build >/dev/null; fi
 fi
 
 start=${SECONDS}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The images OLM's tools run in a cluster, built without Docker from the binaries
-# hack/olm/build-tools.sh builds (hack/olm/test-run-bundle.sh pushes them to a registry on
+# hack/olm/build-tools.sh builds (tests/olm/run_bundle.rs pushes them to a registry on
 # 127.0.0.1 for the real node), cached as OCI archives under
 # ${MEMCACHED_OPERATOR_CACHE:-$HOME/.cache/memcached-operator}/images:
 #

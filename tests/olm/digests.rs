@@ -6,57 +6,14 @@
 //! registry serves, no tag may be left, and the bundle must validate. The shell scripts only build
 //! and push the images and generate the bundle; the checks are here.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::scripts::{Registry, env_lines, hack, olm_versions, repo, run, stdout_of};
 
-fn hack(script: &str) -> Command {
-    let mut command = Command::new(repo().join("hack").join(script));
-    command.current_dir(repo());
-    command
-}
-
-/// Runs `command`, its stderr passed through; its stdout, trimmed. Panics unless it succeeds.
-fn stdout_of(command: &mut Command) -> String {
-    let what = format!("{command:?}");
-    let out = command
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{what}: {}", out.status);
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-/// Runs `command` with its output passed through (on stderr). Panics unless it succeeds.
-fn run(command: &mut Command) {
-    let what = format!("{command:?}");
-    let status = command
-        .stdout(std::io::stderr())
-        .status()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(status.success(), "{what}: {status}");
-}
-
-/// `KEY=VALUE` lines, values unquoted as the shell would (`printf %q` output, versions.env).
-fn env_lines(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| {
-            let words = shlex::split(v).unwrap_or_else(|| panic!("{k}: cannot unquote {v:?}"));
-            (k.trim().to_string(), words.join(" "))
-        })
-        .collect()
-}
-
-/// A throwaway registry (hack/olm/registry.sh) and the test's directory: the registry is stopped and
-/// the directory removed when this is dropped, the test failed or not.
+/// The test's directory, removed when this is dropped, the test failed or not.
 struct Workspace {
     dir: PathBuf,
 }
@@ -71,42 +28,12 @@ impl Workspace {
         std::fs::create_dir_all(&dir).unwrap();
         Workspace { dir }
     }
-
-    fn registry_dir(&self) -> PathBuf {
-        self.dir.join("registry")
-    }
-
-    /// Starts the registry; its host:port.
-    fn start_registry(&self) -> String {
-        stdout_of(
-            hack("olm/registry.sh")
-                .arg("start")
-                .arg(self.registry_dir()),
-        )
-    }
 }
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        let stopped = hack("olm/registry.sh")
-            .arg("stop")
-            .arg(self.registry_dir())
-            .status();
-        if !stopped.as_ref().is_ok_and(|s| s.success()) {
-            eprintln!(
-                "registry.sh stop {}: {stopped:?}",
-                self.registry_dir().display()
-            );
-        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// `REF` (host:port/name:tag) as `host:port/name@<the digest the registry serves for it>`.
-fn pinned(reference: &str) -> String {
-    let digest = stdout_of(hack("olm/registry.sh").arg("digest").arg(reference));
-    let (name, _tag) = reference.rsplit_once(':').unwrap();
-    format!("{name}@{digest}")
 }
 
 /// A reference by digest: `...@sha256:` and 64 lowercase hex digits at the end.
@@ -223,8 +150,7 @@ fn read_csv(bundle: &Path) -> Value {
 
 #[test]
 fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
-    let versions =
-        env_lines(&std::fs::read_to_string(repo().join("hack/olm/versions.env")).unwrap());
+    let versions = olm_versions();
     let version = &versions["BUNDLE_VERSION"];
     run(hack("images.sh").arg("build"));
     run(hack("images.sh").arg("operator"));
@@ -238,14 +164,13 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
     let sdk = operator_sdk();
 
     let work = Workspace::new();
-    let registry = work.start_registry();
-    let operator_ref = format!("{registry}/memcached/memcached-operator:{version}");
-    let memcached_ref = format!(
-        "{registry}/memcached/memcached:{}",
-        tag_of("MEMCACHED_IMAGE")
-    );
+    // Declared after the workspace, so dropped (stopped) before its directory is removed.
+    let registry = Registry::start(&work.dir.join("registry"), false);
+    let host = &registry.host;
+    let operator_ref = format!("{host}/memcached/memcached-operator:{version}");
+    let memcached_ref = format!("{host}/memcached/memcached:{}", tag_of("MEMCACHED_IMAGE"));
     let exporter_ref = format!(
-        "{registry}/memcached/memcached-exporter:{}",
+        "{host}/memcached/memcached-exporter:{}",
         tag_of("EXPORTER_IMAGE")
     );
     for (archive, reference) in [
@@ -253,14 +178,11 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
         ("MEMCACHED_ARCHIVE", &memcached_ref),
         ("EXPORTER_ARCHIVE", &exporter_ref),
     ] {
-        run(hack("olm/registry.sh")
-            .arg("push")
-            .arg(image(archive))
-            .arg(reference));
+        registry.push(image(archive), reference);
     }
-    let operator_pinned = pinned(&operator_ref);
-    let memcached_pinned = pinned(&memcached_ref);
-    let exporter_pinned = pinned(&exporter_ref);
+    let operator_pinned = registry.pinned(&operator_ref);
+    let memcached_pinned = registry.pinned(&memcached_ref);
+    let exporter_pinned = registry.pinned(&exporter_ref);
 
     let out = work.dir.join("out");
     run(hack("olm/bundle.sh")
@@ -334,7 +256,7 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
     );
     assert!(
         checks.failed.is_empty(),
-        "the bundle pinned by digest from {registry}:\n  - {}",
+        "the bundle pinned by digest from {host}:\n  - {}",
         checks.failed.join("\n  - ")
     );
 }

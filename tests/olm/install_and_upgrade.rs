@@ -41,11 +41,6 @@
 //! (default 180). OLM's operators listen on :8080 (olm, health) and :8443 (catalog, health over
 //! TLS): their ports are fixed upstream, so the test refuses to start when either is taken.
 
-#[allow(dead_code)]
-#[path = "../e2e/harness.rs"]
-mod harness;
-mod olm;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -57,16 +52,16 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
-};
+use kube::api::{DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::net::free_port;
 use memcached_operator_testkit::{Launch, OperatorProcess};
 use serde_json::{Value, json};
 
-use olm::{Olm, Opm, wait_until};
+use crate::harness;
+use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
+use crate::scripts::{path_env, tool};
 
 const PACKAGE: &str = "memcached-operator";
 const OLM_NS: &str = "olm";
@@ -82,7 +77,7 @@ const MEMCACHED_PODS: &str =
 /// The second Memcached of each installed namespace, and the one created after the upgrade.
 const SECOND: &str = "memcached-second";
 const AFTER_UPGRADE: &str = "memcached-after-upgrade";
-/// Log and file prefix, as test-lib.sh's TEST_NAME.
+/// Log and file prefix.
 const PREFIX: &str = "olm";
 
 // ---------------------------------------------------------------- checks and figures
@@ -267,38 +262,6 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
 }
 
 // ---------------------------------------------------------------- the cluster, as the admin
-
-fn resource(kind: &str) -> ApiResource {
-    let (group, version, plural) = match kind {
-        "CatalogSource" => ("operators.coreos.com", "v1alpha1", "catalogsources"),
-        "Subscription" => ("operators.coreos.com", "v1alpha1", "subscriptions"),
-        "InstallPlan" => ("operators.coreos.com", "v1alpha1", "installplans"),
-        "ClusterServiceVersion" => ("operators.coreos.com", "v1alpha1", "clusterserviceversions"),
-        "OperatorGroup" => ("operators.coreos.com", "v1", "operatorgroups"),
-        "ServiceMonitor" => ("monitoring.coreos.com", "v1", "servicemonitors"),
-        "PrometheusRule" => ("monitoring.coreos.com", "v1", "prometheusrules"),
-        _ => panic!("unknown kind {kind}"),
-    };
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
-/// `obj`'s field at `path` (under its data, as kubectl's jsonpath below metadata).
-fn field<'a>(obj: &'a DynamicObject, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(&obj.data, |v, k| v.get(*k))
-}
-
-fn str_field(obj: &DynamicObject, path: &[&str]) -> String {
-    field(obj, path)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
 
 /// name -> `value` of each object `api` lists with `params`; empty when the list fails.
 async fn by_name<K, V>(
@@ -834,30 +797,6 @@ impl Monitor {
 
 // ---------------------------------------------------------------- the test
 
-fn path_env(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-}
-
-/// A tool's path: `$VAR`, else what `hack/olm/build-tools.sh --path TOOL` prints (building it).
-fn tool(var: &str, name: &str) -> PathBuf {
-    if let Some(p) = path_env(var) {
-        return p;
-    }
-    let root = memcached_operator_testkit::repo_root();
-    let out = std::process::Command::new(root.join("hack/olm/build-tools.sh"))
-        .args(["--path", name])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("hack/olm/build-tools.sh runs");
-    assert!(
-        out.status.success(),
-        "hack/olm/build-tools.sh --path {name} failed"
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_and_upgrade_through_olm() {
     let root = memcached_operator_testkit::repo_root();
@@ -940,7 +879,14 @@ async fn install_and_upgrade_through_olm() {
             &env,
         )
         .await;
-    let olm = Olm::start(&olm_dir, &cluster.kubeconfig(), OLM_NS, &dir, PREFIX);
+    let olm = Olm::start(
+        &olm_dir,
+        &cluster.kubeconfig(),
+        OLM_NS,
+        &dir,
+        PREFIX,
+        CatalogOptions::default(),
+    );
     let ok = olm.olm_healthy(Duration::from_secs(60)).await;
     checks
         .require("olm operator healthy (:8080/healthz)", ok, &env)

@@ -1,5 +1,14 @@
-//! Tests through OLM's own tooling and registry protocols (`make test-digests`, `make test-olm`):
-//! behind the `olm` feature, as they need tools built from Go modules and, for some, root.
+//! Tests through OLM's own tooling and registry protocols (`make test-digests`, `make test-olm`,
+//! `make test-run-bundle`): behind the `olm` feature, as they need tools built from Go modules
+//! and, for some, root; `run_bundle` also behind `real-node`, as it needs the real node.
+
+#[allow(dead_code)]
+#[path = "../e2e/harness.rs"]
+mod harness;
+mod olm;
+mod scripts;
 
 mod digests;
 mod install_and_upgrade;
+#[cfg(feature = "real-node")]
+mod run_bundle;

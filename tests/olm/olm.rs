@@ -1,7 +1,7 @@
-//! OLM itself on the local control plane, without images: its CRDs, the prometheus-operator's
-//! ServiceMonitor and PrometheusRule CRDs the bundle needs, OLM's `olm` and `catalog` operators
-//! as processes, and `opm serve` of a file-based catalog. Every process is killed when its
-//! handle is dropped, so a failing (panicking) test leaves none behind.
+//! OLM itself on the local control plane: its CRDs, the prometheus-operator's ServiceMonitor and
+//! PrometheusRule CRDs the bundle needs, OLM's `olm` and `catalog` operators as processes, `opm
+//! serve` of a file-based catalog, and OLM's kinds as dynamic objects. Every process is killed
+//! when its handle is dropped, so a failing (panicking) test leaves none behind.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator_testkit::net::{free_port, http_get};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use super::harness;
+use crate::harness;
 
 /// OLM's operators bind these (olm: health on :8080; catalog: health over TLS on :8443); the
 /// ports are fixed upstream.
@@ -94,6 +96,39 @@ impl Process {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+}
+
+/// OLM's kinds (and the prometheus-operator's, which the bundle holds) for dynamic objects.
+pub fn resource(kind: &str) -> ApiResource {
+    let (group, version, plural) = match kind {
+        "CatalogSource" => ("operators.coreos.com", "v1alpha1", "catalogsources"),
+        "Subscription" => ("operators.coreos.com", "v1alpha1", "subscriptions"),
+        "InstallPlan" => ("operators.coreos.com", "v1alpha1", "installplans"),
+        "ClusterServiceVersion" => ("operators.coreos.com", "v1alpha1", "clusterserviceversions"),
+        "OperatorGroup" => ("operators.coreos.com", "v1", "operatorgroups"),
+        "ServiceMonitor" => ("monitoring.coreos.com", "v1", "servicemonitors"),
+        "PrometheusRule" => ("monitoring.coreos.com", "v1", "prometheusrules"),
+        _ => panic!("unknown kind {kind}"),
+    };
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// `obj`'s field at `path` (under its data, as kubectl's jsonpath below metadata).
+pub fn field<'a>(obj: &'a DynamicObject, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(&obj.data, |v, k| v.get(*k))
+}
+
+pub fn str_field(obj: &DynamicObject, path: &[&str]) -> String {
+    field(obj, path)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Polls `check` every second until it is true; false after `timeout`.
@@ -253,6 +288,18 @@ impl TlsPair {
     }
 }
 
+/// How the catalog operator runs beyond the quickstart's flags.
+#[derive(Default)]
+pub struct CatalogOptions {
+    /// More flags, e.g. `--opmImage` and `--util-image` (the images of the bundle unpack Job).
+    pub args: Vec<String>,
+    /// The cluster's DNS server (the kube-dns Service's IP). In a cluster the catalog operator
+    /// dials a catalog image's pod by its Service's name (NAME.NS.svc:50051); out of cluster it
+    /// then resolves names with this server, through a resolv.conf of its own bind-mounted in a
+    /// mount namespace (root).
+    pub cluster_dns: Option<String>,
+}
+
 /// OLM's `olm` and `catalog` operators, run out of cluster as the admin with the flags of the
 /// quickstart's Deployments. Killed when dropped.
 pub struct Olm {
@@ -270,6 +317,7 @@ impl Olm {
         namespace: &str,
         dir: &Path,
         prefix: &str,
+        catalog_options: CatalogOptions,
     ) -> Olm {
         let kubeconfig = kubeconfig.to_str().unwrap();
         let logs = dir.join("logs");
@@ -293,19 +341,48 @@ impl Olm {
             ],
             logs.join(format!("{prefix}-olm.log")),
         );
+        let catalog_bin = olm_dir.join("catalog");
+        let mut args: Vec<String> = [
+            "--namespace",
+            namespace,
+            "--writeStatusName",
+            "",
+            "--tls-cert",
+            tls.cert.to_str().unwrap(),
+            "--tls-key",
+            tls.key.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .into();
+        args.extend(catalog_options.args);
+        let mut program = catalog_bin.clone();
+        if let Some(dns) = &catalog_options.cluster_dns {
+            let resolv_conf = dir.join("olm-resolv.conf");
+            std::fs::write(
+                &resolv_conf,
+                format!(
+                    "nameserver {dns}\nsearch {namespace}.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+                ),
+            )
+            .unwrap();
+            program = PathBuf::from("unshare");
+            let wrap = [
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#,
+                resolv_conf.to_str().unwrap(),
+                catalog_bin.to_str().unwrap(),
+            ];
+            args.splice(0..0, wrap.map(String::from));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let catalog = Process::start(
             "catalog",
-            &olm_dir.join("catalog"),
-            &[
-                "--namespace",
-                namespace,
-                "--writeStatusName",
-                "",
-                "--tls-cert",
-                tls.cert.to_str().unwrap(),
-                "--tls-key",
-                tls.key.to_str().unwrap(),
-            ],
+            &program,
+            &args,
             &[("KUBECONFIG", kubeconfig)],
             logs.join(format!("{prefix}-catalog.log")),
         );
