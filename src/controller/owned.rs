@@ -16,7 +16,6 @@
 //! failures are kept: nothing reads the others.
 
 use std::fmt::Debug;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -30,6 +29,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use super::digest::{digest, map_digest};
 use super::meta::{Meta, resource_of};
 use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
@@ -54,6 +54,9 @@ pub trait Owned:
 
     /// Drops from a decoded status what nothing reads.
     fn drop_unread(_status: &mut Self::Status) {}
+
+    /// The digest of the spec (`digest::digest` of it).
+    fn spec_digest(&self) -> Option<u64>;
 }
 
 impl OwnedObject<Deployment> {
@@ -77,6 +80,10 @@ impl OwnedObject<Deployment> {
 impl Owned for Deployment {
     type Status = DeploymentStatus;
 
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
+
     fn drop_unread(status: &mut DeploymentStatus) {
         if let Some(conditions) = &mut status.conditions {
             conditions.retain(status::is_deployment_failure);
@@ -90,16 +97,28 @@ impl Owned for Deployment {
 impl Owned for PodDisruptionBudget {
     // The disruption controller's counts; nothing here reads them.
     type Status = IgnoredAny;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
 }
 
 impl Owned for ServiceMonitor {
     type Status = IgnoredAny;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
 }
 
 impl Owned for Service {
     type Status = IgnoredAny;
     // Services have no generation.
     const GENERATION_TRACKS_SPEC: bool = false;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
 }
 
 /// An owned object as the caches keep it (see the module's doc). Labels and annotations are
@@ -124,9 +143,9 @@ struct Digests {
     /// Of the fields our apply owns: labels, annotations and owner references, and the spec
     /// (all of them while no managedFields entry is ours: such an object is applied once, which
     /// makes one).
-    object: u64,
+    object: Option<u64>,
     /// Of the part of those in `spec.template`.
-    template: u64,
+    template: Option<u64>,
     /// Of the labels, annotations and owner references as sent: when they and the generation
     /// are unchanged, so is `object`.
     metadata: u64,
@@ -233,13 +252,14 @@ impl<K: Owned> OwnedObject<K> {
 
     /// True when applying `desired` could change this object.
     pub fn needs(&self, desired: &K) -> bool {
-        let Ok(Value::Object(mut desired)) = serde_json::to_value(desired) else {
-            return true;
-        };
-        let spec = desired.remove("spec").unwrap_or_default();
-        let metadata = desired.remove("metadata").unwrap_or_default();
-        let desired = applied_fields(&metadata, spec);
-        self.ours.is_none_or(|ours| ours.object != digest(&desired))
+        let meta = desired.meta();
+        let metadata = map_digest([
+            ("labels", digest(&meta.labels)),
+            ("annotations", digest(&meta.annotations)),
+            ("ownerReferences", digest(&meta.owner_references)),
+        ]);
+        let desired = map_digest([("metadata", metadata), ("spec", desired.spec_digest())]);
+        self.ours.is_none_or(|ours| ours.object != desired)
     }
 
     /// Whether someone changed this object, a later version of `old`, in a way that may concern
@@ -259,7 +279,7 @@ impl<K: Owned> OwnedObject<K> {
     }
 }
 
-/// The fields an apply sets: the metadata it carries and the spec.
+/// The fields an apply sets: the metadata it carries and the spec (as `needs` digests them).
 fn applied_fields(metadata: &Value, spec: Value) -> Value {
     json!({
         "metadata": {
@@ -273,12 +293,12 @@ fn applied_fields(metadata: &Value, spec: Value) -> Value {
 
 /// A digest of the labels, annotations and owner references.
 fn metadata_digest(metadata: &ObjectMeta) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    (&metadata.labels, &metadata.annotations).hash(&mut hasher);
-    serde_json::to_string(&metadata.owner_references)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    let seen = (
+        &metadata.labels,
+        &metadata.annotations,
+        &metadata.owner_references,
+    );
+    digest(&seen).unwrap_or_default()
 }
 
 /// Our managedFields entry's fields, borrowed from the text of the entries, none of them
@@ -303,44 +323,6 @@ fn our_fields(managed_fields: &str) -> Option<&str> {
             && entry.subresource.as_deref().unwrap_or_default().is_empty()
     })?;
     Some(ours.fields_v1?.get())
-}
-
-/// A digest of `value` in which empty maps, empty lists and nulls count as absent (an apply
-/// that sets `resources: {}` leaves nothing the API server keeps).
-fn digest(value: &Value) -> u64 {
-    fn absent(value: &Value) -> bool {
-        match value {
-            Value::Null => true,
-            Value::Array(items) => items.is_empty(),
-            Value::Object(fields) => fields.values().all(absent),
-            _ => false,
-        }
-    }
-    fn feed(value: &Value, hasher: &mut DefaultHasher) {
-        match value {
-            Value::Null => 0u8.hash(hasher),
-            Value::Bool(b) => (1u8, b).hash(hasher),
-            Value::Number(n) => (2u8, n.to_string()).hash(hasher),
-            Value::String(s) => (3u8, s).hash(hasher),
-            Value::Array(items) => {
-                (4u8, items.len()).hash(hasher);
-                for item in items {
-                    feed(item, hasher);
-                }
-            }
-            Value::Object(fields) => {
-                5u8.hash(hasher);
-                for (key, field) in fields.iter().filter(|(_, field)| !absent(field)) {
-                    key.hash(hasher);
-                    feed(field, hasher);
-                }
-                6u8.hash(hasher);
-            }
-        }
-    }
-    let mut hasher = DefaultHasher::new();
-    feed(value, &mut hasher);
-    hasher.finish()
 }
 
 /// The parts of `value` that `fields` (managedFields' FieldsV1: `f:<field>` for a field,
@@ -753,23 +735,6 @@ mod tests {
                 .unwrap()
                 .remove("app.kubernetes.io/instance");
         }));
-    }
-
-    #[test]
-    fn empty_maps_lists_and_nulls_count_as_absent_and_nothing_else_does() {
-        assert_eq!(
-            digest(&json!({"a": {}, "b": [], "c": null, "d": {"e": {}}, "n": 1})),
-            digest(&json!({"n": 1}))
-        );
-        for (one, other) in [
-            (json!({"n": 1}), json!({"n": "1"})),
-            (json!({"a": ["x", "y"]}), json!({"a": ["y", "x"]})),
-            (json!({"a": [{}]}), json!({"a": []})),
-            (json!({"a": true}), json!({"a": false})),
-            (json!({"a": {"b": 1}}), json!({"a": 1, "b": 1})),
-        ] {
-            assert_ne!(digest(&one), digest(&other), "{one} against {other}");
-        }
     }
 
     #[test]

@@ -1,0 +1,387 @@
+//! A 64-bit digest of anything that serializes, in which empty maps, empty lists and nulls count
+//! as absent (an apply that sets `resources: {}` leaves nothing the API server keeps) and a map's
+//! order does not count: a typed object and its JSON have the same digest, computed as it
+//! serializes, without building the JSON.
+//!
+//! A map's digest combines its entries' digests by a wrapping sum, so that struct fields (in
+//! declaration order) and JSON maps (sorted) agree without sorting.
+
+use std::fmt::Display;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use serde::ser::{self, Serialize};
+
+/// The digest of `value`; `None` when it is absent (null, or empty all the way down).
+pub fn digest<T: Serialize + ?Sized>(value: &T) -> Option<u64> {
+    value.serialize(Digester).unwrap_or(Some(0))
+}
+
+/// The digest of a map of these entries, as `digest` makes it for a map.
+pub fn map_digest<'a>(entries: impl IntoIterator<Item = (&'a str, Option<u64>)>) -> Option<u64> {
+    let mut map = MapDigest::default();
+    for (key, value) in entries {
+        map.add(key_digest(key), value);
+    }
+    map.finish()
+}
+
+fn leaf(tag: u8, value: impl Hash) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    (tag, value).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// A map key's digest: the string's.
+fn key_digest(key: &str) -> u64 {
+    leaf(STRING, key).unwrap_or_default()
+}
+
+const STRING: u8 = 4;
+
+#[derive(Default)]
+struct MapDigest {
+    sum: u64,
+    entries: u64,
+}
+
+impl MapDigest {
+    fn add(&mut self, key: u64, value: Option<u64>) {
+        if let Some(value) = value {
+            let mut hasher = DefaultHasher::new();
+            (key, value).hash(&mut hasher);
+            self.sum = self.sum.wrapping_add(hasher.finish());
+            self.entries += 1;
+        }
+    }
+
+    fn finish(self) -> Option<u64> {
+        if self.entries == 0 {
+            return None;
+        }
+        leaf(5, (self.sum, self.entries))
+    }
+}
+
+#[derive(Default)]
+struct SeqDigest {
+    hasher: DefaultHasher,
+    items: u64,
+}
+
+impl SeqDigest {
+    fn add(&mut self, item: Option<u64>) {
+        // An absent item still holds its place.
+        item.unwrap_or(0).hash(&mut self.hasher);
+        self.items += 1;
+    }
+
+    fn finish(mut self) -> Option<u64> {
+        (self.items > 0).then(|| {
+            (6u8, self.items).hash(&mut self.hasher);
+            self.hasher.finish()
+        })
+    }
+}
+
+#[derive(Debug)]
+pub struct Error(String);
+
+impl Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl ser::Error for Error {
+    fn custom<T: Display>(msg: T) -> Self {
+        Self(msg.to_string())
+    }
+}
+
+struct Digester;
+
+type Out = Result<Option<u64>, Error>;
+
+impl ser::Serializer for Digester {
+    type Ok = Option<u64>;
+    type Error = Error;
+    type SerializeSeq = SeqDigest;
+    type SerializeTuple = SeqDigest;
+    type SerializeTupleStruct = SeqDigest;
+    type SerializeTupleVariant = Variant<SeqDigest>;
+    type SerializeMap = MapEntries;
+    type SerializeStruct = MapDigest;
+    type SerializeStructVariant = Variant<MapDigest>;
+
+    fn serialize_bool(self, v: bool) -> Out {
+        Ok(leaf(1, v))
+    }
+    fn serialize_i8(self, v: i8) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i16(self, v: i16) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i32(self, v: i32) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i64(self, v: i64) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i128(self, v: i128) -> Out {
+        Ok(leaf(2, v))
+    }
+    fn serialize_u8(self, v: u8) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u16(self, v: u16) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u32(self, v: u32) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u64(self, v: u64) -> Out {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_f32(self, v: f32) -> Out {
+        self.serialize_f64(v.into())
+    }
+    fn serialize_f64(self, v: f64) -> Out {
+        Ok(leaf(3, v.to_bits()))
+    }
+    fn serialize_char(self, v: char) -> Out {
+        self.serialize_str(v.encode_utf8(&mut [0; 4]))
+    }
+    fn serialize_str(self, v: &str) -> Out {
+        Ok(leaf(STRING, v))
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Out {
+        Ok(leaf(7, v))
+    }
+    fn serialize_none(self) -> Out {
+        Ok(None)
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Out {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Out {
+        Ok(None)
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Out {
+        Ok(None)
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Out {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Out {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Out {
+        Ok(map_digest([(variant, value.serialize(Digester)?)]))
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<SeqDigest, Error> {
+        Ok(SeqDigest::default())
+    }
+    fn serialize_tuple(self, _: usize) -> Result<SeqDigest, Error> {
+        Ok(SeqDigest::default())
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<SeqDigest, Error> {
+        Ok(SeqDigest::default())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Variant<SeqDigest>, Error> {
+        Ok(Variant(variant, SeqDigest::default()))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<MapEntries, Error> {
+        Ok(MapEntries::default())
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<MapDigest, Error> {
+        Ok(MapDigest::default())
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Variant<MapDigest>, Error> {
+        Ok(Variant(variant, MapDigest::default()))
+    }
+}
+
+impl ser::SerializeSeq for SeqDigest {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        self.add(value.serialize(Digester)?);
+        Ok(())
+    }
+    fn end(self) -> Out {
+        Ok(self.finish())
+    }
+}
+
+impl ser::SerializeTuple for SeqDigest {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        ser::SerializeSeq::serialize_element(self, value)
+    }
+    fn end(self) -> Out {
+        Ok(self.finish())
+    }
+}
+
+impl ser::SerializeTupleStruct for SeqDigest {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        ser::SerializeSeq::serialize_element(self, value)
+    }
+    fn end(self) -> Out {
+        Ok(self.finish())
+    }
+}
+
+impl ser::SerializeStruct for MapDigest {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        self.add(key_digest(key), value.serialize(Digester)?);
+        Ok(())
+    }
+    fn end(self) -> Out {
+        Ok(self.finish())
+    }
+}
+
+/// A map's entries: each key's digest is held until its value comes.
+#[derive(Default)]
+pub struct MapEntries {
+    map: MapDigest,
+    key: u64,
+}
+
+impl ser::SerializeMap for MapEntries {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
+        // JSON's keys are strings; a key of another kind is taken by its digest.
+        self.key = key.serialize(Digester)?.unwrap_or_default();
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        let value = value.serialize(Digester)?;
+        self.map.add(self.key, value);
+        Ok(())
+    }
+    fn end(self) -> Out {
+        Ok(self.map.finish())
+    }
+}
+
+/// An enum variant with fields: a map of its name to them, as serde_json writes it.
+pub struct Variant<S>(&'static str, S);
+
+impl ser::SerializeTupleVariant for Variant<SeqDigest> {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        ser::SerializeSeq::serialize_element(&mut self.1, value)
+    }
+    fn end(self) -> Out {
+        Ok(map_digest([(self.0, self.1.finish())]))
+    }
+}
+
+impl ser::SerializeStructVariant for Variant<MapDigest> {
+    type Ok = Option<u64>;
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        ser::SerializeStruct::serialize_field(&mut self.1, key, value)
+    }
+    fn end(self) -> Out {
+        Ok(map_digest([(self.0, self.1.finish())]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::memcached;
+    use crate::resources;
+
+    #[test]
+    fn a_typed_object_and_its_json_have_one_digest() {
+        let mc = memcached("cache", 3);
+        let deployment = resources::deployment(&mc, &resources::Images::new("memcached:1"));
+        let service = resources::service(&mc);
+        let budget = resources::pod_disruption_budget(&mc);
+        assert_eq!(
+            digest(&deployment),
+            digest(&serde_json::to_value(&deployment).unwrap())
+        );
+        assert_eq!(
+            digest(&service),
+            digest(&serde_json::to_value(&service).unwrap())
+        );
+        assert_eq!(
+            digest(&budget),
+            digest(&serde_json::to_value(&budget).unwrap())
+        );
+        assert_ne!(digest(&deployment), digest(&service));
+    }
+
+    #[test]
+    fn empty_maps_lists_and_nulls_count_as_absent_and_nothing_else_does() {
+        assert_eq!(
+            digest(&json!({"a": {}, "b": [], "c": null, "d": {"e": {}}, "n": 1})),
+            digest(&json!({"n": 1}))
+        );
+        assert_eq!(digest(&json!({"a": {}})), None);
+        for (one, other) in [
+            (json!({"n": 1}), json!({"n": "1"})),
+            (json!({"n": 1}), json!({"n": 1.0})),
+            (json!({"a": ["x", "y"]}), json!({"a": ["y", "x"]})),
+            (json!({"a": [{}]}), json!({"a": []})),
+            (json!({"a": true}), json!({"a": false})),
+            (json!({"a": {"b": 1}}), json!({"a": 1, "b": 1})),
+            (json!({"a": 1, "b": 2}), json!({"a": 2, "b": 1})),
+            (json!({"a": 1}), json!({"b": 1})),
+        ] {
+            assert_ne!(digest(&one), digest(&other), "{one} against {other}");
+        }
+    }
+
+    #[test]
+    fn a_map_made_of_digests_is_the_map_serialized() {
+        let labels = json!({"app": "memcached"});
+        assert_eq!(
+            map_digest([("labels", digest(&labels)), ("annotations", None)]),
+            digest(&json!({"labels": labels, "annotations": {}}))
+        );
+    }
+}
