@@ -25,6 +25,15 @@ pub fn map_digest<'a>(entries: impl IntoIterator<Item = (&'a str, Option<u64>)>)
     map.finish()
 }
 
+/// The digest of a list of items with these digests, as `digest` makes it for a list.
+pub fn seq_digest(items: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+    let mut seq = SeqDigest::default();
+    for item in items {
+        seq.add(item);
+    }
+    seq.finish()
+}
+
 fn leaf(tag: u8, value: impl Hash) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     (tag, value).hash(&mut hasher);

@@ -104,7 +104,7 @@ async fn read<K: Owned>(
 ) -> Result<Option<Arc<OwnedObject<K>>>> {
     match api.get_opt(name).await {
         Ok(found) => Ok(found.map(|mut found| {
-            found.observe(None);
+            found.observe(None, None);
             Arc::new(found)
         })),
         Err(source) => Err(Error::Read {
@@ -220,7 +220,7 @@ async fn apply<K: Owned>(api: &Api<OwnedObject<K>>, desired: &K) -> Result<Owned
             name,
             source,
         })?;
-    applied.observe(None);
+    applied.observe_applied(desired);
     Ok(applied)
 }
 

@@ -7,38 +7,44 @@
 //! serves all owned kinds. An entry leaves when its event arrives; a relist (after which events
 //! of earlier writes never come) empties the set.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kube::Resource;
 
+use super::owned::{Observation, Owned, OwnedObject};
 use operator_runtime::lock;
 
+/// Each our write's resourceVersion, and what was observed of the object it made (so that its
+/// echo need not be digested again).
 #[derive(Default)]
 pub struct OwnWrites {
-    versions: Mutex<HashSet<String>>,
+    versions: Mutex<HashMap<String, Observation>>,
 }
 
 impl OwnWrites {
     /// Records the write that made `after`, unless it changed nothing (`before` has the same
     /// resourceVersion: no event will come). Returns whether an event will come.
-    pub fn record<K: Resource>(&self, before: Option<&K>, after: &K) -> bool {
+    pub fn record<K: Owned>(
+        &self,
+        before: Option<&OwnedObject<K>>,
+        after: &OwnedObject<K>,
+    ) -> bool {
         let Some(version) = after.meta().resource_version.as_ref() else {
             return false;
         };
         if before.and_then(|b| b.meta().resource_version.as_ref()) == Some(version) {
             return false;
         }
-        lock(&self.versions).insert(version.clone());
+        lock(&self.versions).insert(version.clone(), after.observation());
         true
     }
 
-    /// Whether the watch event of `obj` is the echo of one of our writes; each echo is told once.
-    pub fn is_echo<K: Resource>(&self, obj: &K) -> bool {
-        obj.meta()
-            .resource_version
-            .as_ref()
-            .is_some_and(|version| lock(&self.versions).remove(version))
+    /// If the watch event of `obj` is the echo of one of our writes, what was observed of the
+    /// object that write made; each echo is told once.
+    pub fn echo_of<K: Resource>(&self, obj: &K) -> Option<Observation> {
+        let version = obj.meta().resource_version.as_ref()?;
+        lock(&self.versions).remove(version)
     }
 
     /// A relist replaced the watch: echoes of earlier writes will not come.
@@ -55,27 +61,24 @@ impl OwnWrites {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::apps::v1::Deployment;
-    use kube::api::ObjectMeta;
 
     use super::*;
+    use crate::fixtures::memcached;
+    use crate::resources;
 
-    fn at(version: &str) -> Deployment {
-        Deployment {
-            metadata: ObjectMeta {
-                resource_version: Some(version.into()),
-                ..ObjectMeta::default()
-            },
-            ..Deployment::default()
-        }
+    fn at(version: &str) -> OwnedObject<Deployment> {
+        let mut d = resources::deployment(&memcached("cache", 1), &Default::default());
+        d.metadata.resource_version = Some(version.into());
+        OwnedObject::of(&d)
     }
 
     #[test]
     fn our_write_is_an_echo_once_and_a_later_change_is_not() {
         let own = OwnWrites::default();
         assert!(own.record(Some(&at("10")), &at("12")));
-        assert!(own.is_echo(&at("12")));
-        assert!(!own.is_echo(&at("12")), "told once");
-        assert!(!own.is_echo(&at("15")), "someone else's write");
+        assert_eq!(own.echo_of(&at("12")), Some(at("12").observation()));
+        assert_eq!(own.echo_of(&at("12")), None, "told once");
+        assert_eq!(own.echo_of(&at("15")), None, "someone else's write");
         assert_eq!(own.len(), 0);
     }
 
@@ -87,6 +90,6 @@ mod tests {
         assert!(own.record(None, &at("11")));
         assert_eq!(own.len(), 1, "a create is a write");
         own.forget();
-        assert!(!own.is_echo(&at("11")), "a relist forgets");
+        assert_eq!(own.echo_of(&at("11")), None, "a relist forgets");
     }
 }

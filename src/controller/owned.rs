@@ -29,7 +29,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::digest::{digest, map_digest};
+use super::digest::{digest, map_digest, seq_digest};
 use super::meta::{Meta, resource_of};
 use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
@@ -57,6 +57,16 @@ pub trait Owned:
 
     /// The digest of the spec (`digest::digest` of it).
     fn spec_digest(&self) -> Option<u64>;
+
+    /// The digest of the spec's pod template, where it has one.
+    fn template_digest(&self) -> Option<u64> {
+        None
+    }
+
+    /// `spec.replicas`, where it has one.
+    fn replicas(&self) -> Option<i32> {
+        None
+    }
 }
 
 impl OwnedObject<Deployment> {
@@ -70,10 +80,8 @@ impl OwnedObject<Deployment> {
 
     /// True when applying `desired` could change the pod template (and so roll the pods).
     pub fn template_needs(&self, desired: &Deployment) -> bool {
-        let template = desired.spec.as_ref().map(|spec| &spec.template);
-        let desired = serde_json::to_value(template).unwrap_or_default();
         self.ours
-            .is_none_or(|ours| ours.template != digest(&desired))
+            .is_none_or(|ours| ours.template != desired.template_digest())
     }
 }
 
@@ -82,6 +90,14 @@ impl Owned for Deployment {
 
     fn spec_digest(&self) -> Option<u64> {
         digest(&self.spec)
+    }
+
+    fn template_digest(&self) -> Option<u64> {
+        digest(&self.spec.as_ref().map(|spec| &spec.template))
+    }
+
+    fn replicas(&self) -> Option<i32> {
+        self.spec.as_ref()?.replicas
     }
 
     fn drop_unread(status: &mut DeploymentStatus) {
@@ -195,22 +211,52 @@ impl<K: Owned> Resource for OwnedObject<K> {
 
 impl<K: Owned> OwnedObject<K> {
     /// Digests the object as sent and lets go of what only the digest reads; `old` is the
-    /// cached version it replaces.
-    pub fn observe(&mut self, old: Option<&Self>) {
+    /// cached version it replaces, `echo` what our write of this very version recorded.
+    pub fn observe(&mut self, old: Option<&Self>, echo: Option<Observation>) {
         let metadata = metadata_digest(&self.metadata);
-        match old {
-            Some(old)
+        match (echo, old) {
+            (Some(echo), _) => self.take(echo),
+            (None, Some(old))
                 if K::GENERATION_TRACKS_SPEC
                     && self.metadata.generation.is_some()
                     && self.metadata.generation == old.metadata.generation
                     && self.metadata.uid == old.metadata.uid
                     && old.ours.is_some_and(|ours| ours.metadata == metadata) =>
             {
-                self.ours = old.ours;
-                self.replicas = old.replicas;
+                self.take(old.observation());
             }
             _ => self.digest(metadata),
         }
+        self.let_go();
+    }
+
+    /// Observes the object an apply of `desired` returned. The apply forced our fields to
+    /// desired's values, so their digests are desired's: nothing to parse. (A value the API server
+    /// stored in another form would show as drift only after a restart, once.)
+    pub fn observe_applied(&mut self, desired: &K) {
+        self.replicas = desired.replicas();
+        self.ours = Some(Digests {
+            object: object_digest(desired),
+            template: desired.template_digest(),
+            metadata: metadata_digest(&self.metadata),
+        });
+        self.let_go();
+    }
+
+    /// What was observed of this version, for its echo.
+    pub fn observation(&self) -> Observation {
+        Observation {
+            ours: self.ours,
+            replicas: self.replicas,
+        }
+    }
+
+    fn take(&mut self, observed: Observation) {
+        self.ours = observed.ours;
+        self.replicas = observed.replicas;
+    }
+
+    fn let_go(&mut self) {
         self.sent_spec = None;
         self.managed_fields = None;
         self.metadata.labels = None;
@@ -223,43 +269,27 @@ impl<K: Owned> OwnedObject<K> {
             .as_deref()
             .and_then(|spec| serde_json::from_str::<Value>(spec.get()).ok())
             .unwrap_or(Value::Null);
-        let replicas = spec.get("replicas").cloned();
-        self.replicas = replicas
-            .as_ref()
+        self.replicas = spec
+            .get("replicas")
             .and_then(Value::as_i64)
             .and_then(|r| i32::try_from(r).ok());
-        let metadata = serde_json::to_value(&self.metadata).unwrap_or_default();
-        let whole = applied_fields(&metadata, spec);
         let fields = self
             .managed_fields
             .as_deref()
             .and_then(|m| our_fields(m.get()))
             .and_then(|f| serde_json::from_str::<Value>(f).ok());
-        let mut ours = match &fields {
-            Some(fields) => project(&whole, fields),
-            None => whole,
-        };
-        // `spec.replicas` counts whoever owns it: a size put back names the size it found.
-        if let (Some(replicas), Some(Value::Object(spec))) = (replicas, ours.get_mut("spec")) {
-            spec.insert("replicas".into(), replicas);
-        }
+        let (object, template) = ours_digests(&self.metadata, &spec, fields.as_ref());
         self.ours = Some(Digests {
-            object: digest(&ours),
-            template: digest(&ours["spec"]["template"]),
+            object,
+            template,
             metadata: metadata_seen,
         });
     }
 
     /// True when applying `desired` could change this object.
     pub fn needs(&self, desired: &K) -> bool {
-        let meta = desired.meta();
-        let metadata = map_digest([
-            ("labels", digest(&meta.labels)),
-            ("annotations", digest(&meta.annotations)),
-            ("ownerReferences", digest(&meta.owner_references)),
-        ]);
-        let desired = map_digest([("metadata", metadata), ("spec", desired.spec_digest())]);
-        self.ours.is_none_or(|ours| ours.object != desired)
+        self.ours
+            .is_none_or(|ours| ours.object != object_digest(desired))
     }
 
     /// Whether someone changed this object, a later version of `old`, in a way that may concern
@@ -274,21 +304,71 @@ impl<K: Owned> OwnedObject<K> {
     #[cfg(test)]
     pub fn of(obj: &K) -> Self {
         let mut kept: Self = serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap();
-        kept.observe(None);
+        kept.observe(None, None);
         kept
     }
 }
 
-/// The fields an apply sets: the metadata it carries and the spec (as `needs` digests them).
-fn applied_fields(metadata: &Value, spec: Value) -> Value {
-    json!({
-        "metadata": {
-            "labels": metadata["labels"],
-            "annotations": metadata["annotations"],
-            "ownerReferences": metadata["ownerReferences"],
-        },
-        "spec": spec,
-    })
+/// What was observed of one version of an object: what `observe` would find again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    ours: Option<Digests>,
+    replicas: Option<i32>,
+}
+
+/// The digest of what an apply of `desired` sets: the metadata it carries and the spec.
+fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
+    let meta = desired.meta();
+    let metadata = map_digest([
+        ("labels", digest(&meta.labels)),
+        ("annotations", digest(&meta.annotations)),
+        ("ownerReferences", digest(&meta.owner_references)),
+    ]);
+    map_digest([("metadata", metadata), ("spec", desired.spec_digest())])
+}
+
+/// The digests (`object_digest`'s, and the pod template's) of what `fields`, our managedFields
+/// entry, lists of the object: of everything while there is none. `spec.replicas` counts
+/// whoever owns it: a size put back names the size it found.
+fn ours_digests(
+    metadata: &ObjectMeta,
+    spec: &Value,
+    fields: Option<&Value>,
+) -> (Option<u64>, Option<u64>) {
+    let metadata = json!({
+        "labels": metadata.labels,
+        "annotations": metadata.annotations,
+        "ownerReferences": metadata.owner_references,
+    });
+    let Some(fields) = fields.filter(|fields| has_children(fields)) else {
+        let template = digest(&spec["template"]);
+        let object = map_digest([("metadata", digest(&metadata)), ("spec", digest(spec))]);
+        return (object, template);
+    };
+    let metadata = fields
+        .get("f:metadata")
+        .and_then(|f| projected_digest(&metadata, f));
+    let (spec, template) = match (fields.get("f:spec"), spec) {
+        (Some(f), Value::Object(spec)) if has_children(f) => {
+            let mut entries = projected_entries(spec, f);
+            if f.get("f:replicas").is_none()
+                && let Some(replicas) = spec.get("replicas")
+            {
+                entries.push(("replicas", digest(replicas)));
+            }
+            let template = f
+                .get("f:template")
+                .zip(spec.get("template"))
+                .and_then(|(f, template)| projected_digest(template, f));
+            (map_digest(entries), template)
+        }
+        (Some(_), spec) => (digest(spec), digest(&spec["template"])),
+        (None, _) => (None, None),
+    };
+    (
+        map_digest([("metadata", metadata), ("spec", spec)]),
+        template,
+    )
 }
 
 /// A digest of the labels, annotations and owner references.
@@ -325,59 +405,70 @@ fn our_fields(managed_fields: &str) -> Option<&str> {
     Some(ours.fields_v1?.get())
 }
 
-/// The parts of `value` that `fields` (managedFields' FieldsV1: `f:<field>` for a field,
-/// `k:<key json>` for a list item by its keys, `v:<json>` for a set item, `.` for the node
-/// itself, `{}` for a whole leaf or atomic value) names.
-pub fn project(value: &Value, fields: &Value) -> Value {
-    let Value::Object(fields) = fields else {
-        return value.clone();
-    };
-    let children = fields.keys().any(|k| k != ".");
-    if !children {
-        return value.clone();
+/// Whether a FieldsV1 node names parts of its value (else it stands for the whole value).
+fn has_children(fields: &Value) -> bool {
+    fields
+        .as_object()
+        .is_some_and(|fields| fields.keys().any(|k| k != "."))
+}
+
+/// The digest of the parts of `value` that `fields` (managedFields' FieldsV1: `f:<field>` for a
+/// field, `k:<key json>` for a list item by its keys, `v:<json>` for a set item, `.` for the node
+/// itself, `{}` for a whole leaf or atomic value) names, as `digest` would make it of those parts.
+fn projected_digest(value: &Value, fields: &Value) -> Option<u64> {
+    if !has_children(fields) {
+        return digest(value);
     }
     match value {
-        Value::Object(object) => {
-            let mut kept = Map::new();
-            for (key, sub) in fields {
-                if let Some(name) = key.strip_prefix("f:")
-                    && let Some(child) = object.get(name)
-                {
-                    kept.insert(name.to_string(), project(child, sub));
+        Value::Object(object) => map_digest(projected_entries(object, fields)),
+        Value::Array(items) => seq_digest(items.iter().filter_map(|item| {
+            fields.as_object()?.iter().find_map(|(key, sub)| {
+                if let Some(keys) = key.strip_prefix("k:") {
+                    let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
+                    if !keys.iter().all(|(k, v)| item.get(k) == Some(v)) {
+                        return None;
+                    }
+                    // The keys identify the item, whether or not they are listed.
+                    let (Value::Object(item), true) = (item, has_children(sub)) else {
+                        return Some(projected_digest(item, sub));
+                    };
+                    let mut entries: Vec<_> = projected_entries(item, sub)
+                        .into_iter()
+                        .filter(|(name, _)| !keys.contains_key(*name))
+                        .collect();
+                    entries.extend(
+                        item.iter()
+                            .filter(|(k, _)| keys.contains_key(*k))
+                            .map(|(k, v)| (k.as_str(), digest(v))),
+                    );
+                    Some(map_digest(entries))
+                } else if let Some(set_item) = key.strip_prefix("v:") {
+                    let set_item: Value = serde_json::from_str(set_item).ok()?;
+                    (set_item == *item).then(|| digest(item))
+                } else {
+                    None
                 }
-            }
-            Value::Object(kept)
-        }
-        Value::Array(items) => Value::Array(
-            items
-                .iter()
-                .filter_map(|item| {
-                    fields.iter().find_map(|(key, sub)| {
-                        if let Some(keys) = key.strip_prefix("k:") {
-                            let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
-                            let matches = keys.iter().all(|(k, v)| item.get(k) == Some(v));
-                            matches.then(|| {
-                                let mut kept = project(item, sub);
-                                // The keys identify the item, whether or not they are listed.
-                                if let Value::Object(kept) = &mut kept {
-                                    for (k, v) in keys {
-                                        kept.insert(k, v);
-                                    }
-                                }
-                                kept
-                            })
-                        } else if let Some(set_item) = key.strip_prefix("v:") {
-                            let set_item: Value = serde_json::from_str(set_item).ok()?;
-                            (set_item == *item).then(|| item.clone())
-                        } else {
-                            None
-                        }
-                    })
-                })
-                .collect(),
-        ),
-        leaf => leaf.clone(),
+            })
+        })),
+        leaf => digest(leaf),
     }
+}
+
+/// The entries of `object` that `fields` names, each with its projected digest.
+fn projected_entries<'a>(
+    object: &'a Map<String, Value>,
+    fields: &Value,
+) -> Vec<(&'a str, Option<u64>)> {
+    let Some(fields) = fields.as_object() else {
+        return Vec::new();
+    };
+    fields
+        .iter()
+        .filter_map(|(key, sub)| {
+            let (name, child) = object.get_key_value(key.strip_prefix("f:")?)?;
+            Some((name.as_str(), projected_digest(child, sub)))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -587,7 +678,7 @@ mod tests {
         sent.status = deployment_with_status(&mc, 1, 1).status;
         let observed = |sent: &Deployment| {
             let mut update = decoded(sent);
-            update.observe(Some(&first));
+            update.observe(Some(&first), None);
             update
         };
         let update = observed(&sent);
@@ -617,6 +708,31 @@ mod tests {
             .insert("team".into(), "theirs".into());
         assert!(observed(&sent).needs(&desired), "and new labels");
         assert!(!observed(&sent).needs(&other));
+    }
+
+    #[test]
+    fn an_apply_response_and_its_echo_are_observed_as_a_full_digest_would_find_them() {
+        let mc = memcached("cache", 3);
+        let desired = resources::deployment(&mc, &images());
+        let stored = as_stored(&desired);
+        let mut applied = decoded(&stored);
+        applied.observe_applied(&desired);
+        let full = OwnedObject::of(&stored);
+        let (ours, full_ours) = (applied.ours.unwrap(), full.ours.unwrap());
+        assert_eq!(
+            (ours.object, ours.template),
+            (full_ours.object, full_ours.template)
+        );
+        assert_eq!(applied.replicas, full.replicas);
+        assert!(applied.sent_spec.is_none() && applied.metadata.labels.is_none());
+
+        // The echo brings the same version: what the apply observed is taken, not parsed again
+        // (here a spec that differs tells the one from the other).
+        let other = as_stored(&resources::deployment(&memcached("cache", 5), &images()));
+        let mut echo = decoded(&other);
+        echo.observe(None, Some(applied.observation()));
+        assert!(!echo.needs(&desired));
+        assert_eq!(echo.replicas, Some(3));
     }
 
     #[test]
@@ -673,7 +789,7 @@ mod tests {
         let kube::core::WatchEvent::Modified(mut kept) = event else {
             panic!("not a modification: {line}");
         };
-        kept.observe(None);
+        kept.observe(None, None);
         assert!(!kept.needs(&desired));
         assert_eq!(kept.replicas, Some(2));
     }
@@ -689,7 +805,7 @@ mod tests {
             serde_json::from_str(&page).unwrap();
         let mut items = list.items;
         for item in &mut items {
-            item.observe(None);
+            item.observe(None, None);
         }
         assert!(!items[0].needs(&desired));
         assert!(items[1].needs(&desired));
@@ -738,12 +854,15 @@ mod tests {
     }
 
     #[test]
-    fn set_items_and_atomic_lists_are_projected() {
-        let value = json!({"finalizers": ["a", "b"], "args": ["-m", "64"], "other": 1});
-        let fields = json!({"f:finalizers": {"v:\"a\"": {}}, "f:args": {}});
+    fn set_items_keyed_items_and_atomic_lists_are_projected() {
+        let value = json!({"finalizers": ["a", "b"], "args": ["-m", "64"], "other": 1,
+                           "ports": [{"port": 1, "name": "x", "theirs": true}, {"port": 2}]});
+        let fields = json!({"f:finalizers": {"v:\"a\"": {}}, "f:args": {},
+                            "f:ports": {"k:{\"port\":1}": {".": {}, "f:name": {}}}});
         assert_eq!(
-            project(&value, &fields),
-            json!({"finalizers": ["a"], "args": ["-m", "64"]})
+            projected_digest(&value, &fields),
+            digest(&json!({"finalizers": ["a"], "args": ["-m", "64"],
+                           "ports": [{"port": 1, "name": "x"}]}))
         );
     }
 }

@@ -399,8 +399,9 @@ where
             let mut ours = false;
             match &mut event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    obj.observe(old.as_deref());
-                    ours = own_writes.is_echo(&*obj);
+                    let echo = own_writes.echo_of(&*obj);
+                    ours = echo.is_some();
+                    obj.observe(old.as_deref(), echo);
                 }
                 watcher::Event::Init => own_writes.forget(),
                 watcher::Event::Delete(_) | watcher::Event::InitDone => {}
