@@ -31,7 +31,7 @@ status=1
 
 cleanup() {
 	if [[ ${status} -ne 0 ]]; then
-		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log; do
+		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log "${dir}"/operators/*/logs/*.log; do
 			[[ -f "${log}" ]] || continue
 			echo "----- tail of ${log}" >&2
 			tail -n 30 "${log}" >&2

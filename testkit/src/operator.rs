@@ -3,8 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -29,6 +27,16 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
 }
 
+impl Launch {
+    /// The command with its ports and identity filled in.
+    fn command_line(&self, metrics_port: u16, health_port: u16) -> String {
+        self.command
+            .replace("{metrics}", &metrics_port.to_string())
+            .replace("{health}", &health_port.to_string())
+            .replace("{identity}", &self.identity)
+    }
+}
+
 /// Flags that put our operator (or one with the same flags) on the launch's ports.
 pub const ENDPOINT_ARGS: &str = "--metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity}";
 
@@ -45,11 +53,7 @@ pub struct OperatorProcess {
 impl OperatorProcess {
     pub fn spawn(launch: Launch) -> Result<Self> {
         let (metrics_port, health_port) = (free_port(), free_port());
-        let command = launch
-            .command
-            .replace("{metrics}", &metrics_port.to_string())
-            .replace("{health}", &health_port.to_string())
-            .replace("{identity}", &launch.identity);
+        let command = launch.command_line(metrics_port, health_port);
         let mut words = command.split_whitespace();
         let Some(program) = words.next() else {
             bail!("empty operator command")
@@ -257,13 +261,15 @@ impl OperatorProcess {
     }
 }
 
-/// An operator process that is started again whenever it exits, as a kubelet restarts a
-/// container: the same launch (identity, credentials, log file) after `delay`.
-pub struct Restarting {
-    current: Arc<Mutex<Option<Running>>>,
-    restarts: Arc<AtomicU32>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
+/// An operator process under the local cluster's own supervisor (hack/supervise.sh, which keeps
+/// the control plane's components running as a kubelet keeps static pods): started again
+/// `delay` after it exits, on the same ports and with the same identity, credentials and log.
+/// Its log and pid file are in `{log_dir}/{identity}/`.
+pub struct Supervised {
+    dir: PathBuf,
+    supervisor: Child,
+    metrics_port: u16,
+    health_port: u16,
     pub identity: String,
     pub log: PathBuf,
 }
@@ -276,55 +282,56 @@ pub struct Running {
     pub health_port: u16,
 }
 
-impl Restarting {
-    pub fn start(delay: Duration, launch: impl Fn() -> Launch + Send + 'static) -> Result<Self> {
-        let first = launch();
-        let identity = first.identity.clone();
-        let log = first.log_dir.join(format!("{identity}.log"));
-        let mut process = OperatorProcess::spawn(first)?;
-        let current = Arc::new(Mutex::new(Some(running(&process))));
-        let (restarts, stop) = (
-            Arc::new(AtomicU32::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let task = tokio::spawn({
-            let (current, restarts, stop) = (current.clone(), restarts.clone(), stop.clone());
-            async move {
-                loop {
-                    process.exited().await;
-                    *current.lock().unwrap() = None;
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    tokio::time::sleep(delay).await;
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    match OperatorProcess::spawn(launch()) {
-                        Ok(p) => process = p,
-                        Err(e) => panic!("restarting the operator: {e}"),
-                    }
-                    restarts.fetch_add(1, Ordering::SeqCst);
-                    *current.lock().unwrap() = Some(running(&process));
-                }
-            }
-        });
+impl Supervised {
+    pub fn start(delay: Duration, launch: Launch) -> Result<Self> {
+        let (metrics_port, health_port) = (free_port(), free_port());
+        let dir = launch.log_dir.join(&launch.identity);
+        for sub in ["logs", "pids"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let command = launch.command_line(metrics_port, health_port);
+        let delay = delay.as_secs().max(1).to_string();
+        let supervisor = Command::new(crate::repo_root().join("hack/supervise.sh"))
+            .arg(&dir)
+            .arg(&launch.identity)
+            .args(command.split_whitespace())
+            .env_remove("WATCH_NAMESPACE")
+            .env_remove("POD_NAMESPACE")
+            .env("KUBECONFIG", &launch.kubeconfig)
+            .env("RESTART_BACKOFF", &delay)
+            .env("RESTART_BACKOFF_MAX", &delay)
+            .envs(launch.env)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting hack/supervise.sh")?;
         Ok(Self {
-            current,
-            restarts,
-            stop,
-            task,
-            identity,
-            log,
+            log: dir.join("logs").join(format!("{}.log", launch.identity)),
+            dir,
+            supervisor,
+            metrics_port,
+            health_port,
+            identity: launch.identity,
         })
     }
 
     pub fn running(&self) -> Option<Running> {
-        *self.current.lock().unwrap()
+        let pidfile = self.dir.join("pids").join(format!("{}.pid", self.identity));
+        let pid: u32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit_once(") ")?.1.chars().next()?;
+        (state != 'Z' && state != 'X').then_some(Running {
+            pid,
+            metrics_port: self.metrics_port,
+            health_port: self.health_port,
+        })
     }
 
-    pub fn restarts(&self) -> u32 {
-        self.restarts.load(Ordering::SeqCst)
+    /// How many times the supervisor started it again.
+    pub fn restarts(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("logs/restarts.log"))
+            .map(|log| log.lines().count())
+            .unwrap_or(0)
     }
 
     /// Sends `signal` to the process running now, if any.
@@ -341,10 +348,10 @@ impl Restarting {
 
     /// One series' value from the process running now (0 when absent or not running).
     pub async fn metric(&self, series: &str) -> f64 {
-        let Some(running) = self.running() else {
+        if self.running().is_none() {
             return 0.0;
-        };
-        match http_get(running.metrics_port, "/metrics").await {
+        }
+        match http_get(self.metrics_port, "/metrics").await {
             Some((200, text)) => metric_value(&text, series).unwrap_or(0.0),
             _ => 0.0,
         }
@@ -354,18 +361,38 @@ impl Restarting {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Stops restarting, and the process with SIGTERM.
-    pub async fn stop(self) {
-        self.stop.store(true, Ordering::SeqCst);
+    /// Stops restarting (as `cluster.sh down` does), then the process with SIGTERM, and waits
+    /// (at most a minute) for it.
+    pub async fn stop(mut self) {
+        self.stop_restarting().await;
+        let running = self.running();
         self.signal("TERM");
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.task).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while running.is_some_and(|r| self.running().is_some_and(|now| now.pid == r.pid))
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn stop_restarting(&mut self) {
+        let _ = std::fs::File::create(self.dir.join("pids/stopping"));
+        // Its TERM trap exits without touching the process it runs.
+        if let Some(pid) = self.supervisor.id() {
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
+        }
+        let _ = self.supervisor.wait().await;
     }
 }
 
-fn running(process: &OperatorProcess) -> Running {
-    Running {
-        pid: process.pid,
-        metrics_port: process.metrics_port,
-        health_port: process.health_port,
+impl Drop for Supervised {
+    /// A test that ends without `stop` leaves nothing running: no restart, and the process
+    /// killed.
+    fn drop(&mut self) {
+        let _ = std::fs::File::create(self.dir.join("pids/stopping"));
+        let _ = self.supervisor.start_kill();
+        self.signal("KILL");
     }
 }

@@ -19,7 +19,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
-use memcached_operator_testkit::operator::Restarting;
+use memcached_operator_testkit::operator::Supervised;
 
 /// Memcacheds per scenario (CHAOS_CRS), spread over this many namespaces.
 fn crs() -> usize {
@@ -259,8 +259,8 @@ fn assert_no_panic(log: &str) {
 }
 
 /// A leader-electing operator under a restart loop, watching every namespace.
-async fn leader(client: &Client, lease: &str, extra_args: Vec<String>) -> Restarting {
-    Operator::restarting(
+async fn leader(client: &Client, lease: &str, extra_args: Vec<String>) -> Supervised {
+    Operator::supervised(
         client,
         OperatorOptions {
             leader_elect: true,

@@ -14,7 +14,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_operator::api::{Memcached, MemcachedSpec};
 use memcached_operator_testkit::operator::ENDPOINT_ARGS;
-use memcached_operator_testkit::operator::Restarting;
+use memcached_operator_testkit::operator::Supervised;
 use memcached_operator_testkit::{Launch, LocalCluster, OperatorProcess};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -408,16 +408,17 @@ impl Operator {
 
     /// An operator that is restarted whenever it exits, as a kubelet restarts its container:
     /// 10 s later (the kubelet's first crash-loop back-off), or OPERATOR_RESTART_SECONDS.
-    pub async fn restarting(client: &Client, options: OperatorOptions) -> Restarting {
+    pub async fn supervised(client: &Client, options: OperatorOptions) -> Supervised {
         let kubeconfig = service_account_kubeconfig(client, &options.rbac).await;
         let identity = format!("operator-{:06x}", rand::random::<u32>() & 0xff_ffff);
         let delay = std::env::var("OPERATOR_RESTART_SECONDS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(10);
-        Restarting::start(Duration::from_secs(delay), move || {
-            options.launch(&kubeconfig, &identity)
-        })
+        Supervised::start(
+            Duration::from_secs(delay),
+            options.launch(&kubeconfig, &identity),
+        )
         .expect("operator starts")
     }
 
