@@ -11,9 +11,11 @@
 //! in it; empty maps and lists count as absent, as the API server drops them.
 //!
 //! An object arrives with its spec and managedFields as text; `observe` digests them and lets
-//! them go. A status update (most events) keeps the spec and metadata the cached version had, so
-//! its digest is reused without parsing either. Of a Deployment's status conditions only
-//! failures are kept: nothing reads the others.
+//! them go. Most versions need no parsing: a status update (most events) keeps the spec and
+//! metadata the cached version had, and so its digest; an apply's response has our fields forced
+//! to the desired object's, and so its digest (`observe_applied`); the watch's echo of our write
+//! is that response again (own_writes.rs keeps what was observed of it). Of a Deployment's status
+//! conditions only failures are kept: nothing reads the others.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
