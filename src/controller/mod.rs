@@ -6,6 +6,7 @@ mod digest;
 mod ensure;
 mod events;
 mod feed;
+mod managed_fields;
 mod meta;
 mod outcome;
 mod own_writes;
