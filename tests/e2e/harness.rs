@@ -74,15 +74,20 @@ where
 /// A fresh namespace named after the test.
 pub async fn namespace(client: &Client, prefix: &str) -> String {
     let name = format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    namespace_named(client, &name).await;
+    name
+}
+
+/// The namespace `name`, applied (so it may exist already).
+pub async fn namespace_named(client: &Client, name: &str) {
     let ns = Namespace {
         metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
+            name: Some(name.into()),
             ..Default::default()
         },
         ..Default::default()
     };
     apply(&Api::<Namespace>::all(client.clone()), &ns).await;
-    name
 }
 
 /// Polls `check` every 200 ms until it returns Some, or panics after `timeout` naming `what`.
@@ -303,14 +308,7 @@ async fn service_account_kubeconfig(client: &Client, rbac: &Rbac) -> PathBuf {
         "controller-manager-{:06x}",
         rand::random::<u32>() & 0xff_ffff
     );
-    apply(
-        &Api::<Namespace>::all(client.clone()),
-        &Namespace {
-            metadata: meta(OPERATOR_NAMESPACE, None),
-            ..Default::default()
-        },
-    )
-    .await;
+    namespace_named(client, OPERATOR_NAMESPACE).await;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     apply(
         &sas,

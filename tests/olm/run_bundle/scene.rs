@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{DynamicObject, ListParams, ObjectMeta};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
@@ -320,14 +320,7 @@ impl Scene {
     }
 
     pub async fn namespace(&self, name: &str) {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        harness::apply(&Api::<Namespace>::all(self.client.clone()), &ns).await;
+        harness::namespace_named(&self.client, name).await;
     }
 
     /// The operator's one pod: Running and Ready on the real node, from `image` (by tag or
