@@ -1,13 +1,16 @@
 //! Our managedFields entry: which of an object's fields our server-side apply owns (FieldsV1),
-//! and the digest of those fields of the object, as `digest` would make it of them alone.
+//! and the digest of those fields of the object, as `digest` would make it of them alone, read
+//! from the object's text without building it.
 
 use std::borrow::Cow;
+use std::fmt;
 
-use serde::Deserialize;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::digest::{digest, map_digest, seq_digest};
+use super::digest::{MapDigest, SeqDigest, digest};
 use crate::resources::MANAGER_NAME;
 
 /// Our managedFields entry's fields, borrowed from the text of the entries, none of them
@@ -34,70 +37,338 @@ pub fn our_fields(managed_fields: &str) -> Option<&str> {
     Some(ours.fields_v1?.get())
 }
 
-/// Whether a FieldsV1 node names parts of its value (else it stands for the whole value).
-pub fn has_children(fields: &Value) -> bool {
-    fields
-        .as_object()
-        .is_some_and(|fields| fields.keys().any(|k| k != "."))
+/// How much of a value our entry owns: all of it, or the parts a FieldsV1 node names (`f:<field>`
+/// for a field, `k:<key json>` for a list item by its keys, `v:<json>` for a set item, `.` for
+/// the node itself; `{}` stands for a whole leaf or atomic value).
+#[derive(Clone, Copy, Debug)]
+pub enum Ours<'f> {
+    All,
+    Parts(&'f Fields<'f>),
 }
 
-/// The digest of the parts of `value` that `fields` (managedFields' FieldsV1: `f:<field>` for a
-/// field, `k:<key json>` for a list item by its keys, `v:<json>` for a set item, `.` for the node
-/// itself, `{}` for a whole leaf or atomic value) names, as `digest` would make it of those parts.
-pub fn projected_digest(value: &Value, fields: &Value) -> Option<u64> {
-    if !has_children(fields) {
-        return digest(value);
+impl<'f> Ours<'f> {
+    pub fn of(fields: &'f Fields<'f>) -> Self {
+        if fields.0.iter().any(|(Key(name), _)| name != ".") {
+            Self::Parts(fields)
+        } else {
+            Self::All
+        }
     }
-    match value {
-        Value::Object(object) => map_digest(projected_entries(object, fields)),
-        Value::Array(items) => seq_digest(items.iter().filter_map(|item| {
-            fields.as_object()?.iter().find_map(|(key, sub)| {
-                if let Some(keys) = key.strip_prefix("k:") {
-                    let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
-                    if !keys.iter().all(|(k, v)| item.get(k) == Some(v)) {
-                        return None;
-                    }
-                    // The keys identify the item, whether or not they are listed.
-                    let (Value::Object(item), true) = (item, has_children(sub)) else {
-                        return Some(projected_digest(item, sub));
-                    };
-                    let mut entries: Vec<_> = projected_entries(item, sub)
-                        .into_iter()
-                        .filter(|(name, _)| !keys.contains_key(*name))
-                        .collect();
-                    entries.extend(
-                        item.iter()
-                            .filter(|(k, _)| keys.contains_key(*k))
-                            .map(|(k, v)| (k.as_str(), digest(v))),
-                    );
-                    Some(map_digest(entries))
-                } else if let Some(set_item) = key.strip_prefix("v:") {
-                    let set_item: Value = serde_json::from_str(set_item).ok()?;
-                    (set_item == *item).then(|| digest(item))
-                } else {
-                    None
+
+    /// The digest of the parts of the JSON `text` that are ours, as `digest` would make it of
+    /// those parts alone, computed as the text is read.
+    pub fn digest(self, text: &str) -> Option<u64> {
+        self.deserialize(&mut serde_json::Deserializer::from_str(text))
+            .ok()
+            .flatten()
+    }
+
+    /// The same of a value that serializes, as the API server would send it.
+    pub fn digest_of<T: Serialize>(self, value: &T) -> Option<u64> {
+        match self {
+            Self::All => digest(value),
+            Self::Parts(_) => self.digest(&serde_json::to_string(value).ok()?),
+        }
+    }
+
+    /// What of the map entry `name` is ours, if any.
+    fn field(self, name: &str) -> Option<Self> {
+        match self {
+            Self::All => Some(Self::All),
+            Self::Parts(parts) => parts.field(name).map(Self::of),
+        }
+    }
+}
+
+/// A FieldsV1 node, borrowed from its text: its children by name, sorted.
+#[derive(Debug, Default)]
+pub struct Fields<'a>(Vec<(Key<'a>, Fields<'a>)>);
+
+impl<'a> Fields<'a> {
+    pub fn parse(text: &'a str) -> Option<Self> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// The child for the field `name` (`f:<name>`).
+    pub fn field(&self, name: &str) -> Option<&Self> {
+        // The order of `f:<name>` among the sorted names, without building it.
+        let order = |Key(key): &Key| {
+            let key = key.as_bytes();
+            let prefix = &key[..key.len().min(2)];
+            prefix
+                .cmp(b"f:")
+                .then_with(|| key[prefix.len()..].cmp(name.as_bytes()))
+        };
+        let at = self.0.binary_search_by(|(key, _)| order(key)).ok()?;
+        Some(&self.0[at].1)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("FieldsV1")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+                let mut children = Vec::new();
+                while let Some(child) = map.next_entry()? {
+                    children.push(child);
                 }
-            })
-        })),
-        leaf => digest(leaf),
+                children.sort_unstable_by(|(Key(a), _), (Key(b), _)| a.cmp(b));
+                Ok(Fields(children))
+            }
+        }
+        deserializer.deserialize_map(FieldsVisitor)
     }
 }
 
-/// The entries of `object` that `fields` names, each with its projected digest.
-pub fn projected_entries<'a>(
-    object: &'a Map<String, Value>,
-    fields: &Value,
-) -> Vec<(&'a str, Option<u64>)> {
-    let Some(fields) = fields.as_object() else {
-        return Vec::new();
-    };
-    fields
-        .iter()
-        .filter_map(|(key, sub)| {
-            let (name, child) = object.get_key_value(key.strip_prefix("f:")?)?;
-            Some((name.as_str(), projected_digest(child, sub)))
-        })
-        .collect()
+impl<'de> DeserializeSeed<'de> for Ours<'_> {
+    type Value = Option<u64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<u64>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Ours<'_> {
+    type Value = Option<u64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Option<u64>, E> {
+        Ok(digest(&v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Option<u64>, E> {
+        Ok(digest(&v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Option<u64>, E> {
+        Ok(digest(&v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Option<u64>, E> {
+        Ok(digest(&v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Option<u64>, E> {
+        Ok(digest(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
+        let mut digest = MapDigest::default();
+        while let Some(Key(key)) = map.next_key()? {
+            match self.field(&key) {
+                Some(ours) => digest.entry(&key, map.next_value_seed(ours)?),
+                None => _ = map.next_value::<IgnoredAny>()?,
+            }
+        }
+        Ok(digest.finish())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u64>, A::Error> {
+        let mut digest = SeqDigest::default();
+        match self {
+            Self::All => {
+                while let Some(item) = seq.next_element_seed(Self::All)? {
+                    digest.add(item);
+                }
+            }
+            Self::Parts(parts) => {
+                let items = ListedItems::of(parts);
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    if let Some(item) = items.digest(item.get()) {
+                        digest.add(item);
+                    }
+                }
+            }
+        }
+        Ok(digest.finish())
+    }
+}
+
+/// The items of a list our entry names: by their keys (`k:`), or whole (`v:`, a set's items).
+struct ListedItems<'f> {
+    keyed: Vec<(Map<String, Value>, Ours<'f>)>,
+    set: Vec<Value>,
+}
+
+impl<'f> ListedItems<'f> {
+    fn of(parts: &'f Fields<'f>) -> Self {
+        let mut items = Self {
+            keyed: Vec::new(),
+            set: Vec::new(),
+        };
+        for (Key(name), sub) in &parts.0 {
+            if let Some(keys) = name.strip_prefix("k:") {
+                items
+                    .keyed
+                    .extend(serde_json::from_str(keys).ok().map(|k| (k, Ours::of(sub))));
+            } else if let Some(item) = name.strip_prefix("v:") {
+                items.set.extend(serde_json::from_str(item).ok());
+            }
+        }
+        items
+    }
+
+    /// The digest of our part of the item `text`, when our entry names it (`None` when not, and
+    /// `Some(None)` for an item named and empty).
+    fn digest(&self, text: &str) -> Option<Option<u64>> {
+        if !self.keyed.is_empty()
+            && let Ok(Entries(fields)) = serde_json::from_str(text)
+            && let Some((keys, ours)) = self.keyed.iter().find(|(keys, _)| {
+                keys.iter().all(|(key, value)| {
+                    fields.iter().any(|(Key(k), v)| {
+                        k == key
+                            && serde_json::from_str::<Value>(v.get()).is_ok_and(|v| v == *value)
+                    })
+                })
+            })
+        {
+            // The keys identify the item, whether or not they are listed.
+            let mut digest = MapDigest::default();
+            for (Key(name), value) in &fields {
+                let ours = if keys.contains_key(name.as_ref()) {
+                    Some(Ours::All)
+                } else {
+                    ours.field(name)
+                };
+                if let Some(ours) = ours {
+                    digest.entry(name, ours.digest(value.get()));
+                }
+            }
+            return Some(digest.finish());
+        }
+        if !self.set.is_empty()
+            && let Ok(item) = serde_json::from_str::<Value>(text)
+            && self.set.contains(&item)
+        {
+            return Some(digest(&item));
+        }
+        None
+    }
+}
+
+/// A map key as read: borrowed from the text unless it has escapes.
+#[derive(Debug)]
+pub struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// A JSON object's entries, their values left as text.
+struct Entries<'a>(Vec<(Key<'a>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor)
+    }
+}
+
+/// What the cache keeps of a spec as sent: the digests of our part of it and of our part of its
+/// pod template, and `replicas`, which counts whoever owns it (a size put back names the size
+/// it found).
+#[derive(Debug, Default, PartialEq)]
+pub struct SpecDigests {
+    pub spec: Option<u64>,
+    pub template: Option<u64>,
+    pub replicas: Option<i32>,
+}
+
+impl SpecDigests {
+    /// Of the spec `text`; `ours`, what of it is ours (`None`: none of it).
+    pub fn of(text: &str, ours: Option<Ours>) -> Self {
+        SpecSeed(ours)
+            .deserialize(&mut serde_json::Deserializer::from_str(text))
+            .unwrap_or_default()
+    }
+}
+
+struct SpecSeed<'f>(Option<Ours<'f>>);
+
+impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
+    type Value = SpecDigests;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<SpecDigests, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SpecSeed<'_> {
+    type Value = SpecDigests;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a spec")
+    }
+
+    fn visit_unit<E>(self) -> Result<SpecDigests, E> {
+        Ok(SpecDigests::default())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SpecDigests, A::Error> {
+        let mut spec = SpecDigests::default();
+        let mut digest = MapDigest::default();
+        while let Some(Key(key)) = map.next_key()? {
+            if key == "replicas" {
+                let replicas = map.next_value::<Option<i64>>()?;
+                spec.replicas = replicas.and_then(|r| i32::try_from(r).ok());
+                if self.0.is_some() {
+                    digest.entry(&key, super::digest::digest(&replicas));
+                }
+                continue;
+            }
+            let Some(ours) = self.0.and_then(|ours| ours.field(&key)) else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let value = map.next_value_seed(ours)?;
+            if key == "template" {
+                spec.template = value;
+            }
+            digest.entry(&key, value);
+        }
+        spec.spec = digest.finish();
+        Ok(spec)
+    }
 }
 
 #[cfg(test)]
@@ -113,9 +384,22 @@ mod tests {
         let fields = json!({"f:finalizers": {"v:\"a\"": {}}, "f:args": {},
                             "f:ports": {"k:{\"port\":1}": {".": {}, "f:name": {}}}});
         assert_eq!(
-            projected_digest(&value, &fields),
+            Ours::of(&Fields::parse(&fields.to_string()).unwrap()).digest(&value.to_string()),
             digest(&json!({"finalizers": ["a"], "args": ["-m", "64"],
                            "ports": [{"port": 1, "name": "x"}]}))
+        );
+    }
+
+    #[test]
+    fn escaped_names_and_fields_in_any_order_are_read_as_their_values() {
+        let fields = Fields::parse(r#"{"f:c":{},".":{},"f:ab":{}}"#).unwrap();
+        assert_eq!(
+            Ours::of(&fields).digest(r#"{"a\u0062":1,"c":2,"d":3}"#),
+            digest(&json!({"ab": 1, "c": 2}))
+        );
+        assert_eq!(
+            Ours::of(&Fields::parse(r#"{".":{}}"#).unwrap()).digest("[1]"),
+            digest(&[1])
         );
     }
 }

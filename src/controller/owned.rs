@@ -17,6 +17,7 @@
 //! is that response again (own_writes.rs keeps what was observed of it). Of a Deployment's status
 //! conditions only failures are kept: nothing reads the others.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 
@@ -24,15 +25,14 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use super::digest::{digest, map_digest};
-use super::managed_fields::{has_children, our_fields, projected_digest, projected_entries};
+use super::managed_fields::{Fields, Ours, SpecDigests, our_fields};
 use super::meta::{Meta, resource_of};
 use crate::service_monitor::ServiceMonitor;
 use crate::status;
@@ -266,24 +266,30 @@ impl<K: Owned> OwnedObject<K> {
     }
 
     fn digest(&mut self, metadata_seen: u64) {
-        let spec = self
-            .sent_spec
-            .as_deref()
-            .and_then(|spec| serde_json::from_str::<Value>(spec.get()).ok())
-            .unwrap_or(Value::Null);
-        self.replicas = spec
-            .get("replicas")
-            .and_then(Value::as_i64)
-            .and_then(|r| i32::try_from(r).ok());
         let fields = self
             .managed_fields
             .as_deref()
             .and_then(|m| our_fields(m.get()))
-            .and_then(|f| serde_json::from_str::<Value>(f).ok());
-        let (object, template) = ours_digests(&self.metadata, &spec, fields.as_ref());
+            .and_then(Fields::parse);
+        // With no entry of ours, or one that names nothing, all of it counts.
+        let (metadata_ours, spec_ours) = match fields.as_ref().map_or(Ours::All, Ours::of) {
+            Ours::All => (Some(Ours::All), Some(Ours::All)),
+            Ours::Parts(parts) => (
+                parts.field("metadata").map(Ours::of),
+                parts.field("spec").map(Ours::of),
+            ),
+        };
+        let spec = self
+            .sent_spec
+            .as_deref()
+            .map(|spec| SpecDigests::of(spec.get(), spec_ours))
+            .unwrap_or_default();
+        let metadata =
+            metadata_ours.and_then(|ours| ours.digest_of(&OurMetadata::of(&self.metadata)));
+        self.replicas = spec.replicas;
         self.ours = Some(Digests {
-            object,
-            template,
+            object: map_digest([("metadata", metadata), ("spec", spec.spec)]),
+            template: spec.template,
             metadata: metadata_seen,
         });
     }
@@ -320,73 +326,38 @@ pub struct Observation {
 
 /// The digest of what an apply of `desired` sets: the metadata it carries and the spec.
 fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
-    let meta = desired.meta();
-    let metadata = map_digest([
-        ("labels", digest(&meta.labels)),
-        ("annotations", digest(&meta.annotations)),
-        ("ownerReferences", digest(&meta.owner_references)),
-    ]);
+    let metadata = digest(&OurMetadata::of(desired.meta()));
     map_digest([("metadata", metadata), ("spec", desired.spec_digest())])
 }
 
-/// The digests (`object_digest`'s, and the pod template's) of what `fields`, our managedFields
-/// entry, lists of the object: of everything while there is none. `spec.replicas` counts
-/// whoever owns it: a size put back names the size it found.
-fn ours_digests(
-    metadata: &ObjectMeta,
-    spec: &Value,
-    fields: Option<&Value>,
-) -> (Option<u64>, Option<u64>) {
-    let metadata = json!({
-        "labels": metadata.labels,
-        "annotations": metadata.annotations,
-        "ownerReferences": metadata.owner_references,
-    });
-    let Some(fields) = fields.filter(|fields| has_children(fields)) else {
-        let template = digest(&spec["template"]);
-        let object = map_digest([("metadata", digest(&metadata)), ("spec", digest(spec))]);
-        return (object, template);
-    };
-    let metadata = fields
-        .get("f:metadata")
-        .and_then(|f| projected_digest(&metadata, f));
-    let (spec, template) = match (fields.get("f:spec"), spec) {
-        (Some(f), Value::Object(spec)) if has_children(f) => {
-            let mut entries = projected_entries(spec, f);
-            if f.get("f:replicas").is_none()
-                && let Some(replicas) = spec.get("replicas")
-            {
-                entries.push(("replicas", digest(replicas)));
-            }
-            let template = f
-                .get("f:template")
-                .zip(spec.get("template"))
-                .and_then(|(f, template)| projected_digest(template, f));
-            (map_digest(entries), template)
+/// The metadata fields an apply of ours sets, as the API server sends them.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OurMetadata<'a> {
+    labels: &'a Option<BTreeMap<String, String>>,
+    annotations: &'a Option<BTreeMap<String, String>>,
+    owner_references: &'a Option<Vec<OwnerReference>>,
+}
+
+impl<'a> OurMetadata<'a> {
+    fn of(metadata: &'a ObjectMeta) -> Self {
+        Self {
+            labels: &metadata.labels,
+            annotations: &metadata.annotations,
+            owner_references: &metadata.owner_references,
         }
-        (Some(_), spec) => (digest(spec), digest(&spec["template"])),
-        (None, _) => (None, None),
-    };
-    (
-        map_digest([("metadata", metadata), ("spec", spec)]),
-        template,
-    )
+    }
 }
 
 /// A digest of the labels, annotations and owner references.
 fn metadata_digest(metadata: &ObjectMeta) -> u64 {
-    let seen = (
-        &metadata.labels,
-        &metadata.annotations,
-        &metadata.owner_references,
-    );
-    digest(&seen).unwrap_or_default()
+    digest(&OurMetadata::of(metadata)).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::controller::events::Change;
