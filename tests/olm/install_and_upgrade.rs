@@ -44,7 +44,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -59,6 +58,7 @@ use memcached_operator_testkit::net::free_port;
 use memcached_operator_testkit::{Launch, OperatorProcess};
 use serde_json::{Value, json};
 
+use crate::availability::{Sampler, Watched};
 use crate::harness;
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
 use crate::scripts::{path_env, tool};
@@ -709,85 +709,6 @@ impl Env {
     }
 }
 
-// ---------------------------------------------------------------- the availability monitor
-
-/// Every Memcached's Available condition in NS and NS_MANUAL, every second, until aborted: a
-/// line per namespace and read, and a NOT-AVAILABLE line for each read where the sample or the
-/// second Memcached is not True (or missing), an ERROR line for a failed read.
-struct Monitor {
-    lines: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Monitor {
-    fn start(client: Client, sample: String, log: PathBuf) -> Monitor {
-        let lines = Arc::new(Mutex::new(vec![]));
-        let task = tokio::spawn({
-            let lines = lines.clone();
-            async move {
-                let start = Instant::now();
-                let mut file = std::fs::File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .ok();
-                loop {
-                    for ns in [NS, NS_MANUAL] {
-                        let t = format!("{:7.1}", start.elapsed().as_secs_f64());
-                        let api: Api<Memcached> = Api::namespaced(client.clone(), ns);
-                        let mut new = vec![];
-                        match tokio::time::timeout(
-                            Duration::from_secs(5),
-                            api.list(&ListParams::default()),
-                        )
-                        .await
-                        {
-                            Ok(Ok(list)) => {
-                                let states: BTreeMap<String, String> = list
-                                    .items
-                                    .iter()
-                                    .map(|mc| {
-                                        let status = harness::condition(mc, "Available")
-                                            .map(|c| c.0)
-                                            .unwrap_or_default();
-                                        (mc.name_any(), status)
-                                    })
-                                    .collect();
-                                let line: Vec<String> =
-                                    states.iter().map(|(n, s)| format!("{n}={s}")).collect();
-                                let line = line.join(" ");
-                                new.push(format!("{t} {ns} {line}"));
-                                let ok = [sample.as_str(), SECOND]
-                                    .iter()
-                                    .all(|n| states.get(*n).map(String::as_str) == Some("True"));
-                                if !ok {
-                                    new.push(format!("{t} {ns} NOT-AVAILABLE {line}"));
-                                }
-                            }
-                            Ok(Err(e)) => new.push(format!("{t} {ns} ERROR {e}")),
-                            Err(_) => new.push(format!("{t} {ns} ERROR timed out after 5s")),
-                        }
-                        if let Some(f) = file.as_mut() {
-                            for l in &new {
-                                let _ = writeln!(f, "{l}");
-                            }
-                        }
-                        lines.lock().unwrap().extend(new);
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        });
-        Monitor { lines, task }
-    }
-
-    /// Stops it; its lines.
-    fn stop(self) -> Vec<String> {
-        self.task.abort();
-        self.lines.lock().unwrap().clone()
-    }
-}
-
 // ---------------------------------------------------------------- the test
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1149,9 +1070,14 @@ async fn install_and_upgrade_through_olm() {
         );
     }
 
-    let monitor = Monitor::start(
+    let watched = |ns: &str| Watched {
+        namespace: ns.into(),
+        names: vec![sample.clone(), SECOND.into()],
+        pods: None,
+    };
+    let sampler = Sampler::start(
         client.clone(),
-        sample.clone(),
+        vec![watched(NS), watched(NS_MANUAL)],
         dir.join("logs/olm-availability.log"),
     );
 
@@ -1277,7 +1203,7 @@ async fn install_and_upgrade_through_olm() {
     if let Some(rest) = Duration::from_secs(10).checked_sub(t_reconcile.elapsed()) {
         tokio::time::sleep(rest).await;
     }
-    let lines = monitor.stop();
+    let samples = sampler.stop();
     for ns in [NS, NS_MANUAL] {
         let (mcs_before, pods_before, gens_before) = &before[ns];
         let mut mcs_after = env.memcached_uids(ns).await;
@@ -1312,28 +1238,17 @@ async fn install_and_upgrade_through_olm() {
             uids(&pods_after)
         ));
     }
-    let samples = lines
-        .iter()
-        .filter(|l| !l.contains(" NOT-AVAILABLE "))
-        .count();
-    let bad: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains(" NOT-AVAILABLE ") || l.contains(" ERROR "))
-        .collect();
-    for l in &bad {
-        eprintln!("availability: {l}");
+    for sample in samples.unavailable() {
+        eprintln!("availability: {}", sample.line);
     }
     checks.check(
-        format!("every Memcached Available throughout the upgrade ({samples} samples, 1 s apart)"),
-        samples > 0 && bad.is_empty(),
+        format!(
+            "every Memcached Available throughout the upgrade ({} samples, 1 s apart)",
+            samples.len()
+        ),
+        samples.always_available(),
     );
-    checks.figure(format!(
-        "availability samples during the upgrades: {samples}, not Available: {}",
-        lines
-            .iter()
-            .filter(|l| l.contains(" NOT-AVAILABLE "))
-            .count()
-    ));
+    checks.figure(samples.summary("during the upgrades"));
 
     // ------------------------------------------------------------ monitoring (the new bundle's objects)
     let ok = env

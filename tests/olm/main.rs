@@ -2,6 +2,7 @@
 //! `make test-run-bundle`): behind the `olm` feature, as they need tools built from Go modules
 //! and, for some, root; `run_bundle` also behind `real-node`, as it needs the real node.
 
+mod availability;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
 mod harness;

@@ -38,7 +38,6 @@
 //! `logs/run-bundle-availability*.log`. TIMEOUT: seconds per wait (default 240).
 
 mod bundles;
-mod sampler;
 mod scene;
 
 use std::collections::BTreeMap;
@@ -52,10 +51,10 @@ use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 use serde_json::{Value, json};
 
+use crate::availability::Samples;
 use crate::harness;
 use crate::olm::{self, CatalogOptions, Olm, field, str_field};
 use crate::scripts::{run, tool};
-use sampler::Samples;
 use scene::{Scene, secs, short, wait_until};
 
 const PACKAGE: &str = "memcached-operator";
@@ -497,7 +496,7 @@ async fn run_bundle_upgrade_leaves_the_memcached_serving_and_untouched(
         panic!("every memcached pod still holds the key stored under {prev_csv}: {e}");
     }
     assert!(
-        samples.always_available(release.sample_size),
+        samples.always_serving(release.sample_size),
         "Memcached Available and {} pods serving in every sample during the upgrade ({})",
         release.sample_size,
         samples.summary("during the upgrade")
@@ -610,7 +609,7 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(scene: &Scene, before
         before.memcached_uid
     );
     assert!(
-        samples.always_available(size),
+        samples.always_serving(size),
         "Memcached Available and {size} pods serving in every sample during the roll ({})",
         samples.summary("during the roll")
     );

@@ -16,8 +16,8 @@ use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::Value;
 
-use super::sampler::Sampler;
 use super::{MEMCACHED_PODS, NS, OPERATOR_POD, PACKAGE, PREFIX};
+use crate::availability::{Sampler, Watched};
 use crate::harness;
 use crate::olm::{resource, str_field};
 use crate::scripts::{Registry, env_lines, hack, olm_versions, run, stdout_of, tool};
@@ -473,10 +473,14 @@ impl Scene {
     }
 
     pub fn sampler(&self, name: &str) -> Sampler {
+        let watched = Watched {
+            namespace: NS.into(),
+            names: vec![self.release.sample.clone()],
+            pods: Some(MEMCACHED_PODS.into()),
+        };
         Sampler::start(
             self.client.clone(),
-            NS,
-            &self.release.sample,
+            vec![watched],
             self.logs.join(format!("{PREFIX}-{name}.log")),
         )
     }
