@@ -136,6 +136,8 @@ async fn read(client: &Client, watched: &Watched, t: f64) -> Sample {
 
 pub struct Samples(pub Vec<Sample>);
 
+// Pods are counted only by run_bundle's scenes, which need the real node.
+#[cfg_attr(not(feature = "real-node"), allow(dead_code))]
 impl Samples {
     pub fn len(&self) -> usize {
         self.0.len()
@@ -172,12 +174,15 @@ impl Samples {
 
     /// For figures and failure messages: "samples WHEN: ...".
     pub fn summary(&self, when: &str) -> String {
-        format!(
-            "samples {when}: {}, not Available: {}, fewest serving pods: {}",
+        let mut summary = format!(
+            "samples {when}: {}, not Available: {}",
             self.len(),
-            self.unavailable().count(),
-            Self::fmt_opt(self.min_ready())
-        )
+            self.unavailable().count()
+        );
+        if let Some(ready) = self.min_ready() {
+            summary.push_str(&format!(", fewest serving pods: {ready}"));
+        }
+        summary
     }
 
     pub fn most_pods(&self) -> String {
