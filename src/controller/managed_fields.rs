@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::marker::PhantomData;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -106,22 +107,9 @@ impl<'a> Fields<'a> {
 
 impl<'de> Deserialize<'de> for Fields<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct FieldsVisitor;
-        impl<'de> Visitor<'de> for FieldsVisitor {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("FieldsV1")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut children = Vec::new();
-                while let Some(child) = map.next_entry()? {
-                    children.push(child);
-                }
-                children.sort_unstable_by(|(Key(a), _), (Key(b), _)| a.cmp(b));
-                Ok(Fields(children))
-            }
-        }
-        deserializer.deserialize_map(FieldsVisitor)
+        let Entries(mut children) = Entries::deserialize(deserializer)?;
+        children.sort_unstable_by(|(Key(a), _), (Key(b), _)| a.cmp(b));
+        Ok(Fields(children))
     }
 }
 
@@ -224,7 +212,7 @@ impl<'f> ListedItems<'f> {
     /// `Some(None)` for an item named and empty).
     fn digest(&self, text: &str) -> Option<Option<u64>> {
         if !self.keyed.is_empty()
-            && let Ok(Entries(fields)) = serde_json::from_str(text)
+            && let Ok(Entries::<&RawValue>(fields)) = serde_json::from_str(text)
             && let Some((keys, ours)) = self.keyed.iter().find(|(keys, _)| {
                 keys.iter().all(|(key, value)| {
                     fields.iter().any(|(Key(k), v)| {
@@ -281,18 +269,18 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-/// A JSON object's entries, their values left as text.
-struct Entries<'a>(Vec<(Key<'a>, &'a RawValue)>);
+/// A JSON object's entries in their order, the keys borrowed from the text.
+struct Entries<'a, V>(Vec<(Key<'a>, V)>);
 
-impl<'de> Deserialize<'de> for Entries<'de> {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<'de, V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct EntriesVisitor;
-        impl<'de> Visitor<'de> for EntriesVisitor {
-            type Value = Entries<'de>;
+        struct EntriesVisitor<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for EntriesVisitor<V> {
+            type Value = Entries<'de, V>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut entries = Vec::new();
                 while let Some(entry) = map.next_entry()? {
                     entries.push(entry);
@@ -300,7 +288,7 @@ impl<'de> Deserialize<'de> for Entries<'de> {
                 Ok(Entries(entries))
             }
         }
-        deserializer.deserialize_map(EntriesVisitor)
+        deserializer.deserialize_map(EntriesVisitor(PhantomData))
     }
 }
 
