@@ -248,7 +248,7 @@ impl<'f> ListedItems<'f> {
 
 /// A map key as read: borrowed from the text unless it has escapes.
 #[derive(Debug)]
-pub struct Key<'a>(Cow<'a, str>);
+struct Key<'a>(Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -334,13 +334,13 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SpecDigests, A::Error> {
         let mut spec = SpecDigests::default();
-        let mut digest = MapDigest::default();
+        let mut entries = MapDigest::default();
         while let Some(Key(key)) = map.next_key()? {
             if key == "replicas" {
                 let replicas = map.next_value::<Option<i64>>()?;
                 spec.replicas = replicas.and_then(|r| i32::try_from(r).ok());
                 if self.0.is_some() {
-                    digest.entry(&key, super::digest::digest(&replicas));
+                    entries.entry(&key, digest(&replicas));
                 }
                 continue;
             }
@@ -352,9 +352,9 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
             if key == "template" {
                 spec.template = value;
             }
-            digest.entry(&key, value);
+            entries.entry(&key, value);
         }
-        spec.spec = digest.finish();
+        spec.spec = entries.finish();
         Ok(spec)
     }
 }
