@@ -28,7 +28,8 @@ trap 'rm -rf "${overlay}"' EXIT
 # kustomize takes no absolute paths to other kustomizations: a relative one from the overlay.
 base="$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "${ROOT}/config/default" "${overlay}")"
 env_patch=""
-for pair in "RELATED_IMAGE_MEMCACHED=${MEMCACHED_IMG:-}" "RELATED_IMAGE_MEMCACHED_EXPORTER=${EXPORTER_IMG:-}"; do
+# The agent beside memcached (spec.auth) is the operator's own binary, so its image is IMG.
+for pair in "RELATED_IMAGE_MEMCACHED=${MEMCACHED_IMG:-}" "RELATED_IMAGE_MEMCACHED_EXPORTER=${EXPORTER_IMG:-}" "RELATED_IMAGE_AGENT=${IMG}"; do
 	[[ -n "${pair#*=}" ]] || continue
 	[[ -n "${env_patch}" ]] || env_patch="            env:"
 	env_patch+="$(printf '\n            - name: %s\n              value: "%s"' "${pair%%=*}" "${pair#*=}")"

@@ -185,6 +185,59 @@ pub struct MemcachedSpec {
     /// Prometheus metrics of memcached itself (hit ratio, evictions, connections, memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<MonitoringSpec>,
+
+    /// Password authentication for clients (memcached's ASCII authentication): a client sends
+    /// `set <any key> 0 0 <n>` with `<username> <password>` as its data before anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+}
+
+/// memcached's ASCII authentication, from a Secret with `username` and `password`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// true: memcached refuses every command of a client that has not authenticated. Turning it
+    /// on or off rolls the pods; changing the Secret's content does not.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// A Secret in the Memcached's namespace with keys `username` and `password` (no spaces,
+    /// colons or line breaks; together at most 250 bytes). Unset: the operator creates
+    /// `<name>-auth` with a random password, owned by the Memcached. Changing the named Secret's
+    /// content rotates the password in the running pods within 2 minutes, without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret_name: Option<String>,
+
+    /// Seconds the previous password keeps working after the Secret changes, so clients can
+    /// move to the new one without being refused.
+    #[serde(default = "default_rotation_grace_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub rotation_grace_seconds: i32,
+}
+
+impl Default for AuthSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            secret_name: None,
+            rotation_grace_seconds: default_rotation_grace_seconds(),
+        }
+    }
+}
+
+impl AuthSpec {
+    /// Whether this spec turns authentication on.
+    pub fn enabled(auth: Option<&AuthSpec>) -> bool {
+        auth.is_some_and(|a| a.enabled)
+    }
+}
+
+fn default_rotation_grace_seconds() -> i32 {
+    300
 }
 
 /// memcached's own metrics: an exporter beside each memcached.

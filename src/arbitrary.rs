@@ -10,7 +10,7 @@ use proptest::option;
 use proptest::prelude::*;
 
 use crate::api::{
-    DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
+    AuthSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
     MonitoringSpec, RolloutSpec, Spread,
 };
 
@@ -126,6 +126,18 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
                 image,
             }),
         );
+    let auth = option::of(
+        (
+            any::<bool>(),
+            option::of("[a-z]([a-z0-9-]{0,20}[a-z0-9])?"),
+            0..=86400i32,
+        )
+            .prop_map(|(enabled, secret_name, rotation_grace_seconds)| AuthSpec {
+                enabled,
+                secret_name,
+                rotation_grace_seconds,
+            }),
+    );
     (
         option::of(1..=256i32),
         option::of(1..=65536i32),
@@ -134,11 +146,13 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
         rollout,
         spread,
         monitoring,
+        auth,
     )
         .prop_map(
-            move |(threads, connections, item_size, budget, rollout, spread, monitoring)| {
+            move |(threads, connections, item_size, budget, rollout, spread, monitoring, auth)| {
                 MemcachedSpec {
                     monitoring,
+                    auth,
                     threads,
                     max_connections: connections,
                     max_item_size_mib: item_size,
@@ -216,6 +230,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 pod_annotations: None,
                 pod_labels: None,
                 monitoring: None,
+                auth: None,
             },
         )
         .prop_flat_map(with_tuning)

@@ -32,6 +32,9 @@ pub struct Cli {
 pub enum Command {
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
+    /// The agent beside memcached in pods with spec.auth (not for direct use).
+    #[command(subcommand, hide = true)]
+    Agent(crate::agent::Command),
 }
 
 #[derive(Parser, Debug, Clone)]
@@ -109,6 +112,11 @@ pub struct RunArgs {
     /// spec.monitoring.image.
     #[arg(long, env = "RELATED_IMAGE_MEMCACHED_EXPORTER", default_value = crate::resources::FALLBACK_EXPORTER_IMAGE)]
     pub exporter_image: String,
+
+    /// Image of the agent beside memcached for Memcacheds with spec.auth: the operator's own
+    /// image (`make deploy` sets it to IMG).
+    #[arg(long, env = "RELATED_IMAGE_AGENT", default_value = crate::resources::FALLBACK_AGENT_IMAGE)]
+    pub agent_image: String,
 
     /// This process's identity in Leases and Events. Default: POD_NAME, else the host name with
     /// a random suffix.

@@ -1,5 +1,6 @@
 //! memcached-operator: a Kubernetes operator for Memcached.
 
+pub mod agent;
 pub mod api;
 #[cfg(any(test, feature = "arbitrary"))]
 pub mod arbitrary;

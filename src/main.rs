@@ -9,6 +9,7 @@ fn main() -> std::process::ExitCode {
             print!("{}", memcached_operator::api::crd_yaml());
             std::process::ExitCode::SUCCESS
         }
+        Some(Command::Agent(command)) => memcached_operator::agent::main(command),
         None => memcached_operator::manager::main(cli.run),
     }
 }

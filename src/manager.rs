@@ -71,6 +71,7 @@ async fn run(args: RunArgs) -> ExitCode {
         images: Images {
             memcached: args.memcached_image.clone(),
             exporter: args.exporter_image.clone(),
+            agent: args.agent_image.clone(),
         },
         service_monitors: keep_service_monitors(&client, &scopes).await,
         initial_list: match scopes.first() {

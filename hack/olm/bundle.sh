@@ -98,9 +98,10 @@ EOF
       value: ">=${SKIP_RANGE_MIN} <${VERSION}"
 EOF
 	fi
-	# After the CSV patch: the two above append operations to it.
+	# After the CSV patch: the two above append operations to it. The agent beside memcached
+	# runs the operator's image; RELATED_IMAGES may still name another.
 	local pair
-	for pair in ${RELATED_IMAGES:-}; do
+	for pair in "AGENT=${IMG}" ${RELATED_IMAGES:-}; do
 		[[ "${pair}" == ?*=?* ]] || die "RELATED_IMAGES: expected NAME=REF, got ${pair}"
 		cat >>"${overlay}/kustomization.yaml" <<EOF
 - target:

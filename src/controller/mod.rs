@@ -2,6 +2,7 @@
 //! trigger policy, and the watches that feed the runtime's queue and workers.
 
 mod context;
+mod credentials;
 mod digest;
 mod ensure;
 mod events;

@@ -16,6 +16,9 @@ pub const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// How often an apply the API server refused as invalid is tried again without a spec change:
 /// what refused it (an admission policy) may change without the Memcached changing.
 pub const REFUSED_RECHECK: Duration = Duration::from_secs(300);
+/// Secrets are not watched (the operator reads only the ones Memcacheds name), so a missing or
+/// unusable one is looked at again this often.
+pub const SECRET_RECHECK: Duration = Duration::from_secs(10);
 /// How often a pod template change waiting for a rollout slot asks again.
 pub const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 
@@ -45,6 +48,7 @@ impl Outcome {
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),
             // A spec change queues the next reconcile.
             Outcome::Blocked(Blocked::InvalidSpec { .. }) => Next::AwaitChange,
+            Outcome::Blocked(Blocked::InvalidSecret { .. }) => Next::After(SECRET_RECHECK),
             // A failure for the metrics. The same request gets the same no, so an invalid object
             // is only rechecked slowly; a 403 (a quota, RBAC warming up after an API server
             // restart) can pass without any change of ours and goes through the backoff.

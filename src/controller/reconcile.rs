@@ -12,6 +12,7 @@ use kube::{Api, ResourceExt};
 use tracing::debug;
 
 use super::context::Context;
+use super::credentials;
 use super::ensure::{
     Announce, Ensured, StatusPatch, ensure, ensure_optional, lookup, lookup_optional, patch_status,
 };
@@ -76,6 +77,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         existing_budget.as_deref().map(|b| &b.metadata),
         existing_monitor.as_deref().map(|m| &m.metadata),
     );
+    // With authentication on, the Secret the pods will mount must be there and usable first.
+    if blocked.is_none() {
+        blocked = credentials::ensure(ctx, mc).await?;
+    }
 
     let mut rollout_queued = None;
     let mut deployment_written = false;

@@ -16,13 +16,14 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{EXPORTER_PORT, Memcached, MemcachedSpec, Spread};
+use crate::api::{EXPORTER_PORT, Memcached, Spread};
 
+use super::auth;
 use super::*;
 
 /// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
 /// no privilege escalation, no capabilities, a read-only root.
-fn restricted(uid: i64) -> SecurityContext {
+pub(super) fn restricted(uid: i64) -> SecurityContext {
     SecurityContext {
         run_as_non_root: Some(true),
         run_as_user: Some(uid),
@@ -50,7 +51,15 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
         name: "exporter".to_string(),
         image: Some(image.to_string()),
         args: Some(vec![
-            format!("--memcached.address=localhost:{}", mc.spec.container_port),
+            // With authentication on, through the agent, which logs in for it.
+            format!(
+                "--memcached.address=localhost:{}",
+                if auth::enabled(mc) {
+                    auth::agent_proxy_port(mc)
+                } else {
+                    mc.spec.container_port
+                }
+            ),
             format!("--web.listen-address=:{EXPORTER_PORT}"),
         ]),
         ports: Some(vec![ContainerPort {
@@ -104,7 +113,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         name: "memcached".to_string(),
         image: Some(image(mc, default_image).to_string()),
         command: Some(vec!["memcached".to_string()]),
-        args: Some(memcached_args(&mc.spec)),
+        args: Some(memcached_args(mc)),
         ports: Some(vec![ContainerPort {
             name: Some("memcached".to_string()),
             container_port: port,
@@ -125,6 +134,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         }),
         liveness_probe: Some(tcp_probe(10, 10)),
         resources: mc.spec.resources.as_deref().cloned(),
+        volume_mounts: auth::enabled(mc).then(|| vec![auth::memcached_mount()]),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
@@ -132,6 +142,30 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
     if monitored(mc) {
         containers.push(exporter(mc, &images.exporter));
     }
+    let mut pod = PodSpec {
+        containers,
+        termination_grace_period_seconds: Some(
+            i64::from(rollout.pre_stop_delay_seconds) + STOP_MARGIN_SECONDS,
+        ),
+        topology_spread_constraints: topology_spread(mc),
+        affinity: affinity(mc),
+        node_selector: mc.spec.node_selector.clone(),
+        tolerations: mc.spec.tolerations.clone(),
+        priority_class_name: mc.spec.priority_class_name.clone(),
+        image_pull_secrets: mc.spec.image_pull_secrets.clone(),
+        // memcached needs no API access.
+        automount_service_account_token: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        ..PodSpec::default()
+    };
+    auth::add_to_pod(mc, &mut pod, &images.agent);
     Deployment {
         metadata: owned_metadata(mc),
         spec: Some(DeploymentSpec {
@@ -154,29 +188,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
                     annotations: mc.spec.pod_annotations.clone(),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers,
-                    termination_grace_period_seconds: Some(
-                        i64::from(rollout.pre_stop_delay_seconds) + STOP_MARGIN_SECONDS,
-                    ),
-                    topology_spread_constraints: topology_spread(mc),
-                    affinity: affinity(mc),
-                    node_selector: mc.spec.node_selector.clone(),
-                    tolerations: mc.spec.tolerations.clone(),
-                    priority_class_name: mc.spec.priority_class_name.clone(),
-                    image_pull_secrets: mc.spec.image_pull_secrets.clone(),
-                    // memcached needs no API access.
-                    automount_service_account_token: Some(false),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".to_string(),
-                            ..SeccompProfile::default()
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
-                    ..PodSpec::default()
-                }),
+                spec: Some(pod),
             },
             ..DeploymentSpec::default()
         }),
@@ -186,7 +198,8 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
 
 /// memcached's command-line flags for a spec; tuning flags only when set, so memcached's own
 /// defaults apply otherwise.
-fn memcached_args(spec: &MemcachedSpec) -> Vec<String> {
+fn memcached_args(mc: &Memcached) -> Vec<String> {
+    let spec = &mc.spec;
     let mut args = vec![
         "-m".to_string(),
         spec.max_memory_mib.to_string(),
@@ -201,6 +214,9 @@ fn memcached_args(spec: &MemcachedSpec) -> Vec<String> {
         if let Some(value) = value {
             args.extend([flag.to_string(), format!("{value}{unit}")]);
         }
+    }
+    if auth::enabled(mc) {
+        args.extend(auth::memcached_args());
     }
     args.extend(["-o", "modern", "-v"].map(String::from));
     args
@@ -519,8 +535,8 @@ mod tests {
         let mut mc = monitored_cache(None);
         mc.spec.container_port = 12000;
         let images = Images {
-            memcached: "memcached:x".into(),
             exporter: "exporter:default".into(),
+            ..Images::new("memcached:x")
         };
         let pod = deployment(&mc, &images)
             .spec
@@ -568,6 +584,90 @@ mod tests {
         assert_eq!(
             pod_of(&pinned).containers[1].image.as_deref(),
             Some("exporter:pinned")
+        );
+    }
+
+    #[test]
+    fn auth_is_off_by_default_and_adds_nothing() {
+        let mut mc = memcached("cache", 1);
+        mc.spec.auth = Some(crate::api::AuthSpec::default());
+        let pod = pod_of(&mc);
+        assert_eq!(pod, pod_of(&memcached("cache", 1)));
+        assert!(pod.init_containers.is_none() && pod.volumes.is_none());
+        assert_eq!(pod.share_process_namespace, None);
+    }
+
+    #[test]
+    fn auth_gives_memcached_a_password_file_kept_by_a_restricted_agent() {
+        let mut mc = monitored_cache(None);
+        mc.spec.auth = Some(crate::api::AuthSpec {
+            enabled: true,
+            secret_name: Some("creds".into()),
+            rotation_grace_seconds: 90,
+        });
+        let images = Images {
+            agent: "operator:1".into(),
+            ..Images::new("memcached:x")
+        };
+        let pod = deployment(&mc, &images)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let memcached = &pod.containers[0];
+        let args = memcached.args.clone().unwrap();
+        assert!(
+            args.windows(2).any(|w| w == ["-Y", auth::AUTH_FILE]),
+            "{args:?}"
+        );
+        let mount = &memcached.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (auth::AUTH_DIR, Some(true))
+        );
+
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        let agent = pod.containers.iter().find(|c| c.name == "agent").unwrap();
+        for c in [init, agent] {
+            assert_eq!(c.image.as_deref(), Some("operator:1"));
+            assert_eq!(
+                c.security_context,
+                Some(restricted(MEMCACHED_UID)),
+                "{}",
+                c.name
+            );
+        }
+        assert_eq!(init.args.as_ref().unwrap()[0], "init");
+        let agent_args = agent.args.clone().unwrap();
+        assert!(
+            agent_args.contains(&"--rotation-grace=90s".to_string()),
+            "{agent_args:?}"
+        );
+        assert!(agent_args.contains(&"--memcached=127.0.0.1:11211".to_string()));
+        assert_eq!(
+            pod.share_process_namespace,
+            Some(true),
+            "the agent signals memcached"
+        );
+        let secret = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find_map(|v| v.secret.as_ref())
+            .unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("creds"));
+
+        let exporter = pod
+            .containers
+            .iter()
+            .find(|c| c.name == "exporter")
+            .unwrap();
+        assert_eq!(
+            exporter.args.as_ref().unwrap()[0],
+            format!("--memcached.address=localhost:{}", auth::AGENT_PROXY_PORT),
+            "the exporter reads stats through the agent, which logs in"
         );
     }
 }

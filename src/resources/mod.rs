@@ -12,6 +12,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::{EXPORTER_PORT, Memcached};
 use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 
+pub mod auth;
 mod deployment;
 pub use deployment::deployment;
 
@@ -20,6 +21,9 @@ pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
 /// Exporter image used when neither `spec.monitoring.image` nor
 /// `RELATED_IMAGE_MEMCACHED_EXPORTER` is set.
 pub const FALLBACK_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.16.0";
+/// The in-pod agent's image (`spec.auth`) when `RELATED_IMAGE_AGENT` is not set: the operator's
+/// own, as `config/manager` names it.
+pub const FALLBACK_AGENT_IMAGE: &str = concat!("memcached-operator:", env!("CARGO_PKG_VERSION"));
 /// uid of `nobody`, the exporter image's user (named in the image, so set as a number here:
 /// the kubelet can only check runAsNonRoot for a numeric user).
 pub const EXPORTER_UID: i64 = 65534;
@@ -99,6 +103,8 @@ fn owned_metadata(mc: &Memcached) -> ObjectMeta {
 pub struct Images {
     pub memcached: String,
     pub exporter: String,
+    /// The operator's own image, which runs the agent beside memcached (`spec.auth`).
+    pub agent: String,
 }
 
 impl Images {
@@ -107,6 +113,7 @@ impl Images {
         Self {
             memcached: memcached.into(),
             exporter: FALLBACK_EXPORTER_IMAGE.into(),
+            agent: FALLBACK_AGENT_IMAGE.into(),
         }
     }
 }

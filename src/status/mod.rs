@@ -35,6 +35,8 @@ pub enum Reason {
     ResourceExists,
     /// The spec cannot work (see validation.rs), or the API server refused what it asks for.
     InvalidSpec,
+    /// The Secret `spec.auth` names is missing or memcached cannot use its credentials.
+    InvalidSecret,
     /// The API server forbade an owned object (a quota, a policy).
     Forbidden,
     /// Why pods are not Ready (see `Trouble`).
@@ -60,6 +62,7 @@ impl Reason {
             Self::AsExpected => "AsExpected",
             Self::ResourceExists => "ResourceExists",
             Self::InvalidSpec => "InvalidSpec",
+            Self::InvalidSecret => "InvalidSecret",
             Self::Forbidden => "Forbidden",
             Self::Unschedulable => "Unschedulable",
             Self::ImagePullFailed => "ImagePullFailed",
@@ -70,7 +73,7 @@ impl Reason {
         }
     }
 
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -80,6 +83,7 @@ impl Reason {
         Self::AsExpected,
         Self::ResourceExists,
         Self::InvalidSpec,
+        Self::InvalidSecret,
         Self::Forbidden,
         Self::Unschedulable,
         Self::ImagePullFailed,
@@ -135,6 +139,9 @@ pub enum Blocked {
     ResourceExists { message: String },
     /// A spec that cannot work: not applied, and the pods running now keep serving.
     InvalidSpec { message: String },
+    /// The credentials Secret is missing or unusable: nothing applied, the pods keep serving
+    /// with the passwords they have.
+    InvalidSecret { message: String },
     /// The API server refused to apply an owned object.
     Refused { refusal: Refusal, message: String },
 }
@@ -144,6 +151,7 @@ impl Blocked {
         match self {
             Self::ResourceExists { .. } => Reason::ResourceExists,
             Self::InvalidSpec { .. } => Reason::InvalidSpec,
+            Self::InvalidSecret { .. } => Reason::InvalidSecret,
             Self::Refused {
                 refusal: Refusal::Invalid,
                 ..
@@ -159,6 +167,7 @@ impl Blocked {
         match self {
             Self::ResourceExists { message }
             | Self::InvalidSpec { message }
+            | Self::InvalidSecret { message }
             | Self::Refused { message, .. } => message,
         }
     }
