@@ -1,4 +1,5 @@
-//! A memcached text-protocol client with just what the tests ask of a server: set, get and stats.
+//! A memcached text-protocol client with just what the tests ask of a server: set, get, stats and
+//! login.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -44,6 +45,14 @@ impl Connection {
             "STORED" => Ok(()),
             other => bail!("set {key}: {other}"),
         }
+    }
+
+    /// memcached's ASCII authentication (`-Y`): a `set` of any key whose data is
+    /// `<username> <password>`. An error carries memcached's answer.
+    pub async fn login(&mut self, username: &str, password: &str) -> Result<()> {
+        self.set("auth", format!("{username} {password}").as_bytes())
+            .await
+            .map_err(|e| anyhow::anyhow!("login as {username}: {e}"))
     }
 
     pub async fn get(&mut self, key: &str) -> Result<Option<String>> {

@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod harness;
 
+mod auth;
 mod cluster;
 mod endpoints;
 

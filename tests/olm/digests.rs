@@ -219,6 +219,11 @@ fn a_release_bundle_names_every_image_by_the_digest_the_registry_serves() {
         env_value(manager, "RELATED_IMAGE_MEMCACHED_EXPORTER"),
         &exporter_pinned,
     );
+    checks.expect(
+        "RELATED_IMAGE_AGENT (the operator's own image)",
+        env_value(manager, "RELATED_IMAGE_AGENT"),
+        &operator_pinned,
+    );
     let related: Vec<&str> = csv["spec"]["relatedImages"]
         .as_array()
         .into_iter()

@@ -3,6 +3,7 @@
 //! containers from images built here. What kwok cannot show is shown here: processes, probes,
 //! DNS, the memcached protocol.
 
+mod auth;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
 mod harness;
@@ -44,6 +45,26 @@ impl RealNode {
 
     pub fn name(&self) -> &str {
         self.var("REAL_NODE_NAME")
+    }
+
+    /// The operator image (`hack/images.sh operator`: the Dockerfile's stages, cached), imported into
+    /// the node's containerd.
+    pub fn operator_image(&self) -> String {
+        let images = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/images.sh");
+        let status = std::process::Command::new(&images)
+            .args(["import-operator", self.var("REAL_NODE_CONTAINERD_SOCKET")])
+            .status()
+            .expect("hack/images.sh runs");
+        assert!(status.success(), "hack/images.sh import-operator");
+        let env = std::process::Command::new(&images)
+            .arg("--print-env")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&env.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("OPERATOR_IMAGE="))
+            .expect("OPERATOR_IMAGE from hack/images.sh --print-env")
+            .to_string()
     }
 
     /// The memcached image built from Debian's package and imported into the node's containerd.

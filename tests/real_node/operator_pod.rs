@@ -57,23 +57,6 @@ fn make(args: &[&str]) -> String {
     text
 }
 
-/// The operator image (`hack/images.sh operator`: the Dockerfile's stages, cached), imported into
-/// the node's containerd.
-fn operator_image(node: &RealNode) -> String {
-    let images = repo().join("hack/images.sh");
-    let status = Command::new(&images)
-        .args(["import-operator", node.var("REAL_NODE_CONTAINERD_SOCKET")])
-        .status()
-        .expect("hack/images.sh runs");
-    assert!(status.success(), "hack/images.sh import-operator");
-    let env = Command::new(&images).arg("--print-env").output().unwrap();
-    String::from_utf8_lossy(&env.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("OPERATOR_IMAGE="))
-        .expect("OPERATOR_IMAGE from hack/images.sh --print-env")
-        .to_string()
-}
-
 /// The operator as `make deploy IMG=... MEMCACHED_IMG=...` installs it, its namespace sending its
 /// pods to the real node. `make undeploy` when dropped (after printing its pods' logs if the test
 /// failed), so later tests find no operator, CRD or namespace of it.
@@ -84,7 +67,7 @@ struct Deployed {
 
 impl Deployed {
     async fn new(client: &Client, node: &RealNode) -> Deployed {
-        let image = operator_image(node);
+        let image = node.operator_image();
         // Before `make deploy`: its server-side apply of the Namespace leaves alone the
         // annotations another field manager owns.
         send_pods_to_real_node(client, OPERATOR_NAMESPACE).await;

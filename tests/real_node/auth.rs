@@ -1,0 +1,235 @@
+//! spec.auth for real: memcached refuses clients without the password, the agent beside it
+//! rotates the password in the running process, and the exporter still reads its stats.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use memcached_operator::api::{AuthSpec, MonitoringSpec};
+use memcached_operator::resources::auth::secret_data;
+use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::net::metric_value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::{
+    Operator, OperatorOptions, admin, create, memcached, wait_converged, wait_for,
+};
+use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
+
+const USER: &str = "app";
+/// How long a changed Secret may take to be in force: the bound (the kubelet refreshes
+/// a mounted Secret within about a minute; the agent looks every 5 s).
+const ROTATION: Duration = Duration::from_secs(120);
+const GRACE_SECONDS: i32 = 20;
+
+async fn connect(pod: &Pod) -> Connection {
+    Connection::connect(SocketAddr::new(pod_ip(pod).into(), 11211))
+        .await
+        .unwrap()
+}
+
+/// Whether `password` logs in to the memcached of `pod`.
+async fn logs_in(pod: &Pod, password: &str) -> bool {
+    connect(pod).await.login(USER, password).await.is_ok()
+}
+
+/// Each container's restart count, by name.
+fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
+    let status = pod.status.as_ref().unwrap();
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| (c.name.clone(), c.restart_count))
+        .collect()
+}
+
+async fn exporter_metrics(pod: &Pod) -> String {
+    let mut stream = tokio::net::TcpStream::connect(SocketAddr::new(pod_ip(pod).into(), 9150))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: exporter\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+#[tokio::test]
+async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "auth").await;
+    let _op = Operator::start(
+        &client,
+        OperatorOptions {
+            watch_namespace: Some(ns.clone()),
+            env: vec![
+                (
+                    "RELATED_IMAGE_MEMCACHED".into(),
+                    node.memcached_image().into(),
+                ),
+                (
+                    "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
+                    node.var("EXPORTER_IMAGE").into(),
+                ),
+                ("RELATED_IMAGE_AGENT".into(), node.operator_image()),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let mut creds = Secret {
+        data: Some(secret_data(USER, "first-password")),
+        ..Secret::default()
+    };
+    creds.metadata.name = Some("creds".into());
+    secrets
+        .create(&PostParams::default(), &creds)
+        .await
+        .unwrap();
+    let mut mc = memcached("cache", 2);
+    mc.spec.auth = Some(AuthSpec {
+        enabled: true,
+        secret_name: Some("creds".into()),
+        rotation_grace_seconds: GRACE_SECONDS,
+    });
+    mc.spec.monitoring = Some(MonitoringSpec {
+        enabled: true,
+        image: None,
+    });
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    let pods = pods_of(&client, &ns, "cache").await;
+    assert_eq!(pods.len(), 2);
+
+    let mut uptimes = Vec::new();
+    for pod in &pods {
+        // Strangers are refused; the password opens it.
+        let err = connect(pod).await.get("k").await.unwrap_err().to_string();
+        assert!(err.contains("CLIENT_ERROR unauthenticated"), "{err}");
+        let err = connect(pod)
+            .await
+            .login(USER, "wrong")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CLIENT_ERROR authentication failure"), "{err}");
+        let mut conn = connect(pod).await;
+        conn.login(USER, "first-password").await.unwrap();
+        for i in 0..100 {
+            conn.set(&format!("key-{i}"), format!("value-{i}").as_bytes())
+                .await
+                .unwrap();
+        }
+        let uptime: u64 = conn.stat("", "uptime").await.unwrap().parse().unwrap();
+        uptimes.push(uptime);
+
+        // The agent: memcached's user, no capabilities, confined as memcached is.
+        let uid = pod.metadata.uid.as_deref().unwrap();
+        let agents = Process::in_pod(uid, "memcached-opera"); // comm keeps 15 characters
+        let [agent] = &agents[..] else {
+            panic!("one agent in {}, found {}", pod.name_any(), agents.len())
+        };
+        assert_eq!(agent.status("Uid"), "11211 11211 11211 11211");
+        assert_eq!(agent.status("CapEff"), "0000000000000000");
+        assert_eq!(agent.status("NoNewPrivs"), "1");
+        assert_eq!(agent.status("Seccomp"), "2");
+        assert!(agent.root_is_read_only());
+
+        // The exporter reads stats through the agent, which logs in for it.
+        let metrics = exporter_metrics(pod).await;
+        assert_eq!(
+            metric_value(&metrics, "memcached_up"),
+            Some(1.0),
+            "{metrics}"
+        );
+        assert!(
+            metric_value(&metrics, "memcached_current_items").is_some_and(|n| n >= 100.0),
+            "the exporter sees the items"
+        );
+    }
+    let processes: Vec<u32> = pods
+        .iter()
+        .map(|p| Process::in_pod(p.metadata.uid.as_deref().unwrap(), "memcached")[0].pid)
+        .collect();
+
+    // Rotate: the new password works within the bound, the old one until its grace ends.
+    let rotated = Instant::now();
+    let new = serde_json::json!({"data": secret_data(USER, "second-password")});
+    secrets
+        .patch("creds", &PatchParams::default(), &Patch::Merge(&new))
+        .await
+        .unwrap();
+    for pod in &pods {
+        wait_for(
+            &format!("the new password in force on {}", pod.name_any()),
+            ROTATION,
+            || async { logs_in(pod, "second-password").await.then_some(()) },
+        )
+        .await;
+        assert!(
+            logs_in(pod, "first-password").await,
+            "the old password still works during the grace period"
+        );
+    }
+    println!(
+        "new password in force on every pod after {:?}",
+        rotated.elapsed()
+    );
+    for pod in &pods {
+        wait_for(
+            &format!("the old password refused on {}", pod.name_any()),
+            Duration::from_secs(GRACE_SECONDS as u64 + 30),
+            || async { (!logs_in(pod, "first-password").await).then_some(()) },
+        )
+        .await;
+    }
+
+    // The same processes, never restarted, with every key.
+    let after = pods_of(&client, &ns, "cache").await;
+    assert_eq!(
+        after.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+        pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    for (i, pod) in after.iter().enumerate() {
+        assert!(
+            restarts(pod).values().all(|&n| n == 0),
+            "{}: {:?}",
+            pod.name_any(),
+            restarts(pod)
+        );
+        assert_eq!(
+            Process::in_pod(pod.metadata.uid.as_deref().unwrap(), "memcached")[0].pid,
+            processes[i]
+        );
+        let mut conn = connect(pod).await;
+        conn.login(USER, "second-password").await.unwrap();
+        let uptime: u64 = conn.stat("", "uptime").await.unwrap().parse().unwrap();
+        assert!(
+            uptime >= uptimes[i] + rotated.elapsed().as_secs().saturating_sub(2),
+            "memcached's uptime kept counting: {} then {uptime}",
+            uptimes[i]
+        );
+        for k in 0..100 {
+            assert_eq!(
+                conn.get(&format!("key-{k}")).await.unwrap(),
+                Some(format!("value-{k}")),
+                "key-{k} on {}",
+                pod.name_any()
+            );
+        }
+        let metrics = exporter_metrics(pod).await;
+        assert_eq!(
+            metric_value(&metrics, "memcached_up"),
+            Some(1.0),
+            "the exporter logs in with the new password"
+        );
+    }
+}
