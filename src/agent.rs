@@ -48,15 +48,23 @@ pub struct Paths {
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub paths: Paths,
+    /// With authentication: the mounted Secret (files `username` and `password`).
+    #[arg(long, requires = "auth_file")]
+    pub credentials: Option<PathBuf>,
+    /// With authentication: memcached's password file (its -Y flag).
+    #[arg(long, requires = "credentials")]
+    pub auth_file: Option<PathBuf>,
     /// How long the previous password keeps working after the Secret changes.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub rotation_grace: Duration,
+    /// With TLS: mounted Secrets whose files memcached reads; when one changes (a renewal), the
+    /// agent asks memcached to `refresh_certs`.
+    #[arg(long = "tls-dir")]
+    pub tls_dirs: Vec<PathBuf>,
     /// Where the exporter connects (the pod's loopback only: whoever connects is logged in).
-    #[arg(long)]
+    #[arg(long, requires = "credentials")]
     pub proxy: Option<std::net::SocketAddr>,
-    /// memcached's address on the pod's loopback.
+    /// memcached's plain-text address on the pod's loopback.
     #[arg(long)]
     pub memcached: std::net::SocketAddr,
 }
@@ -231,45 +239,159 @@ pub fn init(paths: &Paths) -> io::Result<()> {
     write_file(&paths.auth_file, &credentials.line())
 }
 
+/// What `agent run` keeps current: the password file, and the certificates memcached serves.
+struct Agent {
+    args: RunArgs,
+    passwords: Option<Passwords>,
+    /// The password file as last written.
+    written: String,
+    /// The certificate files as memcached last loaded them.
+    certificates: u64,
+    login: watch::Sender<Option<Credentials>>,
+}
+
+impl Agent {
+    fn start(args: RunArgs) -> io::Result<Agent> {
+        let mut written = String::new();
+        let passwords = match (&args.credentials, &args.auth_file) {
+            (Some(dir), Some(file)) => {
+                let mut passwords = Passwords::new(Credentials::read(dir)?, args.rotation_grace);
+                // A restarted agent keeps the passwords its predecessor still honoured, for a
+                // new grace period.
+                written = std::fs::read_to_string(file).unwrap_or_default();
+                passwords.retire(Credentials::parse_file(&written), Instant::now());
+                Some(passwords)
+            }
+            _ => None,
+        };
+        // memcached read these files as it started, as the agent does now.
+        let certificates = fingerprint(&args.tls_dirs);
+        let (login, _) = watch::channel(passwords.as_ref().map(|p| p.current().clone()));
+        Ok(Agent {
+            args,
+            passwords,
+            written,
+            certificates,
+            login,
+        })
+    }
+
+    /// One look at the Secrets: a changed password file is written and memcached signalled; a
+    /// renewed certificate is loaded by `refresh_certs`.
+    async fn sync(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        if let (Some(passwords), Some(dir), Some(file)) = (
+            self.passwords.as_mut(),
+            &self.args.credentials,
+            &self.args.auth_file,
+        ) {
+            match Credentials::read(dir) {
+                Ok(new) => {
+                    if passwords.rotate(new, now) {
+                        info!(grace = ?self.args.rotation_grace, "the Secret changed: a new password");
+                        self.login.send_replace(Some(passwords.current().clone()));
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, "cannot read the Secret; keeping the passwords in force")
+                }
+            }
+            if passwords.expire(now) {
+                info!("a previous password's grace period ended");
+            }
+            let text = passwords.file();
+            if text != self.written {
+                write_file(file, &text)?;
+                self.written = text;
+                let signalled = reload_memcached()?;
+                info!(
+                    signalled,
+                    entries = self.written.lines().count(),
+                    "password file rewritten"
+                );
+            }
+        }
+        let certificates = fingerprint(&self.args.tls_dirs);
+        if certificates != self.certificates {
+            let login = self.login.borrow().clone();
+            match refresh_certs(self.args.memcached, login.as_ref()).await {
+                Ok(()) => {
+                    self.certificates = certificates;
+                    info!("certificates changed: memcached reloaded them");
+                }
+                // Tried again at the next look.
+                Err(error) => warn!(%error, "memcached did not reload the certificates"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A digest of the files in `dirs` (the kubelet swaps a Secret's files all at once).
+fn fingerprint(dirs: &[PathBuf]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for dir in dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            // The kubelet's own `..data` links and timestamped directories.
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        files.sort();
+        for file in files {
+            file.hash(&mut hasher);
+            std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+/// memcached's `refresh_certs`, over its plain loopback listener (logged in when needed).
+async fn refresh_certs(
+    memcached: std::net::SocketAddr,
+    login: Option<&Credentials>,
+) -> io::Result<()> {
+    let mut conn = BufReader::new(TcpStream::connect(memcached).await?);
+    if let Some(credentials) = login {
+        expect(&mut conn, &credentials.login_command(), "STORED").await?;
+    }
+    expect(&mut conn, "refresh_certs\r\n", "OK").await
+}
+
+/// Sends `command` and reads one line, which must be `want`.
+async fn expect(conn: &mut BufReader<TcpStream>, command: &str, want: &str) -> io::Result<()> {
+    conn.get_mut().write_all(command.as_bytes()).await?;
+    let mut reply = String::new();
+    conn.read_line(&mut reply).await?;
+    if reply.trim_end() != want {
+        return Err(io::Error::other(format!(
+            "memcached answered {:?}",
+            reply.trim_end()
+        )));
+    }
+    Ok(())
+}
+
 /// `agent run`, until SIGTERM.
 pub async fn run(args: RunArgs) -> io::Result<()> {
-    let current = Credentials::read(&args.paths.credentials)?;
-    let mut passwords = Passwords::new(current, args.rotation_grace);
-    // A restarted agent keeps the passwords its predecessor still honoured for a new grace.
-    let existing = std::fs::read_to_string(&args.paths.auth_file).unwrap_or_default();
-    passwords.retire(Credentials::parse_file(&existing), Instant::now());
-    let mut written = existing;
-    let (login, _) = watch::channel(passwords.current().clone());
-    if let Some(addr) = args.proxy {
+    let mut agent = Agent::start(args)?;
+    if let Some(addr) = agent.args.proxy {
         let listener = TcpListener::bind(addr).await?;
-        tokio::spawn(proxy(listener, args.memcached, login.subscribe()));
+        tokio::spawn(proxy(
+            listener,
+            agent.args.memcached,
+            agent.login.subscribe(),
+        ));
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
-        let now = Instant::now();
-        match Credentials::read(&args.paths.credentials) {
-            Ok(new) => {
-                if passwords.rotate(new, now) {
-                    info!(grace = ?args.rotation_grace, "the Secret changed: a new password");
-                    login.send_replace(passwords.current().clone());
-                }
-            }
-            Err(error) => warn!(%error, "cannot read the Secret; keeping the passwords in force"),
-        }
-        if passwords.expire(now) {
-            info!("a previous password's grace period ended");
-        }
-        let text = passwords.file();
-        if text != written {
-            write_file(&args.paths.auth_file, &text)?;
-            written = text;
-            let signalled = reload_memcached()?;
-            info!(
-                signalled,
-                entries = written.lines().count(),
-                "password file rewritten"
-            );
-        }
+        agent.sync().await?;
         tokio::select! {
             _ = tokio::time::sleep(POLL) => {}
             _ = terminate.recv() => return Ok(()),
@@ -282,7 +404,7 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
 async fn proxy(
     listener: TcpListener,
     memcached: std::net::SocketAddr,
-    login: watch::Receiver<Credentials>,
+    login: watch::Receiver<Option<Credentials>>,
 ) {
     loop {
         let (client, _) = match listener.accept().await {
@@ -293,7 +415,9 @@ async fn proxy(
                 continue;
             }
         };
-        let credentials = login.borrow().clone();
+        let Some(credentials) = login.borrow().clone() else {
+            continue;
+        };
         tokio::spawn(async move {
             if let Err(error) = relay(client, memcached, &credentials).await {
                 debug!(%error, "relay ended");
@@ -308,18 +432,7 @@ async fn relay(
     credentials: &Credentials,
 ) -> io::Result<()> {
     let mut upstream = BufReader::new(TcpStream::connect(memcached).await?);
-    upstream
-        .get_mut()
-        .write_all(credentials.login_command().as_bytes())
-        .await?;
-    let mut reply = String::new();
-    upstream.read_line(&mut reply).await?;
-    if reply != "STORED\r\n" {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("memcached refused the login: {}", reply.trim_end()),
-        ));
-    }
+    expect(&mut upstream, &credentials.login_command(), "STORED").await?;
     // Nothing else is buffered: memcached sent only the reply.
     tokio::io::copy_bidirectional(&mut client, upstream.get_mut()).await?;
     Ok(())

@@ -77,6 +77,9 @@ pub const EXPORTER_PORT: i32 = 9150;
 #[x_kube(validation = Rule::new("!has(self.maxItemSizeMiB) || self.maxItemSizeMiB * 2 <= self.maxMemoryMiB")
     .message("must be at most half of maxMemoryMiB: memcached refuses to start otherwise")
     .field_path(".maxItemSizeMiB"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.plaintextPort) || (self.tls.plaintextPort != self.containerPort && self.tls.plaintextPort != 9150)")
+    .message("must differ from containerPort and from the exporter's 9150")
+    .field_path(".tls.plaintextPort"))]
 #[x_kube(validation = Rule::new("!has(self.monitoring) || !self.monitoring.enabled || self.containerPort != 9150")
     .message("must not be 9150 while monitoring is enabled: the exporter listens on 9150 in the same pod")
     .field_path(".containerPort"))]
@@ -190,6 +193,61 @@ pub struct MemcachedSpec {
     /// `set <any key> 0 0 <n>` with `<username> <password>` as its data before anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
+
+    /// TLS for clients: memcached serves its port in TLS only, with the certificate of a
+    /// Secret, optionally requiring client certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// memcached's TLS (`-Z`), from `kubernetes.io/tls` Secrets.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.enabled || has(self.secretName)")
+    .message("is required while TLS is enabled")
+    .field_path(".secretName"))]
+pub struct TlsSpec {
+    /// true: memcached's port speaks TLS only (plain text only on plaintextPort, if set).
+    /// Turning it on or off rolls the pods; renewing the certificate does not.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// A `kubernetes.io/tls` Secret in the Memcached's namespace: `tls.crt` (the chain, leaf
+    /// first) and `tls.key`. Clients that verify the server need its names, e.g.
+    /// `<name>.<namespace>.svc`. A renewed certificate is in force within 2 minutes, without a
+    /// restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret_name: Option<String>,
+
+    /// A Secret with `ca.crt`: memcached then refuses clients without a certificate signed by
+    /// it (mutual TLS).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "clientCASecretName"
+    )]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub client_ca_secret_name: Option<String>,
+
+    /// A second port where memcached also serves plain text, for clients that cannot speak
+    /// TLS yet. Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub plaintext_port: Option<i32>,
+}
+
+impl TlsSpec {
+    /// Whether this spec turns TLS on.
+    pub fn enabled(tls: Option<&TlsSpec>) -> bool {
+        tls.is_some_and(|t| t.enabled)
+    }
 }
 
 /// memcached's ASCII authentication, from a Secret with `username` and `password`.

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 
 use crate::api::{
     AuthSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
-    MonitoringSpec, RolloutSpec, Spread,
+    MonitoringSpec, RolloutSpec, Spread, TlsSpec,
 };
 
 /// A non-negative quantity in one of the forms the API accepts: plain, decimal, milli, binary
@@ -138,6 +138,27 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
                 rotation_grace_seconds,
             }),
     );
+    // The schema asks for a certificate while TLS is on, and a plain port of its own.
+    let port = spec.container_port;
+    let secret = "[a-z]([a-z0-9-]{0,20}[a-z0-9])?";
+    let tls = option::of(
+        (
+            any::<bool>(),
+            secret,
+            option::of(secret),
+            option::of((1..=65535i32).prop_filter("a port of its own", move |p| {
+                *p != port && *p != EXPORTER_PORT
+            })),
+        )
+            .prop_map(
+                |(enabled, secret_name, client_ca_secret_name, plaintext_port)| TlsSpec {
+                    enabled,
+                    secret_name: Some(secret_name),
+                    client_ca_secret_name,
+                    plaintext_port,
+                },
+            ),
+    );
     (
         option::of(1..=256i32),
         option::of(1..=65536i32),
@@ -147,12 +168,24 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
         spread,
         monitoring,
         auth,
+        tls,
     )
         .prop_map(
-            move |(threads, connections, item_size, budget, rollout, spread, monitoring, auth)| {
+            move |(
+                threads,
+                connections,
+                item_size,
+                budget,
+                rollout,
+                spread,
+                monitoring,
+                auth,
+                tls,
+            )| {
                 MemcachedSpec {
                     monitoring,
                     auth,
+                    tls,
                     threads,
                     max_connections: connections,
                     max_item_size_mib: item_size,
@@ -231,6 +264,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 pod_labels: None,
                 monitoring: None,
                 auth: None,
+                tls: None,
             },
         )
         .prop_flat_map(with_tuning)

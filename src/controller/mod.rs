@@ -2,7 +2,6 @@
 //! trigger policy, and the watches that feed the runtime's queue and workers.
 
 mod context;
-mod credentials;
 mod digest;
 mod ensure;
 mod events;
@@ -15,6 +14,7 @@ pub(crate) mod owned;
 mod pod_index;
 mod reconcile;
 pub(crate) mod rollouts;
+mod secrets;
 mod triggers;
 mod watched_memcached;
 mod watches;

@@ -12,12 +12,12 @@ use kube::{Api, ResourceExt};
 use tracing::debug;
 
 use super::context::Context;
-use super::credentials;
 use super::ensure::{
     Announce, Ensured, StatusPatch, ensure, ensure_optional, lookup, lookup_optional, patch_status,
 };
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
+use super::secrets;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::{self, is_controlled_by};
@@ -77,9 +77,9 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         existing_budget.as_deref().map(|b| &b.metadata),
         existing_monitor.as_deref().map(|m| &m.metadata),
     );
-    // With authentication on, the Secret the pods will mount must be there and usable first.
+    // The Secrets the pods will mount (auth, TLS) must be there and usable first.
     if blocked.is_none() {
-        blocked = credentials::ensure(ctx, mc).await?;
+        blocked = secrets::check(ctx, mc).await?;
     }
 
     let mut rollout_queued = None;

@@ -1,14 +1,13 @@
 //! memcached's ASCII authentication (`spec.auth`): the Secret the operator generates when the
 //! user names none, the checks a Secret must pass before pods mount it, and what the pod gains:
-//! an init container that writes memcached's `-Y` file, and the agent beside memcached that
-//! rewrites it and sends SIGHUP when the Secret changes (see `crate::agent`).
+//! an init container that writes memcached's `-Y` file, and the agent's part (see `agent.rs`),
+//! which rewrites it and sends SIGHUP when the Secret changes.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, PodSpec, ResourceRequirements, Secret, SecretVolumeSource,
-    Volume, VolumeMount,
+    EmptyDirVolumeSource, Secret, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -16,7 +15,7 @@ use kube::ResourceExt;
 
 use crate::api::{AuthSpec, Memcached};
 
-use super::{MEMCACHED_UID, owned_metadata};
+use super::{mount, owned_metadata};
 
 /// The keys of a credentials Secret, as the Service Binding specification names them.
 pub const USERNAME_KEY: &str = "username";
@@ -27,11 +26,6 @@ pub const GENERATED_USERNAME: &str = "memcached";
 pub const CREDENTIALS_DIR: &str = "/etc/memcached/credentials";
 pub const AUTH_DIR: &str = "/run/memcached";
 pub const AUTH_FILE: &str = "/run/memcached/auth";
-/// The agent's port on the pod's loopback, where the exporter reads `stats`: the agent logs in
-/// for it (the exporter cannot send memcached's ASCII authentication).
-pub const AGENT_PROXY_PORT: i32 = 11299;
-/// The operator's binary in its image, which is also the agent's.
-const AGENT_BINARY: &str = "/memcached-operator";
 /// memcached's file holds `user:password\n` lines read into 256-byte buffers.
 const MAX_CREDENTIALS_BYTES: usize = 250;
 const CREDENTIALS_VOLUME: &str = "credentials";
@@ -132,27 +126,9 @@ pub fn credentials_problem(secret: &Secret) -> Option<String> {
     None
 }
 
-/// The agent's port, moved off memcached's own when the user picked that one.
-pub fn agent_proxy_port(mc: &Memcached) -> i32 {
-    if mc.spec.container_port == AGENT_PROXY_PORT {
-        AGENT_PROXY_PORT - 1
-    } else {
-        AGENT_PROXY_PORT
-    }
-}
-
 /// memcached's flag for the password file.
 pub fn memcached_args() -> [String; 2] {
     ["-Y".to_string(), AUTH_FILE.to_string()]
-}
-
-fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: volume.to_string(),
-        mount_path: path.to_string(),
-        read_only: Some(read_only),
-        ..VolumeMount::default()
-    }
 }
 
 /// The mount of the password file in the memcached container.
@@ -160,65 +136,43 @@ pub fn memcached_mount() -> VolumeMount {
     mount(AUTH_VOLUME, AUTH_DIR, true)
 }
 
-/// Adds to `pod` what authentication needs, given the Secret and the agent's image: the
-/// volumes, the init container that writes the first password file, the agent, and a shared
-/// process namespace so the agent can signal memcached (it runs as memcached's user, so it
-/// needs no capability for that).
-pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, agent_image: &str) {
-    let Some(secret) = secret_name(mc) else {
-        return;
-    };
+/// The agent's mounts: the Secret, and the password file it writes.
+pub fn agent_mounts() -> Vec<VolumeMount> {
+    vec![
+        mount(CREDENTIALS_VOLUME, CREDENTIALS_DIR, true),
+        mount(AUTH_VOLUME, AUTH_DIR, false),
+    ]
+}
+
+/// The agent's flags for the password file.
+pub fn agent_args(mc: &Memcached) -> Vec<String> {
     let grace = mc
         .spec
         .auth
         .as_ref()
         .map_or(0, |a| a.rotation_grace_seconds);
-    let paths = [
+    vec![
         format!("--credentials={CREDENTIALS_DIR}"),
         format!("--auth-file={AUTH_FILE}"),
-    ];
-    let mounts = vec![
-        mount(CREDENTIALS_VOLUME, CREDENTIALS_DIR, true),
-        mount(AUTH_VOLUME, AUTH_DIR, false),
-    ];
-    let agent = |name: &str, args: Vec<String>, resources| Container {
-        name: name.to_string(),
-        image: Some(agent_image.to_string()),
-        command: Some(vec![AGENT_BINARY.to_string(), "agent".to_string()]),
-        args: Some(args),
-        volume_mounts: Some(mounts.clone()),
-        resources,
-        security_context: Some(super::deployment::restricted(MEMCACHED_UID)),
-        ..Container::default()
-    };
-    let mut init_args = vec!["init".to_string()];
-    init_args.extend(paths.iter().cloned());
-    let mut run_args = vec!["run".to_string()];
-    run_args.extend(paths);
-    run_args.extend([
         format!("--rotation-grace={grace}s"),
-        format!("--proxy=127.0.0.1:{}", agent_proxy_port(mc)),
-        format!("--memcached=127.0.0.1:{}", mc.spec.container_port),
-    ]);
-    pod.init_containers
-        .get_or_insert_with(Vec::new)
-        .push(agent("auth-init", init_args, None));
-    // Idle but for a file read every few seconds; its RSS is a few MiB.
-    let resources = ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".to_string(), Quantity("5m".to_string())),
-            ("memory".to_string(), Quantity("8Mi".to_string())),
-        ])),
-        limits: Some(BTreeMap::from([(
-            "memory".to_string(),
-            Quantity("32Mi".to_string()),
-        )])),
-        ..ResourceRequirements::default()
+    ]
+}
+
+/// The init container's flags: it writes the first password file before memcached starts.
+pub fn init_args() -> Vec<String> {
+    vec![
+        "init".to_string(),
+        format!("--credentials={CREDENTIALS_DIR}"),
+        format!("--auth-file={AUTH_FILE}"),
+    ]
+}
+
+/// The Secret, and the in-memory directory of the password file.
+pub fn volumes(mc: &Memcached) -> Vec<Volume> {
+    let Some(secret) = secret_name(mc) else {
+        return Vec::new();
     };
-    pod.containers
-        .push(agent("agent", run_args, Some(resources)));
-    pod.share_process_namespace = Some(true);
-    pod.volumes.get_or_insert_with(Vec::new).extend([
+    vec![
         Volume {
             name: CREDENTIALS_VOLUME.to_string(),
             secret: Some(SecretVolumeSource {
@@ -235,7 +189,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, agent_image: &str) {
             }),
             ..Volume::default()
         },
-    ]);
+    ]
 }
 
 /// A credentials Secret's bytes as the API server returns them (`data`), for tests.
@@ -331,13 +285,5 @@ mod tests {
         assert_eq!(secret_name(&mc).as_deref(), Some("mine"));
         mc.spec.auth.as_mut().unwrap().enabled = false;
         assert_eq!(secret_name(&mc), None);
-    }
-
-    #[test]
-    fn the_agent_port_moves_off_memcacheds() {
-        let mut mc = memcached("cache", 1);
-        assert_eq!(agent_proxy_port(&mc), AGENT_PROXY_PORT);
-        mc.spec.container_port = AGENT_PROXY_PORT;
-        assert_ne!(agent_proxy_port(&mc), mc.spec.container_port);
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
     ResourceRequirements, SeccompProfile, SecurityContext, SleepAction, TCPSocketAction,
-    TopologySpreadConstraint,
+    TopologySpreadConstraint, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{EXPORTER_PORT, Memcached, Spread};
 
-use super::auth;
 use super::*;
+use super::{agent, auth, tls};
 
 /// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
 /// no privilege escalation, no capabilities, a read-only root.
@@ -51,14 +51,9 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
         name: "exporter".to_string(),
         image: Some(image.to_string()),
         args: Some(vec![
-            // With authentication on, through the agent, which logs in for it.
             format!(
                 "--memcached.address=localhost:{}",
-                if auth::enabled(mc) {
-                    auth::agent_proxy_port(mc)
-                } else {
-                    mc.spec.container_port
-                }
+                agent::exporter_target(mc)
             ),
             format!("--web.listen-address=:{EXPORTER_PORT}"),
         ]),
@@ -114,12 +109,17 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         image: Some(image(mc, default_image).to_string()),
         command: Some(vec!["memcached".to_string()]),
         args: Some(memcached_args(mc)),
-        ports: Some(vec![ContainerPort {
-            name: Some("memcached".to_string()),
-            container_port: port,
-            protocol: Some("TCP".to_string()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(
+            std::iter::once(("memcached", port))
+                .chain(tls::plaintext_port(mc).map(|p| (tls::PLAINTEXT_PORT_NAME, p)))
+                .map(|(name, port)| ContainerPort {
+                    name: Some(name.to_string()),
+                    container_port: port,
+                    protocol: Some("TCP".to_string()),
+                    ..ContainerPort::default()
+                })
+                .collect(),
+        ),
         readiness_probe: Some(tcp_probe(1, 5)),
         // Kubernetes takes a stopping pod out of the Service at once, but clients may still hold
         // its address from DNS for a few seconds: it keeps serving them until they have moved on.
@@ -134,7 +134,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         }),
         liveness_probe: Some(tcp_probe(10, 10)),
         resources: mc.spec.resources.as_deref().cloned(),
-        volume_mounts: auth::enabled(mc).then(|| vec![auth::memcached_mount()]),
+        volume_mounts: Some(memcached_mounts(mc)).filter(|m| !m.is_empty()),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
@@ -165,7 +165,12 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         }),
         ..PodSpec::default()
     };
-    auth::add_to_pod(mc, &mut pod, &images.agent);
+    let volumes: Vec<_> = auth::volumes(mc)
+        .into_iter()
+        .chain(tls::volumes(mc))
+        .collect();
+    pod.volumes = Some(volumes).filter(|v| !v.is_empty());
+    agent::add_to_pod(mc, &mut pod, &images.agent);
     Deployment {
         metadata: owned_metadata(mc),
         spec: Some(DeploymentSpec {
@@ -218,8 +223,19 @@ fn memcached_args(mc: &Memcached) -> Vec<String> {
     if auth::enabled(mc) {
         args.extend(auth::memcached_args());
     }
+    args.extend(tls::memcached_args(mc, agent::LocalPorts::of(mc).plain));
     args.extend(["-o", "modern", "-v"].map(String::from));
     args
+}
+
+/// The password file and the certificates memcached reads.
+fn memcached_mounts(mc: &Memcached) -> Vec<VolumeMount> {
+    let mut mounts = Vec::new();
+    if auth::enabled(mc) {
+        mounts.push(auth::memcached_mount());
+    }
+    mounts.extend(tls::mounts(mc));
+    mounts
 }
 
 /// The user's pod labels under the operator's own, which select the pods and so always win
@@ -666,7 +682,10 @@ mod tests {
             .unwrap();
         assert_eq!(
             exporter.args.as_ref().unwrap()[0],
-            format!("--memcached.address=localhost:{}", auth::AGENT_PROXY_PORT),
+            format!(
+                "--memcached.address=localhost:{}",
+                agent::LocalPorts::of(&mc).agent
+            ),
             "the exporter reads stats through the agent, which logs in"
         );
     }

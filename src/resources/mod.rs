@@ -12,8 +12,10 @@ use kube::{Resource, ResourceExt};
 use crate::api::{EXPORTER_PORT, Memcached};
 use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 
+pub mod agent;
 pub mod auth;
 mod deployment;
+pub mod tls;
 pub use deployment::deployment;
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
@@ -85,6 +87,17 @@ fn owner_reference(mc: &Memcached) -> OwnerReference {
         .expect("a Memcached read from the API server has a name and uid");
     owner.block_owner_deletion = Some(true);
     owner
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> k8s_openapi::api::core::v1::VolumeMount {
+    k8s_openapi::api::core::v1::VolumeMount {
+        name: volume.to_string(),
+        mount_path: path.to_string(),
+        // Only true: the API server drops `readOnly: false` (omitempty), and an applied field the
+        // stored object lacks would read as drift on every reconcile.
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
 }
 
 fn owned_metadata(mc: &Memcached) -> ObjectMeta {
@@ -167,6 +180,9 @@ pub fn service(mc: &Memcached) -> Service {
         ..ServicePort::default()
     };
     let mut ports = vec![port("memcached", mc.spec.container_port)];
+    if let Some(plain) = tls::plaintext_port(mc) {
+        ports.push(port(tls::PLAINTEXT_PORT_NAME, plain));
+    }
     if monitored(mc) {
         ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));
     }

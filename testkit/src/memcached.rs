@@ -4,12 +4,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use std::sync::Arc;
 
-pub struct Connection {
-    stream: BufReader<TcpStream>,
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls::ClientConfig;
+use tokio_rustls::rustls::pki_types::ServerName;
+
+pub struct Connection<S = TcpStream> {
+    stream: BufReader<S>,
 }
 
 impl Connection {
@@ -21,7 +27,40 @@ impl Connection {
             stream: BufReader::new(stream),
         })
     }
+}
 
+impl Connection<TlsStream<TcpStream>> {
+    /// TLS to `addr`, verifying the server as `server_name` under `config`'s roots (and
+    /// presenting its client certificate, if it has one).
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        server_name: &str,
+        config: Arc<ClientConfig>,
+    ) -> Result<Self> {
+        let tcp = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("connecting to {addr}"))??;
+        let name = ServerName::try_from(server_name.to_string())?;
+        let tls = tokio::time::timeout(
+            Duration::from_secs(2),
+            TlsConnector::from(config).connect(name, tcp),
+        )
+        .await
+        .with_context(|| format!("TLS handshake with {addr}"))?
+        .with_context(|| format!("TLS handshake with {addr} as {server_name}"))?;
+        Ok(Self {
+            stream: BufReader::new(tls),
+        })
+    }
+
+    /// The certificate the server presented, DER.
+    pub fn server_certificate(&self) -> Option<Vec<u8>> {
+        let (_, session) = self.stream.get_ref().get_ref();
+        Some(session.peer_certificates()?.first()?.to_vec())
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     async fn line(&mut self) -> Result<String> {
         let mut line = String::new();
         let read = tokio::time::timeout(Duration::from_secs(2), self.stream.read_line(&mut line));
@@ -32,7 +71,10 @@ impl Connection {
     }
 
     async fn send(&mut self, command: &str) -> Result<()> {
-        self.stream.get_mut().write_all(command.as_bytes()).await?;
+        let stream = self.stream.get_mut();
+        stream.write_all(command.as_bytes()).await?;
+        // A TLS stream holds what it has not sealed yet.
+        stream.flush().await?;
         Ok(())
     }
 

@@ -1,0 +1,289 @@
+//! memcached's TLS (`spec.tls`): the flags, the Secrets memcached reads its certificate (and the
+//! client CA) from, and the checks those Secrets must pass before pods mount them. memcached
+//! reads the files at start and again on `refresh_certs`, which the agent sends when the
+//! kubelet has refreshed a renewed Secret (see `agent.rs`).
+
+use k8s_openapi::api::core::v1::{Secret, SecretVolumeSource, Volume, VolumeMount};
+use kube::ResourceExt;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::api::{Memcached, TlsSpec};
+
+use super::mount;
+
+pub const CERT_KEY: &str = "tls.crt";
+pub const PRIVATE_KEY_KEY: &str = "tls.key";
+pub const CA_KEY: &str = "ca.crt";
+/// The plain-text port's name on the pod and the Service, when the user asks for one.
+pub const PLAINTEXT_PORT_NAME: &str = "memcached-plain";
+pub const TLS_DIR: &str = "/etc/memcached/tls";
+pub const CLIENT_CA_DIR: &str = "/etc/memcached/client-ca";
+const TLS_VOLUME: &str = "tls";
+const CLIENT_CA_VOLUME: &str = "client-ca";
+/// memcached's `ssl_verify_mode`: 2 requires a client certificate the CA signed.
+const VERIFY_REQUIRE: u8 = 2;
+
+pub fn enabled(mc: &Memcached) -> bool {
+    TlsSpec::enabled(mc.spec.tls.as_ref())
+}
+
+fn spec(mc: &Memcached) -> Option<&TlsSpec> {
+    mc.spec.tls.as_ref().filter(|t| t.enabled)
+}
+
+/// The server certificate's Secret.
+pub fn secret_name(mc: &Memcached) -> Option<&str> {
+    spec(mc)?.secret_name.as_deref()
+}
+
+/// The client CA's Secret (mutual TLS).
+pub fn client_ca_secret_name(mc: &Memcached) -> Option<&str> {
+    spec(mc)?.client_ca_secret_name.as_deref()
+}
+
+/// The plain-text port the user asked for beside TLS.
+pub fn plaintext_port(mc: &Memcached) -> Option<i32> {
+    spec(mc)?.plaintext_port
+}
+
+/// memcached's flags: TLS on every listener but the plain ones on `local_port` (the pod's
+/// loopback, for the exporter and the agent) and on plaintextPort.
+pub fn memcached_args(mc: &Memcached, local_port: i32) -> Vec<String> {
+    if !enabled(mc) {
+        return Vec::new();
+    }
+    let mut options =
+        format!("ssl_chain_cert={TLS_DIR}/{CERT_KEY},ssl_key={TLS_DIR}/{PRIVATE_KEY_KEY}");
+    if client_ca_secret_name(mc).is_some() {
+        // With client verification OpenSSL refuses a resumed session (`internal_error`) unless
+        // a session id context is set, which memcached sets only with its session cache.
+        options += &format!(
+            ",ssl_ca_cert={CLIENT_CA_DIR}/{CA_KEY},ssl_verify_mode={VERIFY_REQUIRE},ssl_session_cache"
+        );
+    }
+    // IPv4 listeners: a listener without a port takes -p's.
+    let mut listeners = format!("0.0.0.0,notls:127.0.0.1:{local_port}");
+    if let Some(plain) = plaintext_port(mc) {
+        listeners += &format!(",notls:0.0.0.0:{plain}");
+    }
+    vec![
+        "-Z".to_string(),
+        "-o".to_string(),
+        options,
+        "-l".to_string(),
+        listeners,
+    ]
+}
+
+/// The Secrets' volumes.
+pub fn volumes(mc: &Memcached) -> Vec<Volume> {
+    let volume = |name: &str, secret: &str| Volume {
+        name: name.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut volumes = Vec::new();
+    if let Some(secret) = secret_name(mc) {
+        volumes.push(volume(TLS_VOLUME, secret));
+    }
+    if let Some(secret) = client_ca_secret_name(mc) {
+        volumes.push(volume(CLIENT_CA_VOLUME, secret));
+    }
+    volumes
+}
+
+/// Where memcached (and the agent, which watches them) find the files.
+pub fn mounts(mc: &Memcached) -> Vec<VolumeMount> {
+    let mut mounts = Vec::new();
+    if secret_name(mc).is_some() {
+        mounts.push(mount(TLS_VOLUME, TLS_DIR, true));
+    }
+    if client_ca_secret_name(mc).is_some() {
+        mounts.push(mount(CLIENT_CA_VOLUME, CLIENT_CA_DIR, true));
+    }
+    mounts
+}
+
+/// The directories the agent watches for a renewal.
+pub fn watched_dirs(mc: &Memcached) -> Vec<&'static str> {
+    mounts(mc)
+        .iter()
+        .map(|m| {
+            if m.mount_path == TLS_DIR {
+                TLS_DIR
+            } else {
+                CLIENT_CA_DIR
+            }
+        })
+        .collect()
+}
+
+fn value<'a>(secret: &'a Secret, key: &str) -> Result<&'a [u8], String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| v.0.as_slice())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| format!("Secret {} has no key {key:?}", secret.name_any()))
+}
+
+/// Why memcached could not serve with this Secret's certificate, naming the Secret and the key;
+/// None when it can: a chain and a private key in PEM that belong together.
+pub fn certificate_problem(secret: &Secret) -> Option<String> {
+    let name = secret.name_any();
+    let check = || -> Result<(), String> {
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(value(secret, CERT_KEY)?)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("Secret {name}: key {CERT_KEY:?} is not PEM: {e}"))?;
+        if chain.is_empty() {
+            return Err(format!(
+                "Secret {name}: key {CERT_KEY:?} holds no certificate"
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_slice(value(secret, PRIVATE_KEY_KEY)?).map_err(|e| {
+            format!("Secret {name}: key {PRIVATE_KEY_KEY:?} holds no private key in PEM: {e}")
+        })?;
+        let provider = rustls::crypto::ring::default_provider();
+        rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+            format!(
+                "Secret {name}: {PRIVATE_KEY_KEY:?} does not belong to the certificate in \
+                 {CERT_KEY:?} ({e})"
+            )
+        })?;
+        Ok(())
+    };
+    check().err()
+}
+
+/// Why this Secret cannot serve as the client CA, naming it and the key.
+pub fn client_ca_problem(secret: &Secret) -> Option<String> {
+    let name = secret.name_any();
+    let check = || -> Result<(), String> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(value(secret, CA_KEY)?)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("Secret {name}: key {CA_KEY:?} is not PEM: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "Secret {name}: key {CA_KEY:?} holds no certificate"
+            ));
+        }
+        Ok(())
+    };
+    check().err()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::fixtures::memcached;
+
+    fn secret(entries: &[(&str, String)]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("cert".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    fn certified(name: &str) -> rcgen::CertifiedKey<rcgen::KeyPair> {
+        rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap()
+    }
+
+    #[test]
+    fn a_matching_certificate_and_key_pass() {
+        let c = certified("cache.ns.svc");
+        let ok = secret(&[
+            (CERT_KEY, c.cert.pem()),
+            (PRIVATE_KEY_KEY, c.signing_key.serialize_pem()),
+        ]);
+        assert_eq!(certificate_problem(&ok), None);
+        assert_eq!(client_ca_problem(&secret(&[(CA_KEY, c.cert.pem())])), None);
+    }
+
+    #[test]
+    fn problems_name_the_secret_and_the_key() {
+        let (a, b) = (certified("a"), certified("b"));
+        let cases = [
+            (
+                secret(&[(CERT_KEY, a.cert.pem())]),
+                "Secret cert has no key \"tls.key\"",
+            ),
+            (
+                secret(&[
+                    (CERT_KEY, "not a certificate".into()),
+                    (PRIVATE_KEY_KEY, a.signing_key.serialize_pem()),
+                ]),
+                "key \"tls.crt\" holds no certificate",
+            ),
+            (
+                secret(&[(CERT_KEY, a.cert.pem()), (PRIVATE_KEY_KEY, "junk".into())]),
+                "key \"tls.key\" holds no private key",
+            ),
+            (
+                secret(&[
+                    (CERT_KEY, a.cert.pem()),
+                    (PRIVATE_KEY_KEY, b.signing_key.serialize_pem()),
+                ]),
+                "\"tls.key\" does not belong to the certificate in \"tls.crt\"",
+            ),
+        ];
+        for (secret, want) in cases {
+            let problem = certificate_problem(&secret).expect("a problem");
+            assert!(problem.contains(want), "{problem:?} lacks {want:?}");
+        }
+        let problem = client_ca_problem(&secret(&[("other", "x".into())])).unwrap();
+        assert!(
+            problem.contains("Secret cert has no key \"ca.crt\""),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn tls_flags_keep_a_plain_listener_on_loopback_only_unless_asked() {
+        let mut mc = memcached("cache", 1);
+        assert!(memcached_args(&mc, 11298).is_empty());
+        mc.spec.tls = Some(TlsSpec {
+            enabled: true,
+            secret_name: Some("cert".into()),
+            ..TlsSpec::default()
+        });
+        let args = memcached_args(&mc, 11298);
+        assert_eq!(args[0], "-Z");
+        assert_eq!(
+            args[2],
+            "ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key"
+        );
+        assert_eq!(args[4], "0.0.0.0,notls:127.0.0.1:11298");
+
+        let tls = mc.spec.tls.as_mut().unwrap();
+        tls.client_ca_secret_name = Some("ca".into());
+        tls.plaintext_port = Some(11400);
+        let args = memcached_args(&mc, 11298);
+        assert!(args[2].ends_with(
+            ",ssl_ca_cert=/etc/memcached/client-ca/ca.crt,ssl_verify_mode=2,ssl_session_cache"
+        ));
+        assert_eq!(args[4], "0.0.0.0,notls:127.0.0.1:11298,notls:0.0.0.0:11400");
+        assert_eq!(watched_dirs(&mc), [TLS_DIR, CLIENT_CA_DIR]);
+        assert_eq!(volumes(&mc).len(), 2);
+    }
+}
