@@ -16,17 +16,6 @@ use crate::harness::{
     namespace, wait_converged, wait_degraded, wait_for, wait_gone,
 };
 
-async fn operator(client: &Client, ns: &str) -> Operator {
-    Operator::start(
-        client,
-        OperatorOptions {
-            watch_namespace: Some(ns.into()),
-            ..Default::default()
-        },
-    )
-    .await
-}
-
 async fn deployment(client: &Client, ns: &str, name: &str) -> Deployment {
     Api::<Deployment>::namespaced(client.clone(), ns)
         .get(name)
@@ -68,7 +57,7 @@ fn with_auth(mut mc: Memcached, secret_name: Option<&str>) -> Memcached {
 async fn auth_without_a_secret_gets_a_generated_one_owned_and_never_rewritten() {
     let client = admin().await;
     let ns = namespace(&client, "auth-generated").await;
-    let _op = operator(&client, &ns).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &with_auth(memcached("cache", 2), None)).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
@@ -116,7 +105,7 @@ async fn auth_without_a_secret_gets_a_generated_one_owned_and_never_rewritten() 
 async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone() {
     let client = admin().await;
     let ns = namespace(&client, "auth-bad-secret").await;
-    let _op = operator(&client, &ns).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
     let before = deployment(&client, &ns, "cache").await;
@@ -194,7 +183,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
 async fn a_foreign_secret_of_the_generated_name_is_left_alone() {
     let client = admin().await;
     let ns = namespace(&client, "auth-foreign").await;
-    let _op = operator(&client, &ns).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     secrets
         .create(

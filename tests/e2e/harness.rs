@@ -160,6 +160,14 @@ impl Default for OperatorOptions {
 }
 
 impl OperatorOptions {
+    /// The defaults, watching only `ns`.
+    pub fn watching(ns: &str) -> Self {
+        OperatorOptions {
+            watch_namespace: Some(ns.into()),
+            ..Default::default()
+        }
+    }
+
     /// How the suite starts the operator binary as `identity` with these options.
     fn launch(&self, kubeconfig: &Path, identity: &str) -> Launch {
         let mut command = format!(

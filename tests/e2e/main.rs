@@ -8,6 +8,7 @@ mod harness;
 mod auth;
 mod cluster;
 mod endpoints;
+mod tls;
 
 use std::time::{Duration, Instant};
 

@@ -12,12 +12,11 @@ use memcached_operator::api::{AuthSpec, MonitoringSpec};
 use memcached_operator::resources::auth::secret_data;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::harness::{
-    Operator, OperatorOptions, admin, create, memcached, wait_converged, wait_for,
+use crate::harness::{admin, create, memcached, wait_converged, wait_for};
+use crate::{
+    Process, RealNode, exporter_metrics, operator_with_agent, pod_ip, pods_of, real_namespace,
 };
-use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
 
 const USER: &str = "app";
 /// How long a changed Secret may take to be in force: the bound (the kubelet refreshes
@@ -47,43 +46,12 @@ fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
         .collect()
 }
 
-async fn exporter_metrics(pod: &Pod) -> String {
-    let mut stream = tokio::net::TcpStream::connect(SocketAddr::new(pod_ip(pod).into(), 9150))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: exporter\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body
-}
-
 #[tokio::test]
 async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key() {
     let client = admin().await;
     let node = RealNode::get();
     let ns = real_namespace(&client, "auth").await;
-    let _op = Operator::start(
-        &client,
-        OperatorOptions {
-            watch_namespace: Some(ns.clone()),
-            env: vec![
-                (
-                    "RELATED_IMAGE_MEMCACHED".into(),
-                    node.memcached_image().into(),
-                ),
-                (
-                    "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
-                    node.var("EXPORTER_IMAGE").into(),
-                ),
-                ("RELATED_IMAGE_AGENT".into(), node.operator_image()),
-            ],
-            ..Default::default()
-        },
-    )
-    .await;
+    let _op = operator_with_agent(&client, &node, &ns).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let mut creds = Secret {
         data: Some(secret_data(USER, "first-password")),

@@ -12,6 +12,7 @@ mod monitoring;
 mod node;
 mod operator_pod;
 mod prometheus;
+mod tls;
 mod why_not_ready;
 
 use std::collections::BTreeMap;
@@ -103,6 +104,43 @@ impl RealNode {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// The operator as a process watching `ns`, with the node's memcached and exporter images and
+/// its own image as the agent beside memcached (spec.auth, spec.tls).
+pub async fn operator_with_agent(client: &Client, node: &RealNode, ns: &str) -> harness::Operator {
+    harness::Operator::start(
+        client,
+        harness::OperatorOptions {
+            env: vec![
+                (
+                    "RELATED_IMAGE_MEMCACHED".into(),
+                    node.memcached_image().into(),
+                ),
+                (
+                    "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
+                    node.var("EXPORTER_IMAGE").into(),
+                ),
+                ("RELATED_IMAGE_AGENT".into(), node.operator_image()),
+            ],
+            ..harness::OperatorOptions::watching(ns)
+        },
+    )
+    .await
+}
+
+/// The exporter's /metrics on `pod`, read from the host.
+pub async fn exporter_metrics(pod: &Pod) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = SocketAddr::new(pod_ip(pod).into(), 9150);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: exporter\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
 }
 
 /// A fresh namespace whose pods all go to the real node: the operator's Deployments carry no
