@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::resources::auth::{PASSWORD_KEY, USERNAME_KEY};
+use crate::resources::auth::{self, PASSWORD_KEY, USERNAME_KEY};
 
 /// How often the agent reads the mounted Secret. The kubelet's own refresh (up to a minute)
 /// dominates the time a rotation takes.
@@ -82,17 +82,13 @@ impl Credentials {
     pub fn read(dir: &Path) -> io::Result<Credentials> {
         let read = |key: &str| -> io::Result<String> {
             let value = std::fs::read_to_string(dir.join(key))?;
-            if value.is_empty()
-                || value
-                    .bytes()
-                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b':')
-            {
-                return Err(io::Error::new(
+            match auth::value_problem(value.as_bytes()) {
+                Some(problem) => Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("{key} is empty or holds a space, colon or control character"),
-                ));
+                    format!("{key} {problem}"),
+                )),
+                None => Ok(value),
             }
-            Ok(value)
         };
         Ok(Credentials {
             username: read(USERNAME_KEY)?,
@@ -239,12 +235,63 @@ pub fn init(paths: &Paths) -> io::Result<()> {
     write_file(&paths.auth_file, &credentials.line())
 }
 
+/// memcached's password file as the agent keeps it: the passwords in force, and the text last
+/// written.
+struct PasswordFile {
+    paths: Paths,
+    passwords: Passwords,
+    written: String,
+}
+
+impl PasswordFile {
+    fn open(paths: Paths, grace: Duration) -> io::Result<PasswordFile> {
+        let mut passwords = Passwords::new(Credentials::read(&paths.credentials)?, grace);
+        // A restarted agent keeps the passwords its predecessor still honoured, for a new grace
+        // period.
+        let written = std::fs::read_to_string(&paths.auth_file).unwrap_or_default();
+        passwords.retire(Credentials::parse_file(&written), Instant::now());
+        Ok(PasswordFile {
+            paths,
+            passwords,
+            written,
+        })
+    }
+
+    /// Reads the Secret and drops expired passwords; rewrites the file and signals memcached if
+    /// that changed it. The new current password, if it changed.
+    fn sync(&mut self, now: Instant) -> io::Result<Option<Credentials>> {
+        let mut rotated = None;
+        match Credentials::read(&self.paths.credentials) {
+            Ok(new) => {
+                if self.passwords.rotate(new, now) {
+                    info!(grace = ?self.passwords.grace, "the Secret changed: a new password");
+                    rotated = Some(self.passwords.current().clone());
+                }
+            }
+            Err(error) => warn!(%error, "cannot read the Secret; keeping the passwords in force"),
+        }
+        if self.passwords.expire(now) {
+            info!("a previous password's grace period ended");
+        }
+        let text = self.passwords.file();
+        if text != self.written {
+            write_file(&self.paths.auth_file, &text)?;
+            self.written = text;
+            let signalled = reload_memcached()?;
+            info!(
+                signalled,
+                entries = self.written.lines().count(),
+                "password file rewritten"
+            );
+        }
+        Ok(rotated)
+    }
+}
+
 /// What `agent run` keeps current: the password file, and the certificates memcached serves.
 struct Agent {
     args: RunArgs,
-    passwords: Option<Passwords>,
-    /// The password file as last written.
-    written: String,
+    passwords: Option<PasswordFile>,
     /// The certificate files as memcached last loaded them.
     certificates: u64,
     login: watch::Sender<Option<Credentials>>,
@@ -252,25 +299,22 @@ struct Agent {
 
 impl Agent {
     fn start(args: RunArgs) -> io::Result<Agent> {
-        let mut written = String::new();
         let passwords = match (&args.credentials, &args.auth_file) {
-            (Some(dir), Some(file)) => {
-                let mut passwords = Passwords::new(Credentials::read(dir)?, args.rotation_grace);
-                // A restarted agent keeps the passwords its predecessor still honoured, for a
-                // new grace period.
-                written = std::fs::read_to_string(file).unwrap_or_default();
-                passwords.retire(Credentials::parse_file(&written), Instant::now());
-                Some(passwords)
-            }
+            (Some(credentials), Some(auth_file)) => Some(PasswordFile::open(
+                Paths {
+                    credentials: credentials.clone(),
+                    auth_file: auth_file.clone(),
+                },
+                args.rotation_grace,
+            )?),
             _ => None,
         };
         // memcached read these files as it started, as the agent does now.
         let certificates = fingerprint(&args.tls_dirs);
-        let (login, _) = watch::channel(passwords.as_ref().map(|p| p.current().clone()));
+        let (login, _) = watch::channel(passwords.as_ref().map(|p| p.passwords.current().clone()));
         Ok(Agent {
             args,
             passwords,
-            written,
             certificates,
             login,
         })
@@ -279,37 +323,10 @@ impl Agent {
     /// One look at the Secrets: a changed password file is written and memcached signalled; a
     /// renewed certificate is loaded by `refresh_certs`.
     async fn sync(&mut self) -> io::Result<()> {
-        let now = Instant::now();
-        if let (Some(passwords), Some(dir), Some(file)) = (
-            self.passwords.as_mut(),
-            &self.args.credentials,
-            &self.args.auth_file,
-        ) {
-            match Credentials::read(dir) {
-                Ok(new) => {
-                    if passwords.rotate(new, now) {
-                        info!(grace = ?self.args.rotation_grace, "the Secret changed: a new password");
-                        self.login.send_replace(Some(passwords.current().clone()));
-                    }
-                }
-                Err(error) => {
-                    warn!(%error, "cannot read the Secret; keeping the passwords in force")
-                }
-            }
-            if passwords.expire(now) {
-                info!("a previous password's grace period ended");
-            }
-            let text = passwords.file();
-            if text != self.written {
-                write_file(file, &text)?;
-                self.written = text;
-                let signalled = reload_memcached()?;
-                info!(
-                    signalled,
-                    entries = self.written.lines().count(),
-                    "password file rewritten"
-                );
-            }
+        if let Some(passwords) = &mut self.passwords
+            && let Some(current) = passwords.sync(Instant::now())?
+        {
+            self.login.send_replace(Some(current));
         }
         let certificates = fingerprint(&self.args.tls_dirs);
         if certificates != self.certificates {

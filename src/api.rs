@@ -23,6 +23,8 @@ pub const DEFAULT_MAX_MEMORY_MIB: i32 = 64;
 pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
 /// Largest item memcached accepts (`-I`), in MiB: its own upper limit.
 pub const MAX_ITEM_SIZE_MIB: i32 = 1024;
+/// A DNS subdomain name (RFC 1123), what Kubernetes names most objects by.
+const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// The memcached exporter's port (its default), named `metrics` on the pod and the Service.
 pub const EXPORTER_PORT: i32 = 9150;
 
@@ -163,7 +165,7 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        regex(pattern = DNS_SUBDOMAIN)
     )]
     pub priority_class_name: Option<String>,
 
@@ -219,7 +221,7 @@ pub struct TlsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        regex(pattern = DNS_SUBDOMAIN)
     )]
     pub secret_name: Option<String>,
 
@@ -232,7 +234,7 @@ pub struct TlsSpec {
     )]
     #[schemars(
         length(min = 1, max = 253),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        regex(pattern = DNS_SUBDOMAIN)
     )]
     pub client_ca_secret_name: Option<String>,
 
@@ -241,13 +243,6 @@ pub struct TlsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub plaintext_port: Option<i32>,
-}
-
-impl TlsSpec {
-    /// Whether this spec turns TLS on.
-    pub fn enabled(tls: Option<&TlsSpec>) -> bool {
-        tls.is_some_and(|t| t.enabled)
-    }
 }
 
 /// memcached's ASCII authentication, from a Secret with `username` and `password`.
@@ -266,7 +261,7 @@ pub struct AuthSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        regex(pattern = DNS_SUBDOMAIN)
     )]
     pub secret_name: Option<String>,
 
@@ -284,13 +279,6 @@ impl Default for AuthSpec {
             secret_name: None,
             rotation_grace_seconds: default_rotation_grace_seconds(),
         }
-    }
-}
-
-impl AuthSpec {
-    /// Whether this spec turns authentication on.
-    pub fn enabled(auth: Option<&AuthSpec>) -> bool {
-        auth.is_some_and(|a| a.enabled)
     }
 }
 

@@ -14,6 +14,9 @@ use crate::api::{
     MonitoringSpec, RolloutSpec, Spread, TlsSpec,
 };
 
+/// An object name: a priority class, a Secret.
+const OBJECT_NAME: &str = "[a-z]([a-z0-9-]{0,20}[a-z0-9])?";
+
 /// A non-negative quantity in one of the forms the API accepts: plain, decimal, milli, binary
 /// and decimal suffixes, exponent.
 pub fn quantity() -> impl Strategy<Value = Quantity> {
@@ -126,21 +129,16 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
                 image,
             }),
         );
-    let auth = option::of(
-        (
-            any::<bool>(),
-            option::of("[a-z]([a-z0-9-]{0,20}[a-z0-9])?"),
-            0..=86400i32,
-        )
-            .prop_map(|(enabled, secret_name, rotation_grace_seconds)| AuthSpec {
-                enabled,
-                secret_name,
-                rotation_grace_seconds,
-            }),
-    );
+    let secret = OBJECT_NAME;
+    let auth = option::of((any::<bool>(), option::of(secret), 0..=86400i32).prop_map(
+        |(enabled, secret_name, rotation_grace_seconds)| AuthSpec {
+            enabled,
+            secret_name,
+            rotation_grace_seconds,
+        },
+    ));
     // The schema asks for a certificate while TLS is on, and a plain port of its own.
     let port = spec.container_port;
-    let secret = "[a-z]([a-z0-9-]{0,20}[a-z0-9])?";
     let tls = option::of(
         (
             any::<bool>(),
@@ -208,7 +206,7 @@ fn with_scheduling(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> 
     (
         labels(),
         tolerations(),
-        option::of("[a-z]([a-z0-9-]{0,20}[a-z0-9])?"),
+        option::of(OBJECT_NAME),
         pull_secrets,
         option::of(btree_map(
             "[a-z][a-z0-9./-]{0,15}[a-z]|.{1,6}",

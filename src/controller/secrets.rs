@@ -14,13 +14,28 @@ use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, auth, is_controlled_by, tls};
 use crate::status::{self, Blocked};
 
-/// Why the pods cannot mount their Secrets, if they cannot.
-pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Option<Blocked>> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
-    if let Some(blocked) = credentials(&api, mc).await? {
-        return Ok(Some(blocked));
-    }
-    let tls_secrets = [
+/// A Secret the pods will mount: the field that names it, and what memcached needs of it.
+struct Mounted {
+    name: String,
+    field: &'static str,
+    problem: fn(&Secret) -> Option<String>,
+    /// The operator's own `<name>-auth`: created when missing, and must be ours.
+    generated: bool,
+}
+
+fn mounted(mc: &Memcached) -> Vec<Mounted> {
+    let generated = auth::generates_secret(mc);
+    let auth = auth::secret_name(mc).map(|name| Mounted {
+        name,
+        field: if generated {
+            "spec.auth"
+        } else {
+            "spec.auth.secretName"
+        },
+        problem: auth::credentials_problem,
+        generated,
+    });
+    let tls = [
         (
             tls::secret_name(mc),
             "spec.tls.secretName",
@@ -31,15 +46,51 @@ pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Option<Blocked>> {
             "spec.tls.clientCASecretName",
             tls::client_ca_problem,
         ),
-    ];
-    for (name, field, problem) in tls_secrets {
-        let Some(name) = name else { continue };
-        let blocked = match read(&api, name).await? {
-            None => Some(format!("Secret {name} ({field}) not found")),
-            Some(secret) => problem(&secret).map(|p| format!("{p} ({field})")),
+    ]
+    .into_iter()
+    .filter_map(|(name, field, problem)| {
+        Some(Mounted {
+            name: name?.to_string(),
+            field,
+            problem,
+            generated: false,
+        })
+    });
+    auth.into_iter().chain(tls).collect()
+}
+
+/// Why the pods cannot mount their Secrets, if they cannot. A generated Secret that is missing
+/// is created; an existing one is never rewritten (that would change the password).
+pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Option<Blocked>> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    for Mounted {
+        name,
+        field,
+        problem,
+        generated,
+    } in mounted(mc)
+    {
+        let secret = match read(&api, &name).await? {
+            Some(secret) => secret,
+            None if generated => {
+                create_credentials(&api, mc, name).await?;
+                continue;
+            }
+            None => {
+                return Ok(Some(Blocked::InvalidSecret {
+                    message: format!("Secret {name} ({field}) not found"),
+                }));
+            }
         };
-        if let Some(message) = blocked {
-            return Ok(Some(Blocked::InvalidSecret { message }));
+        if generated && !is_controlled_by(&secret.metadata, mc) {
+            return Ok(Some(Blocked::ResourceExists {
+                message: status::named_conflict_message("Secret", &name, mc),
+            }));
+        }
+        if let Some(problem) = problem(&secret) {
+            return Ok(Some(Blocked::InvalidSecret {
+                message: format!("{problem} ({field})"),
+            }));
         }
     }
     Ok(None)
@@ -53,54 +104,25 @@ async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {
     })
 }
 
-/// With `spec.auth`: a generated Secret that is missing is created; an existing one is never
-/// rewritten (that would change the password).
-async fn credentials(api: &Api<Secret>, mc: &Memcached) -> Result<Option<Blocked>> {
-    let Some(name) = auth::secret_name(mc) else {
-        return Ok(None);
+/// Creates `<name>-auth` with a random password.
+async fn create_credentials(api: &Api<Secret>, mc: &Memcached, name: String) -> Result<()> {
+    let desired = auth::generated_secret(mc, &auth::random_password());
+    let params = PostParams {
+        field_manager: Some(MANAGER_NAME.into()),
+        ..PostParams::default()
     };
-    let generated = auth::generates_secret(mc);
-    let secret = match read(api, &name).await? {
-        Some(secret) => secret,
-        None if generated => {
-            let desired = auth::generated_secret(mc, &auth::random_password());
-            let params = PostParams {
-                field_manager: Some(MANAGER_NAME.into()),
-                ..PostParams::default()
-            };
-            return match api.create(&params, &desired).await {
-                Ok(_) => {
-                    info!(secret = %name, "created the credentials Secret");
-                    Ok(None)
-                }
-                // Created meanwhile (by an earlier reconcile whose answer was lost): read it
-                // on the next pass.
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
-                Err(source) => Err(Error::Apply {
-                    kind: "Secret".into(),
-                    name,
-                    source,
-                }),
-            };
+    match api.create(&params, &desired).await {
+        Ok(_) => {
+            info!(secret = %name, "created the credentials Secret");
+            Ok(())
         }
-        None => {
-            return Ok(Some(Blocked::InvalidSecret {
-                message: format!("Secret {name} (spec.auth.secretName) not found"),
-            }));
-        }
-    };
-    if generated && !is_controlled_by(&secret.metadata, mc) {
-        return Ok(Some(Blocked::ResourceExists {
-            message: status::conflict_message("Secret", mc).replacen(
-                &format!("/{}", mc.name_any()),
-                &format!("/{name}"),
-                1,
-            ),
-        }));
-    }
-    Ok(
-        auth::credentials_problem(&secret).map(|message| Blocked::InvalidSecret {
-            message: format!("{message} (spec.auth)"),
+        // Created meanwhile (by an earlier reconcile whose answer was lost): read on the next
+        // pass.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(source) => Err(Error::Apply {
+            kind: "Secret".into(),
+            name,
+            source,
         }),
-    )
+    }
 }

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::api::{AuthSpec, Memcached};
+use crate::api::Memcached;
 
 use super::{mount, owned_metadata};
 
@@ -33,7 +33,7 @@ const AUTH_VOLUME: &str = "auth";
 
 /// Whether the Memcached asks for authentication.
 pub fn enabled(mc: &Memcached) -> bool {
-    AuthSpec::enabled(mc.spec.auth.as_ref())
+    mc.spec.auth.as_ref().is_some_and(|a| a.enabled)
 }
 
 /// The Secret the pods mount: the user's, else the generated `<name>-auth`.
@@ -81,6 +81,23 @@ pub fn random_password() -> String {
     Alphanumeric.sample_string(&mut rand::rng(), 32)
 }
 
+/// Why memcached's password file could not hold a user name or password, if it could not: a
+/// client sends `<username> <password>`, and the file splits `user:password` at the first colon
+/// and ends a line at CR, LF or NUL. Checked by the operator and again by the agent.
+pub fn value_problem(value: &[u8]) -> Option<String> {
+    if value.is_empty() {
+        return Some("is empty".into());
+    }
+    let b = value
+        .iter()
+        .find(|b| b.is_ascii_whitespace() || b.is_ascii_control() || **b == b':')?;
+    Some(format!(
+        "holds {:?}, which memcached's password file cannot \
+         (no spaces, colons, line breaks or control characters)",
+        char::from(*b)
+    ))
+}
+
 /// Why memcached could not use this Secret's credentials, naming the Secret and the key; None
 /// when it can.
 pub fn credentials_problem(secret: &Secret) -> Option<String> {
@@ -101,20 +118,8 @@ pub fn credentials_problem(secret: &Secret) -> Option<String> {
         return Some(format!("Secret {name} has no key {missing:?}"));
     };
     for (key, v) in [(USERNAME_KEY, user), (PASSWORD_KEY, password)] {
-        if v.is_empty() {
-            return Some(format!("Secret {name}: key {key:?} is empty"));
-        }
-        // A client sends `<username> <password>`; memcached's file splits `user:password` at
-        // the first colon and ends a line at CR, LF or NUL.
-        if let Some(b) = v
-            .iter()
-            .find(|b| b.is_ascii_whitespace() || b.is_ascii_control() || **b == b':')
-        {
-            return Some(format!(
-                "Secret {name}: key {key:?} holds {:?}, which memcached's password file cannot \
-                 (no spaces, colons, line breaks or control characters)",
-                char::from(*b)
-            ));
+        if let Some(problem) = value_problem(v) {
+            return Some(format!("Secret {name}: key {key:?} {problem}"));
         }
     }
     if user.len() + password.len() > MAX_CREDENTIALS_BYTES {
@@ -209,6 +214,7 @@ pub fn secret_data(username: &str, password: &str) -> BTreeMap<String, ByteStrin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::AuthSpec;
     use crate::fixtures::memcached;
 
     fn secret(data: BTreeMap<String, ByteString>) -> Secret {

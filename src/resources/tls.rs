@@ -25,7 +25,7 @@ const CLIENT_CA_VOLUME: &str = "client-ca";
 const VERIFY_REQUIRE: u8 = 2;
 
 pub fn enabled(mc: &Memcached) -> bool {
-    TlsSpec::enabled(mc.spec.tls.as_ref())
+    spec(mc).is_some()
 }
 
 fn spec(mc: &Memcached) -> Option<&TlsSpec> {
@@ -76,50 +76,43 @@ pub fn memcached_args(mc: &Memcached, local_port: i32) -> Vec<String> {
     ]
 }
 
+/// The Secrets memcached reads: (volume, where it is mounted, the Secret).
+fn mounted(mc: &Memcached) -> Vec<(&'static str, &'static str, &str)> {
+    [
+        (TLS_VOLUME, TLS_DIR, secret_name(mc)),
+        (CLIENT_CA_VOLUME, CLIENT_CA_DIR, client_ca_secret_name(mc)),
+    ]
+    .into_iter()
+    .filter_map(|(volume, dir, secret)| Some((volume, dir, secret?)))
+    .collect()
+}
+
 /// The Secrets' volumes.
 pub fn volumes(mc: &Memcached) -> Vec<Volume> {
-    let volume = |name: &str, secret: &str| Volume {
-        name: name.to_string(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret.to_string()),
-            ..SecretVolumeSource::default()
-        }),
-        ..Volume::default()
-    };
-    let mut volumes = Vec::new();
-    if let Some(secret) = secret_name(mc) {
-        volumes.push(volume(TLS_VOLUME, secret));
-    }
-    if let Some(secret) = client_ca_secret_name(mc) {
-        volumes.push(volume(CLIENT_CA_VOLUME, secret));
-    }
-    volumes
+    mounted(mc)
+        .into_iter()
+        .map(|(volume, _, secret)| Volume {
+            name: volume.to_string(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_string()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        })
+        .collect()
 }
 
 /// Where memcached (and the agent, which watches them) find the files.
 pub fn mounts(mc: &Memcached) -> Vec<VolumeMount> {
-    let mut mounts = Vec::new();
-    if secret_name(mc).is_some() {
-        mounts.push(mount(TLS_VOLUME, TLS_DIR, true));
-    }
-    if client_ca_secret_name(mc).is_some() {
-        mounts.push(mount(CLIENT_CA_VOLUME, CLIENT_CA_DIR, true));
-    }
-    mounts
+    mounted(mc)
+        .into_iter()
+        .map(|(volume, dir, _)| mount(volume, dir, true))
+        .collect()
 }
 
 /// The directories the agent watches for a renewal.
 pub fn watched_dirs(mc: &Memcached) -> Vec<&'static str> {
-    mounts(mc)
-        .iter()
-        .map(|m| {
-            if m.mount_path == TLS_DIR {
-                TLS_DIR
-            } else {
-                CLIENT_CA_DIR
-            }
-        })
-        .collect()
+    mounted(mc).into_iter().map(|(_, dir, _)| dir).collect()
 }
 
 fn value<'a>(secret: &'a Secret, key: &str) -> Result<&'a [u8], String> {
@@ -132,20 +125,24 @@ fn value<'a>(secret: &'a Secret, key: &str) -> Result<&'a [u8], String> {
         .ok_or_else(|| format!("Secret {} has no key {key:?}", secret.name_any()))
 }
 
+/// The PEM certificates under `key`; at least one.
+fn certificates(secret: &Secret, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let name = secret.name_any();
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(value(secret, key)?)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("Secret {name}: key {key:?} is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("Secret {name}: key {key:?} holds no certificate"));
+    }
+    Ok(certs)
+}
+
 /// Why memcached could not serve with this Secret's certificate, naming the Secret and the key;
 /// None when it can: a chain and a private key in PEM that belong together.
 pub fn certificate_problem(secret: &Secret) -> Option<String> {
     let name = secret.name_any();
     let check = || -> Result<(), String> {
-        let chain: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(value(secret, CERT_KEY)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("Secret {name}: key {CERT_KEY:?} is not PEM: {e}"))?;
-        if chain.is_empty() {
-            return Err(format!(
-                "Secret {name}: key {CERT_KEY:?} holds no certificate"
-            ));
-        }
+        let chain = certificates(secret, CERT_KEY)?;
         let key = PrivateKeyDer::from_pem_slice(value(secret, PRIVATE_KEY_KEY)?).map_err(|e| {
             format!("Secret {name}: key {PRIVATE_KEY_KEY:?} holds no private key in PEM: {e}")
         })?;
@@ -163,20 +160,7 @@ pub fn certificate_problem(secret: &Secret) -> Option<String> {
 
 /// Why this Secret cannot serve as the client CA, naming it and the key.
 pub fn client_ca_problem(secret: &Secret) -> Option<String> {
-    let name = secret.name_any();
-    let check = || -> Result<(), String> {
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(value(secret, CA_KEY)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("Secret {name}: key {CA_KEY:?} is not PEM: {e}"))?;
-        if certs.is_empty() {
-            return Err(format!(
-                "Secret {name}: key {CA_KEY:?} holds no certificate"
-            ));
-        }
-        Ok(())
-    };
-    check().err()
+    certificates(secret, CA_KEY).err()
 }
 
 #[cfg(test)]

@@ -428,12 +428,16 @@ pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// Short description of the object for messages: `Deployment default/cache`.
+/// Why an object of the Memcached's own name is left alone: `Deployment default/cache ...`.
 pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
+    named_conflict_message(kind, &mc.name_any(), mc)
+}
+
+/// As `conflict_message`, for an object named after the Memcached (e.g. `<name>-auth`).
+pub fn named_conflict_message(kind: &str, name: &str, mc: &Memcached) -> String {
     format!(
-        "{kind} {}/{} already exists and is not controlled by this Memcached; remove it or rename the Memcached",
+        "{kind} {}/{name} already exists and is not controlled by this Memcached; remove it or rename the Memcached",
         mc.namespace().unwrap_or_default(),
-        mc.name_any()
     )
 }
 

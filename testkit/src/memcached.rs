@@ -20,13 +20,18 @@ pub struct Connection<S = TcpStream> {
 
 impl Connection {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
-        let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
-            .await
-            .with_context(|| format!("connecting to {addr}"))??;
         Ok(Self {
-            stream: BufReader::new(stream),
+            stream: BufReader::new(tcp(addr).await?),
         })
     }
+}
+
+async fn tcp(addr: SocketAddr) -> Result<TcpStream> {
+    Ok(
+        tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("connecting to {addr}"))??,
+    )
 }
 
 impl Connection<TlsStream<TcpStream>> {
@@ -37,9 +42,7 @@ impl Connection<TlsStream<TcpStream>> {
         server_name: &str,
         config: Arc<ClientConfig>,
     ) -> Result<Self> {
-        let tcp = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
-            .await
-            .with_context(|| format!("connecting to {addr}"))??;
+        let tcp = tcp(addr).await?;
         let name = ServerName::try_from(server_name.to_string())?;
         let tls = tokio::time::timeout(
             Duration::from_secs(2),

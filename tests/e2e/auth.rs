@@ -13,7 +13,7 @@ use memcached_operator::resources::auth::{PASSWORD_KEY, USERNAME_KEY, secret_dat
 
 use crate::harness::{
     CONVERGE, Operator, OperatorOptions, admin, condition, create, events_for, memcached,
-    namespace, wait_converged, wait_degraded, wait_for, wait_gone,
+    namespace, wait_converged, wait_degraded, wait_degraded_saying, wait_gone, wait_not_degraded,
 };
 
 async fn deployment(client: &Client, ns: &str, name: &str) -> Deployment {
@@ -129,14 +129,28 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
         .create(&PostParams::default(), &secret("creds", no_password))
         .await
         .unwrap();
-    let message = wait_degraded_with(&mcs, "no key \"password\"").await;
+    let message = wait_degraded_saying(
+        &mcs,
+        "cache",
+        "InvalidSecret",
+        "no key \"password\"",
+        CONVERGE,
+    )
+    .await;
     assert!(message.contains("Secret creds"), "{message}");
     let spaced = serde_json::json!({"data": secret_data("app", "two words")});
     secrets
         .patch("creds", &PatchParams::default(), &Patch::Merge(&spaced))
         .await
         .unwrap();
-    let message = wait_degraded_with(&mcs, "key \"password\" holds ' '").await;
+    let message = wait_degraded_saying(
+        &mcs,
+        "cache",
+        "InvalidSecret",
+        "key \"password\" holds ' '",
+        CONVERGE,
+    )
+    .await;
     assert!(message.contains("Secret creds"), "{message}");
 
     // Nothing was applied meanwhile: the pods run as before, without authentication.
@@ -167,11 +181,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
         .patch("creds", &PatchParams::default(), &Patch::Merge(&fixed))
         .await
         .unwrap();
-    wait_for("Degraded=False after the fix", CONVERGE, || async {
-        let mc = mcs.get("cache").await.ok()?;
-        (condition(&mc, "Degraded")?.0 == "False").then_some(())
-    })
-    .await;
+    wait_not_degraded(&mcs, "cache", CONVERGE).await;
     assert_eq!(
         auth_of(&deployment(&client, &ns, "cache").await),
         (true, Some("creds".into()))
@@ -202,22 +212,4 @@ async fn a_foreign_secret_of_the_generated_name_is_left_alone() {
     let untouched = secrets.get("cache-auth").await.unwrap();
     assert!(untouched.owner_references().is_empty());
     assert_eq!(untouched.data.unwrap()[USERNAME_KEY].0, b"someone");
-}
-
-/// Waits until the Degraded InvalidSecret message contains `part`.
-async fn wait_degraded_with(mcs: &Api<Memcached>, part: &str) -> String {
-    wait_for(
-        &format!("Degraded InvalidSecret: {part}"),
-        CONVERGE,
-        || async {
-            let mc = mcs.get("cache").await.ok()?;
-            let c = mc
-                .status?
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Degraded" && c.reason == "InvalidSecret")?;
-            c.message.contains(part).then_some(c.message)
-        },
-    )
-    .await
 }

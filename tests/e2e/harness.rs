@@ -558,16 +558,42 @@ pub async fn wait_degraded(
     reason: &str,
     timeout: Duration,
 ) -> String {
-    wait_for(&format!("Degraded=True {reason}"), timeout, || async {
-        let c = mcs
-            .get(name)
-            .await
-            .ok()?
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded")?;
-        (c.status == "True" && c.reason == reason).then_some(c.message)
+    wait_degraded_saying(mcs, name, reason, "", timeout).await
+}
+
+/// Waits until Memcached `name` reports Degraded=True for `reason` with a message that contains
+/// `part` (a cause replaced by another of the same reason); its message.
+pub async fn wait_degraded_saying(
+    mcs: &Api<Memcached>,
+    name: &str,
+    reason: &str,
+    part: &str,
+    timeout: Duration,
+) -> String {
+    wait_for(
+        &format!("Degraded=True {reason} {part}"),
+        timeout,
+        || async {
+            let c = mcs
+                .get(name)
+                .await
+                .ok()?
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded")?;
+            (c.status == "True" && c.reason == reason && c.message.contains(part))
+                .then_some(c.message)
+        },
+    )
+    .await
+}
+
+/// Waits until Memcached `name` reports Degraded=False.
+pub async fn wait_not_degraded(mcs: &Api<Memcached>, name: &str, timeout: Duration) {
+    wait_for("Degraded=False", timeout, || async {
+        let mc = mcs.get(name).await.ok()?;
+        (condition(&mc, "Degraded")?.0 == "False").then_some(())
     })
     .await
 }

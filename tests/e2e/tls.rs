@@ -12,8 +12,8 @@ use memcached_operator::api::{Memcached, TlsSpec};
 use memcached_operator::resources::tls::{CERT_KEY, PRIVATE_KEY_KEY};
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, condition, create, memcached, namespace,
-    wait_converged, wait_degraded, wait_for,
+    CONVERGE, Operator, OperatorOptions, admin, create, memcached, namespace, wait_converged,
+    wait_degraded, wait_degraded_saying, wait_not_degraded,
 };
 
 fn tls_secret(cert: &str, key: &str) -> Secret {
@@ -106,21 +106,8 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
         )
         .await
         .unwrap();
-    let mismatch = wait_for("the mismatch reported", CONVERGE, || async {
-        let degraded = mcs
-            .get("cache")
-            .await
-            .ok()?
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.reason == "InvalidSecret")?;
-        degraded
-            .message
-            .contains("does not belong")
-            .then_some(degraded.message)
-    })
-    .await;
+    let mismatch =
+        wait_degraded_saying(&mcs, "cache", "InvalidSecret", "does not belong", CONVERGE).await;
     assert!(
         mismatch
             .contains("Secret cert: \"tls.key\" does not belong to the certificate in \"tls.crt\""),
@@ -142,11 +129,7 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
         )
         .await
         .unwrap();
-    wait_for("Degraded=False", CONVERGE, || async {
-        let mc = mcs.get("cache").await.ok()?;
-        (condition(&mc, "Degraded")?.0 == "False").then_some(())
-    })
-    .await;
+    wait_not_degraded(&mcs, "cache", CONVERGE).await;
     let d = deployments.get("cache").await.unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
     assert!(

@@ -1,7 +1,6 @@
 //! spec.auth for real: memcached refuses clients without the password, the agent beside it
 //! rotates the password in the running process, and the exporter still reads its stats.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,8 @@ use memcached_operator_testkit::net::metric_value;
 
 use crate::harness::{admin, create, memcached, wait_converged, wait_for};
 use crate::{
-    Process, RealNode, exporter_metrics, operator_with_agent, pod_ip, pods_of, real_namespace,
+    Process, RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip,
+    pods_of, real_namespace, restart_counts, write_keys,
 };
 
 const USER: &str = "app";
@@ -33,17 +33,6 @@ async fn connect(pod: &Pod) -> Connection {
 /// Whether `password` logs in to the memcached of `pod`.
 async fn logs_in(pod: &Pod, password: &str) -> bool {
     connect(pod).await.login(USER, password).await.is_ok()
-}
-
-/// Each container's restart count, by name.
-fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
-    let status = pod.status.as_ref().unwrap();
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .map(|c| (c.name.clone(), c.restart_count))
-        .collect()
 }
 
 #[tokio::test]
@@ -91,11 +80,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
         assert!(err.contains("CLIENT_ERROR authentication failure"), "{err}");
         let mut conn = connect(pod).await;
         conn.login(USER, "first-password").await.unwrap();
-        for i in 0..100 {
-            conn.set(&format!("key-{i}"), format!("value-{i}").as_bytes())
-                .await
-                .unwrap();
-        }
+        write_keys(&mut conn).await;
         let uptime: u64 = conn.stat("", "uptime").await.unwrap().parse().unwrap();
         uptimes.push(uptime);
 
@@ -123,10 +108,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
             "the exporter sees the items"
         );
     }
-    let processes: Vec<u32> = pods
-        .iter()
-        .map(|p| Process::in_pod(p.metadata.uid.as_deref().unwrap(), "memcached")[0].pid)
-        .collect();
+    let processes: Vec<u32> = pods.iter().map(memcached_pid).collect();
 
     // Rotate: the new password works within the bound, the old one until its grace ends.
     let rotated = Instant::now();
@@ -168,15 +150,12 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
     );
     for (i, pod) in after.iter().enumerate() {
         assert!(
-            restarts(pod).values().all(|&n| n == 0),
+            restart_counts(pod).values().all(|&n| n == 0),
             "{}: {:?}",
             pod.name_any(),
-            restarts(pod)
+            restart_counts(pod)
         );
-        assert_eq!(
-            Process::in_pod(pod.metadata.uid.as_deref().unwrap(), "memcached")[0].pid,
-            processes[i]
-        );
+        assert_eq!(memcached_pid(pod), processes[i]);
         let mut conn = connect(pod).await;
         conn.login(USER, "second-password").await.unwrap();
         let uptime: u64 = conn.stat("", "uptime").await.unwrap().parse().unwrap();
@@ -185,14 +164,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
             "memcached's uptime kept counting: {} then {uptime}",
             uptimes[i]
         );
-        for k in 0..100 {
-            assert_eq!(
-                conn.get(&format!("key-{k}")).await.unwrap(),
-                Some(format!("value-{k}")),
-                "key-{k} on {}",
-                pod.name_any()
-            );
-        }
+        assert_keys(&mut conn, pod).await;
         let metrics = exporter_metrics(pod).await;
         assert_eq!(
             metric_value(&metrics, "memcached_up"),

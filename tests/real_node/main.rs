@@ -21,6 +21,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
+use memcached_operator_testkit::memcached::Connection;
 
 /// `DIR/env` of the cluster started (`REAL_NODE=1 hack/e2e.sh`): the real node's facts.
 pub struct RealNode {
@@ -141,6 +142,53 @@ pub async fn exporter_metrics(pod: &Pod) -> String {
     let mut body = String::new();
     stream.read_to_string(&mut body).await.unwrap();
     body
+}
+
+/// Keys the suites write and read back: `key-<i>` holds `value-<i>`.
+pub const KEYS: usize = 100;
+
+/// Writes the `KEYS` keys.
+pub async fn write_keys<S>(conn: &mut Connection<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    for i in 0..KEYS {
+        conn.set(&format!("key-{i}"), format!("value-{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+}
+
+/// Reads every one of the `KEYS` keys back from memcached in `pod`.
+pub async fn assert_keys<S>(conn: &mut Connection<S>, pod: &Pod)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    for k in 0..KEYS {
+        assert_eq!(
+            conn.get(&format!("key-{k}")).await.unwrap(),
+            Some(format!("value-{k}")),
+            "key-{k} on {}",
+            pod.name_any()
+        );
+    }
+}
+
+/// The pid of the memcached process in `pod`.
+pub fn memcached_pid(pod: &Pod) -> u32 {
+    Process::in_pod(pod.metadata.uid.as_deref().unwrap(), "memcached")[0].pid
+}
+
+/// Each container's restart count, by name.
+pub fn restart_counts(pod: &Pod) -> BTreeMap<String, i32> {
+    pod.status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| (c.name.clone(), c.restart_count))
+        .collect()
 }
 
 /// A fresh namespace whose pods all go to the real node: the operator's Deployments carry no

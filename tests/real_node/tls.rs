@@ -23,7 +23,8 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
 use crate::{
-    Process, RealNode, exporter_metrics, operator_with_agent, pod_ip, pods_of, real_namespace,
+    RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip, pods_of,
+    real_namespace, restart_counts, write_keys,
 };
 
 /// The bound for a renewal to be served.
@@ -167,11 +168,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         let mut conn = Connection::connect_tls(addr, &host, verified.clone())
             .await
             .unwrap();
-        for i in 0..100 {
-            conn.set(&format!("key-{i}"), format!("value-{i}").as_bytes())
-                .await
-                .unwrap();
-        }
+        write_keys(&mut conn).await;
         served.push(conn.server_certificate().unwrap());
         uptimes.push(
             conn.stat("", "uptime")
@@ -199,10 +196,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
             "{metrics}"
         );
     }
-    let pids: Vec<u32> = pods
-        .iter()
-        .map(|p| Process::in_pod(p.metadata.uid.as_deref().unwrap(), "memcached")[0].pid)
-        .collect();
+    let pids: Vec<u32> = pods.iter().map(memcached_pid).collect();
 
     // Renewal: a new certificate (same names, same CA) is served by the same processes.
     let renewed = Instant::now();
@@ -233,32 +227,16 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     let after = pods_of(&client, &ns, "cache").await;
     for (i, pod) in after.iter().enumerate() {
         assert_eq!(pod.name_any(), pods[i].name_any());
-        let restarts: Vec<i32> = pod
-            .status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .iter()
-            .flatten()
-            .map(|c| c.restart_count)
-            .collect();
-        assert!(restarts.iter().all(|&n| n == 0), "{restarts:?}");
-        assert_eq!(
-            Process::in_pod(pod.metadata.uid.as_deref().unwrap(), "memcached")[0].pid,
-            pids[i]
-        );
+        let restarts = restart_counts(pod);
+        assert!(restarts.values().all(|&n| n == 0), "{restarts:?}");
+        assert_eq!(memcached_pid(pod), pids[i]);
         let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
         let mut conn = Connection::connect_tls(addr, &host, verified.clone())
             .await
             .unwrap();
         let uptime: u64 = conn.stat("", "uptime").await.unwrap().parse().unwrap();
         assert!(uptime >= uptimes[i], "uptime kept counting");
-        for k in 0..100 {
-            assert_eq!(
-                conn.get(&format!("key-{k}")).await.unwrap(),
-                Some(format!("value-{k}"))
-            );
-        }
+        assert_keys(&mut conn, pod).await;
     }
 
     // Mutual TLS, and authentication on top: clients need a certificate the client CA signed,
