@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, Toleration,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -200,6 +201,36 @@ pub struct MemcachedSpec {
     /// Secret, optionally requiring client certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+
+    /// A NetworkPolicy the operator keeps for the pods: memcached's ports admit only the peers
+    /// listed (default: pods of the Memcached's own namespace). Takes effect where the cluster's
+    /// network enforces NetworkPolicies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySpec>,
+}
+
+/// Who may connect to the pods, as a NetworkPolicy named after the Memcached.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// true: the operator keeps a NetworkPolicy `<name>` selecting the pods, admitting
+    /// memcached's port (and tls.plaintextPort) from `from` and the exporter's 9150 from
+    /// `metricsFrom`; every other port of the pods is closed to other pods. false: none.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Peers admitted to memcached, as in a NetworkPolicy's `ingress.from` (podSelector,
+    /// namespaceSelector, ipBlock). Empty: every pod of the Memcached's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub from: Vec<NetworkPolicyPeer>,
+
+    /// Peers admitted to the exporter's metrics port (with monitoring on): e.g. the
+    /// namespace of the cluster's Prometheus, or an ipBlock for one on the nodes' network.
+    /// Empty: every pod of every namespace (the metrics hold counters, no cached data).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub metrics_from: Vec<NetworkPolicyPeer>,
 }
 
 /// memcached's TLS (`-Z`), from `kubernetes.io/tls` Secrets.

@@ -263,6 +263,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 monitoring: None,
                 auth: None,
                 tls: None,
+                network_policy: None,
             },
         )
         .prop_flat_map(with_tuning)

@@ -85,6 +85,7 @@ pub mod apiserver {
     use http::{Request, Response, StatusCode};
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::Client;
     use kube::client::Body;
@@ -107,6 +108,7 @@ pub mod apiserver {
         pub services: Writer<OwnedObject<Service>>,
         pub budgets: Writer<OwnedObject<PodDisruptionBudget>>,
         pub monitors: Writer<OwnedObject<ServiceMonitor>>,
+        pub network_policies: Writer<OwnedObject<NetworkPolicy>>,
     }
 
     impl Caches {
@@ -126,6 +128,10 @@ pub mod apiserver {
             self.monitors
                 .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&m)));
         }
+        pub fn add_network_policy(&mut self, p: NetworkPolicy) {
+            self.network_policies
+                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&p)));
+        }
     }
 
     /// A context for a cluster that does not serve ServiceMonitors.
@@ -140,11 +146,13 @@ pub mod apiserver {
         let (services, sw) = cache::new();
         let (budgets, bw) = cache::new();
         let (monitors, mw) = cache::new();
+        let (network_policies, nw) = cache::new();
         let ctx = Context {
             client: client.clone(),
             deployments,
             services,
             pod_disruption_budgets: budgets,
+            network_policies,
             service_monitors: served.then_some(monitors),
             pods: Default::default(),
             own_writes: Default::default(),
@@ -168,6 +176,7 @@ pub mod apiserver {
                 services: sw,
                 budgets: bw,
                 monitors: mw,
+                network_policies: nw,
             },
         )
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 
@@ -25,6 +26,7 @@ pub struct Context {
     pub deployments: Cache<OwnedObject<Deployment>>,
     pub services: Cache<OwnedObject<Service>>,
     pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
+    pub network_policies: Cache<OwnedObject<NetworkPolicy>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
     pub service_monitors: Option<Cache<OwnedObject<ServiceMonitor>>>,
     pub pods: Arc<PodIndex>,

@@ -17,8 +17,8 @@ use crate::resources::{MANAGER_NAME, is_controlled_by};
 use crate::status;
 use operator_runtime::cache::Cache;
 
-/// An object only some specs want (the disruption budget, the ServiceMonitor) as wanted:
-/// applied, or ours deleted when none is wanted any more.
+/// An object only some specs want (the disruption budget, the NetworkPolicy, the
+/// ServiceMonitor) as wanted: applied, or ours deleted when none is wanted any more.
 pub async fn ensure_optional<K: Owned>(
     ctx: &Context,
     mc: &Memcached,

@@ -24,6 +24,7 @@ use std::marker::PhantomData;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -114,6 +115,15 @@ impl Owned for Deployment {
 
 impl Owned for PodDisruptionBudget {
     // The disruption controller's counts; nothing here reads them.
+    type Status = IgnoredAny;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
+}
+
+impl Owned for NetworkPolicy {
+    // It has none.
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Api, ResourceExt};
@@ -43,6 +44,8 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
     let desired_budget = resources::pod_disruption_budget(mc);
+    let policies: Api<OwnedObject<NetworkPolicy>> = Api::namespaced(ctx.client.clone(), &ns);
+    let desired_policy = resources::network_policy(mc);
     // Only where the cluster serves them (and so they are watched).
     let monitors = ctx.service_monitors.as_ref().map(|cache| {
         let api: Api<OwnedObject<ServiceMonitor>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -51,30 +54,38 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let desired_monitor = resources::service_monitor(mc);
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
-    let (existing_deployment, existing_service, existing_budget, existing_monitor) = tokio::try_join!(
-        lookup(&deployments, &ctx.deployments, mc),
-        lookup(&services, &ctx.services, mc),
-        // One we no longer want is deleted only if it is ours, and ours are in the cache.
-        lookup_optional(
-            &budgets,
-            &ctx.pod_disruption_budgets,
-            mc,
-            desired_budget.is_some()
-        ),
-        async {
-            match &monitors {
-                Some((api, cache)) => {
-                    lookup_optional(api, cache, mc, desired_monitor.is_some()).await
+    let (existing_deployment, existing_service, existing_budget, existing_policy, existing_monitor) =
+        tokio::try_join!(
+            lookup(&deployments, &ctx.deployments, mc),
+            lookup(&services, &ctx.services, mc),
+            // One we no longer want is deleted only if it is ours, and ours are in the cache.
+            lookup_optional(
+                &budgets,
+                &ctx.pod_disruption_budgets,
+                mc,
+                desired_budget.is_some()
+            ),
+            lookup_optional(
+                &policies,
+                &ctx.network_policies,
+                mc,
+                desired_policy.is_some()
+            ),
+            async {
+                match &monitors {
+                    Some((api, cache)) => {
+                        lookup_optional(api, cache, mc, desired_monitor.is_some()).await
+                    }
+                    None => Ok(None),
                 }
-                None => Ok(None),
-            }
-        },
-    )?;
+            },
+        )?;
     let mut blocked = blocked(
         mc,
         existing_deployment.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
         existing_budget.as_deref().map(|b| &b.metadata),
+        existing_policy.as_deref().map(|p| &p.metadata),
         existing_monitor.as_deref().map(|m| &m.metadata),
     );
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
@@ -89,7 +100,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         Some(_) => existing_deployment,
         None => {
             // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
-            // 4. Ensure the headless Service and the disruption budget.
+            // 4. Ensure the headless Service, the disruption budget and the network policy.
             let new = existing_deployment.is_none() && existing_service.is_none();
             let service = resources::service(mc);
             let others = async {
@@ -103,6 +114,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                         Announce::Always
                     ),
                     ensure_optional(ctx, mc, &budgets, existing_budget, desired_budget),
+                    ensure_optional(ctx, mc, &policies, existing_policy, desired_policy),
                     async {
                         match &monitors {
                             Some((api, _)) => {
@@ -232,12 +244,14 @@ fn blocked(
     deployment: Option<&ObjectMeta>,
     service: Option<&ObjectMeta>,
     budget: Option<&ObjectMeta>,
+    policy: Option<&ObjectMeta>,
     monitor: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
     let foreign = [
         ("Deployment", deployment),
         ("Service", service),
         ("PodDisruptionBudget", budget),
+        ("NetworkPolicy", policy),
         ("ServiceMonitor", monitor),
     ]
     .into_iter()

@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -81,6 +82,12 @@ impl OwnedTriggers<PodDisruptionBudget> {
     /// The disruption controller rewrites a budget's status whenever a pod's readiness changes;
     /// the pod watch already reports that, so a status change triggers nothing.
     pub fn budgets() -> Self {
+        Self::new(false)
+    }
+}
+
+impl OwnedTriggers<NetworkPolicy> {
+    pub fn network_policies() -> Self {
         Self::new(false)
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::Reporter;
@@ -245,6 +246,14 @@ fn scope_watches(
         OwnedTriggers::budgets(),
         |_| {},
     );
+    let (network_policies, network_policy_watch) = owned_watch::<NetworkPolicy>(
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        OwnedTriggers::network_policies(),
+        |_| {},
+    );
 
     // Watched only where the API is served: a watch of an unserved resource fails forever.
     let (service_monitors, monitor_watch) = match shared.service_monitors {
@@ -288,6 +297,7 @@ fn scope_watches(
         deployments,
         services,
         pod_disruption_budgets: budgets,
+        network_policies,
         service_monitors,
         pods,
         own_writes: shared.own_writes.clone(),
@@ -302,6 +312,7 @@ fn scope_watches(
         tokio::spawn(deployment_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),
+        tokio::spawn(network_policy_watch),
         tokio::spawn(pod_watch),
     ];
     tasks.extend(monitor_watch.map(tokio::spawn));

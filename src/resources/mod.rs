@@ -1,5 +1,5 @@
 //! Pure builders for the objects a Memcached owns: its Deployment, its headless Service, its
-//! PodDisruptionBudget and its ServiceMonitor. No API calls here; the controller applies what these return.
+//! PodDisruptionBudget, its ServiceMonitor and its NetworkPolicy. No API calls here; the controller applies what these return.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +15,10 @@ use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 pub mod agent;
 pub mod auth;
 mod deployment;
+mod network_policy;
 pub mod tls;
 pub use deployment::deployment;
+pub use network_policy::network_policy;
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
 pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";

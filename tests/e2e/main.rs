@@ -8,6 +8,7 @@ mod harness;
 mod auth;
 mod cluster;
 mod endpoints;
+mod network_policy;
 mod tls;
 
 use std::time::{Duration, Instant};

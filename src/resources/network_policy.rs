@@ -1,0 +1,154 @@
+//! The NetworkPolicy of `spec.networkPolicy`: memcached's ports open to the peers the user lists,
+//! the exporter's to the monitoring peers, nothing else of the pods open to other pods.
+
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{monitored, owned_metadata, selector_labels, tls};
+use crate::api::{EXPORTER_PORT, Memcached};
+
+/// The NetworkPolicy a Memcached should have; None unless `spec.networkPolicy.enabled`.
+pub fn network_policy(mc: &Memcached) -> Option<NetworkPolicy> {
+    let wanted = mc.spec.network_policy.as_ref().filter(|p| p.enabled)?;
+    let memcached_ports = std::iter::once(mc.spec.container_port)
+        .chain(tls::plaintext_port(mc))
+        .map(tcp)
+        .collect();
+    let mut ingress = vec![NetworkPolicyIngressRule {
+        ports: Some(memcached_ports),
+        from: Some(or_default(&wanted.from, own_namespace)),
+    }];
+    if monitored(mc) {
+        ingress.push(NetworkPolicyIngressRule {
+            ports: Some(vec![tcp(EXPORTER_PORT)]),
+            from: Some(or_default(&wanted.metrics_from, every_namespace)),
+        });
+    }
+    Some(NetworkPolicy {
+        metadata: owned_metadata(mc),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(mc)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(ingress),
+            ..NetworkPolicySpec::default()
+        }),
+    })
+}
+
+fn tcp(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_string()),
+        end_port: None,
+    }
+}
+
+/// The peers listed, or the default's when none are: an empty `from` in a NetworkPolicy would
+/// mean everyone, the opposite of what an unset field asks here.
+fn or_default(
+    listed: &[NetworkPolicyPeer],
+    default: fn() -> NetworkPolicyPeer,
+) -> Vec<NetworkPolicyPeer> {
+    match listed {
+        [] => vec![default()],
+        peers => peers.to_vec(),
+    }
+}
+
+/// Every pod of the policy's own namespace.
+fn own_namespace() -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector::default()),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
+/// Every pod of every namespace.
+fn every_namespace() -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector::default()),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{memcached, memcached_with_spec};
+    use crate::resources::is_controlled_by;
+
+    fn rules(mc: &Memcached) -> Vec<(Vec<i32>, serde_json::Value)> {
+        let policy = network_policy(mc).expect("enabled");
+        let spec = policy.spec.unwrap();
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels,
+            Some(selector_labels(mc))
+        );
+        spec.ingress
+            .unwrap()
+            .into_iter()
+            .map(|rule| {
+                let ports = rule.ports.unwrap().into_iter().map(|p| {
+                    assert_eq!(p.protocol.as_deref(), Some("TCP"));
+                    match p.port {
+                        Some(IntOrString::Int(n)) => n,
+                        other => panic!("a numbered port, not {other:?}"),
+                    }
+                });
+                (ports.collect(), serde_json::to_value(rule.from).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn none_unless_enabled() {
+        assert_eq!(network_policy(&memcached("cache", 3)), None);
+        let off = memcached_with_spec(serde_json::json!({"networkPolicy": {"enabled": false}}));
+        assert_eq!(network_policy(&off), None);
+    }
+
+    #[test]
+    fn by_default_memcached_is_open_to_its_own_namespace_only() {
+        let mc = memcached_with_spec(serde_json::json!({"networkPolicy": {"enabled": true}}));
+        assert!(is_controlled_by(
+            &network_policy(&mc).unwrap().metadata,
+            &mc
+        ));
+        assert_eq!(
+            rules(&mc),
+            vec![(vec![11211], serde_json::json!([{"podSelector": {}}]))]
+        );
+    }
+
+    #[test]
+    fn the_listed_peers_replace_the_defaults_and_metrics_get_their_own_rule() {
+        let apps = serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "shop"}}}]);
+        let prometheus = serde_json::json!([{"ipBlock": {"cidr": "10.0.0.1/32"}}]);
+        let mc = memcached_with_spec(serde_json::json!({
+            "monitoring": {"enabled": true},
+            "tls": {"enabled": true, "secretName": "tls", "plaintextPort": 11212},
+            "networkPolicy": {"enabled": true, "from": apps, "metricsFrom": prometheus},
+        }));
+        assert_eq!(
+            rules(&mc),
+            vec![(vec![11211, 11212], apps), (vec![9150], prometheus)]
+        );
+        // Unlisted, the metrics are open to every namespace's pods: counters, no cached data.
+        let mc = memcached_with_spec(serde_json::json!({
+            "monitoring": {"enabled": true},
+            "networkPolicy": {"enabled": true},
+        }));
+        assert_eq!(
+            rules(&mc)[1],
+            (vec![9150], serde_json::json!([{"namespaceSelector": {}}]))
+        );
+    }
+}
