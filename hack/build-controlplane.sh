@@ -8,11 +8,12 @@
 # Usage:
 #   hack/build-controlplane.sh                   build whatever is missing or stale
 #   hack/build-controlplane.sh --print-env       print BIN paths (shell-sourceable), build nothing
-#   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd}/go.{mod,sum}
+#   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd,netpol}/go.{mod,sum}
 #                                                from hack/versions.env (needs the module proxy)
 #   hack/build-controlplane.sh --node            build only the real node's binaries (REAL_NODE=1):
 #                                                kube-node (multi-call kubelet / kube-proxy, from
-#                                                hack/controlplane/node) and coredns
+#                                                hack/controlplane/node), coredns and
+#                                                kube-network-policies (from hack/netpol)
 #
 # A cached build is reused when its stamp (version + hash of the wrapper's go.mod,
 # go.sum, main.go and the build recipe) matches; otherwise it is rebuilt. Builds go to
@@ -36,6 +37,7 @@ ETCD_DIR="${BIN_ROOT}/etcd-${ETCD_VERSION}"
 KWOK_DIR="${BIN_ROOT}/kwok-${KWOK_VERSION}"
 KUBE_NODE_DIR="${BIN_ROOT}/kube-node-${KUBE_VERSION}"
 COREDNS_DIR="${BIN_ROOT}/coredns-${COREDNS_VERSION}"
+NETPOL_DIR="${BIN_ROOT}/kube-network-policies-${KUBE_NETWORK_POLICIES_VERSION}"
 
 LOG_TAG=build-controlplane
 # shellcheck source=hack/lib.sh
@@ -49,6 +51,8 @@ print_env() {
 	printf 'KUBE_VERSION=%q\nETCD_VERSION=%q\nKWOK_VERSION=%q\n' "${KUBE_VERSION}" "${ETCD_VERSION}" "${KWOK_VERSION}"
 	printf 'KUBE_NODE_BIN=%q\n' "${KUBE_NODE_DIR}/kube-node"
 	printf 'COREDNS_BIN=%q\nCOREDNS_VERSION=%q\n' "${COREDNS_DIR}/coredns" "${COREDNS_VERSION}"
+	printf 'KUBE_NETWORK_POLICIES_BIN=%q\nKUBE_NETWORK_POLICIES_VERSION=%q\n' \
+		"${NETPOL_DIR}/kube-network-policies" "${KUBE_NETWORK_POLICIES_VERSION}"
 }
 
 # stamp NAME VERSION FILES... : identifies one build (version, recipe, wrapper sources).
@@ -145,6 +149,29 @@ build_coredns() {
 	log "coredns: $(du -h "${COREDNS_DIR}/coredns" | cut -f1)"
 }
 
+# kube-network-policies: the real node's NetworkPolicy engine, a wrapper main (hack/netpol) around
+# the upstream package, as upstream's own main reads in-cluster credentials only.
+build_netpol() {
+	local mod="${HACK_DIR}/netpol" want tmp
+	want="$(stamp kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
+	if is_fresh "${NETPOL_DIR}" "${want}" kube-network-policies; then
+		log "kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION} up to date (${NETPOL_DIR})"
+		return 0
+	fi
+	grep -q "sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}\$" "${mod}/go.mod" ||
+		die "hack/netpol/go.mod does not require sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}; run $0 --update-modules"
+	log "building kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION} (cold: ~1-2 min on 2 cores)"
+	tmp="$(new_tmp .tmp kube-network-policies)"
+	(cd "${mod}" && timed "kube-network-policies build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
+		"${GO}" build -trimpath -ldflags "-s -w" -o "${tmp}/kube-network-policies" .) || {
+		rm -rf "${tmp}"
+		die "kube-network-policies build failed"
+	}
+	printf '%s\n' "${want}" >"${tmp}/.stamp"
+	install_dir .old "${tmp}" "${NETPOL_DIR}"
+	log "kube-network-policies: $(du -h "${NETPOL_DIR}/kube-network-policies" | cut -f1)"
+}
+
 build_etcd() {
 	local mod="${HACK_DIR}/etcd" want tmp
 	want="$(stamp etcd "${ETCD_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
@@ -198,7 +225,7 @@ build_kwok() {
 
 # --update-modules: regenerate the wrapper go.mod/go.sum files from versions.env.
 update_modules() {
-	local cp="${HACK_DIR}/controlplane" et="${HACK_DIR}/etcd" modfile staging_version required m
+	local cp="${HACK_DIR}/controlplane" et="${HACK_DIR}/etcd" np="${HACK_DIR}/netpol" modfile staging_version required m
 	staging_version="v0.${KUBE_VERSION#v1.}"
 	modfile="$(module_field "k8s.io/kubernetes@${KUBE_VERSION}" GoMod)"
 	# Staging modules that k8s.io/kubernetes requires (it also replaces a couple of
@@ -236,7 +263,20 @@ update_modules() {
 	} >"${et}/go.mod"
 	rm -f "${et}/go.sum"
 	(cd "${et}" && GOFLAGS=-mod=mod "${GO}" mod tidy)
-	log "updated ${cp}/go.mod and ${et}/go.mod"
+	# Upstream's own dependency versions (client-go included): what its release was tested with.
+	{
+		echo "// Wrapper module: builds the NetworkPolicy engine of sigs.k8s.io/kube-network-policies"
+		echo "// (pkg/networkpolicy) for the real node. Pin in hack/versions.env; regenerate with"
+		echo "// hack/build-controlplane.sh --update-modules."
+		echo "module memcached-operator/hack/netpol"
+		echo
+		echo "go $(awk '$1=="go"{print $2; exit}' "$(module_field "sigs.k8s.io/kube-network-policies@${KUBE_NETWORK_POLICIES_VERSION}" GoMod)")"
+		echo
+		echo "require sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}"
+	} >"${np}/go.mod"
+	rm -f "${np}/go.sum"
+	(cd "${np}" && GOFLAGS=-mod=mod "${GO}" mod tidy)
+	log "updated ${cp}/go.mod, ${et}/go.mod and ${np}/go.mod"
 }
 
 main() {
@@ -269,6 +309,7 @@ main() {
 	if [[ "${NODE_ONLY:-0}" == 1 ]]; then
 		build_kube_node
 		build_coredns
+		build_netpol
 		log "node components ready in $(($(date +%s) - start))s"
 		return 0
 	fi

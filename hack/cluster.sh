@@ -20,7 +20,8 @@
 #                                   extra flags, split on whitespace
 #   UP_TIMEOUT=180                  seconds allowed for each readiness wait
 #   REAL_NODE=0                     1: also start a real node (root only; see hack/real-node.sh):
-#                                   containerd+runc+CNI, kubelet, kube-proxy, CoreDNS, node
+#                                   containerd+runc+CNI, kubelet, kube-proxy, CoreDNS, a
+#                                   NetworkPolicy engine (kube-network-policies), node
 #                                   "real-node" (label type=real, taint
 #                                   memcached-operator.dev/real-node=true:NoSchedule)
 #   REAL_NODE_POD_CIDR=10.244.0.0/24 REAL_NODE_BRIDGE=mcop0 REAL_NODE_DNS_IP=10.96.0.10
@@ -29,8 +30,8 @@ set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# Components in start order (the last four only with REAL_NODE=1).
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok containerd coredns kubelet kube-proxy)
+# Components in start order (the last five only with REAL_NODE=1).
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok containerd coredns kube-network-policies kubelet kube-proxy)
 
 # log, die (as "[cluster] ..."), ensure_packages.
 LOG_TAG=cluster
@@ -69,7 +70,7 @@ pid_matches() {
 	mapfile -d '' -t argv <"/proc/${pid}/cmdline" 2>/dev/null || return 1
 	[[ ${#argv[@]} -ge 2 ]] || return 1
 	case "${component}" in
-	etcd | kwok | containerd | coredns) [[ "$(basename "${argv[0]}")" == "${component}" ]] || return 1 ;;
+	etcd | kwok | containerd | coredns | kube-network-policies) [[ "$(basename "${argv[0]}")" == "${component}" ]] || return 1 ;;
 	kubelet | kube-proxy) [[ "$(basename "${argv[0]}")" == kube-node && "${argv[1]}" == "${component}" ]] || return 1 ;;
 	*) [[ "$(basename "${argv[0]}")" == kube-controlplane && "${argv[1]}" == "${component}" ]] || return 1 ;;
 	esac

@@ -1,14 +1,15 @@
 # shellcheck shell=bash
 # The real node of hack/cluster.sh (REAL_NODE=1): containerd + runc + CNI (Debian's packages),
-# kubelet and kube-proxy (kube-node, built from the control plane's module), CoreDNS, and the
-# images of hack/images.sh. Sourced by cluster.sh; uses its start/wait_for/kctl/stop_components.
+# kubelet and kube-proxy (kube-node, built from the control plane's module), CoreDNS, a
+# NetworkPolicy engine (kube-network-policies, hack/netpol), and the images of hack/images.sh.
+# Sourced by cluster.sh; uses its start/wait_for/kctl/stop_components.
 #
 # Layout under DIR/real-node/: containerd/{config.toml,root,state,containerd.sock}, cni/{net.d,ipam},
 # kubelet/{config.yaml,root,pod-logs}, kube-proxy.yaml, Corefile, node.env, sysctl.before.
 #
 # Host-global things a kubelet and kube-proxy touch (iptables KUBE-* chains, the kubepods cgroups,
-# a few sysctls, /var/run/netns, /var/lib/kubelet/device-plugins/kubelet.sock) allow ONE real node
-# per host at a time: `up` takes
+# a few sysctls, /var/run/netns, /var/lib/kubelet/device-plugins/kubelet.sock), and the
+# NetworkPolicy engine's chain and NFQUEUE number, allow ONE real node per host at a time: `up` takes
 # REAL_NODE_LOCK and refuses a second one; `down` puts back what it changed.
 
 REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
@@ -22,6 +23,16 @@ REAL_NODE_BRIDGE="${REAL_NODE_BRIDGE:-mcop0}"
 REAL_NODE_POD_CIDR="${REAL_NODE_POD_CIDR:-10.244.0.0/24}"
 # The kube-dns Service's ClusterIP (kube-proxy DNATs it to CoreDNS on the bridge's gateway).
 REAL_NODE_DNS_IP="${REAL_NODE_DNS_IP:-10.96.0.10}"
+# NetworkPolicies: the kernel queues the first packet of each new connection forwarded to or from a
+# pod (bridged pod-to-pod included, through bridge-nf-call-iptables) to this NFQUEUE, where
+# kube-network-policies accepts or drops it. The jump is in the mangle table so that an accepted
+# packet still meets kube-proxy's filter rules (an NFQUEUE accept ends the table it was queued
+# from). --queue-bypass: packets pass while no engine listens (starting, restarting, stopped).
+# Host-to-pod and pod-to-host traffic is not forwarded, so not policed: as the NetworkPolicy
+# API says, traffic between a pod and its node is always allowed (kubelet probes, the host's
+# Prometheus, CoreDNS and the apiserver on the gateway).
+REAL_NODE_NETPOL_QUEUE=100
+REAL_NODE_NETPOL_CHAIN=MCOP-NETPOL
 # Host sysctls that the kubelet (setupKernelTunables), kube-proxy and the bridge need or set;
 # saved at `up` and put back at `down`.
 REAL_NODE_SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
@@ -69,6 +80,9 @@ for line in sys.stdin:
 	[[ -z "${overlap}" ]] || die "REAL_NODE_POD_CIDR ${REAL_NODE_POD_CIDR} overlaps a host route: ${overlap}"
 	if grep -q '^:KUBE-SERVICES' <<<"$(iptables-save 2>/dev/null)"; then
 		die "iptables already has KUBE-SERVICES chains: another kube-proxy on this host? (clean with: kube-node kube-proxy --cleanup)"
+	fi
+	if netpol_queue_bound; then
+		die "NFQUEUE ${REAL_NODE_NETPOL_QUEUE} already has a listener (another NetworkPolicy engine on this host?)"
 	fi
 	ensure_packages "${REAL_NODE_PACKAGES[@]}"
 	printf '%s\n' "${CLUSTER_DIR}" >"${REAL_NODE_LOCK}"
@@ -190,15 +204,35 @@ real_node_tokens() {
 	RN_KUBELET_TOKEN="$(gen_token)"
 	RN_PROXY_TOKEN="$(gen_token)"
 	RN_COREDNS_TOKEN="$(gen_token)"
+	RN_NETPOL_TOKEN="$(gen_token)"
 	printf '%s,system:node:%s,system:node:%s,"system:nodes"\n' "${RN_KUBELET_TOKEN}" "${REAL_NODE_NAME}" "${REAL_NODE_NAME}"
 	printf '%s,system:kube-proxy,system:kube-proxy\n' "${RN_PROXY_TOKEN}"
 	printf '%s,system:coredns,system:coredns\n' "${RN_COREDNS_TOKEN}"
+	printf '%s,system:kube-network-policies,system:kube-network-policies\n' "${RN_NETPOL_TOKEN}"
 }
 
 real_node_kubeconfigs() { # SERVER CA
 	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-kubelet" "$1" "$2" "system:node:${REAL_NODE_NAME}" "${RN_KUBELET_TOKEN}"
 	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-kube-proxy" "$1" "$2" system:kube-proxy "${RN_PROXY_TOKEN}"
 	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-coredns" "$1" "$2" system:coredns "${RN_COREDNS_TOKEN}"
+	write_kubeconfig "${CLUSTER_DIR}/kubeconfig-kube-network-policies" "$1" "$2" system:kube-network-policies "${RN_NETPOL_TOKEN}"
+}
+
+# netpol_rules_up : the NFQUEUE rules of REAL_NODE_NETPOL_CHAIN (replacing any a crashed run left).
+netpol_rules_up() {
+	delete_iptables_chains iptables "${REAL_NODE_NETPOL_CHAIN}"
+	local q=(-j NFQUEUE --queue-num "${REAL_NODE_NETPOL_QUEUE}" --queue-bypass)
+	iptables -t mangle -N "${REAL_NODE_NETPOL_CHAIN}"
+	iptables -t mangle -A "${REAL_NODE_NETPOL_CHAIN}" -d "${REAL_NODE_POD_CIDR}" "${q[@]}"
+	iptables -t mangle -A "${REAL_NODE_NETPOL_CHAIN}" -s "${REAL_NODE_POD_CIDR}" "${q[@]}"
+	# Only a connection's first packet: a verdict holds for the connection (conntrack).
+	iptables -t mangle -I FORWARD 1 -m conntrack --ctstate NEW \
+		-m comment --comment "memcached-operator real node: NetworkPolicy verdicts" -j "${REAL_NODE_NETPOL_CHAIN}"
+}
+
+# netpol_queue_bound : the engine listens on its NFQUEUE (it binds after its caches synced).
+netpol_queue_bound() {
+	awk -v q="${REAL_NODE_NETPOL_QUEUE}" '$1 == q {found = 1} END {exit !found}' /proc/net/netfilter/nfnetlink_queue
 }
 
 node_ready() {
@@ -208,15 +242,16 @@ node_ready() {
 # ---------------------------------------------------------------- up
 
 # real_node_up : after the control plane is ready. Starts containerd, imports the images,
-# starts CoreDNS, the kubelet and kube-proxy, waits for the node to be Ready.
+# starts CoreDNS, the NetworkPolicy engine (and its NFQUEUE rules), the kubelet and kube-proxy,
+# waits for the node to be Ready.
 real_node_up() {
 	local t0=${SECONDS}
-	local KUBE_NODE_BIN COREDNS_BIN MEMCACHED_IMAGE PAUSE_IMAGE EXPORTER_IMAGE
-	eval "$("${HACK_DIR}/build-controlplane.sh" --print-env | grep -E '^(KUBE_NODE_BIN|COREDNS_BIN)=')"
+	local KUBE_NODE_BIN COREDNS_BIN KUBE_NETWORK_POLICIES_BIN MEMCACHED_IMAGE PAUSE_IMAGE EXPORTER_IMAGE
+	eval "$("${HACK_DIR}/build-controlplane.sh" --print-env | grep -E '^(KUBE_NODE_BIN|COREDNS_BIN|KUBE_NETWORK_POLICIES_BIN)=')"
 	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|PAUSE_IMAGE|EXPORTER_IMAGE)=')"
-	local ports kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready
-	ports="$(free_ports 6)"
-	read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready <<<"${ports}"
+	local ports kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready netpol_metrics
+	ports="$(free_ports 7)"
+	read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready netpol_metrics <<<"${ports}"
 	cat >"$(rn_dir)/node.env" <<-EOF
 		REAL_NODE_NAME=${REAL_NODE_NAME}
 		REAL_NODE_BRIDGE=${REAL_NODE_BRIDGE}
@@ -230,6 +265,8 @@ real_node_up() {
 		KUBE_PROXY_METRICS_PORT=${proxy_metrics}
 		COREDNS_HEALTH_PORT=${dns_health}
 		COREDNS_READY_PORT=${dns_ready}
+		KUBE_NETWORK_POLICIES_METRICS_PORT=${netpol_metrics}
+		KUBE_NETWORK_POLICIES_QUEUE=${REAL_NODE_NETPOL_QUEUE}
 		MEMCACHED_IMAGE=${MEMCACHED_IMAGE}
 		PAUSE_IMAGE=${PAUSE_IMAGE}
 		EXPORTER_IMAGE=${EXPORTER_IMAGE}
@@ -247,6 +284,17 @@ real_node_up() {
 	kctl apply --server-side --force-conflicts -f - >/dev/null <<<"$(dns_manifest)"
 	start coredns "${COREDNS_BIN}" -conf="$(rn_dir)/Corefile"
 	wait_for "coredns /ready" coredns http_ok "http://127.0.0.1:${dns_ready}/ready"
+
+	# Enforcing before the node is Ready, so no pod runs before NetworkPolicies apply.
+	kctl apply --server-side --force-conflicts -f "${TEMPLATES}/kube-network-policies.yaml" >/dev/null
+	netpol_rules_up
+	start kube-network-policies "${KUBE_NETWORK_POLICIES_BIN}" \
+		--kubeconfig="${CLUSTER_DIR}/kubeconfig-kube-network-policies" \
+		--hostname-override="${REAL_NODE_NAME}" \
+		--nfqueue-id="${REAL_NODE_NETPOL_QUEUE}" \
+		--metrics-bind-address="127.0.0.1:${netpol_metrics}" \
+		--v=1
+	wait_for "kube-network-policies on NFQUEUE ${REAL_NODE_NETPOL_QUEUE}" kube-network-policies netpol_queue_bound
 
 	start kubelet "${KUBE_NODE_BIN}" kubelet \
 		--config="$(rn_dir)/kubelet/config.yaml" \
@@ -343,7 +391,7 @@ real_node_left() {
 	for p in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ ! -d "${p}" ]] || echo "cgroup ${p}"; done
 	if ip link show "${bridge}" >/dev/null 2>&1; then echo "bridge ${bridge}"; fi
 	for p in /var/run/netns/*; do [[ ! -e "${p}" ]] || echo "network namespace ${p}"; done
-	{ iptables-save; ip6tables-save; } 2>/dev/null | grep -oE '^:(KUBE|CNI)-[^ ]*' | sed 's/^:/iptables chain /' || true
+	{ iptables-save; ip6tables-save; } 2>/dev/null | grep -oE "^:(KUBE-|CNI-|${REAL_NODE_NETPOL_CHAIN})[^ ]*" | sed 's/^:/iptables chain /' || true
 }
 
 # real_node_down DIR : stop the node components and undo what `up` did on the host. Runs after
@@ -357,7 +405,7 @@ real_node_down() {
 		kube_node="$(sed 's/ .*//' "${dir}/logs/kubelet.cmdline")"
 	fi
 	drain_real_node "${dir}"
-	stop_components "${dir}" 20 kube-proxy kubelet coredns
+	stop_components "${dir}" 20 kube-proxy kubelet coredns kube-network-policies
 	local sock="${rn}/containerd/containerd.sock" netns=()
 	if [[ -S "${sock}" ]]; then
 		# Network namespaces of sandboxes still there (CRI keeps them in /var/run/netns).
@@ -423,6 +471,7 @@ while True:
 	fi
 	delete_iptables_chains iptables 'KUBE-|CNI-'
 	delete_iptables_chains ip6tables 'KUBE-|CNI-'
+	delete_iptables_chains iptables "${REAL_NODE_NETPOL_CHAIN}"
 	if ip link show "${bridge}" >/dev/null 2>&1; then ip link delete "${bridge}" || log "could not delete ${bridge}"; fi
 	restore_sysctls "${dir}"
 	# The kubelet's symlinks to our pod logs, libcni's cache of our network, and the empty
