@@ -4,14 +4,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, Toleration};
+use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::collection::btree_map;
 use proptest::option;
 use proptest::prelude::*;
 
 use crate::api::{
     AuthSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
-    MonitoringSpec, RolloutSpec, Spread, TlsSpec,
+    MonitoringSpec, NetworkPolicySpec, RolloutSpec, Spread, TlsSpec,
 };
 
 /// An object name: a priority class, a Secret.
@@ -92,6 +94,45 @@ fn tolerations() -> impl Strategy<Value = Option<Vec<Toleration>>> {
     option::of(proptest::collection::vec(toleration, 0..3))
 }
 
+/// NetworkPolicy peers: pods by label, namespaces by label, both, or an address block.
+fn peers() -> impl Strategy<Value = Vec<NetworkPolicyPeer>> {
+    let selector = || {
+        labels().prop_map(|match_labels| LabelSelector {
+            match_labels,
+            ..LabelSelector::default()
+        })
+    };
+    let peer = prop_oneof![
+        (option::of(selector()), option::of(selector())).prop_filter_map(
+            "a peer names something",
+            |(pods, namespaces)| {
+                (pods.is_some() || namespaces.is_some()).then_some(NetworkPolicyPeer {
+                    pod_selector: pods,
+                    namespace_selector: namespaces,
+                    ip_block: None,
+                })
+            }
+        ),
+        // Canonical blocks (no host bits): the API server refuses others.
+        proptest::sample::select(
+            &[
+                "10.0.0.0/8",
+                "192.168.0.0/16",
+                "172.16.5.0/24",
+                "10.244.0.1/32"
+            ][..]
+        )
+        .prop_map(|cidr| NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: cidr.to_string(),
+                except: None,
+            }),
+            ..NetworkPolicyPeer::default()
+        }),
+    ];
+    proptest::collection::vec(peer, 0..3)
+}
+
 /// `spec` with tuning flags, a disruption budget, a rollout and a spread; the item size is one
 /// admission accepts (at most half of maxMemoryMiB).
 fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
@@ -157,33 +198,39 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
                 },
             ),
     );
+    let network_policy = option::of((any::<bool>(), peers(), peers()).prop_map(
+        |(enabled, from, metrics_from)| NetworkPolicySpec {
+            enabled,
+            from,
+            metrics_from,
+        },
+    ));
     (
-        option::of(1..=256i32),
-        option::of(1..=65536i32),
-        item_size,
+        (option::of(1..=256i32), option::of(1..=65536i32), item_size),
         budget,
         rollout,
         spread,
         monitoring,
         auth,
         tls,
+        network_policy,
     )
         .prop_map(
             move |(
-                threads,
-                connections,
-                item_size,
+                (threads, connections, item_size),
                 budget,
                 rollout,
                 spread,
                 monitoring,
                 auth,
                 tls,
+                network_policy,
             )| {
                 MemcachedSpec {
                     monitoring,
                     auth,
                     tls,
+                    network_policy,
                     threads,
                     max_connections: connections,
                     max_item_size_mib: item_size,

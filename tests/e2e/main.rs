@@ -1129,6 +1129,8 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), &ns);
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
@@ -1172,6 +1174,12 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
                 .patch(&b.name_any(), &apply, &kube::api::Patch::Apply(&b))
                 .await
                 .unwrap_or_else(|e| panic!("the API server refused the budget for {spec:?}: {e}"));
+        }
+        if let Some(p) = resources::network_policy(&mc) {
+            policies
+                .patch(&p.name_any(), &apply, &kube::api::Patch::Apply(&p))
+                .await
+                .unwrap_or_else(|e| panic!("the API server refused the policy for {spec:?}: {e}"));
         }
     }
     println!("{cases} generated specs admitted; {valid} passed validation and were accepted");

@@ -9,6 +9,7 @@ mod auth;
 mod harness;
 mod memcached;
 mod monitoring;
+mod network_policy;
 mod node;
 mod operator_pod;
 mod prometheus;

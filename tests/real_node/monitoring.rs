@@ -16,11 +16,11 @@ use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use memcached_operator::api::{Memcached, MonitoringSpec};
+use memcached_operator::api::{Memcached, MonitoringSpec, NetworkPolicySpec};
 use memcached_operator::resources;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::promql::metric_names;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::{
     CONVERGE, Operator, OperatorOptions, admin, apply, cluster, create, memcached, wait_converged,
@@ -182,6 +182,18 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     mc.spec.monitoring = Some(MonitoringSpec {
         enabled: true,
         image: None,
+    });
+    // With the policy on, as a careful user runs it: this Prometheus runs on the host, so it is
+    // admitted by address.
+    mc.spec.network_policy = Some(NetworkPolicySpec {
+        enabled: true,
+        from: vec![],
+        metrics_from: vec![
+            serde_json::from_value(
+                json!({"ipBlock": {"cidr": format!("{}/32", node.var("REAL_NODE_GATEWAY"))}}),
+            )
+            .unwrap(),
+        ],
     });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 1).await;
