@@ -75,6 +75,10 @@ bench: ## Benchmarks of the image's binary (the Dockerfile's static build) on th
 	bin="$$(hack/images.sh operator-binary)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" $(BENCH_ARGS)
 
+.PHONY: bench-data-path
+bench-data-path: ## memcached's operations per second and latency with TLS and auth on and off, on the real node (root). Results in bench/results/data-path.json.
+	REAL_NODE=1 E2E_PROFILE=bench-client hack/e2e.sh --ignored data_path --nocapture
+
 # The tutorial's operator as the harness drives ours: plain-HTTP metrics, a named Lease holder, and
 # the same worker count (its scaffold default is 1).
 REFERENCE_OPERATOR_ARGS ?= --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --metrics-secure=false --max-concurrent-reconciles=8

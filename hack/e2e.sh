@@ -84,6 +84,8 @@ cd "${ROOT}"
 # One test at a time: each runs its own operator processes, and two cores are shared with the
 # control plane.
 # Its output is also kept, for the summary at the end (cleanup).
-cargo test --locked --features "${features}" --test "${suite}" -- --test-threads=1 "$@" 2>&1 |
+# E2E_PROFILE: a cargo profile, e.g. bench-client for the data-path benchmark's optimized client.
+cargo test --locked ${E2E_PROFILE:+--profile "${E2E_PROFILE}"} --features "${features}" --test "${suite}" -- \
+	--test-threads=1 "$@" 2>&1 |
 	tee "${dir}/tests.out"
 status=0

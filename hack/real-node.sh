@@ -15,7 +15,8 @@
 REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
 REAL_NODE_TAINT="memcached-operator.dev/real-node"
 REAL_NODE_LOCK=/run/memcached-operator-real-node.owner
-REAL_NODE_PACKAGES=(containerd runc containernetworking-plugins iptables umoci memcached busybox-static)
+# python3-pymemcache: a real client library for the real-node tests (tests/real_node/pymemcache_app.py).
+REAL_NODE_PACKAGES=(containerd runc containernetworking-plugins iptables umoci memcached busybox-static python3-pymemcache)
 REAL_NODE_CNI_BIN=/usr/lib/cni
 # Bridge and pod range of the real node; 10.96.0.0/16 (Services) and 10.112-255.x (kwok's fake
 # pod ranges) are only API objects, but the bridge range gets a host route, so it must be free.

@@ -11,11 +11,12 @@ use memcached_operator::api::{AuthSpec, MonitoringSpec};
 use memcached_operator::resources::auth::secret_data;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
+use serde_json::json;
 
 use crate::harness::{admin, create, memcached, wait_converged, wait_for};
 use crate::{
     Process, RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip,
-    pods_of, real_namespace, restart_counts, write_keys,
+    pods_of, pymemcache, real_namespace, restart_counts, write_keys,
 };
 
 const USER: &str = "app";
@@ -109,6 +110,37 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
         );
     }
     let processes: Vec<u32> = pods.iter().map(memcached_pid).collect();
+
+    // A real client library logs in as any application would (an ordinary set on each new
+    // connection) and spreads its keys over the pods by hashing.
+    let servers: Vec<String> = pods
+        .iter()
+        .map(|p| format!("{}:11211", pod_ip(p)))
+        .collect();
+    let app = pymemcache(json!({
+        "servers": servers, "login": [USER, "first-password"], "keys": 200,
+    }))
+    .await;
+    assert_eq!(
+        (&app["stored"], &app["found"]),
+        (&json!(200), &json!(200)),
+        "{app}"
+    );
+    let per_server = app["per_server"].as_object().unwrap();
+    assert!(
+        servers
+            .iter()
+            .all(|s| per_server.get(s).is_some_and(|n| n.as_u64() > Some(0))),
+        "every pod holds some of the keys: {app}"
+    );
+    // Without the login its first set is taken for one, and refused.
+    let app = pymemcache(json!({"servers": servers, "keys": 1})).await;
+    assert!(
+        app["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("bad authentication token format")),
+        "{app}"
+    );
 
     // Rotate: the new password works within the bound, the old one until its grace ends.
     let rotated = Instant::now();

@@ -4,6 +4,7 @@
 //! DNS, the memcached protocol.
 
 mod auth;
+mod data_path;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
 mod harness;
@@ -143,6 +144,29 @@ pub async fn exporter_metrics(pod: &Pod) -> String {
     let mut body = String::new();
     stream.read_to_string(&mut body).await.unwrap();
     body
+}
+
+/// Runs `pymemcache_app.py` (Debian's python3 and python3-pymemcache, which the real node
+/// installs) with `request`; its JSON answer.
+pub async fn pymemcache(request: serde_json::Value) -> serde_json::Value {
+    use tokio::io::AsyncWriteExt;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_node/pymemcache_app.py");
+    let mut child = tokio::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 runs");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(request.to_string().as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("pymemcache_app.py answered {out:?}: {e}"))
 }
 
 /// Keys the suites write and read back: `key-<i>` holds `value-<i>`.

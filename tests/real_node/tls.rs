@@ -17,6 +17,7 @@ use memcached_operator_testkit::dns::lookup_a;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use serde_json::json;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
@@ -24,20 +25,20 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
 use crate::{
     RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip, pods_of,
-    real_namespace, restart_counts, write_keys,
+    pymemcache, real_namespace, restart_counts, write_keys,
 };
 
 /// The issue's bound for a renewal to be served.
 const RENEWAL: Duration = Duration::from_secs(120);
 
 /// A certificate authority of the test's own.
-struct Ca {
+pub(crate) struct Ca {
     issuer: Issuer<'static, KeyPair>,
     pem: String,
 }
 
 impl Ca {
-    fn new(name: &str) -> Ca {
+    pub(crate) fn new(name: &str) -> Ca {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -50,7 +51,7 @@ impl Ca {
     }
 
     /// A leaf for `names`: (certificate PEM, key PEM).
-    fn issue(&self, names: &[String]) -> (String, String) {
+    pub(crate) fn issue(&self, names: &[String]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let params = CertificateParams::new(names.to_vec()).unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -58,7 +59,7 @@ impl Ca {
     }
 }
 
-fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) -> Secret {
+pub(crate) fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) -> Secret {
     let mut s = Secret {
         type_: Some("kubernetes.io/tls".into()),
         data: Some(BTreeMap::from([
@@ -73,7 +74,7 @@ fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) -> Secret {
 }
 
 /// A client trusting `ca`, with `client` as its certificate if given.
-fn client_config(ca: &Ca, client: Option<&(String, String)>) -> Arc<ClientConfig> {
+pub(crate) fn client_config(ca: &Ca, client: Option<&(String, String)>) -> Arc<ClientConfig> {
     let mut roots = RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
@@ -160,6 +161,28 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         .into_iter()
         .collect();
     assert_eq!(resolved, ips);
+    // A real client library connects by that name and verifies the certificate; one trusting
+    // another CA refuses the server.
+    let one = pod_ip(&pods[0]).to_string();
+    let by_name = |ca: &Ca| {
+        json!({
+            "servers": [format!("{host}:11211")], "addresses": {&host: &one},
+            "ca": ca.pem, "keys": 20,
+        })
+    };
+    let app = pymemcache(by_name(&ca)).await;
+    assert_eq!(
+        (&app["stored"], &app["found"]),
+        (&json!(20), &json!(20)),
+        "{app}"
+    );
+    let app = pymemcache(by_name(&Ca::new("another CA"))).await;
+    assert!(
+        app["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("CERTIFICATE_VERIFY_FAILED")),
+        "{app}"
+    );
     let verified = client_config(&ca, None);
     let mut served = Vec::new();
     let mut uptimes = Vec::new();

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""An application using pymemcache (Debian's python3-pymemcache), as the real-node tests drive it.
+
+Reads a request on stdin, prints the answer on stdout, both JSON:
+  request: {"servers": ["host:port", ...],   a hashing client over these (one: a plain client)
+            "addresses": {"host": "ip"},     names as the cluster's DNS answered the test
+            "ca": "PEM" | null,              TLS, verifying the server's name against this CA
+            "login": ["user", "password"] | null,
+            "keys": n}                        written, then read back
+  answer:  {"stored": n, "found": n, "per_server": {"host:port": n}} or {"error": "..."}
+"""
+
+import json
+import socket
+import ssl
+import sys
+
+from pymemcache.client.base import Client
+from pymemcache.client.hash import HashClient
+
+request = json.load(sys.stdin)
+
+
+class ClusterNames:
+    """The socket module, resolving the cluster's names as its DNS answered the test: the host
+    does not use the cluster's DNS, and TLS must still check the name the client asked for."""
+
+    def __getattr__(self, name):
+        return getattr(socket, name)
+
+    def getaddrinfo(self, host, port, *args):
+        return socket.getaddrinfo(request.get("addresses", {}).get(host, host), port, *args)
+
+
+class LoginClient(Client):
+    """memcached's ASCII authentication: a new connection's first set carries the login."""
+
+    def _connect(self):
+        super()._connect()
+        user, password = request["login"]
+        self.set("login", f"{user} {password}", noreply=False)
+
+
+class App(HashClient):
+    client_class = LoginClient if request.get("login") else Client
+
+
+def server(spec):
+    host, port = spec.rsplit(":", 1)
+    return (host, int(port))
+
+
+def main():
+    tls = ssl.create_default_context(cadata=request["ca"]) if request.get("ca") else None
+    options = dict(tls_context=tls, socket_module=ClusterNames(), connect_timeout=3, timeout=3)
+    servers = [server(s) for s in request["servers"]]
+    if len(servers) == 1:
+        client = App.client_class(servers[0], **options)
+        server_of = lambda key: request["servers"][0]
+    else:
+        # No retries and no dead servers: a failure is the answer.
+        client = App(servers, retry_attempts=1, dead_timeout=0, **options)
+        server_of = lambda key: "%s:%d" % client._get_client(key).server
+    keys = {f"app-{i}": f"value-{i}" for i in range(request["keys"])}
+    per_server = {}
+    for key, value in keys.items():
+        if not client.set(key, value, noreply=False):
+            raise RuntimeError(f"set {key} not stored")
+        per_server[server_of(key)] = per_server.get(server_of(key), 0) + 1
+    got = client.get_many(list(keys))
+    found = sum(1 for key, value in keys.items() if got.get(key) == value.encode())
+    return {"stored": len(keys), "found": found, "per_server": per_server}
+
+
+try:
+    answer = main()
+except Exception as e:  # the test reads what went wrong
+    answer = {"error": f"{type(e).__name__}: {e}"}
+json.dump(answer, sys.stdout)
