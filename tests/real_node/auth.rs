@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::{AuthSpec, MonitoringSpec};
 use memcached_operator::resources::auth::secret_data;
@@ -15,8 +15,8 @@ use serde_json::json;
 
 use crate::harness::{admin, create, memcached, wait_converged, wait_for};
 use crate::{
-    Process, RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip,
-    pods_of, pymemcache, real_namespace, restart_counts, write_keys,
+    Process, RealNode, assert_keys, create_credentials, exporter_metrics, memcached_pid,
+    operator_with_agent, pod_ip, pods_of, pymemcache, real_namespace, restart_counts, write_keys,
 };
 
 const USER: &str = "app";
@@ -43,15 +43,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
     let ns = real_namespace(&client, "auth").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let mut creds = Secret {
-        data: Some(secret_data(USER, "first-password")),
-        ..Secret::default()
-    };
-    creds.metadata.name = Some("creds".into());
-    secrets
-        .create(&PostParams::default(), &creds)
-        .await
-        .unwrap();
+    create_credentials(&secrets, "creds", USER, "first-password").await;
     let mut mc = memcached("cache", 2);
     mc.spec.auth = Some(AuthSpec {
         enabled: true,

@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
 use memcached_operator::api::{AuthSpec, TlsSpec};
-use memcached_operator::resources::auth::secret_data;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -21,7 +20,7 @@ use tokio_rustls::rustls::ClientConfig;
 
 use crate::harness::{admin, create, memcached, wait_converged};
 use crate::tls::{Ca, client_config, tls_secret};
-use crate::{RealNode, operator_with_agent, pod_ip, pods_of, real_namespace};
+use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, pods_of, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
 const CONNECTIONS: usize = 8;
@@ -177,15 +176,7 @@ async fn data_path_costs_of_tls_and_auth() {
     let ns = real_namespace(&client, "data-path").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let mut creds = Secret {
-        data: Some(secret_data(USER, PASSWORD)),
-        ..Secret::default()
-    };
-    creds.metadata.name = Some("creds".into());
-    secrets
-        .create(&PostParams::default(), &creds)
-        .await
-        .unwrap();
+    create_credentials(&secrets, "creds", USER, PASSWORD).await;
     let ca = Ca::new("benchmark CA");
     let names: Vec<String> = VARIANTS
         .iter()

@@ -146,6 +146,26 @@ pub async fn exporter_metrics(pod: &Pod) -> String {
     body
 }
 
+/// Creates Secret `name` with the `username` and `password` keys spec.auth reads.
+pub async fn create_credentials(
+    secrets: &Api<k8s_openapi::api::core::v1::Secret>,
+    name: &str,
+    username: &str,
+    password: &str,
+) {
+    let mut creds = k8s_openapi::api::core::v1::Secret {
+        data: Some(memcached_operator::resources::auth::secret_data(
+            username, password,
+        )),
+        ..Default::default()
+    };
+    creds.metadata.name = Some(name.into());
+    secrets
+        .create(&kube::api::PostParams::default(), &creds)
+        .await
+        .unwrap();
+}
+
 /// Runs `pymemcache_app.py` (Debian's python3 and python3-pymemcache, which the real node
 /// installs) with `request`; its JSON answer.
 pub async fn pymemcache(request: serde_json::Value) -> serde_json::Value {
