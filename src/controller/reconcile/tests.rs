@@ -839,3 +839,31 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
         .unwrap();
     assert_eq!(outcome, Outcome::Converged);
 }
+
+const NETWORK_POLICY: &str = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/cache";
+
+/// A converged Memcached whose spec now turns the network policy on.
+fn turning_the_network_policy_on(caches: &mut apiserver::Caches) -> Memcached {
+    let mut mc = memcached("cache", 1);
+    converged(&mut mc, caches);
+    mc.spec.network_policy = Some(crate::api::NetworkPolicySpec {
+        enabled: true,
+        ..Default::default()
+    });
+    mc.metadata.generation = Some(2);
+    mc
+}
+
+#[tokio::test]
+async fn turning_the_network_policy_on_applies_it_and_leaves_the_pods_alone() {
+    let requests = requests_of(false, 2, turning_the_network_policy_on).await;
+    assert_eq!(
+        paths(&requests),
+        [("PATCH", STATUS), ("PATCH", NETWORK_POLICY)],
+        "no Deployment write: the pods keep running"
+    );
+    assert_eq!(
+        requests[1].2["spec"]["ingress"][0]["from"],
+        json!([{"podSelector": {}}])
+    );
+}
