@@ -139,6 +139,15 @@ pub mod apiserver {
         context_where_service_monitors_are(false)
     }
 
+    /// A context of an operator whose role does not let it watch NetworkPolicies (an install
+    /// whose RBAC predates them).
+    pub fn context_without_network_policies() -> (Arc<Context>, ApiServer, Caches) {
+        let (ctx, api, caches) = context();
+        let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
+        ctx.network_policies = None;
+        (Arc::new(ctx), api, caches)
+    }
+
     pub fn context_where_service_monitors_are(served: bool) -> (Arc<Context>, ApiServer, Caches) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
@@ -152,7 +161,7 @@ pub mod apiserver {
             deployments,
             services,
             pod_disruption_budgets: budgets,
-            network_policies,
+            network_policies: Some(network_policies),
             service_monitors: served.then_some(monitors),
             pods: Default::default(),
             own_writes: Default::default(),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::FusedFuture;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -16,9 +17,11 @@ use crate::config::RunArgs;
 use crate::controller::{self, InitialList, Settings};
 use crate::metrics::Metrics;
 use crate::resources::Images;
+use crate::service_monitor::ServiceMonitor;
 use operator_runtime::admin::{self, Endpoints, Limits};
 use operator_runtime::leader::{LeaderElector, LeaseConfig};
 use operator_runtime::readiness::Readiness;
+use operator_runtime::watch_namespace::{Scope, forbidden_scopes};
 
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -73,7 +76,12 @@ async fn run(args: RunArgs) -> ExitCode {
             exporter: args.exporter_image.clone(),
             agent: args.agent_image.clone(),
         },
-        service_monitors: keep_service_monitors(&client, &scopes).await,
+        service_monitors: keep::<ServiceMonitor, _, _>(&client, &scopes, || {
+            crate::service_monitor::served(&client)
+        })
+        .await,
+        network_policies: keep::<NetworkPolicy, _, _>(&client, &scopes, || async { Ok(true) })
+            .await,
         initial_list: match scopes.first() {
             Some(scope) => InitialList::probe(&scope.api::<crate::api::Memcached>(&client)).await,
             None => InitialList::Paged,
@@ -133,42 +141,44 @@ async fn run(args: RunArgs) -> ExitCode {
     code
 }
 
-/// Whether to keep ServiceMonitors: the cluster serves their API and this process may watch
-/// them where it watches Memcacheds. Asked a few times while the API server does not answer;
-/// after that taken as no (logged), so that a start never waits long for an optional feature.
-async fn keep_service_monitors(
-    client: &Client,
-    scopes: &[operator_runtime::watch_namespace::Scope],
-) -> bool {
+/// Whether to keep objects of kind `K`: the cluster serves it (`served`) and this process may
+/// list and watch it where it watches Memcacheds. Asked a few times while the API server does not
+/// answer; after that taken as no (logged), so that a start never waits long for an optional kind.
+async fn keep<K, F, Fut>(client: &Client, scopes: &[Scope], served: F) -> bool
+where
+    K: kube::Resource<DynamicType = ()>,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool, kube::Error>>,
+{
+    let kind = K::kind(&());
     let ask = || async {
-        if !crate::service_monitor::served(client).await? {
+        if !served().await? {
             return Ok::<_, kube::Error>((false, vec![]));
         }
-        let forbidden = crate::service_monitor::forbidden_scopes(client, scopes).await?;
+        let forbidden = forbidden_scopes::<K>(client, scopes).await?;
         Ok((true, forbidden))
     };
     let mut delay = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {
         match ask().await {
             Ok((served, forbidden)) if forbidden.is_empty() => {
-                info!(
-                    served,
-                    "ServiceMonitor API (monitoring.coreos.com/v1) discovery"
-                );
+                info!(%kind, served, "served and watchable");
                 return served;
             }
             Ok((_, forbidden)) => {
                 warn!(
+                    %kind,
                     scopes = ?forbidden,
-                    "the ServiceMonitor API is served, but this ServiceAccount may not list and watch servicemonitors in these scopes: keeping no ServiceMonitors (grant the servicemonitors rule of config/rbac/role.yaml)"
+                    rule = %K::plural(&()),
+                    "this ServiceAccount may not list and watch them in these scopes: keeping none (grant the rule of config/rbac/role.yaml, then restart)"
                 );
                 return false;
             }
             Err(error) if attempt == 5 => {
-                warn!(%error, "cannot tell whether the ServiceMonitor API is served; keeping no ServiceMonitors until restarted");
+                warn!(%kind, %error, "cannot tell whether it is served and watchable; keeping none until restarted");
             }
             Err(error) => {
-                warn!(%error, "ServiceMonitor API discovery failed; retrying");
+                warn!(%kind, %error, "discovery failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }

@@ -1,6 +1,10 @@
 //! Which namespaces the operator watches (WATCH_NAMESPACE, set by OLM from the OperatorGroup's
 //! target namespaces), and the `Api` for each of them.
 
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::PostParams;
 use kube::core::{DynamicResourceScope, NamespaceResourceScope};
 use kube::{Api, Client, Resource};
 
@@ -47,6 +51,46 @@ impl WatchNamespace {
             Self::Namespaces(list) => list.iter().cloned().map(Scope::Namespace).collect(),
         }
     }
+}
+
+/// The scopes where this process may not list or watch `K`. A watch it may not run would keep the
+/// operator from ever being ready, so a kind it may not watch everywhere is one to do without
+/// (an install whose RBAC predates it, or that leaves it out on purpose).
+pub async fn forbidden_scopes<K>(
+    client: &Client,
+    scopes: &[Scope],
+) -> Result<Vec<Scope>, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let mut forbidden = Vec::new();
+    for scope in scopes {
+        for verb in ["list", "watch"] {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(K::group(&()).into_owned()),
+                        resource: Some(K::plural(&()).into_owned()),
+                        verb: Some(verb.into()),
+                        namespace: match scope {
+                            Scope::Cluster => None,
+                            Scope::Namespace(ns) => Some(ns.clone()),
+                        },
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SelfSubjectAccessReviewSpec::default()
+                },
+                ..SelfSubjectAccessReview::default()
+            };
+            let answer = reviews.create(&PostParams::default(), &review).await?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                forbidden.push(scope.clone());
+                break;
+            }
+        }
+    }
+    Ok(forbidden)
 }
 
 impl Scope {

@@ -26,7 +26,8 @@ pub struct Context {
     pub deployments: Cache<OwnedObject<Deployment>>,
     pub services: Cache<OwnedObject<Service>>,
     pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
-    pub network_policies: Cache<OwnedObject<NetworkPolicy>>,
+    /// Owned NetworkPolicies; None where this process may not watch them.
+    pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
     pub service_monitors: Option<Cache<OwnedObject<ServiceMonitor>>>,
     pub pods: Arc<PodIndex>,

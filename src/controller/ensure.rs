@@ -18,14 +18,16 @@ use crate::status;
 use operator_runtime::cache::Cache;
 
 /// An object only some specs want (the disruption budget, the NetworkPolicy, the
-/// ServiceMonitor) as wanted: applied, or ours deleted when none is wanted any more.
+/// ServiceMonitor) as wanted: applied, or ours deleted when none is wanted any more. `api` is
+/// None where the operator keeps none of the kind (its API not served, or not watchable).
 pub async fn ensure_optional<K: Owned>(
     ctx: &Context,
     mc: &Memcached,
-    api: &Api<OwnedObject<K>>,
+    api: Option<&Api<OwnedObject<K>>>,
     existing: Option<Arc<OwnedObject<K>>>,
     desired: Option<K>,
 ) -> Result<()> {
+    let Some(api) = api else { return Ok(()) };
     match (desired, existing) {
         // Its creation follows from the Deployment's, which has the event.
         (Some(desired), existing) => {
@@ -76,14 +78,19 @@ pub async fn lookup<K: Owned>(
     read(api, &mc.name_any()).await
 }
 
+/// The API and the cache of a kind the operator keeps.
+pub type Kept<'a, K> = (&'a Api<OwnedObject<K>>, &'a Cache<OwnedObject<K>>);
+
 /// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
-/// matter (to delete them), and ours are in the cache.
+/// matter (to delete them), and ours are in the cache. Nothing where the kind is not kept.
 pub async fn lookup_optional<K: Owned>(
-    api: &Api<OwnedObject<K>>,
-    cache: &Cache<OwnedObject<K>>,
+    kept: Option<Kept<'_, K>>,
     mc: &Memcached,
     wanted: bool,
 ) -> Result<Option<Arc<OwnedObject<K>>>> {
+    let Some((api, cache)) = kept else {
+        return Ok(None);
+    };
     match wanted {
         true => lookup(api, cache, mc).await,
         false => Ok(cache.get_for(mc)),

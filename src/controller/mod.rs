@@ -42,6 +42,8 @@ pub struct Settings {
     pub images: crate::resources::Images,
     /// Whether the cluster serves ServiceMonitors: only then are they watched and kept.
     pub service_monitors: bool,
+    /// Whether this process may watch NetworkPolicies: only then are they kept.
+    pub network_policies: bool,
     /// How the watches fill their caches (streaming where the API server serves it).
     pub initial_list: InitialList,
     /// Identity in events (the pod name when in a cluster).

@@ -20,7 +20,7 @@ use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets;
 use crate::api::Memcached;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::resources::{self, is_controlled_by};
 use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
@@ -44,7 +44,11 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
     let desired_budget = resources::pod_disruption_budget(mc);
-    let policies: Api<OwnedObject<NetworkPolicy>> = Api::namespaced(ctx.client.clone(), &ns);
+    // Only where this process may watch them.
+    let policies = ctx.network_policies.as_ref().map(|cache| {
+        let api: Api<OwnedObject<NetworkPolicy>> = Api::namespaced(ctx.client.clone(), &ns);
+        (api, cache)
+    });
     let desired_policy = resources::network_policy(mc);
     // Only where the cluster serves them (and so they are watched).
     let monitors = ctx.service_monitors.as_ref().map(|cache| {
@@ -60,25 +64,20 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             lookup(&services, &ctx.services, mc),
             // One we no longer want is deleted only if it is ours, and ours are in the cache.
             lookup_optional(
-                &budgets,
-                &ctx.pod_disruption_budgets,
+                Some((&budgets, &ctx.pod_disruption_budgets)),
                 mc,
                 desired_budget.is_some()
             ),
             lookup_optional(
-                &policies,
-                &ctx.network_policies,
+                policies.as_ref().map(|(a, c)| (a, *c)),
                 mc,
                 desired_policy.is_some()
             ),
-            async {
-                match &monitors {
-                    Some((api, cache)) => {
-                        lookup_optional(api, cache, mc, desired_monitor.is_some()).await
-                    }
-                    None => Ok(None),
-                }
-            },
+            lookup_optional(
+                monitors.as_ref().map(|(a, c)| (a, *c)),
+                mc,
+                desired_monitor.is_some()
+            ),
         )?;
     let mut blocked = blocked(
         mc,
@@ -88,6 +87,14 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         existing_policy.as_deref().map(|p| &p.metadata),
         existing_monitor.as_deref().map(|m| &m.metadata),
     );
+    // A policy asked for that this process may not keep: nothing applied, rather than pods
+    // running without the policy the user counts on.
+    if blocked.is_none() && desired_policy.is_some() && policies.is_none() {
+        blocked = Some(Blocked::Refused {
+            refusal: Refusal::Forbidden,
+            message: status::NETWORK_POLICIES_FORBIDDEN.to_string(),
+        });
+    }
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
     if blocked.is_none() {
         blocked = secrets::check(ctx, mc).await?;
@@ -113,17 +120,21 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                         service,
                         Announce::Always
                     ),
-                    ensure_optional(ctx, mc, &budgets, existing_budget, desired_budget),
-                    ensure_optional(ctx, mc, &policies, existing_policy, desired_policy),
-                    async {
-                        match &monitors {
-                            Some((api, _)) => {
-                                ensure_optional(ctx, mc, api, existing_monitor, desired_monitor)
-                                    .await
-                            }
-                            None => Ok(()),
-                        }
-                    },
+                    ensure_optional(ctx, mc, Some(&budgets), existing_budget, desired_budget),
+                    ensure_optional(
+                        ctx,
+                        mc,
+                        policies.as_ref().map(|(api, _)| api),
+                        existing_policy,
+                        desired_policy
+                    ),
+                    ensure_optional(
+                        ctx,
+                        mc,
+                        monitors.as_ref().map(|(api, _)| api),
+                        existing_monitor,
+                        desired_monitor
+                    ),
                 )
             };
             let deployment = ensure_deployment(ctx, mc, &deployments, existing_deployment.clone());

@@ -79,6 +79,7 @@ pub fn run(
         client,
         images: settings.images.clone(),
         service_monitors: settings.service_monitors,
+        network_policies: settings.network_policies,
         initial_list: settings.initial_list,
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
@@ -147,6 +148,7 @@ struct Shared {
     events: Events,
     images: crate::resources::Images,
     service_monitors: bool,
+    network_policies: bool,
     initial_list: InitialList,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
@@ -246,14 +248,20 @@ fn scope_watches(
         OwnedTriggers::budgets(),
         |_| {},
     );
-    let (network_policies, network_policy_watch) = owned_watch::<NetworkPolicy>(
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::network_policies(),
-        |_| {},
-    );
+    let (network_policies, network_policy_watch) = match shared.network_policies {
+        true => {
+            let (store, watch) = owned_watch::<NetworkPolicy>(
+                shared,
+                &scope,
+                &caches,
+                feed(),
+                OwnedTriggers::network_policies(),
+                |_| {},
+            );
+            (Some(store), Some(watch))
+        }
+        false => (None, None),
+    };
 
     // Watched only where the API is served: a watch of an unserved resource fails forever.
     let (service_monitors, monitor_watch) = match shared.service_monitors {
@@ -312,10 +320,10 @@ fn scope_watches(
         tokio::spawn(deployment_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),
-        tokio::spawn(network_policy_watch),
         tokio::spawn(pod_watch),
     ];
     tasks.extend(monitor_watch.map(tokio::spawn));
+    tasks.extend(network_policy_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
 }
 

@@ -433,6 +433,10 @@ pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
     named_conflict_message(kind, &mc.name_any(), mc)
 }
 
+/// Why a Memcached that asks for a NetworkPolicy gets nothing applied where this process may not
+/// watch NetworkPolicies.
+pub const NETWORK_POLICIES_FORBIDDEN: &str = "spec.networkPolicy asks for a NetworkPolicy, but the operator's ServiceAccount may not list and watch networkpolicies here: nothing applied; grant the networkpolicies rule of the operator's role, then restart the operator";
+
 /// As `conflict_message`, for an object named after the Memcached (e.g. `<name>-auth`).
 pub fn named_conflict_message(kind: &str, name: &str, mc: &Memcached) -> String {
     format!(

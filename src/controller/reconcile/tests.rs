@@ -867,3 +867,29 @@ async fn turning_the_network_policy_on_applies_it_and_leaves_the_pods_alone() {
         json!([{"podSelector": {}}])
     );
 }
+
+#[tokio::test]
+async fn a_policy_the_operator_may_not_keep_blocks_the_memcached_instead_of_leaving_it_open() {
+    let (ctx, api, mut caches) = apiserver::context_without_network_policies();
+    let mc = turning_the_network_policy_on(&mut caches);
+    let answered = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let (events, status) = events_and_status(api.echo_any_order(2, &answered).await);
+        assert_eq!(
+            condition(&status.body, "Degraded"),
+            ("True".to_string(), "Forbidden".to_string())
+        );
+        assert!(
+            events[0].body["note"]
+                .as_str()
+                .unwrap()
+                .contains("networkpolicies"),
+            "{}",
+            events[0].body
+        );
+        api
+    })
+    .await
+    .unwrap();
+    assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+}
