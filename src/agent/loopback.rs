@@ -1,0 +1,91 @@
+//! The agent's connections to memcached's plain listener on the pod's loopback: `refresh_certs`,
+//! and the login proxy through which the exporter reads `stats`.
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::passwords::Credentials;
+
+/// memcached's `refresh_certs`, over its plain loopback listener (logged in when needed).
+pub(super) async fn refresh_certs(
+    memcached: std::net::SocketAddr,
+    logins: &[Credentials],
+) -> io::Result<()> {
+    let mut conn = connect(memcached, logins).await?;
+    expect(&mut conn, "refresh_certs\r\n", "OK").await
+}
+
+/// A connection to memcached's loopback listener, logged in with the first of `logins` it takes
+/// (none: without auth).
+async fn connect(
+    memcached: std::net::SocketAddr,
+    logins: &[Credentials],
+) -> io::Result<BufReader<TcpStream>> {
+    let mut refused = None;
+    for credentials in logins {
+        let mut conn = BufReader::new(TcpStream::connect(memcached).await?);
+        match expect(&mut conn, &credentials.login_command(), "STORED").await {
+            Ok(()) => return Ok(conn),
+            Err(error) => refused = Some(error),
+        }
+    }
+    match refused {
+        Some(error) => Err(error),
+        None => Ok(BufReader::new(TcpStream::connect(memcached).await?)),
+    }
+}
+
+/// Sends `command` and reads one line, which must be `want`.
+async fn expect(conn: &mut BufReader<TcpStream>, command: &str, want: &str) -> io::Result<()> {
+    conn.get_mut().write_all(command.as_bytes()).await?;
+    let mut reply = String::new();
+    conn.read_line(&mut reply).await?;
+    if reply.trim_end() != want {
+        return Err(io::Error::other(format!(
+            "memcached answered {:?}",
+            reply.trim_end()
+        )));
+    }
+    Ok(())
+}
+
+/// Each connection to `listener` is logged in to memcached with the current password, then
+/// relayed byte for byte.
+pub(super) async fn proxy(
+    listener: TcpListener,
+    memcached: std::net::SocketAddr,
+    login: watch::Receiver<Vec<Credentials>>,
+) {
+    loop {
+        let (client, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, "accept");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let logins = login.borrow().clone();
+        tokio::spawn(async move {
+            if let Err(error) = relay(client, memcached, &logins).await {
+                debug!(%error, "relay ended");
+            }
+        });
+    }
+}
+
+async fn relay(
+    mut client: TcpStream,
+    memcached: std::net::SocketAddr,
+    logins: &[Credentials],
+) -> io::Result<()> {
+    let mut upstream = connect(memcached, logins).await?;
+    // Nothing else is buffered: memcached sent only the reply.
+    tokio::io::copy_bidirectional(&mut client, upstream.get_mut()).await?;
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! The agent beside memcached (`memcached-operator agent`), for `spec.auth` and `spec.tls`.
+//!
+//! memcached reads its password file (`-Y`) at start and again on SIGHUP, in the same process
+//! and without losing an item. The kubelet refreshes the mounted Secret within about a minute
+//! of a change; the agent notices, writes the file with the new password and, for the rotation's
+//! grace period, the old one too, and sends SIGHUP. It shares the pod's process namespace and
+//! runs as memcached's user, so it needs no capability to signal it.
+//!
+//! With TLS it sees renewed certificate files and has memcached load them (`refresh_certs`).
+//! It also logs in for the exporter: memcached's exporter cannot send the ASCII authentication,
+//! so it reads `stats` through the agent's port on the pod's loopback.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+mod loopback;
+mod passwords;
+
+use loopback::{proxy, refresh_certs};
+use passwords::{Credentials, PasswordFile, write_file};
+
+/// How long memcached may take to act on SIGHUP: it does so at its next clock tick, once a second.
+const RELOAD_TICK: Duration = Duration::from_secs(2);
+/// How often the agent reads the mounted Secret. The kubelet's own refresh (up to a minute)
+/// dominates the time a rotation takes.
+const POLL: Duration = Duration::from_secs(5);
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Write memcached's password file from the Secret and exit (the pod's init container).
+    Init(Paths),
+    /// Keep the password file current, signal memcached, and log in for the exporter.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Paths {
+    /// The mounted Secret: files `username` and `password`.
+    #[arg(long)]
+    pub credentials: PathBuf,
+    /// memcached's password file (its -Y flag).
+    #[arg(long)]
+    pub auth_file: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// With authentication: the mounted Secret (files `username` and `password`).
+    #[arg(long, requires = "auth_file")]
+    pub credentials: Option<PathBuf>,
+    /// With authentication: memcached's password file (its -Y flag).
+    #[arg(long, requires = "credentials")]
+    pub auth_file: Option<PathBuf>,
+    /// How long the previous password keeps working after the Secret changes.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub rotation_grace: Duration,
+    /// With TLS: mounted Secrets whose files memcached reads; when one changes (a renewal), the
+    /// agent asks memcached to `refresh_certs`.
+    #[arg(long = "tls-dir")]
+    pub tls_dirs: Vec<PathBuf>,
+    /// Where the exporter connects (the pod's loopback only: whoever connects is logged in).
+    #[arg(long, requires = "credentials")]
+    pub proxy: Option<std::net::SocketAddr>,
+    /// memcached's plain-text address on the pod's loopback.
+    #[arg(long)]
+    pub memcached: std::net::SocketAddr,
+}
+
+/// Sends SIGHUP to every memcached in the pod (the shared process namespace shows them), so it
+/// re-reads its password file. None running (it is starting) reads the file as it starts.
+fn reload_memcached() -> io::Result<usize> {
+    let mut signalled = 0;
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != "memcached" {
+            continue;
+        }
+        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        match rustix::process::kill_process(pid, rustix::process::Signal::HUP) {
+            Ok(()) => signalled += 1,
+            Err(e) => {
+                warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot signal memcached")
+            }
+        }
+    }
+    Ok(signalled)
+}
+
+/// `agent init`: the first password file, before memcached starts.
+pub fn init(paths: &Paths) -> io::Result<()> {
+    let credentials = Credentials::read(&paths.credentials)?;
+    write_file(&paths.auth_file, &credentials.line())
+}
+
+/// What `agent run` keeps current: the password file, and the certificates memcached serves.
+struct Agent {
+    args: RunArgs,
+    passwords: Option<PasswordFile>,
+    /// The certificate files as memcached last loaded them.
+    certificates: u64,
+    /// The logins to try, in order (none without auth).
+    login: watch::Sender<Vec<Credentials>>,
+}
+
+impl Agent {
+    fn start(args: RunArgs) -> io::Result<Agent> {
+        let passwords = match (&args.credentials, &args.auth_file) {
+            (Some(credentials), Some(auth_file)) => Some(PasswordFile::open(
+                Paths {
+                    credentials: credentials.clone(),
+                    auth_file: auth_file.clone(),
+                },
+                args.rotation_grace,
+            )?),
+            _ => None,
+        };
+        // memcached read these files as it started, as the agent does now.
+        let certificates = fingerprint(&args.tls_dirs);
+        let (login, _) = watch::channel(
+            passwords
+                .iter()
+                .map(|p| p.passwords.current().clone())
+                .collect(),
+        );
+        Ok(Agent {
+            args,
+            passwords,
+            certificates,
+            login,
+        })
+    }
+
+    /// One look at the Secrets: a renewed certificate is loaded by `refresh_certs`; a changed
+    /// password file is written and memcached signalled.
+    async fn sync(&mut self) -> io::Result<()> {
+        // Certificates first, logged in as memcached knows us now: a password rotated in the same
+        // look is in force only once memcached has re-read its file.
+        let certificates = fingerprint(&self.args.tls_dirs);
+        if certificates != self.certificates {
+            let logins = self.login.borrow().clone();
+            match refresh_certs(self.args.memcached, &logins).await {
+                Ok(()) => {
+                    self.certificates = certificates;
+                    info!("certificates changed: memcached reloaded them");
+                }
+                // Tried again at the next look.
+                Err(error) => warn!(%error, "memcached did not reload the certificates"),
+            }
+        }
+        if let Some(passwords) = &mut self.passwords
+            && let Some(current) = passwords.sync(Instant::now())?
+        {
+            // memcached takes the new password once it has re-read its file, at its next clock
+            // tick (once a second) after the signal, and the old one (unless kept for a grace)
+            // until then: both are tried meanwhile.
+            let previous = self.login.borrow().first().cloned();
+            self.login
+                .send_replace(std::iter::once(current.clone()).chain(previous).collect());
+            tokio::time::sleep(RELOAD_TICK).await;
+            self.login.send_replace(vec![current]);
+        }
+        Ok(())
+    }
+}
+
+/// A digest of the files in `dirs` (the kubelet swaps a Secret's files all at once).
+fn fingerprint(dirs: &[PathBuf]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for dir in dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            // The kubelet's own `..data` links and timestamped directories.
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        files.sort();
+        for file in files {
+            file.hash(&mut hasher);
+            std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+/// `agent run`, until SIGTERM.
+pub async fn run(args: RunArgs) -> io::Result<()> {
+    let mut agent = Agent::start(args)?;
+    if let Some(addr) = agent.args.proxy {
+        let listener = TcpListener::bind(addr).await?;
+        tokio::spawn(proxy(
+            listener,
+            agent.args.memcached,
+            agent.login.subscribe(),
+        ));
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        agent.sync().await?;
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = terminate.recv() => return Ok(()),
+        }
+    }
+}
+
+/// Runs an agent command: the process's main for `memcached-operator agent`.
+pub fn main(command: Command) -> std::process::ExitCode {
+    let _telemetry = operator_runtime::telemetry::init(
+        "memcached-agent",
+        operator_runtime::telemetry::LogFormat::Text,
+    );
+    let result = match command {
+        Command::Init(paths) => init(&paths),
+        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .and_then(|rt| rt.block_on(run(args))),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "agent failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
