@@ -6,6 +6,10 @@
 #                                                   exactly the shared libraries ldd lists, an
 #                                                   /etc/passwd and /etc/group with 11211,
 #                                                   User 11211:11211, Entrypoint /usr/bin/memcached
+#   localhost/memcached:<upstream version>-sid      the same from Debian sid's memcached (1.6.45 when
+#                                                   first built, the users' default version), with
+#                                                   the sid libraries it links, its libc and loader
+#                                                   included; built once, kept until the cache goes
 #   localhost/pause:busybox-<version>                the pod sandbox ("pause") image: Debian's
 #                                                   static busybox running `sleep`
 #   localhost/memcached-operator:<Cargo version>     the operator, from the Dockerfile (operator)
@@ -17,7 +21,7 @@
 # Usage:
 #   hack/images.sh build                 build the archives that are missing (needs root for apt-get
 #                                        when packages are missing)
-#   hack/images.sh import SOCKET         build if needed, then import them (memcached, pause,
+#   hack/images.sh import SOCKET         build if needed, then import them (both memcacheds, pause,
 #                                        exporter) into the containerd at SOCKET, namespace k8s.io
 #                                        (where the kubelet's CRI looks)
 #   hack/images.sh exporter-binary       build the exporter binary (cached); print its path
@@ -117,6 +121,85 @@ fill_exporter() { # ROOTFS
 	printf 'nogroup:x:65534:\n' >>"$1/etc/group"
 }
 
+# ---------------------------------------------------------------- memcached from Debian sid
+
+# Bookworm has memcached 1.6.18; users' default image has 1.6.45. Sid's package runs on this
+# host's kernel with sid's own libraries, so the real node runs both versions. Bump the recipe
+# to take sid's current version (sid keeps only its newest package).
+SID_RECIPE_VERSION=1
+SID_PACKAGES=(memcached libc6 libevent-2.1-7t64 libsasl2-2 libssl3t64 liblua5.4-0 zlib1g libzstd1
+	libstdc++6 libgcc-s1)
+SID_LOADER=/lib64/ld-linux-x86-64.so.2
+
+# The newest sid archive built: MEMCACHED_SID_ARCHIVE and MEMCACHED_SID_IMAGE, empty if none.
+sid_archive() {
+	local f v
+	MEMCACHED_SID_ARCHIVE="" MEMCACHED_SID_IMAGE=""
+	f="$(find "${BIN_ROOT}" -maxdepth 1 -name "memcached-sid-*-r${SID_RECIPE_VERSION}.oci.tar" 2>/dev/null | sort -V | tail -n1)"
+	[[ -n "${f}" ]] || return 0
+	v="${f##*/memcached-sid-}"
+	MEMCACHED_SID_ARCHIVE="${f}"
+	MEMCACHED_SID_IMAGE="localhost/memcached:${v%-r"${SID_RECIPE_VERSION}".oci.tar}-sid"
+}
+
+# apt-get against sid alone, with lists and downloads of its own: the host's sources, state and
+# installed packages are not touched. Sid is on the mirror the host's Debian sources name.
+sid_apt() {
+	local dir="${CACHE_DIR}/apt-sid" mirror
+	mirror="$(awk '/^URIs:/ {print $2; exit} /^deb / {print $2; exit}' /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list 2>/dev/null)"
+	[[ -n "${mirror}" ]] || die "no Debian mirror in the host's apt sources"
+	mkdir -p "${dir}/lists/partial" "${dir}/cache/archives/partial"
+	printf 'Types: deb\nURIs: %s\nSuites: sid\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+		"${mirror}" >"${dir}/sid.sources"
+	apt-get -o "Dir::Etc::sourcelist=${dir}/sid.sources" -o Dir::Etc::sourceparts=/nonexistent \
+		-o "Dir::State::Lists=${dir}/lists" -o "Dir::Cache=${dir}/cache" -o Dir::State::status=/dev/null \
+		-o APT::Sandbox::User=root "$@"
+}
+
+# fill_sid_memcached ROOTFS: memcached and the libraries sid's loader resolves for it, from SID_ROOT.
+fill_sid_memcached() {
+	local rootfs="$1" lib path
+	mkdir -p "${rootfs}/usr/bin" "${rootfs}/usr/lib/x86_64-linux-gnu" "${rootfs}$(dirname "${SID_LOADER}")"
+	cp -L "${SID_ROOT}/usr/bin/memcached" "${rootfs}/usr/bin/memcached"
+	cp -L "${SID_ROOT}/usr${SID_LOADER}" "${rootfs}${SID_LOADER}"
+	while read -r lib path; do
+		[[ "${path}" == "${SID_ROOT}"/* ]] || die "sid's memcached needs ${lib}, not in ${SID_PACKAGES[*]}"
+		cp -L "${path}" "${rootfs}/usr/lib/x86_64-linux-gnu/${lib}"
+	done < <("${SID_ROOT}/usr${SID_LOADER}" --library-path "${SID_ROOT}/usr/lib/x86_64-linux-gnu" \
+		--list "${SID_ROOT}/usr/bin/memcached" | awk '$2 == "=>" && $1 !~ /^\// {print $1, $3}')
+	passwd_files "${rootfs}"
+	mkdir -p "${rootfs}/tmp"
+	chmod 1777 "${rootfs}/tmp"
+	chroot "${rootfs}" /usr/bin/memcached -V >/dev/null || die "sid's memcached does not run from its image root"
+}
+
+build_sid_memcached() {
+	sid_archive
+	if [[ -n "${MEMCACHED_SID_ARCHIVE}" ]]; then
+		log "${MEMCACHED_SID_IMAGE} cached (${MEMCACHED_SID_ARCHIVE})"
+		return 0
+	fi
+	local tmp deb version
+	tmp="$(new_tmp .tmp.sid memcached)"
+	sid_apt update -qq || die "apt-get update for Debian sid failed"
+	(cd "${tmp}" && sid_apt download "${SID_PACKAGES[@]}" >/dev/null) || die "apt-get download from sid failed: ${SID_PACKAGES[*]}"
+	for deb in "${tmp}"/*.deb; do dpkg-deb -x "${deb}" "${tmp}/root"; done
+	version="$(dpkg-deb -f "${tmp}"/memcached_*.deb Version)"
+	SID_ROOT="${tmp}/root"
+	oci_image "${BIN_ROOT}/memcached-sid-$(upstream_version "${version}")-r${SID_RECIPE_VERSION}.oci.tar" \
+		"$(upstream_version "${version}")-sid" fill_sid_memcached \
+		--config.user 11211:11211 \
+		--config.entrypoint /usr/bin/memcached \
+		--config.cmd=-m --config.cmd=64 \
+		--config.env PATH=/usr/local/bin:/usr/bin:/bin \
+		--config.exposedports 11211/tcp \
+		--config.label "org.opencontainers.image.title=memcached" \
+		--config.label "org.opencontainers.image.version=${version}" \
+		--config.label "org.opencontainers.image.description=Debian sid's memcached package, binary and libraries only"
+	rm -rf "${tmp}"
+	sid_archive
+}
+
 # Files the memcached image carries: the binary and what ldd resolves (the loader included).
 memcached_files() {
 	printf '%s\n' /usr/bin/memcached
@@ -156,6 +239,10 @@ print_env() {
 	if [[ -n "$(pkg_version memcached)" && -n "$(pkg_version busybox-static)" ]]; then
 		archive_paths
 		printf 'MEMCACHED_ARCHIVE=%q\nPAUSE_ARCHIVE=%q\nEXPORTER_ARCHIVE=%q\n' "${MEMCACHED_ARCHIVE}" "${PAUSE_ARCHIVE}" "${EXPORTER_ARCHIVE}"
+	fi
+	sid_archive
+	if [[ -n "${MEMCACHED_SID_IMAGE}" ]]; then
+		printf 'MEMCACHED_SID_IMAGE=%q\nMEMCACHED_SID_ARCHIVE=%q\n' "${MEMCACHED_SID_IMAGE}" "${MEMCACHED_SID_ARCHIVE}"
 	fi
 }
 
@@ -331,7 +418,7 @@ build_images() {
 	archive_paths
 	exec 8>"${BIN_ROOT}/.build.lock"
 	flock 8
-	rm -rf "${BIN_ROOT}"/.tmp.image.*
+	rm -rf "${BIN_ROOT}"/.tmp.image.* "${BIN_ROOT}"/.tmp.sid.*
 	if [[ -s "${MEMCACHED_ARCHIVE}" ]]; then
 		log "${MEMCACHED_IMAGE} cached (${MEMCACHED_ARCHIVE})"
 	else
@@ -345,6 +432,7 @@ build_images() {
 			--config.label "org.opencontainers.image.version=$(pkg_version memcached)" \
 			--config.label "org.opencontainers.image.description=Debian's memcached package, binary and libraries only"
 	fi
+	build_sid_memcached
 	if [[ -s "${PAUSE_ARCHIVE}" ]]; then
 		log "${PAUSE_IMAGE} cached (${PAUSE_ARCHIVE})"
 	else
@@ -373,15 +461,16 @@ import_images() { # SOCKET
 	local sock="$1"
 	build_images
 	ctr --address "${sock}" -n k8s.io images import --base-name "${MEMCACHED_IMAGE%:*}" "${MEMCACHED_ARCHIVE}" >/dev/null
+	ctr --address "${sock}" -n k8s.io images import --base-name "${MEMCACHED_SID_IMAGE%:*}" "${MEMCACHED_SID_ARCHIVE}" >/dev/null
 	ctr --address "${sock}" -n k8s.io images import --base-name "${PAUSE_IMAGE%:*}" "${PAUSE_ARCHIVE}" >/dev/null
 	ctr --address "${sock}" -n k8s.io images import --base-name "${EXPORTER_IMAGE%:*}" "${EXPORTER_ARCHIVE}" >/dev/null
 	local ref refs
 	# (The list first: `ctr ... | grep -q` fails under pipefail when grep exits early.)
 	refs="$(ctr --address "${sock}" -n k8s.io images ls -q)"
-	for ref in "${MEMCACHED_IMAGE}" "${PAUSE_IMAGE}" "${EXPORTER_IMAGE}"; do
+	for ref in "${MEMCACHED_IMAGE}" "${MEMCACHED_SID_IMAGE}" "${PAUSE_IMAGE}" "${EXPORTER_IMAGE}"; do
 		grep -qx "${ref}" <<<"${refs}" || die "${ref} not in containerd after import"
 	done
-	log "imported ${MEMCACHED_IMAGE}, ${PAUSE_IMAGE} and ${EXPORTER_IMAGE} into ${sock} (namespace k8s.io)"
+	log "imported ${MEMCACHED_IMAGE}, ${MEMCACHED_SID_IMAGE}, ${PAUSE_IMAGE} and ${EXPORTER_IMAGE} into ${sock} (namespace k8s.io)"
 }
 
 main() {

@@ -247,9 +247,9 @@ node_ready() {
 # waits for the node to be Ready.
 real_node_up() {
 	local t0=${SECONDS}
-	local KUBE_NODE_BIN COREDNS_BIN KUBE_NETWORK_POLICIES_BIN MEMCACHED_IMAGE PAUSE_IMAGE EXPORTER_IMAGE
+	local KUBE_NODE_BIN COREDNS_BIN KUBE_NETWORK_POLICIES_BIN MEMCACHED_IMAGE MEMCACHED_SID_IMAGE PAUSE_IMAGE EXPORTER_IMAGE
 	eval "$("${HACK_DIR}/build-controlplane.sh" --print-env | grep -E '^(KUBE_NODE_BIN|COREDNS_BIN|KUBE_NETWORK_POLICIES_BIN)=')"
-	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|PAUSE_IMAGE|EXPORTER_IMAGE)=')"
+	eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^(MEMCACHED_IMAGE|MEMCACHED_SID_IMAGE|PAUSE_IMAGE|EXPORTER_IMAGE)=')"
 	local ports kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready netpol_metrics
 	ports="$(free_ports 7)"
 	read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics dns_health dns_ready netpol_metrics <<<"${ports}"
@@ -269,6 +269,7 @@ real_node_up() {
 		KUBE_NETWORK_POLICIES_METRICS_PORT=${netpol_metrics}
 		KUBE_NETWORK_POLICIES_QUEUE=${REAL_NODE_NETPOL_QUEUE}
 		MEMCACHED_IMAGE=${MEMCACHED_IMAGE}
+		MEMCACHED_SID_IMAGE=${MEMCACHED_SID_IMAGE}
 		PAUSE_IMAGE=${PAUSE_IMAGE}
 		EXPORTER_IMAGE=${EXPORTER_IMAGE}
 	EOF

@@ -15,6 +15,7 @@ mod node;
 mod operator_pod;
 mod prometheus;
 mod tls;
+mod users_version;
 mod why_not_ready;
 
 use std::collections::BTreeMap;
