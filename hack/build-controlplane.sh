@@ -39,7 +39,7 @@ KUBE_NODE_DIR="${BIN_ROOT}/kube-node-${KUBE_VERSION}"
 COREDNS_DIR="${BIN_ROOT}/coredns-${COREDNS_VERSION}"
 NETPOL_DIR="${BIN_ROOT}/kube-network-policies-${KUBE_NETWORK_POLICIES_VERSION}"
 
-LOG_TAG=build-controlplane
+LOG_TAG="build-controlplane"
 # shellcheck source=hack/lib.sh
 source "${HACK_DIR}/lib.sh"
 
@@ -85,143 +85,86 @@ kube_ldflags() {
 	printf '%s' "${ldflags}"
 }
 
-build_kube_controlplane() {
-	local mod="${HACK_DIR}/controlplane" want tmp
-	want="$(stamp kube-controlplane "${KUBE_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
-	if is_fresh "${KUBE_CONTROLPLANE_DIR}" "${want}" kube-controlplane; then
-		log "kube-controlplane ${KUBE_VERSION} up to date (${KUBE_CONTROLPLANE_DIR})"
+# build_go NAME VERSION DEST BUILD [FILE...] : unless DEST's stamp (NAME, VERSION, the recipe and
+# the FILEs) is current, runs `BUILD TMP`, which writes TMP/NAME, and installs TMP as DEST.
+build_go() {
+	local name="$1" version="$2" dest="$3" build="$4" want tmp
+	shift 4
+	want="$(stamp "${name}" "${version}" "$@")"
+	if is_fresh "${dest}" "${want}" "${name}"; then
+		log "${name} ${version} up to date (${dest})"
 		return 0
 	fi
-	grep -q "^require k8s.io/kubernetes ${KUBE_VERSION}\$\|^[[:space:]]k8s.io/kubernetes ${KUBE_VERSION}\$" "${mod}/go.mod" ||
-		die "hack/controlplane/go.mod does not require k8s.io/kubernetes ${KUBE_VERSION}; run $0 --update-modules"
-	log "building kube-controlplane ${KUBE_VERSION} (cold: 15-30 min on 2 cores)"
-	tmp="$(new_tmp .tmp kube-controlplane)"
-	local ldflags
-	ldflags="$(cd "${mod}" && kube_ldflags)"
-	(cd "${mod}" && timed "kube-controlplane build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-		"${GO}" build -trimpath -ldflags "${ldflags}" -o "${tmp}/kube-controlplane" .) || {
+	log "building ${name} ${version}"
+	tmp="$(new_tmp .tmp "${name}")"
+	timed "${name} build" "${build}" "${tmp}" || {
 		rm -rf "${tmp}"
-		die "kube-controlplane build failed"
+		die "${name} build failed"
 	}
 	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${KUBE_CONTROLPLANE_DIR}"
-	log "kube-controlplane: $(du -h "${KUBE_CONTROLPLANE_DIR}/kube-controlplane" | cut -f1)"
+	install_dir .old "${tmp}" "${dest}"
+	log "${name}: $(du -h "${dest}/${name}" | cut -f1)"
 }
 
+# wrapper_build MODULE_DIR OUT PACKAGE LDFLAGS : a main package of one of our wrapper modules.
+wrapper_build() {
+	(cd "$1" && env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" "${GO}" build -trimpath -ldflags "$4" -o "$2" "$3")
+}
+
+# requires MODULE_DIR MODULE VERSION : the wrapper's go.mod pins what versions.env says.
+requires() {
+	grep -q "^require $2 $3\$\|^[[:space:]]$2 $3\$" "$1/go.mod" ||
+		die "$1/go.mod does not require $2 $3; run $0 --update-modules"
+}
+
+kube_controlplane() { wrapper_build "${HACK_DIR}/controlplane" "$1/kube-controlplane" . "$(cd "${HACK_DIR}/controlplane" && kube_ldflags)"; }
 # kube-node: kubelet and kube-proxy, a second main package of the same wrapper module.
-build_kube_node() {
-	local mod="${HACK_DIR}/controlplane" want tmp ldflags
-	want="$(stamp kube-node "${KUBE_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/node/main.go")"
-	if is_fresh "${KUBE_NODE_DIR}" "${want}" kube-node; then
-		log "kube-node ${KUBE_VERSION} up to date (${KUBE_NODE_DIR})"
-		return 0
-	fi
-	log "building kube-node ${KUBE_VERSION} (kubelet, kube-proxy)"
-	tmp="$(new_tmp .tmp kube-node)"
-	ldflags="$(cd "${mod}" && kube_ldflags)"
-	(cd "${mod}" && timed "kube-node build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-		"${GO}" build -trimpath -ldflags "${ldflags}" -o "${tmp}/kube-node" ./node) || {
-		rm -rf "${tmp}"
-		die "kube-node build failed"
-	}
-	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${KUBE_NODE_DIR}"
-	log "kube-node: $(du -h "${KUBE_NODE_DIR}/kube-node" | cut -f1)"
-}
-
-# coredns: its module has no replace directives, so a plain `go install` works (as kwok).
-build_coredns() {
-	local want tmp
-	want="$(stamp coredns "${COREDNS_VERSION}")"
-	if is_fresh "${COREDNS_DIR}" "${want}" coredns; then
-		log "coredns ${COREDNS_VERSION} up to date (${COREDNS_DIR})"
-		return 0
-	fi
-	log "building coredns ${COREDNS_VERSION}"
-	tmp="$(new_tmp .tmp coredns)"
-	(cd "${tmp}" && timed "coredns build" env GOBIN="${tmp}" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on \
-		"${GO}" install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}") || {
-		rm -rf "${tmp}"
-		die "coredns build failed"
-	}
-	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${COREDNS_DIR}"
-	log "coredns: $(du -h "${COREDNS_DIR}/coredns" | cut -f1)"
-}
-
+kube_node() { wrapper_build "${HACK_DIR}/controlplane" "$1/kube-node" ./node "$(cd "${HACK_DIR}/controlplane" && kube_ldflags)"; }
+etcd() { wrapper_build "${HACK_DIR}/etcd" "$1/etcd" . "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"; }
 # kube-network-policies: the real node's NetworkPolicy engine, a wrapper main (hack/netpol) around
 # the upstream package, as upstream's own main reads in-cluster credentials only.
+kube_network_policies() { wrapper_build "${HACK_DIR}/netpol" "$1/kube-network-policies" . "-s -w"; }
+# go_install OUT MODULE@VERSION : for modules without replace directives (coredns, kwok), run
+# outside any module so that no go.mod of ours is consulted.
+go_install() {
+	(cd "$1" && env GOBIN="$1" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on "${GO}" install -trimpath -ldflags "-s -w" "$2")
+}
+coredns() { go_install "$1" "github.com/coredns/coredns@${COREDNS_VERSION}"; }
+# kwok, and its fast stages (node and pod status) rendered from its module.
+kwok() {
+	local src
+	go_install "$1" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" || return
+	src="$(cd "$1" && module_field "sigs.k8s.io/kwok@${KWOK_VERSION}" Dir)"
+	kubectl kustomize "${src}/kustomize/stage/fast" >"$1/stages.yaml"
+}
+
+build_kube_controlplane() {
+	local mod="${HACK_DIR}/controlplane"
+	requires "${mod}" k8s.io/kubernetes "${KUBE_VERSION}"
+	# Cold: 15-30 min on 2 cores.
+	build_go kube-controlplane "${KUBE_VERSION}" "${KUBE_CONTROLPLANE_DIR}" kube_controlplane "${mod}"/{go.mod,go.sum,main.go}
+}
+
+build_kube_node() {
+	local mod="${HACK_DIR}/controlplane"
+	build_go kube-node "${KUBE_VERSION}" "${KUBE_NODE_DIR}" kube_node "${mod}"/{go.mod,go.sum,node/main.go}
+}
+
+build_coredns() { build_go coredns "${COREDNS_VERSION}" "${COREDNS_DIR}" coredns; }
+
 build_netpol() {
-	local mod="${HACK_DIR}/netpol" want tmp
-	want="$(stamp kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
-	if is_fresh "${NETPOL_DIR}" "${want}" kube-network-policies; then
-		log "kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION} up to date (${NETPOL_DIR})"
-		return 0
-	fi
-	grep -q "sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}\$" "${mod}/go.mod" ||
-		die "hack/netpol/go.mod does not require sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}; run $0 --update-modules"
-	log "building kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION} (cold: ~1-2 min on 2 cores)"
-	tmp="$(new_tmp .tmp kube-network-policies)"
-	(cd "${mod}" && timed "kube-network-policies build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-		"${GO}" build -trimpath -ldflags "-s -w" -o "${tmp}/kube-network-policies" .) || {
-		rm -rf "${tmp}"
-		die "kube-network-policies build failed"
-	}
-	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${NETPOL_DIR}"
-	log "kube-network-policies: $(du -h "${NETPOL_DIR}/kube-network-policies" | cut -f1)"
+	local mod="${HACK_DIR}/netpol"
+	requires "${mod}" sigs.k8s.io/kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}"
+	build_go kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" "${NETPOL_DIR}" kube_network_policies "${mod}"/{go.mod,go.sum,main.go}
 }
 
 build_etcd() {
-	local mod="${HACK_DIR}/etcd" want tmp
-	want="$(stamp etcd "${ETCD_VERSION}" "${mod}/go.mod" "${mod}/go.sum" "${mod}/main.go")"
-	if is_fresh "${ETCD_DIR}" "${want}" etcd; then
-		log "etcd ${ETCD_VERSION} up to date (${ETCD_DIR})"
-		return 0
-	fi
-	grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\$" "${mod}/go.mod" ||
-		die "hack/etcd/go.mod does not require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}; run $0 --update-modules"
-	log "building etcd ${ETCD_VERSION}"
-	tmp="$(new_tmp .tmp etcd)"
-	(cd "${mod}" && timed "etcd build" env CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-		"${GO}" build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}" \
-		-o "${tmp}/etcd" .) || {
-		rm -rf "${tmp}"
-		die "etcd build failed"
-	}
-	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${ETCD_DIR}"
-	log "etcd: $(du -h "${ETCD_DIR}/etcd" | cut -f1)"
+	local mod="${HACK_DIR}/etcd"
+	requires "${mod}" go.etcd.io/etcd/server/v3 "${ETCD_VERSION}"
+	build_go etcd "${ETCD_VERSION}" "${ETCD_DIR}" etcd "${mod}"/{go.mod,go.sum,main.go}
 }
 
-build_kwok() {
-	local want tmp src
-	want="$(stamp kwok "${KWOK_VERSION}")"
-	if is_fresh "${KWOK_DIR}" "${want}" kwok stages.yaml; then
-		log "kwok ${KWOK_VERSION} up to date (${KWOK_DIR})"
-		return 0
-	fi
-	log "building kwok ${KWOK_VERSION}"
-	tmp="$(new_tmp .tmp kwok)"
-	# go install outside any module, so hack/ or the repo's own go.mod (if any) is not consulted.
-	(cd "${tmp}" && timed "kwok build" env GOBIN="${tmp}" CGO_ENABLED=0 GOFLAGS= GO111MODULE=on \
-		"${GO}" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}") || {
-		rm -rf "${tmp}"
-		die "kwok build failed"
-	}
-	src="$(cd "${tmp}" && module_field "sigs.k8s.io/kwok@${KWOK_VERSION}" Dir)"
-	[[ -d "${src}/kustomize/stage/fast" ]] || {
-		rm -rf "${tmp}"
-		die "kwok stages not found under ${src}/kustomize/stage/fast"
-	}
-	kubectl kustomize "${src}/kustomize/stage/fast" >"${tmp}/stages.yaml" || {
-		rm -rf "${tmp}"
-		die "kubectl kustomize of kwok stages failed"
-	}
-	printf '%s\n' "${want}" >"${tmp}/.stamp"
-	install_dir .old "${tmp}" "${KWOK_DIR}"
-	log "kwok: $(du -h "${KWOK_DIR}/kwok" | cut -f1)"
-}
+build_kwok() { build_go kwok "${KWOK_VERSION}" "${KWOK_DIR}" kwok; }
 
 # --update-modules: regenerate the wrapper go.mod/go.sum files from versions.env.
 update_modules() {
