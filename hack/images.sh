@@ -121,6 +121,11 @@ fill_exporter() { # ROOTFS
 	printf 'nogroup:x:65534:\n' >>"$1/etc/group"
 }
 
+# The configuration of both memcached images.
+MEMCACHED_CONFIG=(--config.user 11211:11211 --config.entrypoint /usr/bin/memcached
+	--config.cmd=-m --config.cmd=64 --config.env PATH=/usr/local/bin:/usr/bin:/bin
+	--config.exposedports 11211/tcp --config.label "org.opencontainers.image.title=memcached")
+
 # ---------------------------------------------------------------- memcached from Debian sid
 
 # Bookworm has memcached 1.6.18; users' default image has 1.6.45. Sid's package runs on this
@@ -188,12 +193,7 @@ build_sid_memcached() {
 	SID_ROOT="${tmp}/root"
 	oci_image "${BIN_ROOT}/memcached-sid-$(upstream_version "${version}")-r${SID_RECIPE_VERSION}.oci.tar" \
 		"$(upstream_version "${version}")-sid" fill_sid_memcached \
-		--config.user 11211:11211 \
-		--config.entrypoint /usr/bin/memcached \
-		--config.cmd=-m --config.cmd=64 \
-		--config.env PATH=/usr/local/bin:/usr/bin:/bin \
-		--config.exposedports 11211/tcp \
-		--config.label "org.opencontainers.image.title=memcached" \
+		"${MEMCACHED_CONFIG[@]}" \
 		--config.label "org.opencontainers.image.version=${version}" \
 		--config.label "org.opencontainers.image.description=Debian sid's memcached package, binary and libraries only"
 	rm -rf "${tmp}"
@@ -423,12 +423,7 @@ build_images() {
 		log "${MEMCACHED_IMAGE} cached (${MEMCACHED_ARCHIVE})"
 	else
 		oci_image "${MEMCACHED_ARCHIVE}" "${MEMCACHED_IMAGE##*:}" fill_memcached \
-			--config.user 11211:11211 \
-			--config.entrypoint /usr/bin/memcached \
-			--config.cmd=-m --config.cmd=64 \
-			--config.env PATH=/usr/local/bin:/usr/bin:/bin \
-			--config.exposedports 11211/tcp \
-			--config.label "org.opencontainers.image.title=memcached" \
+			"${MEMCACHED_CONFIG[@]}" \
 			--config.label "org.opencontainers.image.version=$(pkg_version memcached)" \
 			--config.label "org.opencontainers.image.description=Debian's memcached package, binary and libraries only"
 	fi
