@@ -166,11 +166,11 @@ where
                 return served;
             }
             Ok((_, forbidden)) => {
+                let plural = K::plural(&());
                 warn!(
                     %kind,
                     scopes = ?forbidden,
-                    rule = %K::plural(&()),
-                    "this ServiceAccount may not list and watch them in these scopes: keeping none (grant the rule of config/rbac/role.yaml, then restart)"
+                    "this ServiceAccount may not list and watch {plural} in these scopes: keeping none (grant the {plural} rule of config/rbac/role.yaml, then restart)"
                 );
                 return false;
             }
