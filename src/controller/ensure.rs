@@ -78,13 +78,22 @@ pub async fn lookup<K: Owned>(
     read(api, &mc.name_any()).await
 }
 
-/// The API and the cache of a kind the operator keeps.
-pub type Kept<'a, K> = (&'a Api<OwnedObject<K>>, &'a Cache<OwnedObject<K>>);
+/// The API (in one namespace) and the cache of a kind the operator keeps.
+pub type Kept<'a, K> = (Api<OwnedObject<K>>, &'a Cache<OwnedObject<K>>);
+
+/// `Kept` in `ns`, where the operator keeps the kind (`cache` is None where it keeps none).
+pub fn kept<'a, K: Owned>(
+    ctx: &Context,
+    ns: &str,
+    cache: Option<&'a Cache<OwnedObject<K>>>,
+) -> Option<Kept<'a, K>> {
+    cache.map(|cache| (Api::namespaced(ctx.client.clone(), ns), cache))
+}
 
 /// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
 /// matter (to delete them), and ours are in the cache. Nothing where the kind is not kept.
 pub async fn lookup_optional<K: Owned>(
-    kept: Option<Kept<'_, K>>,
+    kept: Option<&Kept<'_, K>>,
     mc: &Memcached,
     wanted: bool,
 ) -> Result<Option<Arc<OwnedObject<K>>>> {

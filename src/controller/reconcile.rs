@@ -14,7 +14,8 @@ use tracing::debug;
 
 use super::context::Context;
 use super::ensure::{
-    Announce, Ensured, StatusPatch, ensure, ensure_optional, lookup, lookup_optional, patch_status,
+    Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
+    patch_status,
 };
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
@@ -42,19 +43,16 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
-    let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets: Kept<PodDisruptionBudget> = (
+        Api::namespaced(ctx.client.clone(), &ns),
+        &ctx.pod_disruption_budgets,
+    );
     let desired_budget = resources::pod_disruption_budget(mc);
     // Only where this process may watch them.
-    let policies = ctx.network_policies.as_ref().map(|cache| {
-        let api: Api<OwnedObject<NetworkPolicy>> = Api::namespaced(ctx.client.clone(), &ns);
-        (api, cache)
-    });
+    let policies: Option<Kept<NetworkPolicy>> = kept(ctx, &ns, ctx.network_policies.as_ref());
     let desired_policy = resources::network_policy(mc);
     // Only where the cluster serves them (and so they are watched).
-    let monitors = ctx.service_monitors.as_ref().map(|cache| {
-        let api: Api<OwnedObject<ServiceMonitor>> = Api::namespaced(ctx.client.clone(), &ns);
-        (api, cache)
-    });
+    let monitors: Option<Kept<ServiceMonitor>> = kept(ctx, &ns, ctx.service_monitors.as_ref());
     let desired_monitor = resources::service_monitor(mc);
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
@@ -63,21 +61,9 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             lookup(&deployments, &ctx.deployments, mc),
             lookup(&services, &ctx.services, mc),
             // One we no longer want is deleted only if it is ours, and ours are in the cache.
-            lookup_optional(
-                Some((&budgets, &ctx.pod_disruption_budgets)),
-                mc,
-                desired_budget.is_some()
-            ),
-            lookup_optional(
-                policies.as_ref().map(|(a, c)| (a, *c)),
-                mc,
-                desired_policy.is_some()
-            ),
-            lookup_optional(
-                monitors.as_ref().map(|(a, c)| (a, *c)),
-                mc,
-                desired_monitor.is_some()
-            ),
+            lookup_optional(Some(&budgets), mc, desired_budget.is_some()),
+            lookup_optional(policies.as_ref(), mc, desired_policy.is_some()),
+            lookup_optional(monitors.as_ref(), mc, desired_monitor.is_some()),
         )?;
     let mut blocked = blocked(
         mc,
@@ -120,7 +106,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                         service,
                         Announce::Always
                     ),
-                    ensure_optional(ctx, mc, Some(&budgets), existing_budget, desired_budget),
+                    ensure_optional(ctx, mc, Some(&budgets.0), existing_budget, desired_budget),
                     ensure_optional(
                         ctx,
                         mc,

@@ -248,36 +248,24 @@ fn scope_watches(
         OwnedTriggers::budgets(),
         |_| {},
     );
-    let (network_policies, network_policy_watch) = match shared.network_policies {
-        true => {
-            let (store, watch) = owned_watch::<NetworkPolicy>(
-                shared,
-                &scope,
-                &caches,
-                feed(),
-                OwnedTriggers::network_policies(),
-                |_| {},
-            );
-            (Some(store), Some(watch))
-        }
-        false => (None, None),
-    };
-
+    // Watched only where this process may: a watch it may not run fails forever.
+    let (network_policies, network_policy_watch) = optional_owned_watch::<NetworkPolicy>(
+        shared.network_policies,
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        OwnedTriggers::network_policies(),
+    );
     // Watched only where the API is served: a watch of an unserved resource fails forever.
-    let (service_monitors, monitor_watch) = match shared.service_monitors {
-        true => {
-            let (store, watch) = owned_watch::<ServiceMonitor>(
-                shared,
-                &scope,
-                &caches,
-                feed(),
-                OwnedTriggers::service_monitors(),
-                |_| {},
-            );
-            (Some(store), Some(watch))
-        }
-        false => (None, None),
-    };
+    let (service_monitors, monitor_watch) = optional_owned_watch::<ServiceMonitor>(
+        shared.service_monitors,
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        OwnedTriggers::service_monitors(),
+    );
 
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
@@ -384,6 +372,22 @@ fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
             .labels(&resources::managed_by_selector())
             .any_semantic(),
     )
+}
+
+/// `owned_watch` of a kind the operator keeps only where `kept` (served, and watchable by it).
+fn optional_owned_watch<K: Owned>(
+    kept: bool,
+    shared: &Shared,
+    scope: &Scope,
+    caches: &SyncGate,
+    feed: Feed,
+    owned: OwnedTriggers<K>,
+) -> (
+    Option<Cache<OwnedObject<K>>>,
+    Option<impl Future<Output = ()> + Send + 'static>,
+) {
+    kept.then(|| owned_watch::<K>(shared, scope, caches, feed, owned, |_| {}))
+        .unzip()
 }
 
 /// Watches owned objects by our label into a cache, shows each event (as cached) to `observe`,
