@@ -207,6 +207,23 @@ pub struct MemcachedSpec {
     /// network enforces NetworkPolicies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySpec>,
+
+    /// A Secret `<name>-binding` for applications, in the Service Binding for Kubernetes
+    /// layout (servicebinding.io): `type`, `provider`, `host`, `port`, `servers`, and
+    /// `username`, `password` and `ca.crt` when auth and TLS are on. Its name is reported in
+    /// `status.binding.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<BindingSpec>,
+}
+
+/// The binding Secret applications mount (servicebinding.io's Provisioned Service).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingSpec {
+    /// true: the operator keeps the Secret `<name>-binding` current as pods come and go and as
+    /// the credentials rotate. false: none (it holds a copy of the password).
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// Who may connect to the pods, as a NetworkPolicy named after the Memcached.
@@ -517,6 +534,18 @@ pub struct MemcachedStatus {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+
+    /// The binding Secret applications mount (servicebinding.io's Provisioned Service), while
+    /// spec.binding is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<BindingStatus>,
+}
+
+/// A Provisioned Service's `status.binding`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+pub struct BindingStatus {
+    /// Name of the binding Secret, in the Memcached's namespace.
+    pub name: String,
 }
 
 /// The CRD as YAML, as committed in `config/crd/bases/`.

@@ -12,8 +12,8 @@ use proptest::option;
 use proptest::prelude::*;
 
 use crate::api::{
-    AuthSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE, MemcachedSpec,
-    MonitoringSpec, NetworkPolicySpec, RolloutSpec, Spread, TlsSpec,
+    AuthSpec, BindingSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE,
+    MemcachedSpec, MonitoringSpec, NetworkPolicySpec, RolloutSpec, Spread, TlsSpec,
 };
 
 /// An object name: a priority class, a Secret.
@@ -205,6 +205,7 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
             metrics_from,
         },
     ));
+    let binding = option::of(any::<bool>().prop_map(|enabled| BindingSpec { enabled }));
     (
         (option::of(1..=256i32), option::of(1..=65536i32), item_size),
         budget,
@@ -213,7 +214,7 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
         monitoring,
         auth,
         tls,
-        network_policy,
+        (network_policy, binding),
     )
         .prop_map(
             move |(
@@ -224,13 +225,14 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
                 monitoring,
                 auth,
                 tls,
-                network_policy,
+                (network_policy, binding),
             )| {
                 MemcachedSpec {
                     monitoring,
                     auth,
                     tls,
                     network_policy,
+                    binding,
                     threads,
                     max_connections: connections,
                     max_item_size_mib: item_size,
@@ -311,6 +313,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 auth: None,
                 tls: None,
                 network_policy: None,
+                binding: None,
             },
         )
         .prop_flat_map(with_tuning)

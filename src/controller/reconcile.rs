@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Api, ResourceExt};
 use tracing::debug;
 
+use super::binding;
 use super::context::Context;
 use super::ensure::{
     Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
@@ -19,9 +20,10 @@ use super::ensure::{
 };
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
-use super::secrets;
+use super::secrets::{self, Secrets};
 use crate::api::Memcached;
 use crate::error::{Error, Refusal, Result};
+use crate::resources::binding::Copied;
 use crate::resources::{self, is_controlled_by};
 use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
@@ -82,8 +84,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         });
     }
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
+    let mut copied = Copied::default();
     if blocked.is_none() {
-        blocked = secrets::check(ctx, mc).await?;
+        match secrets::check(ctx, mc).await? {
+            Secrets::Usable(secrets) => copied = secrets,
+            Secrets::Unusable(why) => blocked = Some(why),
+        }
     }
 
     let mut rollout_queued = None;
@@ -169,12 +175,22 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         return Ok(Outcome::Converged);
     }
     let pods = ctx.pods.pods_of(&ns, &mc.name_any());
+    // The binding applications mount, with the members as they are now; a blocked Memcached's
+    // stays as it was.
+    let mut bound = binding::reported(mc);
+    if blocked.is_none() {
+        match binding::ensure(ctx, mc, &pods.addresses, &copied).await? {
+            Ok(name) => bound = name,
+            Err(why) => (blocked, bound) = (Some(why), None),
+        }
+    }
     let observed = Observed {
         deployment: deployment.as_deref().map(OwnedObject::seen),
         pods: pods.names,
         troubles: pods.troubles,
         blocked: blocked.clone(),
         rollout_queued,
+        binding: bound,
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);

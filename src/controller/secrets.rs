@@ -1,6 +1,6 @@
 //! The Secrets the pods will mount (`spec.auth`'s credentials, `spec.tls`'s certificate and
 //! client CA) exist and memcached can use them, before a pod template that mounts them is
-//! applied. Secrets are read, not watched: only Memcacheds with auth or TLS name any, and
+//! applied, and what the binding Secret repeats of them. Secrets are read, not watched: only Memcacheds with auth or TLS name any, and
 //! watching every Secret of the cluster would hold them all in the operator's memory.
 
 use k8s_openapi::api::core::v1::Secret;
@@ -11,6 +11,7 @@ use tracing::info;
 use super::context::Context;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
+use crate::resources::binding::Copied;
 use crate::resources::{MANAGER_NAME, auth, is_controlled_by, tls};
 use crate::status::{self, Blocked};
 
@@ -19,8 +20,18 @@ struct Mounted {
     name: String,
     field: &'static str,
     problem: fn(&Secret) -> Option<String>,
+    /// What the binding repeats of it.
+    copy: fn(&mut Copied, &Secret),
     /// The operator's own `<name>-auth`: created when missing, and must be ours.
     generated: bool,
+}
+
+/// The Secrets the pods will mount, as this pass read them.
+pub enum Secrets {
+    /// memcached can use them; what the binding repeats of them.
+    Usable(Copied),
+    /// Why the pods cannot mount them.
+    Unusable(Blocked),
 }
 
 fn mounted(mc: &Memcached) -> Vec<Mounted> {
@@ -33,6 +44,7 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
             "spec.auth.secretName"
         },
         problem: auth::credentials_problem,
+        copy: Copied::take_credentials,
         generated,
     });
     let tls = [
@@ -40,60 +52,69 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
             tls::secret_name(mc),
             "spec.tls.secretName",
             tls::certificate_problem as fn(&Secret) -> Option<String>,
+            Copied::take_ca as fn(&mut Copied, &Secret),
         ),
         (
             tls::client_ca_secret_name(mc),
             "spec.tls.clientCASecretName",
             tls::client_ca_problem,
+            // The clients' CA is the server's business.
+            |_, _| {},
         ),
     ]
     .into_iter()
-    .filter_map(|(name, field, problem)| {
+    .filter_map(|(name, field, problem, copy)| {
         Some(Mounted {
             name: name?.to_string(),
             field,
             problem,
+            copy,
             generated: false,
         })
     });
     auth.into_iter().chain(tls).collect()
 }
 
-/// Why the pods cannot mount their Secrets, if they cannot. A generated Secret that is missing
-/// is created; an existing one is never rewritten (that would change the password).
-pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Option<Blocked>> {
+/// Whether the pods can mount their Secrets. A generated Secret that is missing is created; an
+/// existing one is never rewritten (that would change the password).
+pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let mut copied = Copied::default();
     for Mounted {
         name,
         field,
         problem,
+        copy,
         generated,
     } in mounted(mc)
     {
         let secret = match read(&api, &name).await? {
             Some(secret) => secret,
             None if generated => {
-                create_credentials(&api, mc, name).await?;
+                if let Some(created) = create_credentials(&api, mc, name).await? {
+                    copy(&mut copied, &created);
+                }
                 continue;
             }
             None => {
-                return Ok(Some(Blocked::InvalidSecret {
+                return Ok(Secrets::Unusable(Blocked::InvalidSecret {
                     message: format!("Secret {name} ({field}) not found"),
                 }));
             }
         };
         if generated && !is_controlled_by(&secret.metadata, mc) {
-            return Ok(Some(Blocked::ResourceExists {
+            return Ok(Secrets::Unusable(Blocked::ResourceExists {
                 message: status::named_conflict_message("Secret", &name, mc),
             }));
         }
         if let Some(problem) = problem(&secret) {
-            return Ok(Some(Blocked::InvalidSecret {
+            return Ok(Secrets::Unusable(Blocked::InvalidSecret {
                 message: format!("{problem} ({field})"),
             }));
         }
+        copy(&mut copied, &secret);
     }
-    Ok(None)
+    Ok(Secrets::Usable(copied))
 }
 
 async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {
@@ -104,21 +125,26 @@ async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {
     })
 }
 
-/// Creates `<name>-auth` with a random password.
-async fn create_credentials(api: &Api<Secret>, mc: &Memcached, name: String) -> Result<()> {
+/// Creates `<name>-auth` with a random password; the Secret created, None if another pass
+/// created it meanwhile.
+async fn create_credentials(
+    api: &Api<Secret>,
+    mc: &Memcached,
+    name: String,
+) -> Result<Option<Secret>> {
     let desired = auth::generated_secret(mc, &auth::random_password());
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
     };
     match api.create(&params, &desired).await {
-        Ok(_) => {
+        Ok(created) => {
             info!(secret = %name, "created the credentials Secret");
-            Ok(())
+            Ok(Some(created))
         }
         // Created meanwhile (by an earlier reconcile whose answer was lost): read on the next
         // pass.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(source) => Err(Error::Apply {
             kind: "Secret".into(),
             name,

@@ -14,6 +14,7 @@ use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 
 pub mod agent;
 pub mod auth;
+pub mod binding;
 mod deployment;
 mod network_policy;
 pub mod tls;

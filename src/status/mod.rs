@@ -123,6 +123,8 @@ pub struct Observed<'a> {
     pub blocked: Option<Blocked>,
     /// The operator's new pod template waits for a rollout slot; the limit is in the message.
     pub rollout_queued: Option<usize>,
+    /// The binding Secret this Memcached has, if any.
+    pub binding: Option<String>,
 }
 
 /// What the status reads of a Deployment: its generation and its status.
@@ -284,6 +286,10 @@ pub fn desired_status_and_trouble(
         selector: Some(selector_string(mc)),
         observed_generation: generation,
         conditions,
+        binding: observed
+            .binding
+            .clone()
+            .map(|name| crate::api::BindingStatus { name }),
     };
     (status, trouble)
 }

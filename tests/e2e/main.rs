@@ -6,6 +6,7 @@
 mod harness;
 
 mod auth;
+mod binding;
 mod cluster;
 mod endpoints;
 mod network_policy;

@@ -770,6 +770,7 @@ fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
             cause: crate::status::pods::Cause::ImagePullFailed,
             words: words.into(),
         }),
+        ip: None,
     }
 }
 
@@ -893,3 +894,5 @@ async fn a_policy_the_operator_may_not_keep_blocks_the_memcached_instead_of_leav
     .unwrap();
     assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
 }
+
+mod binding;
