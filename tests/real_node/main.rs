@@ -4,6 +4,7 @@
 //! DNS, the memcached protocol.
 
 mod auth;
+mod binding;
 mod data_path;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
@@ -257,6 +258,67 @@ pub async fn send_pods_to_real_node(client: &Client, name: &str) {
     }))
     .unwrap();
     harness::apply(&Api::<Namespace>::all(client.clone()), &ns).await;
+}
+
+/// Runs `script` with the node's busybox in a pod of `ns` (non-root, no capabilities), with
+/// `pod` merged into the pod's spec (volumes, the container's mounts and env under
+/// `container`); whether it succeeded, and what it printed.
+pub async fn busybox_pod(
+    client: &Client,
+    node: &RealNode,
+    ns: &str,
+    script: &str,
+    mut pod: serde_json::Value,
+) -> (bool, String) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut container = serde_json::json!({
+        "name": "client",
+        "image": node.var("PAUSE_IMAGE"),
+        "imagePullPolicy": "Never",
+        "command": ["/bin/busybox", "sh", "-c", script],
+        "securityContext": {
+            "runAsNonRoot": true, "runAsUser": 65534,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    });
+    if let Some(extra) = pod.as_object_mut().and_then(|p| p.remove("container")) {
+        container
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+    }
+    let mut spec = serde_json::json!({
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [container],
+    });
+    spec.as_object_mut()
+        .unwrap()
+        .extend(pod.as_object().unwrap().clone());
+    let manifest = serde_json::json!({"metadata": {"generateName": "client-"}, "spec": spec});
+    let pod: Pod = serde_json::from_value(manifest).unwrap();
+    let pod = pods
+        .create(&kube::api::PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let name = pod.metadata.name.unwrap();
+    let phase = harness::wait_for(
+        &format!("client {name} to finish"),
+        harness::CONVERGE,
+        || async {
+            let phase = pods.get(&name).await.ok()?.status?.phase?;
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        },
+    )
+    .await;
+    let log = pods
+        .logs(&name, &Default::default())
+        .await
+        .unwrap_or_else(|e| format!("(no log: {e})"));
+    pods.delete(&name, &Default::default()).await.unwrap();
+    (phase == "Succeeded", log)
 }
 
 /// The running pods of Memcached `name`, by pod name.

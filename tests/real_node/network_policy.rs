@@ -5,57 +5,26 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use memcached_operator::api::Memcached;
 use serde_json::json;
 
 use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
-use crate::{RealNode, memcached::operator_for, pod_ip, pods_of, real_namespace};
+use crate::{RealNode, busybox_pod, memcached::operator_for, pod_ip, pods_of, real_namespace};
 
 /// How long a new policy may take to be enforced: the engine's informers see it at once.
 const ENFORCED: Duration = Duration::from_secs(60);
 
-/// Runs a pod in `ns` (the node's busybox) that sets and gets a key on `ip`; whether it got the
-/// value back.
+/// Runs a pod in `ns` that sets and gets a key on `ip`; whether it got the value back.
 async fn client_gets_in(client: &Client, node: &RealNode, ns: &str, ip: Ipv4Addr) -> bool {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let script = format!(
         "printf 'set k 0 0 2\\r\\nhi\\r\\nget k\\r\\nquit\\r\\n' \
          | /bin/busybox timeout 10 /bin/busybox nc -w 5 {ip} 11211 \
          | /bin/busybox grep -q 'VALUE k'"
     );
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"generateName": "client-"},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "client",
-                "image": node.var("PAUSE_IMAGE"),
-                "imagePullPolicy": "Never",
-                "command": ["/bin/busybox", "sh", "-c", script],
-                "securityContext": {
-                    "runAsNonRoot": true, "runAsUser": 65534,
-                    "allowPrivilegeEscalation": false,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-            }],
-        },
-    }))
-    .unwrap();
-    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
-    let name = pod.metadata.name.unwrap();
-    let phase = wait_for(&format!("client {name} to finish"), CONVERGE, || async {
-        let phase = pods.get(&name).await.ok()?.status?.phase?;
-        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
-    })
-    .await;
-    pods.delete(&name, &DeleteParams::default()).await.unwrap();
-    phase == "Succeeded"
+    busybox_pod(client, node, ns, &script, json!({})).await.0
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use memcached_operator::api::{Memcached, MonitoringSpec, TlsSpec};
+use memcached_operator::api::{BindingSpec, Memcached, MonitoringSpec, TlsSpec};
 use memcached_operator::resources::tls::{CA_KEY, CERT_KEY, PRIVATE_KEY_KEY};
 use memcached_operator_testkit::dns::lookup_a;
 use memcached_operator_testkit::memcached::Connection;
@@ -149,9 +149,18 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         enabled: true,
         image: None,
     });
+    mc.spec.binding = Some(BindingSpec { enabled: true });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 2).await;
     let pods = pods_of(&client, &ns, "cache").await;
+    // What an application learns from its binding: where to connect, and whom to trust.
+    let bound = wait_for("the binding Secret", CONVERGE, || async {
+        secrets.get_opt("cache-binding").await.ok()??.data
+    })
+    .await;
+    let entry = |key: &str| String::from_utf8(bound[key].0.clone()).unwrap();
+    assert_eq!((entry("host"), entry("tls")), (host.clone(), "true".into()));
+    assert_eq!(entry("ca.crt"), ca.pem);
 
     // By the Service's name, through the cluster's DNS, verified against the CA.
     let ips: BTreeSet<Ipv4Addr> = pods.iter().map(pod_ip).collect();
@@ -164,19 +173,19 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     // A real client library connects by that name and verifies the certificate; one trusting
     // another CA refuses the server.
     let one = pod_ip(&pods[0]).to_string();
-    let by_name = |ca: &Ca| {
+    let by_name = |ca: &str| {
         json!({
-            "servers": [format!("{host}:11211")], "addresses": {&host: &one},
-            "ca": ca.pem, "keys": 20,
+            "servers": [format!("{}:{}", entry("host"), entry("port"))], "addresses": {&host: &one},
+            "ca": ca, "keys": 20,
         })
     };
-    let app = pymemcache(by_name(&ca)).await;
+    let app = pymemcache(by_name(&entry("ca.crt"))).await;
     assert_eq!(
         (&app["stored"], &app["found"]),
         (&json!(20), &json!(20)),
         "{app}"
     );
-    let app = pymemcache(by_name(&Ca::new("another CA"))).await;
+    let app = pymemcache(by_name(&Ca::new("another CA").pem)).await;
     assert!(
         app["error"]
             .as_str()
