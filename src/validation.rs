@@ -22,6 +22,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
         ));
     }
     pod_metadata(spec)?;
+    network_policy_peers(spec)?;
     let Some(resources) = spec.resources.as_ref() else {
         return Ok(());
     };
@@ -99,6 +100,94 @@ fn pod_metadata(spec: &MemcachedSpec) -> Result<(), String> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// The NetworkPolicy's peers, as the API server checks them: selectors' label keys and values,
+/// and address blocks in canonical form.
+fn network_policy_peers(spec: &MemcachedSpec) -> Result<(), String> {
+    let Some(policy) = spec.network_policy.as_ref().filter(|p| p.enabled) else {
+        return Ok(());
+    };
+    for (field, peers) in [
+        ("from", &policy.from),
+        ("metricsFrom", &policy.metrics_from),
+    ] {
+        for (i, peer) in peers.iter().enumerate() {
+            let at = format!("spec.networkPolicy.{field}[{i}]");
+            let selectors = [
+                ("podSelector", peer.pod_selector.as_ref()),
+                ("namespaceSelector", peer.namespace_selector.as_ref()),
+            ];
+            for (name, selector) in selectors {
+                let Some(selector) = selector else { continue };
+                for (key, value) in selector.match_labels.iter().flatten() {
+                    qualified_name(key)
+                        .map_err(|e| format!("{at}.{name}.matchLabels: key {key:?} {e}"))?;
+                    label_value(value)
+                        .map_err(|e| format!("{at}.{name}.matchLabels[{key}]: {value:?} {e}"))?;
+                }
+                for (j, expression) in selector.match_expressions.iter().flatten().enumerate() {
+                    let here = format!("{at}.{name}.matchExpressions[{j}]");
+                    qualified_name(&expression.key)
+                        .map_err(|e| format!("{here}.key: {:?} {e}", expression.key))?;
+                    let values = expression.values.as_deref().unwrap_or_default();
+                    match (expression.operator.as_str(), values.is_empty()) {
+                        ("In" | "NotIn", false) | ("Exists" | "DoesNotExist", true) => {}
+                        ("In" | "NotIn", true) => {
+                            return Err(format!("{here}.values: In and NotIn need values"));
+                        }
+                        ("Exists" | "DoesNotExist", false) => {
+                            return Err(format!(
+                                "{here}.values: Exists and DoesNotExist take none"
+                            ));
+                        }
+                        (other, _) => {
+                            return Err(format!(
+                                "{here}.operator: {other:?} is not In, NotIn, Exists or DoesNotExist"
+                            ));
+                        }
+                    }
+                    for value in values {
+                        label_value(value).map_err(|e| format!("{here}.values: {value:?} {e}"))?;
+                    }
+                }
+            }
+            if let Some(block) = &peer.ip_block {
+                canonical_cidr(&block.cidr)
+                    .map_err(|e| format!("{at}.ipBlock.cidr: {:?} {e}", block.cidr))?;
+                for except in block.except.iter().flatten() {
+                    canonical_cidr(except)
+                        .map_err(|e| format!("{at}.ipBlock.except: {except:?} {e}"))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `address/prefix` with no bits set past the prefix, as the API server wants a block.
+fn canonical_cidr(cidr: &str) -> Result<(), String> {
+    let not_a_block = || "is not an address block such as 10.0.0.0/8".to_string();
+    let (address, prefix) = cidr.split_once('/').ok_or_else(not_a_block)?;
+    let address: std::net::IpAddr = address.parse().map_err(|_| not_a_block())?;
+    let prefix: u32 = prefix.parse().map_err(|_| not_a_block())?;
+    let (bits, width) = match address {
+        std::net::IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+        std::net::IpAddr::V6(a) => (u128::from(a), 128),
+    };
+    if prefix > width {
+        return Err(not_a_block());
+    }
+    let host_bits = width - prefix;
+    let host_mask = if host_bits == 0 {
+        0
+    } else {
+        u128::MAX >> (128 - host_bits)
+    };
+    if bits & host_mask != 0 {
+        return Err(format!("has bits set past its /{prefix} prefix"));
     }
     Ok(())
 }
@@ -336,5 +425,59 @@ mod tests {
         assert_eq!(validate(&spec), Ok(()));
         spec.pod_annotations = Some([("a".to_string(), "bell\u{7}".to_string())].into());
         assert!(validate(&spec).unwrap_err().contains("control character"));
+    }
+
+    #[test]
+    fn network_policy_peers_are_checked_naming_the_field() {
+        let with_peers = |peers: serde_json::Value| {
+            let spec =
+                serde_json::json!({"size": 1, "networkPolicy": {"enabled": true, "from": peers}});
+            validate(&serde_json::from_value(spec).unwrap())
+        };
+        let selector = |labels: serde_json::Value| serde_json::json!([{"namespaceSelector": {"matchLabels": labels}}]);
+        assert_eq!(
+            with_peers(selector(serde_json::json!({"team": "shop"}))),
+            Ok(())
+        );
+        let bad_key = with_peers(selector(serde_json::json!({"/W9*": "x"}))).unwrap_err();
+        assert!(
+            bad_key.starts_with(
+                "spec.networkPolicy.from[0].namespaceSelector.matchLabels: key \"/W9*\""
+            ),
+            "{bad_key}"
+        );
+        let bad_value = with_peers(selector(serde_json::json!({"team": "a b"}))).unwrap_err();
+        assert!(bad_value.contains("matchLabels[team]"), "{bad_value}");
+        let expression = |op: &str, values: serde_json::Value| serde_json::json!([{"podSelector": {"matchExpressions": [{"key": "app", "operator": op, "values": values}]}}]);
+        assert_eq!(
+            with_peers(expression("In", serde_json::json!(["web"]))),
+            Ok(())
+        );
+        assert!(
+            with_peers(expression("In", serde_json::json!([])))
+                .unwrap_err()
+                .contains("need values")
+        );
+        assert!(
+            with_peers(expression("Exists", serde_json::json!(["x"])))
+                .unwrap_err()
+                .contains("take none")
+        );
+        let block = |cidr: &str| serde_json::json!([{"ipBlock": {"cidr": cidr}}]);
+        assert_eq!(with_peers(block("10.0.0.0/8")), Ok(()));
+        assert_eq!(with_peers(block("fd00::/8")), Ok(()));
+        assert!(
+            with_peers(block("10.0.0.1/8"))
+                .unwrap_err()
+                .contains("past its /8 prefix")
+        );
+        assert!(
+            with_peers(block("10.0.0.0"))
+                .unwrap_err()
+                .contains("ipBlock.cidr")
+        );
+        // Turned off, the peers are not applied and so not checked.
+        let off = serde_json::json!({"size": 1, "networkPolicy": {"enabled": false, "from": selector(serde_json::json!({"/": "x"}))}});
+        assert_eq!(validate(&serde_json::from_value(off).unwrap()), Ok(()));
     }
 }
