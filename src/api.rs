@@ -253,9 +253,12 @@ pub struct NetworkPolicySpec {
 /// memcached's TLS (`-Z`), from `kubernetes.io/tls` Secrets.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!self.enabled || has(self.secretName)")
-    .message("is required while TLS is enabled")
+#[x_kube(validation = Rule::new("!self.enabled || has(self.secretName) || has(self.issuerRef)")
+    .message("is required while TLS is enabled, unless issuerRef is set")
     .field_path(".secretName"))]
+#[x_kube(validation = Rule::new("!(has(self.secretName) && has(self.issuerRef))")
+    .message("and secretName are exclusive: the certificate comes from one or the other")
+    .field_path(".issuerRef"))]
 pub struct TlsSpec {
     /// true: memcached's port speaks TLS only (plain text only on plaintextPort, if set).
     /// Turning it on or off rolls the pods; renewing the certificate does not.
@@ -272,6 +275,14 @@ pub struct TlsSpec {
         regex(pattern = DNS_SUBDOMAIN)
     )]
     pub secret_name: Option<String>,
+
+    /// cert-manager issues the certificate instead: the operator keeps a Certificate `<name>`
+    /// from this Issuer or ClusterIssuer, for the Service's names (`<name>.<namespace>.svc`,
+    /// its `cluster.local` form, and `*.` of both), in the Secret `<name>-tls`. Needs
+    /// cert-manager's API (cert-manager.io/v1). cert-manager's renewals are in force within 2
+    /// minutes, without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
 
     /// A Secret with `ca.crt`: memcached then refuses clients without a certificate signed by
     /// it (mutual TLS).
@@ -291,6 +302,32 @@ pub struct TlsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub plaintext_port: Option<i32>,
+}
+
+/// A cert-manager issuer, as a Certificate's `issuerRef` names it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+pub struct IssuerRef {
+    /// The Issuer's (in the Memcached's namespace) or ClusterIssuer's name.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN))]
+    pub name: String,
+
+    /// Issuer (the default) or ClusterIssuer, or an external issuer's kind.
+    #[serde(default = "default_issuer_kind")]
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+
+    /// The issuer's API group: cert-manager.io (the default), or an external issuer's.
+    #[serde(default = "default_issuer_group")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN))]
+    pub group: String,
+}
+
+fn default_issuer_kind() -> String {
+    "Issuer".into()
+}
+
+fn default_issuer_group() -> String {
+    "cert-manager.io".into()
 }
 
 /// memcached's ASCII authentication, from a Secret with `username` and `password`.

@@ -12,8 +12,8 @@ use proptest::option;
 use proptest::prelude::*;
 
 use crate::api::{
-    AuthSpec, BindingSpec, DisruptionBudgetSpec, EXPORTER_PORT, MAX_ITEM_SIZE_MIB, MAX_SIZE,
-    MemcachedSpec, MonitoringSpec, NetworkPolicySpec, RolloutSpec, Spread, TlsSpec,
+    AuthSpec, BindingSpec, DisruptionBudgetSpec, EXPORTER_PORT, IssuerRef, MAX_ITEM_SIZE_MIB,
+    MAX_SIZE, MemcachedSpec, MonitoringSpec, NetworkPolicySpec, RolloutSpec, Spread, TlsSpec,
 };
 
 /// An object name: a priority class, a Secret.
@@ -178,23 +178,39 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
             rotation_grace_seconds,
         },
     ));
-    // The schema asks for a certificate while TLS is on, and a plain port of its own.
+    // The schema asks for a certificate (a Secret, or one cert-manager issues) while TLS is on,
+    // and a plain port of its own.
     let port = spec.container_port;
+    let issuer = (
+        secret,
+        proptest::sample::select(&["Issuer", "ClusterIssuer"][..]),
+    )
+        .prop_map(|(name, kind)| IssuerRef {
+            name: name.to_string(),
+            kind: kind.to_string(),
+            group: "cert-manager.io".into(),
+        });
     let tls = option::of(
         (
             any::<bool>(),
-            secret,
+            prop_oneof![
+                secret.prop_map(|s| (Some(s.to_string()), None)),
+                issuer.prop_map(|i| (None, Some(i))),
+            ],
             option::of(secret),
             option::of((1..=65535i32).prop_filter("a port of its own", move |p| {
                 *p != port && *p != EXPORTER_PORT
             })),
         )
             .prop_map(
-                |(enabled, secret_name, client_ca_secret_name, plaintext_port)| TlsSpec {
-                    enabled,
-                    secret_name: Some(secret_name),
-                    client_ca_secret_name,
-                    plaintext_port,
+                |(enabled, (secret_name, issuer_ref), client_ca_secret_name, plaintext_port)| {
+                    TlsSpec {
+                        enabled,
+                        secret_name,
+                        issuer_ref,
+                        client_ca_secret_name,
+                        plaintext_port,
+                    }
                 },
             ),
     );

@@ -94,6 +94,7 @@ pub mod apiserver {
     use serde_json::{Value, json};
     use tower_test::mock::{self, Handle};
 
+    use crate::certificate::Certificate;
     use crate::controller::owned::OwnedObject;
     use crate::controller::{Context, Events};
     use crate::metrics::Metrics;
@@ -109,6 +110,7 @@ pub mod apiserver {
         pub budgets: Writer<OwnedObject<PodDisruptionBudget>>,
         pub monitors: Writer<OwnedObject<ServiceMonitor>>,
         pub network_policies: Writer<OwnedObject<NetworkPolicy>>,
+        pub certificates: Writer<OwnedObject<Certificate>>,
     }
 
     impl Caches {
@@ -156,6 +158,7 @@ pub mod apiserver {
         let (budgets, bw) = cache::new();
         let (monitors, mw) = cache::new();
         let (network_policies, nw) = cache::new();
+        let (certificates, cw) = cache::new();
         let ctx = Context {
             client: client.clone(),
             deployments,
@@ -163,6 +166,7 @@ pub mod apiserver {
             pod_disruption_budgets: budgets,
             network_policies: Some(network_policies),
             service_monitors: served.then_some(monitors),
+            certificates: Some(certificates),
             pods: Default::default(),
             own_writes: Default::default(),
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
@@ -186,6 +190,7 @@ pub mod apiserver {
                 budgets: bw,
                 monitors: mw,
                 network_policies: nw,
+                certificates: cw,
             },
         )
     }

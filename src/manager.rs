@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::certificate::Certificate;
 use crate::config::RunArgs;
 use crate::controller::{self, InitialList, Settings};
 use crate::metrics::Metrics;
@@ -21,7 +22,7 @@ use crate::service_monitor::ServiceMonitor;
 use operator_runtime::admin::{self, Endpoints, Limits};
 use operator_runtime::leader::{LeaderElector, LeaseConfig};
 use operator_runtime::readiness::Readiness;
-use operator_runtime::watch_namespace::{Scope, forbidden_scopes};
+use operator_runtime::watch_namespace::{Scope, forbidden_scopes, served};
 
 const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -77,7 +78,11 @@ async fn run(args: RunArgs) -> ExitCode {
             agent: args.agent_image.clone(),
         },
         service_monitors: keep::<ServiceMonitor, _, _>(&client, &scopes, || {
-            crate::service_monitor::served(&client)
+            served::<ServiceMonitor>(&client)
+        })
+        .await,
+        certificates: keep::<Certificate, _, _>(&client, &scopes, || {
+            served::<Certificate>(&client)
         })
         .await,
         network_policies: keep::<NetworkPolicy, _, _>(&client, &scopes, || async { Ok(true) })

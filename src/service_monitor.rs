@@ -1,10 +1,10 @@
 //! The prometheus-operator's ServiceMonitor (`monitoring.coreos.com/v1`), with only the fields
 //! this operator sets; the rest of what the API server returns is ignored. The operator never
 //! installs this CRD: it keeps ServiceMonitors only where the cluster already serves the API
-//! (see `served`).
+//! (see `operator_runtime::watch_namespace::served`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::{Client, CustomResource, Resource};
+use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
 /// Which Services' endpoints Prometheus scrapes, and how.
@@ -33,18 +33,4 @@ pub struct Endpoint {
     pub port: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-}
-
-/// Whether the API server serves ServiceMonitors (the prometheus-operator's CRD is installed).
-/// Asked once at start: a CRD installed later is used after the operator's next restart.
-pub async fn served(client: &Client) -> Result<bool, kube::Error> {
-    let group_version = ServiceMonitor::api_version(&());
-    match client.list_api_group_resources(&group_version).await {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.name == ServiceMonitor::plural(&()))),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(error) => Err(error),
-    }
 }

@@ -53,6 +53,19 @@ impl WatchNamespace {
     }
 }
 
+/// Whether the API server serves `K` (its CRD is installed): a watch of a kind it does not
+/// serve fails forever, so an optional kind is asked for first.
+pub async fn served<K>(client: &Client) -> Result<bool, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    match client.list_api_group_resources(&K::api_version(&())).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == K::plural(&()))),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// The scopes where this process may not list or watch `K`. A watch it may not run would keep the
 /// operator from ever being ready, so a kind it may not watch everywhere is one to do without
 /// (an install whose RBAC predates it, or that leaves it out on purpose).

@@ -14,6 +14,7 @@ use super::own_writes::OwnWrites;
 use super::owned::OwnedObject;
 use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
+use crate::certificate::Certificate;
 use crate::metrics::Metrics;
 use crate::resources::Images;
 use crate::service_monitor::ServiceMonitor;
@@ -30,6 +31,9 @@ pub struct Context {
     pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,
     /// Owned ServiceMonitors; None where the cluster does not serve their API.
     pub service_monitors: Option<Cache<OwnedObject<ServiceMonitor>>>,
+    /// Owned cert-manager Certificates; None where the cluster does not serve their API or this
+    /// process may not watch them.
+    pub certificates: Option<Cache<OwnedObject<Certificate>>>,
     pub pods: Arc<PodIndex>,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,

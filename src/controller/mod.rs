@@ -45,6 +45,8 @@ pub struct Settings {
     pub service_monitors: bool,
     /// Whether this process may watch NetworkPolicies: only then are they kept.
     pub network_policies: bool,
+    /// Whether the cluster serves cert-manager's Certificates: only then is `tls.issuerRef` kept.
+    pub certificates: bool,
     /// How the watches fill their caches (streaming where the API server serves it).
     pub initial_list: InitialList,
     /// Identity in events (the pod name when in a cluster).

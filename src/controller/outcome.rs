@@ -35,6 +35,9 @@ pub enum Outcome {
     CachesFilling,
     /// A pod template change of the operator's own waits for a rollout slot.
     WaitingForRolloutSlot,
+    /// Converged, with a binding that copies Secrets the operator does not watch: read again
+    /// shortly, so that a rotated password or a renewed CA reaches the binding.
+    CopyingSecrets,
     /// Nothing was applied, for the reason the status and an event report.
     Blocked(Blocked),
 }
@@ -45,6 +48,7 @@ impl Outcome {
             Outcome::Converged | Outcome::Gone => Next::AwaitChange,
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
+            Outcome::CopyingSecrets => Next::After(SECRET_RECHECK),
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),
             // A spec change queues the next reconcile.
             Outcome::Blocked(Blocked::InvalidSpec { .. }) => Next::AwaitChange,

@@ -35,6 +35,7 @@ use serde_json::value::RawValue;
 use super::digest::{digest, map_digest};
 use super::managed_fields::{Fields, Ours, SpecDigests, our_fields};
 use super::meta::{Meta, resource_of};
+use crate::certificate::Certificate;
 use crate::service_monitor::ServiceMonitor;
 use crate::status;
 
@@ -132,6 +133,15 @@ impl Owned for NetworkPolicy {
 }
 
 impl Owned for ServiceMonitor {
+    type Status = IgnoredAny;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
+    }
+}
+
+impl Owned for Certificate {
+    // cert-manager's conditions and renewal times; nothing here reads them.
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {

@@ -22,6 +22,7 @@ use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
 use crate::api::Memcached;
+use crate::certificate::Certificate;
 use crate::error::{Error, Refusal, Result};
 use crate::resources::binding::Copied;
 use crate::resources::{self, is_controlled_by};
@@ -56,17 +57,27 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // Only where the cluster serves them (and so they are watched).
     let monitors: Option<Kept<ServiceMonitor>> = kept(ctx, &ns, ctx.service_monitors.as_ref());
     let desired_monitor = resources::service_monitor(mc);
+    // Only where the cluster serves cert-manager's API and this process may watch it.
+    let certificates: Option<Kept<Certificate>> = kept(ctx, &ns, ctx.certificates.as_ref());
+    let desired_certificate = resources::tls::certificate(mc);
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
-    let (existing_deployment, existing_service, existing_budget, existing_policy, existing_monitor) =
-        tokio::try_join!(
-            lookup(&deployments, &ctx.deployments, mc),
-            lookup(&services, &ctx.services, mc),
-            // One we no longer want is deleted only if it is ours, and ours are in the cache.
-            lookup_optional(Some(&budgets), mc, desired_budget.is_some()),
-            lookup_optional(policies.as_ref(), mc, desired_policy.is_some()),
-            lookup_optional(monitors.as_ref(), mc, desired_monitor.is_some()),
-        )?;
+    let (
+        existing_deployment,
+        existing_service,
+        existing_budget,
+        existing_policy,
+        existing_monitor,
+        existing_certificate,
+    ) = tokio::try_join!(
+        lookup(&deployments, &ctx.deployments, mc),
+        lookup(&services, &ctx.services, mc),
+        // One we no longer want is deleted only if it is ours, and ours are in the cache.
+        lookup_optional(Some(&budgets), mc, desired_budget.is_some()),
+        lookup_optional(policies.as_ref(), mc, desired_policy.is_some()),
+        lookup_optional(monitors.as_ref(), mc, desired_monitor.is_some()),
+        lookup_optional(certificates.as_ref(), mc, desired_certificate.is_some()),
+    )?;
     let mut blocked = blocked(
         mc,
         existing_deployment.as_deref().map(|d| &d.metadata),
@@ -74,6 +85,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         existing_budget.as_deref().map(|b| &b.metadata),
         existing_policy.as_deref().map(|p| &p.metadata),
         existing_monitor.as_deref().map(|m| &m.metadata),
+        existing_certificate.as_deref().map(|c| &c.metadata),
     );
     // A policy asked for that this process may not keep: nothing applied, rather than pods
     // running without the policy the user counts on.
@@ -81,6 +93,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         blocked = Some(Blocked::Refused {
             refusal: Refusal::Forbidden,
             message: status::NETWORK_POLICIES_FORBIDDEN.to_string(),
+        });
+    }
+    // Likewise a certificate from cert-manager where this process cannot keep one.
+    if blocked.is_none() && desired_certificate.is_some() && certificates.is_none() {
+        blocked = Some(Blocked::InvalidSpec {
+            message: status::CERTIFICATES_UNAVAILABLE.to_string(),
         });
     }
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
@@ -126,6 +144,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                         monitors.as_ref().map(|(api, _)| api),
                         existing_monitor,
                         desired_monitor
+                    ),
+                    ensure_optional(
+                        ctx,
+                        mc,
+                        certificates.as_ref().map(|(api, _)| api),
+                        existing_certificate,
+                        desired_certificate
                     ),
                 )
             };
@@ -208,6 +233,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {
             Some(_) => Outcome::WaitingForRolloutSlot,
+            None if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
             None => Outcome::Converged,
         });
     };
@@ -259,6 +285,7 @@ fn blocked(
     budget: Option<&ObjectMeta>,
     policy: Option<&ObjectMeta>,
     monitor: Option<&ObjectMeta>,
+    certificate: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
     let foreign = [
         ("Deployment", deployment),
@@ -266,6 +293,7 @@ fn blocked(
         ("PodDisruptionBudget", budget),
         ("NetworkPolicy", policy),
         ("ServiceMonitor", monitor),
+        ("Certificate", certificate),
     ]
     .into_iter()
     .find(|(_, meta)| meta.is_some_and(|m| !is_controlled_by(m, mc)));

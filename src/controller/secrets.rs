@@ -24,6 +24,9 @@ struct Mounted {
     copy: fn(&mut Copied, &Secret),
     /// The operator's own `<name>-auth`: created when missing, and must be ours.
     generated: bool,
+    /// Issued by cert-manager (`spec.tls.issuerRef`): until it is, the pods wait for it
+    /// rather than the Memcached being blocked.
+    issued: bool,
 }
 
 /// The Secrets the pods will mount, as this pass read them.
@@ -46,16 +49,21 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
         problem: auth::credentials_problem,
         copy: Copied::take_credentials,
         generated,
+        issued: false,
     });
     let tls = [
         (
             tls::secret_name(mc),
-            "spec.tls.secretName",
+            if tls::issued(mc) {
+                "spec.tls.issuerRef"
+            } else {
+                "spec.tls.secretName"
+            },
             tls::certificate_problem as fn(&Secret) -> Option<String>,
             Copied::take_ca as fn(&mut Copied, &Secret),
         ),
         (
-            tls::client_ca_secret_name(mc),
+            tls::client_ca_secret_name(mc).map(String::from),
             "spec.tls.clientCASecretName",
             tls::client_ca_problem,
             // The clients' CA is the server's business.
@@ -65,7 +73,8 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
     .into_iter()
     .filter_map(|(name, field, problem, copy)| {
         Some(Mounted {
-            name: name?.to_string(),
+            name: name?,
+            issued: field == "spec.tls.issuerRef",
             field,
             problem,
             copy,
@@ -86,10 +95,13 @@ pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
         problem,
         copy,
         generated,
+        issued,
     } in mounted(mc)
     {
         let secret = match read(&api, &name).await? {
             Some(secret) => secret,
+            // Not issued yet: the pods wait for it (the kubelet retries the mount).
+            None if issued => continue,
             None if generated => {
                 if let Some(created) = create_credentials(&api, mc, name).await? {
                     copy(&mut copied, &created);

@@ -19,6 +19,7 @@ use kube::{Resource, ResourceExt};
 use super::owned::{Owned, OwnedObject};
 use super::pod_index::PodMeta;
 use crate::api::Memcached;
+use crate::certificate::Certificate;
 use crate::resources::LABEL_INSTANCE;
 use crate::service_monitor::ServiceMonitor;
 use operator_runtime::queue::Priority;
@@ -94,6 +95,13 @@ impl OwnedTriggers<NetworkPolicy> {
 
 impl OwnedTriggers<ServiceMonitor> {
     pub fn service_monitors() -> Self {
+        Self::new(false)
+    }
+}
+
+impl OwnedTriggers<Certificate> {
+    /// cert-manager's status (Ready, renewal times) changes nothing of ours.
+    pub fn certificates() -> Self {
         Self::new(false)
     }
 }

@@ -36,6 +36,7 @@ use super::rollouts::Rollouts;
 use super::triggers::{self, OwnedTriggers};
 use super::watched_memcached::{WatchedMemcached, parse_event};
 use crate::api::Memcached;
+use crate::certificate::Certificate;
 use crate::metrics::Metrics;
 use crate::resources::{self, MANAGER_NAME};
 use crate::service_monitor::ServiceMonitor;
@@ -80,6 +81,7 @@ pub fn run(
         images: settings.images.clone(),
         service_monitors: settings.service_monitors,
         network_policies: settings.network_policies,
+        certificates: settings.certificates,
         initial_list: settings.initial_list,
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
@@ -149,6 +151,7 @@ struct Shared {
     images: crate::resources::Images,
     service_monitors: bool,
     network_policies: bool,
+    certificates: bool,
     initial_list: InitialList,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
@@ -267,6 +270,15 @@ fn scope_watches(
         OwnedTriggers::service_monitors(),
     );
 
+    let (certificates, certificate_watch) = optional_owned_watch::<Certificate>(
+        shared.certificates,
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        OwnedTriggers::certificates(),
+    );
+
     let pods = Arc::new(PodIndex::default());
     let mut pod_unsynced = Some(caches.watch());
     let mut pod_feed = feed();
@@ -295,6 +307,7 @@ fn scope_watches(
         pod_disruption_budgets: budgets,
         network_policies,
         service_monitors,
+        certificates,
         pods,
         own_writes: shared.own_writes.clone(),
         rollouts: shared.rollouts.clone(),
@@ -312,6 +325,7 @@ fn scope_watches(
     ];
     tasks.extend(monitor_watch.map(tokio::spawn));
     tasks.extend(network_policy_watch.map(tokio::spawn));
+    tasks.extend(certificate_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
 }
 

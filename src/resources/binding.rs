@@ -25,6 +25,11 @@ pub fn enabled(mc: &Memcached) -> bool {
     mc.spec.binding.as_ref().is_some_and(|b| b.enabled)
 }
 
+/// Whether the binding repeats what the Secrets the pods mount hold (credentials, a CA).
+pub fn copies_secrets(mc: &Memcached) -> bool {
+    enabled(mc) && (auth::enabled(mc) || tls::enabled(mc))
+}
+
 pub fn secret_name(mc: &Memcached) -> String {
     format!("{}-binding", mc.name_any())
 }

@@ -4,13 +4,15 @@
 //! kubelet has refreshed a renewed Secret (see `agent.rs`).
 
 use k8s_openapi::api::core::v1::{Secret, SecretVolumeSource, Volume, VolumeMount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::api::{Memcached, TlsSpec};
+use crate::certificate::{Certificate, CertificateSpec};
 
-use super::mount;
+use super::{mount, owned_metadata};
 
 pub const CERT_KEY: &str = "tls.crt";
 pub const PRIVATE_KEY_KEY: &str = "tls.key";
@@ -32,9 +34,56 @@ fn spec(mc: &Memcached) -> Option<&TlsSpec> {
     mc.spec.tls.as_ref().filter(|t| t.enabled)
 }
 
-/// The server certificate's Secret.
-pub fn secret_name(mc: &Memcached) -> Option<&str> {
-    spec(mc)?.secret_name.as_deref()
+/// The server certificate's Secret: the user's, or the one cert-manager issues.
+pub fn secret_name(mc: &Memcached) -> Option<String> {
+    let tls = spec(mc)?;
+    match &tls.secret_name {
+        Some(name) => Some(name.clone()),
+        None => tls.issuer_ref.as_ref().map(|_| issued_secret_name(mc)),
+    }
+}
+
+/// Whether cert-manager issues the certificate (`issuerRef`).
+pub fn issued(mc: &Memcached) -> bool {
+    spec(mc).is_some_and(|t| t.secret_name.is_none() && t.issuer_ref.is_some())
+}
+
+fn issued_secret_name(mc: &Memcached) -> String {
+    format!("{}-tls", mc.name_any())
+}
+
+/// The Certificate cert-manager keeps issued for `spec.tls.issuerRef`: the Service's names,
+/// and, under it, every member's (`*.`), in `<name>-tls`.
+pub fn certificate(mc: &Memcached) -> Option<Certificate> {
+    let issuer_ref = spec(mc)?.issuer_ref.clone().filter(|_| issued(mc))?;
+    let service = format!(
+        "{}.{}.svc",
+        mc.name_any(),
+        mc.namespace().unwrap_or_default()
+    );
+    let dns_names = [
+        service.clone(),
+        format!("{service}.cluster.local"),
+        format!("*.{service}"),
+        format!("*.{service}.cluster.local"),
+    ]
+    .into();
+    Some(Certificate {
+        metadata: ObjectMeta {
+            name: Some(mc.name_any()),
+            ..owned_metadata(mc)
+        },
+        spec: CertificateSpec {
+            secret_name: issued_secret_name(mc),
+            dns_names,
+            issuer_ref,
+            usages: vec![
+                "server auth".into(),
+                "digital signature".into(),
+                "key encipherment".into(),
+            ],
+        },
+    })
 }
 
 /// The client CA's Secret (mutual TLS).
@@ -77,10 +126,14 @@ pub fn memcached_args(mc: &Memcached, local_port: i32) -> Vec<String> {
 }
 
 /// The Secrets memcached reads: (volume, where it is mounted, the Secret).
-fn mounted(mc: &Memcached) -> Vec<(&'static str, &'static str, &str)> {
+fn mounted(mc: &Memcached) -> Vec<(&'static str, &'static str, String)> {
     [
         (TLS_VOLUME, TLS_DIR, secret_name(mc)),
-        (CLIENT_CA_VOLUME, CLIENT_CA_DIR, client_ca_secret_name(mc)),
+        (
+            CLIENT_CA_VOLUME,
+            CLIENT_CA_DIR,
+            client_ca_secret_name(mc).map(String::from),
+        ),
     ]
     .into_iter()
     .filter_map(|(volume, dir, secret)| Some((volume, dir, secret?)))
@@ -94,7 +147,7 @@ pub fn volumes(mc: &Memcached) -> Vec<Volume> {
         .map(|(volume, _, secret)| Volume {
             name: volume.to_string(),
             secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.to_string()),
+                secret_name: Some(secret),
                 ..SecretVolumeSource::default()
             }),
             ..Volume::default()
@@ -269,5 +322,47 @@ mod tests {
         assert_eq!(args[4], "0.0.0.0,notls:127.0.0.1:11298,notls:0.0.0.0:11400");
         assert_eq!(watched_dirs(&mc), [TLS_DIR, CLIENT_CA_DIR]);
         assert_eq!(volumes(&mc).len(), 2);
+    }
+
+    #[test]
+    fn an_issuer_gets_a_certificate_for_the_services_names_mounted_from_its_secret() {
+        let mc = crate::fixtures::memcached_with_spec(serde_json::json!({
+            "tls": {"enabled": true, "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}},
+        }));
+        let issued = certificate(&mc).expect("one for the issuer");
+        assert_eq!(issued.metadata.name.as_deref(), Some("cache"));
+        assert_eq!(issued.spec.secret_name, "cache-tls");
+        assert_eq!(
+            issued.spec.dns_names,
+            [
+                "cache.default.svc",
+                "cache.default.svc.cluster.local",
+                "*.cache.default.svc",
+                "*.cache.default.svc.cluster.local",
+            ]
+        );
+        let issuer = &issued.spec.issuer_ref;
+        assert_eq!(
+            (
+                issuer.name.as_str(),
+                issuer.kind.as_str(),
+                issuer.group.as_str()
+            ),
+            ("ca", "ClusterIssuer", "cert-manager.io")
+        );
+        assert_eq!(
+            volumes(&mc)[0]
+                .secret
+                .as_ref()
+                .unwrap()
+                .secret_name
+                .as_deref(),
+            Some("cache-tls")
+        );
+        // A Secret of the user's: no Certificate.
+        let own = crate::fixtures::memcached_with_spec(serde_json::json!({
+            "tls": {"enabled": true, "secretName": "mine"},
+        }));
+        assert!(certificate(&own).is_none());
     }
 }

@@ -443,6 +443,10 @@ pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
 /// watch NetworkPolicies.
 pub const NETWORK_POLICIES_FORBIDDEN: &str = "spec.networkPolicy asks for a NetworkPolicy, but the operator's ServiceAccount may not list and watch networkpolicies here: nothing applied; grant the networkpolicies rule of the operator's role, then restart the operator";
 
+/// Why a Memcached whose certificate cert-manager should issue gets nothing applied where this
+/// process cannot keep Certificates.
+pub const CERTIFICATES_UNAVAILABLE: &str = "spec.tls.issuerRef asks cert-manager for the certificate, but this cluster does not serve cert-manager's API (certificates.cert-manager.io/v1) or the operator's ServiceAccount may not list and watch certificates: nothing applied; install cert-manager (or grant the certificates rule of the operator's role), then restart the operator";
+
 /// As `conflict_message`, for an object named after the Memcached (e.g. `<name>-auth`).
 pub fn named_conflict_message(kind: &str, name: &str, mc: &Memcached) -> String {
     format!(

@@ -2,11 +2,13 @@
 //! started by `hack/cluster.sh`, the operator as a child process, free ports and plain HTTP, and
 //! for the real node: DNS lookups and a memcached client.
 
+pub mod cert_manager;
 pub mod cluster;
 pub mod dns;
 pub mod memcached;
 pub mod net;
 pub mod operator;
+pub mod process;
 pub mod promql;
 
 pub use cluster::LocalCluster;

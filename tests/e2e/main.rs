@@ -9,6 +9,7 @@ mod auth;
 mod binding;
 mod cluster;
 mod endpoints;
+mod issuer;
 mod network_policy;
 mod tls;
 

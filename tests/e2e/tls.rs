@@ -168,8 +168,8 @@ async fn pods_with_auth_and_tls_converge_without_rewrites() {
     mc.spec.tls = Some(TlsSpec {
         enabled: true,
         secret_name: Some("cert".into()),
-        client_ca_secret_name: None,
         plaintext_port: Some(11400),
+        ..TlsSpec::default()
     });
     mc.spec.monitoring = Some(memcached_operator::api::MonitoringSpec {
         enabled: true,
