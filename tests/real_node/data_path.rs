@@ -210,7 +210,7 @@ async fn data_path_costs_of_tls_and_auth() {
         let bench_client = Arc::new(Client {
             addr: SocketAddr::new(ip.into(), 11211),
             host: format!("{}.{ns}.svc", v.name),
-            tls: v.tls.then(|| client_config(&ca, None)),
+            tls: v.tls.then(|| client_config(&ca.pem, None)),
             auth: v.auth,
         });
         let result = json!({

@@ -9,6 +9,7 @@ mod data_path;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
 mod harness;
+mod issuer;
 mod memcached;
 mod monitoring;
 mod network_policy;

@@ -34,7 +34,7 @@ const RENEWAL: Duration = Duration::from_secs(120);
 /// A certificate authority of the test's own.
 pub(crate) struct Ca {
     issuer: Issuer<'static, KeyPair>,
-    pem: String,
+    pub(crate) pem: String,
 }
 
 impl Ca {
@@ -73,11 +73,11 @@ pub(crate) fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) ->
     s
 }
 
-/// A client trusting `ca`, with `client` as its certificate if given.
-pub(crate) fn client_config(ca: &Ca, client: Option<&(String, String)>) -> Arc<ClientConfig> {
+/// A client trusting the CA certificate `ca_pem`, with `client` as its certificate if given.
+pub(crate) fn client_config(ca_pem: &str, client: Option<&(String, String)>) -> Arc<ClientConfig> {
     let mut roots = RootCertStore::empty();
     roots
-        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
         .unwrap();
     let builder = ClientConfig::builder_with_provider(Arc::new(
         tokio_rustls::rustls::crypto::ring::default_provider(),
@@ -192,7 +192,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
             .is_some_and(|e| e.contains("CERTIFICATE_VERIFY_FAILED")),
         "{app}"
     );
-    let verified = client_config(&ca, None);
+    let verified = client_config(&ca.pem, None);
     let mut served = Vec::new();
     let mut uptimes = Vec::new();
     for pod in &pods {
@@ -297,8 +297,8 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     )
     .await
     .unwrap();
-    let with_cert = client_config(&ca, Some(&client_ca.issue(&["app".to_string()])));
-    let stranger = client_config(&ca, Some(&ca.issue(&["app".to_string()])));
+    let with_cert = client_config(&ca.pem, Some(&client_ca.issue(&["app".to_string()])));
+    let stranger = client_config(&ca.pem, Some(&ca.issue(&["app".to_string()])));
     let login = wait_for("the generated credentials", CONVERGE, || async {
         let data = secrets.get_opt("cache-auth").await.ok()??.data?;
         let value = |k: &str| String::from_utf8(data.get(k)?.0.clone()).ok();

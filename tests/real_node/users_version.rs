@@ -62,7 +62,7 @@ async fn on_memcached_1_6_45_tls_and_auth_rotate_in_the_running_process() {
     let pod = pods_of(&client, &ns, "cache").await.remove(0);
     let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
     // A full handshake each time: a resumed session would show the certificate it began with.
-    let mut config = (*client_config(&ca, None)).clone();
+    let mut config = (*client_config(&ca.pem, None)).clone();
     config.resumption = tokio_rustls::rustls::client::Resumption::disabled();
     let verified = std::sync::Arc::new(config);
     let connect = |password: &'static str| {

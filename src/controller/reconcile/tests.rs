@@ -896,3 +896,4 @@ async fn a_policy_the_operator_may_not_keep_blocks_the_memcached_instead_of_leav
 }
 
 mod binding;
+mod certificates;
