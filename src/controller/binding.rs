@@ -6,11 +6,12 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use tracing::info;
 
 use super::context::Context;
+use super::ensure::only_this;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::binding::{self, Copied};
@@ -88,14 +89,7 @@ async fn keep(ctx: &Context, mc: &Memcached, desired: Option<&Secret>) -> Result
             info!(secret = %name, "wrote the binding Secret");
         }
         (None, Some(existing)) => {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: existing.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&name, &params).await {
+            match api.delete(&name, &only_this(existing.uid())).await {
                 Ok(_) => info!(secret = %name, "deleted the binding Secret"),
                 // Gone, or replaced by another since the read: not ours to delete.
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}

@@ -35,14 +35,7 @@ pub async fn ensure_optional<K: Owned>(
         }
         (None, Some(existing)) if is_controlled_by(existing.meta(), mc) => {
             let name = existing.name_any();
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: existing.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&name, &params).await {
+            match api.delete(&name, &only_this(existing.uid())).await {
                 Ok(_) => ctx.events.applied(mc, existing.as_ref(), &Change::Deleted),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(source) => {
@@ -277,5 +270,16 @@ pub async fn patch_status(
             name: mc.name_any(),
             source,
         }),
+    }
+}
+
+/// A delete of this object only (its uid): one that replaced it meanwhile is not ours to delete.
+pub fn only_this(uid: Option<String>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
     }
 }

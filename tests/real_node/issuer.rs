@@ -3,7 +3,7 @@
 //! cert-manager makes is served by the same memcached processes, every key kept.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -15,14 +15,11 @@ use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
 use crate::harness::{CONVERGE, admin, cluster, create, memcached, wait_converged, wait_for};
-use crate::tls::client_config;
+use crate::tls::{client_config, wait_renewal_served};
 use crate::{
     RealNode, assert_keys, memcached_pid, operator_with_agent, pod_ip, pods_of, real_namespace,
     restart_counts, write_keys,
 };
-
-/// The issue's bound for a renewal to be served.
-const RENEWAL: Duration = Duration::from_secs(120);
 
 fn cert_manager_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", kind);
@@ -129,20 +126,7 @@ async fn cert_manager_issues_and_renews_the_certificate_memcached_serves_in_plac
     // cert-manager renews: the same processes serve the new certificate.
     let renewed = Instant::now();
     renew(&client, &ns, "cache").await;
-    for (i, pod) in pods.iter().enumerate() {
-        let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
-        wait_for(
-            &format!("the renewed certificate served by {}", pod.name_any()),
-            RENEWAL,
-            || async {
-                let conn = Connection::connect_tls(addr, &host, verified.clone())
-                    .await
-                    .ok()?;
-                (conn.server_certificate()? != served[i]).then_some(())
-            },
-        )
-        .await;
-    }
+    wait_renewal_served(&pods, &host, &verified, &served).await;
     println!(
         "cert-manager's renewal served after {:?}",
         renewed.elapsed()

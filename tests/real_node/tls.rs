@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::{BindingSpec, Memcached, MonitoringSpec, TlsSpec};
@@ -71,6 +71,30 @@ pub(crate) fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) ->
     };
     s.metadata.name = Some(name.into());
     s
+}
+
+/// Waits (at most the 2 minutes) until each pod serves another certificate than the one
+/// it served before (`served`, in the order of `pods`).
+pub(crate) async fn wait_renewal_served(
+    pods: &[Pod],
+    host: &str,
+    verified: &Arc<ClientConfig>,
+    served: &[Vec<u8>],
+) {
+    for (pod, before) in pods.iter().zip(served) {
+        let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
+        wait_for(
+            &format!("the renewed certificate served by {}", pod.name_any()),
+            RENEWAL,
+            || async {
+                let conn = Connection::connect_tls(addr, host, verified.clone())
+                    .await
+                    .ok()?;
+                (&conn.server_certificate()? != before).then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 /// A client trusting the CA certificate `ca_pem`, with `client` as its certificate if given.
@@ -241,20 +265,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         )
         .await
         .unwrap();
-    for (i, pod) in pods.iter().enumerate() {
-        let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
-        wait_for(
-            &format!("the renewed certificate served by {}", pod.name_any()),
-            RENEWAL,
-            || async {
-                let conn = Connection::connect_tls(addr, &host, verified.clone())
-                    .await
-                    .ok()?;
-                (conn.server_certificate()? != served[i]).then_some(())
-            },
-        )
-        .await;
-    }
+    wait_renewal_served(&pods, &host, &verified, &served).await;
     println!("renewed certificate served after {:?}", renewed.elapsed());
     let after = pods_of(&client, &ns, "cache").await;
     for (i, pod) in after.iter().enumerate() {
