@@ -19,6 +19,10 @@ pub const REFUSED_RECHECK: Duration = Duration::from_secs(300);
 /// Secrets are not watched (the operator reads only the ones Memcacheds name), so a missing or
 /// unusable one is looked at again this often.
 pub const SECRET_RECHECK: Duration = Duration::from_secs(10);
+/// How often a binding that copies Secrets reads them again: a rotated password reaches it
+/// within this (plus the kubelet's refresh of an application's mount), well inside the default
+/// rotation grace of 300 s; each such Memcached costs its Secrets' reads this often.
+pub const COPY_RECHECK: Duration = Duration::from_secs(30);
 /// How often a pod template change waiting for a rollout slot asks again.
 pub const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 
@@ -48,7 +52,7 @@ impl Outcome {
             Outcome::Converged | Outcome::Gone => Next::AwaitChange,
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
-            Outcome::CopyingSecrets => Next::After(SECRET_RECHECK),
+            Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),
             // A spec change queues the next reconcile.
             Outcome::Blocked(Blocked::InvalidSpec { .. }) => Next::AwaitChange,

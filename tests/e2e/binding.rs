@@ -105,7 +105,7 @@ async fn the_binding_follows_the_members_and_repeats_the_credentials() {
         wait_servers_are_the_members(&client, &ns, &mc, size as usize).await;
     }
 
-    // A rotated password reaches the binding (Secrets are re-read every 10 s).
+    // A rotated password reaches the binding (its Secrets are read again every 30 s).
     let rotated = json!({"stringData": {"password": "rotated-by-the-user"}});
     secrets
         .patch(

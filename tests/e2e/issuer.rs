@@ -96,7 +96,7 @@ async fn cert_manager_issues_the_certificate_the_pods_mount_and_the_binding_trus
         .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
         .collect();
     assert_eq!(mounted, ["cache-tls"]);
-    // Clients learn whom to trust from the binding (Secrets are re-read every 10 s).
+    // Clients learn whom to trust from the binding (its Secrets are read again every 30 s).
     wait_for("the binding to carry the issued CA", CONVERGE, || async {
         let bound = secrets.get_opt("cache-binding").await.ok()??.data?;
         (bound.get("ca.crt")? == issued.data.as_ref()?.get("ca.crt")?).then_some(())
