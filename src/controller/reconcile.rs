@@ -102,10 +102,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         });
     }
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
-    let mut copied = Copied::default();
+    let (mut copied, mut unissued) = (Copied::default(), None);
     if blocked.is_none() {
         match secrets::check(ctx, mc).await? {
-            Secrets::Usable(secrets) => copied = secrets,
+            Secrets::Usable {
+                copied: c,
+                unissued: u,
+            } => (copied, unissued) = (c, u),
             Secrets::Unusable(why) => blocked = Some(why),
         }
     }
@@ -216,6 +219,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         blocked: blocked.clone(),
         rollout_queued,
         binding: bound,
+        unissued,
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);

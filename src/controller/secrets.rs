@@ -31,8 +31,12 @@ struct Mounted {
 
 /// The Secrets the pods will mount, as this pass read them.
 pub enum Secrets {
-    /// memcached can use them; what the binding repeats of them.
-    Usable(Copied),
+    /// memcached can use them; what the binding repeats of them, and the certificate Secret
+    /// cert-manager has yet to issue, if any (the pods wait for it).
+    Usable {
+        copied: Copied,
+        unissued: Option<String>,
+    },
     /// Why the pods cannot mount them.
     Unusable(Blocked),
 }
@@ -88,7 +92,7 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
 /// existing one is never rewritten (that would change the password).
 pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
-    let mut copied = Copied::default();
+    let (mut copied, mut unissued) = (Copied::default(), None);
     for Mounted {
         name,
         field,
@@ -101,7 +105,10 @@ pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
         let secret = match read(&api, &name).await? {
             Some(secret) => secret,
             // Not issued yet: the pods wait for it (the kubelet retries the mount).
-            None if issued => continue,
+            None if issued => {
+                unissued = Some(name);
+                continue;
+            }
             None if generated => {
                 if let Some(created) = create_credentials(&api, mc, name).await? {
                     copy(&mut copied, &created);
@@ -126,7 +133,7 @@ pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
         }
         copy(&mut copied, &secret);
     }
-    Ok(Secrets::Usable(copied))
+    Ok(Secrets::Usable { copied, unissued })
 }
 
 async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {

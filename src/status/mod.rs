@@ -48,6 +48,8 @@ pub enum Reason {
     PodCreationRefused,
     /// The Deployment made no progress within its deadline.
     ProgressDeadlineExceeded,
+    /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
+    CertificatePending,
 }
 
 impl Reason {
@@ -70,10 +72,11 @@ impl Reason {
             Self::OOMKilled => "OOMKilled",
             Self::PodCreationRefused => "PodCreationRefused",
             Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
+            Self::CertificatePending => "CertificatePending",
         }
     }
 
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -91,6 +94,7 @@ impl Reason {
         Self::OOMKilled,
         Self::PodCreationRefused,
         Self::ProgressDeadlineExceeded,
+        Self::CertificatePending,
     ];
 
     /// The reason a condition's string names, if it is one of ours.
@@ -125,6 +129,8 @@ pub struct Observed<'a> {
     pub rollout_queued: Option<usize>,
     /// The binding Secret this Memcached has, if any.
     pub binding: Option<String>,
+    /// The certificate Secret the pods mount that cert-manager has not issued yet.
+    pub unissued: Option<String>,
 }
 
 /// What the status reads of a Deployment: its generation and its status.
@@ -366,6 +372,19 @@ fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
             summary: format!("{pods_ready}; {pods} {what}"),
             words: first.words.to_string(),
             lasting: cause.lasting(),
+        });
+    }
+    // Without it the pods cannot start, and say only that their containers are being created.
+    if let Some(secret) = &observed.unissued {
+        return Some(Trouble {
+            reason: Reason::CertificatePending,
+            summary: format!("{pods_ready}; cert-manager has not issued Secret {secret} yet"),
+            words: format!(
+                "see Certificate {} and its CertificateRequest (kubectl describe certificate {})",
+                mc.name_any(),
+                mc.name_any()
+            ),
+            lasting: failures().next().is_some(),
         });
     }
     failures().next().map(|c| Trouble {
@@ -773,5 +792,40 @@ mod tests {
         let scaled = desired_status(&mc, &observed, &time(300));
         assert_eq!(find(&scaled, AVAILABLE).last_transition_time, time(300));
         assert_eq!(find(&scaled, DEGRADED).last_transition_time, time(100));
+    }
+
+    #[test]
+    fn pods_waiting_for_cert_manager_say_which_certificate_to_look_at() {
+        let mc = memcached("cache", 2);
+        let d = deployment_status(2, 0);
+        let observed = Observed {
+            deployment: seen(&d),
+            unissued: Some("cache-tls".into()),
+            ..Default::default()
+        };
+        let status = desired_status(&mc, &observed, &time(0));
+        let available = find(&status, AVAILABLE);
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            ("False", "CertificatePending")
+        );
+        assert_eq!(
+            available.message,
+            "0/2 pods are ready; cert-manager has not issued Secret cache-tls yet: \
+             see Certificate cache and its CertificateRequest (kubectl describe certificate cache)"
+        );
+        assert_eq!(
+            find(&status, DEGRADED).status,
+            "False",
+            "issuing takes a moment"
+        );
+        // Issued and the pods Ready: nothing pending is said.
+        let ready = deployment_status(2, 2);
+        let observed = Observed {
+            deployment: seen(&ready),
+            ..Default::default()
+        };
+        let status = desired_status(&mc, &observed, &time(1));
+        assert_eq!(find(&status, AVAILABLE).reason, "AllPodsReady");
     }
 }

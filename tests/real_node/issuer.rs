@@ -10,6 +10,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
 use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::Memcached;
 use memcached_operator_testkit::cert_manager::CertManager;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
@@ -57,6 +58,17 @@ async fn ca_issuer(client: &Client, ns: &str) {
     }
 }
 
+/// A condition's status, reason and message.
+fn condition_of(mc: &Memcached, type_: &str) -> Option<(String, String, String)> {
+    let c = mc
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
 /// What `cmctl renew` does: marks the Certificate for issuance now.
 async fn renew(client: &Client, ns: &str, name: &str) {
     let certificates = cert_manager_api(client, ns, "Certificate");
@@ -90,7 +102,6 @@ async fn cert_manager_issues_and_renews_the_certificate_memcached_serves_in_plac
     let _cert_manager = CertManager::start(&cluster, &ns, &cluster.dir.join("logs"))
         .await
         .unwrap();
-    ca_issuer(&client, &ns).await;
     let _op = operator_with_agent(&client, &node, &ns).await;
     let mut mc = memcached("cache", 2);
     mc.spec = serde_json::from_value(json!({
@@ -99,6 +110,18 @@ async fn cert_manager_issues_and_renews_the_certificate_memcached_serves_in_plac
     }))
     .unwrap();
     create(&client, &ns, &mc).await;
+    // The Issuer does not exist yet: the pods cannot start, and the status says where to look.
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let pending = wait_for("Available=False, CertificatePending", CONVERGE, || async {
+        let (status, reason, message) = condition_of(&mcs.get("cache").await.ok()?, "Available")?;
+        (status == "False" && reason == "CertificatePending").then_some(message)
+    })
+    .await;
+    assert!(
+        pending.contains("cache-tls") && pending.contains("Certificate cache"),
+        "{pending}"
+    );
+    ca_issuer(&client, &ns).await;
     wait_converged(&client, &ns, "cache", 2).await;
     let pods = pods_of(&client, &ns, "cache").await;
 
