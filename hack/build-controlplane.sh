@@ -4,6 +4,7 @@
 #   etcd               etcd server
 #   kwok               fake kubelet (node and pod status), plus its stages.yaml
 #   cert-manager       cert-manager's controllers and CRDs, for the tests of spec.tls.issuerRef
+#                      (only with --cert-manager, which the test kit runs: the quick start needs none)
 # into ${MEMCACHED_OPERATOR_CACHE:-$HOME/.cache/memcached-operator}/bin/<name>-<version>/.
 #
 # Usage:
@@ -228,15 +229,10 @@ update_modules() {
 
 main() {
 	case "${1:-}" in
-	--print-env)
-		print_env
-		return 0
-		;;
-	--update-modules)
-		update_modules
-		return 0
-		;;
+	--print-env) print_env && return 0 ;;
+	--update-modules) update_modules && return 0 ;;
 	--node) NODE_ONLY=1 ;;
+	--cert-manager) CERT_MANAGER_ONLY=1 ;;
 	"") ;;
 	*) die "unknown argument: $1 (see header of $0)" ;;
 	esac
@@ -253,6 +249,7 @@ main() {
 	fi
 	local start
 	start=$(date +%s)
+	if [[ "${CERT_MANAGER_ONLY:-0}" == 1 ]]; then build_cert_manager && return 0; fi
 	if [[ "${NODE_ONLY:-0}" == 1 ]]; then
 		build_kube_node
 		build_coredns
@@ -263,7 +260,6 @@ main() {
 	build_etcd
 	build_kwok
 	build_kube_controlplane
-	build_cert_manager
 	log "all components ready in $(($(date +%s) - start))s"
 }
 

@@ -58,9 +58,20 @@ impl CertManager {
     }
 }
 
-/// `hack/build-controlplane.sh --print-env`: where the built cert-manager and its CRDs are.
+/// Builds cert-manager unless it is cached (`hack/build-controlplane.sh --cert-manager`; tests
+/// run one at a time, and the script builds one at a time), and says where it and its CRDs are.
 fn built() -> Result<BTreeMap<String, String>> {
     let script = crate::repo_root().join("hack/build-controlplane.sh");
+    let build = std::process::Command::new(&script)
+        .arg("--cert-manager")
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !build.success() {
+        bail!(
+            "{} --cert-manager failed (its output is above)",
+            script.display()
+        );
+    }
     let out = std::process::Command::new(&script)
         .arg("--print-env")
         .output()
