@@ -77,16 +77,9 @@ async fn run(args: RunArgs) -> ExitCode {
             exporter: args.exporter_image.clone(),
             agent: args.agent_image.clone(),
         },
-        service_monitors: keep::<ServiceMonitor, _, _>(&client, &scopes, || {
-            served::<ServiceMonitor>(&client)
-        })
-        .await,
-        certificates: keep::<Certificate, _, _>(&client, &scopes, || {
-            served::<Certificate>(&client)
-        })
-        .await,
-        network_policies: keep::<NetworkPolicy, _, _>(&client, &scopes, || async { Ok(true) })
-            .await,
+        service_monitors: keep::<ServiceMonitor>(&client, &scopes, Origin::Crd).await,
+        certificates: keep::<Certificate>(&client, &scopes, Origin::Crd).await,
+        network_policies: keep::<NetworkPolicy>(&client, &scopes, Origin::Builtin).await,
         initial_list: match scopes.first() {
             Some(scope) => InitialList::probe(&scope.api::<crate::api::Memcached>(&client)).await,
             None => InitialList::Paged,
@@ -146,18 +139,25 @@ async fn run(args: RunArgs) -> ExitCode {
     code
 }
 
-/// Whether to keep objects of kind `K`: the cluster serves it (`served`) and this process may
-/// list and watch it where it watches Memcacheds. Asked a few times while the API server does not
+/// Where a kind the operator may keep comes from.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// Kubernetes' own: always served.
+    Builtin,
+    /// A CRD's (prometheus-operator's, cert-manager's): served only where it is installed.
+    Crd,
+}
+
+/// Whether to keep objects of kind `K`: the cluster serves it and this process may list and
+/// watch it where it watches Memcacheds. Asked a few times while the API server does not
 /// answer; after that taken as no (logged), so that a start never waits long for an optional kind.
-async fn keep<K, F, Fut>(client: &Client, scopes: &[Scope], served: F) -> bool
+async fn keep<K>(client: &Client, scopes: &[Scope], origin: Origin) -> bool
 where
     K: kube::Resource<DynamicType = ()>,
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<bool, kube::Error>>,
 {
     let kind = K::kind(&());
     let ask = || async {
-        if !served().await? {
+        if matches!(origin, Origin::Crd) && !served::<K>(client).await? {
             return Ok::<_, kube::Error>((false, vec![]));
         }
         let forbidden = forbidden_scopes::<K>(client, scopes).await?;

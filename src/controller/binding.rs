@@ -12,6 +12,7 @@ use tracing::info;
 
 use super::context::Context;
 use super::ensure::only_this;
+use super::secrets;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::binding::{self, Copied};
@@ -37,10 +38,7 @@ pub async fn ensure(
             Ok(None) => Ok(desired.metadata.name),
             Ok(Some(why)) => Err(why),
             // Refused for good (RBAC, a policy): reported, as the other objects' refusals are.
-            Err(error) => {
-                let (refusal, message) = error.refusal().ok_or(error)?;
-                Err(Blocked::Refused { refusal, message })
-            }
+            Err(error) => Err(Blocked::refused(error)?),
         }),
         // Wanted, but generated credentials not read yet: as it was.
         None if binding::enabled(mc) => Ok(Ok(reported(mc))),
@@ -59,11 +57,7 @@ async fn keep(ctx: &Context, mc: &Memcached, desired: Option<&Secret>) -> Result
     }
     let name = binding::secret_name(mc);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
-    let existing = api.get_opt(&name).await.map_err(|source| Error::Read {
-        kind: "Secret".into(),
-        name: name.clone(),
-        source,
-    })?;
+    let existing = secrets::read(&api, &name).await?;
     if let Some(existing) = &existing
         && !is_controlled_by(&existing.metadata, mc)
     {

@@ -187,8 +187,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                     return Ok(Outcome::Gone);
                 }
                 Err(error) => {
-                    let (refusal, message) = error.refusal().ok_or(error)?;
-                    blocked = Some(Blocked::Refused { refusal, message });
+                    blocked = Some(Blocked::refused(error)?);
                     existing_deployment
                 }
             }

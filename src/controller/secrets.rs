@@ -1,7 +1,8 @@
 //! The Secrets the pods will mount (`spec.auth`'s credentials, `spec.tls`'s certificate and
 //! client CA) exist and memcached can use them, before a pod template that mounts them is
-//! applied, and what the binding Secret repeats of them. Secrets are read, not watched: only Memcacheds with auth or TLS name any, and
-//! watching every Secret of the cluster would hold them all in the operator's memory.
+//! applied, and what the binding Secret repeats of them. Secrets are read, not watched: only
+//! Memcacheds with auth or TLS name any, and watching every Secret of the cluster would hold
+//! them all in the operator's memory.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
@@ -55,16 +56,18 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
         generated,
         issued: false,
     });
+    let issued = tls::issued(mc);
     let tls = [
         (
             tls::secret_name(mc),
-            if tls::issued(mc) {
+            if issued {
                 "spec.tls.issuerRef"
             } else {
                 "spec.tls.secretName"
             },
             tls::certificate_problem as fn(&Secret) -> Option<String>,
             Copied::take_ca as fn(&mut Copied, &Secret),
+            issued,
         ),
         (
             tls::client_ca_secret_name(mc).map(String::from),
@@ -72,17 +75,18 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
             tls::client_ca_problem,
             // The clients' CA is the server's business.
             |_, _| {},
+            false,
         ),
     ]
     .into_iter()
-    .filter_map(|(name, field, problem, copy)| {
+    .filter_map(|(name, field, problem, copy, issued)| {
         Some(Mounted {
             name: name?,
-            issued: field == "spec.tls.issuerRef",
             field,
             problem,
             copy,
             generated: false,
+            issued,
         })
     });
     auth.into_iter().chain(tls).collect()
@@ -136,7 +140,8 @@ pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
     Ok(Secrets::Usable { copied, unissued })
 }
 
-async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {
+/// Secret `name`, if there is one.
+pub async fn read(api: &Api<Secret>, name: &str) -> Result<Option<Secret>> {
     api.get_opt(name).await.map_err(|source| Error::Read {
         kind: "Secret".into(),
         name: name.into(),

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::api::{Memcached, TlsSpec};
+use crate::api::{IssuerRef, Memcached, TlsSpec};
 use crate::certificate::{Certificate, CertificateSpec};
 
 use super::{mount, owned_metadata};
@@ -36,16 +36,23 @@ fn spec(mc: &Memcached) -> Option<&TlsSpec> {
 
 /// The server certificate's Secret: the user's, or the one cert-manager issues.
 pub fn secret_name(mc: &Memcached) -> Option<String> {
-    let tls = spec(mc)?;
-    match &tls.secret_name {
-        Some(name) => Some(name.clone()),
-        None => tls.issuer_ref.as_ref().map(|_| issued_secret_name(mc)),
+    match issuer(mc) {
+        Some(_) => Some(issued_secret_name(mc)),
+        None => spec(mc)?.secret_name.clone(),
     }
 }
 
 /// Whether cert-manager issues the certificate (`issuerRef`).
 pub fn issued(mc: &Memcached) -> bool {
-    spec(mc).is_some_and(|t| t.secret_name.is_none() && t.issuer_ref.is_some())
+    issuer(mc).is_some()
+}
+
+/// The issuer cert-manager takes the certificate from, unless the user names a Secret.
+fn issuer(mc: &Memcached) -> Option<&IssuerRef> {
+    let tls = spec(mc)?;
+    tls.issuer_ref
+        .as_ref()
+        .filter(|_| tls.secret_name.is_none())
 }
 
 fn issued_secret_name(mc: &Memcached) -> String {
@@ -55,7 +62,7 @@ fn issued_secret_name(mc: &Memcached) -> String {
 /// The Certificate cert-manager keeps issued for `spec.tls.issuerRef`: the Service's names,
 /// and, under it, every member's (`*.`), in `<name>-tls`.
 pub fn certificate(mc: &Memcached) -> Option<Certificate> {
-    let issuer_ref = spec(mc)?.issuer_ref.clone().filter(|_| issued(mc))?;
+    let issuer_ref = issuer(mc)?.clone();
     let service = format!(
         "{}.{}.svc",
         mc.name_any(),

@@ -155,6 +155,12 @@ pub enum Blocked {
 }
 
 impl Blocked {
+    /// An apply the API server refused for good, as reported; any other error as it is.
+    pub fn refused(error: crate::error::Error) -> Result<Self, crate::error::Error> {
+        let (refusal, message) = error.refusal().ok_or(error)?;
+        Ok(Self::Refused { refusal, message })
+    }
+
     pub fn reason(&self) -> Reason {
         match self {
             Self::ResourceExists { .. } => Reason::ResourceExists,

@@ -83,11 +83,7 @@ fn built() -> Result<BTreeMap<String, String>> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let env: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-        .collect();
+    let env = crate::env_lines(&String::from_utf8_lossy(&out.stdout));
     let bin = env.get("CERT_MANAGER_BIN").context("CERT_MANAGER_BIN")?;
     if !Path::new(bin).exists() {
         bail!("{bin} is not built: run hack/build-controlplane.sh");

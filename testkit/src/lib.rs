@@ -21,3 +21,15 @@ pub fn repo_root() -> std::path::PathBuf {
         .expect("testkit/ has a parent")
         .to_path_buf()
 }
+
+/// `KEY=VALUE` lines, values unquoted as the shell would (`printf %q` output, versions.env).
+pub fn env_lines(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let words = shlex::split(v).unwrap_or_else(|| panic!("{k}: cannot unquote {v:?}"));
+            (k.trim().to_string(), words.join(" "))
+        })
+        .collect()
+}

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+pub use memcached_operator_testkit::env_lines;
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -36,18 +38,6 @@ pub fn run(command: &mut Command) {
         .status()
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(status.success(), "{what}: {status}");
-}
-
-/// `KEY=VALUE` lines, values unquoted as the shell would (`printf %q` output, versions.env).
-pub fn env_lines(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| {
-            let words = shlex::split(v).unwrap_or_else(|| panic!("{k}: cannot unquote {v:?}"));
-            (k.trim().to_string(), words.join(" "))
-        })
-        .collect()
 }
 
 /// The pins and release facts of hack/olm/versions.env.
