@@ -24,7 +24,7 @@ for scenario in "${scenarios[@]}"; do
 	# its pods; a kubelet marks them Ready again once it is heard, kwok does not, and a hung API
 	# server would leave its pods unready for good. The grace period outlasts the faults here.
 	KCM_QPS=200 KCM_BURST=400 SCHEDULER_QPS=200 SCHEDULER_BURST=400 \
-		KCM_CONCURRENT_DEPLOYMENT_SYNCS=10 KCM_CONCURRENT_REPLICASET_SYNCS=10 \
+		KCM_CONCURRENT_DEPLOYMENT_SYNCS=10 KCM_CONCURRENT_REPLICASET_SYNCS=10 KCM_CONCURRENT_STATEFULSET_SYNCS=10 \
 		KCM_EXTRA_ARGS="--node-monitor-grace-period=3m" \
 		hack/cluster.sh up "${dir}" >"${dir}.up.log" 2>&1 || {
 		cat "${dir}.up.log" >&2

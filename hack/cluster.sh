@@ -14,7 +14,7 @@
 #   NODES=3                         fake kwok nodes to create (label type=kwok)
 #   KCM_QPS=20 KCM_BURST=30         kube-controller-manager --kube-api-qps/--kube-api-burst
 #   KCM_CONCURRENT_DEPLOYMENT_SYNCS=5 KCM_CONCURRENT_REPLICASET_SYNCS=5
-#   KCM_CONCURRENT_GC_SYNCS=20
+#   KCM_CONCURRENT_STATEFULSET_SYNCS=5 KCM_CONCURRENT_GC_SYNCS=20
 #   SCHEDULER_QPS=50 SCHEDULER_BURST=100
 #   ETCD_EXTRA_ARGS APISERVER_EXTRA_ARGS KCM_EXTRA_ARGS SCHEDULER_EXTRA_ARGS KWOK_EXTRA_ARGS
 #                                   extra flags, split on whitespace
@@ -524,6 +524,7 @@ cmd_up() {
 		--kube-api-burst="${KCM_BURST:-30}" \
 		--concurrent-deployment-syncs="${KCM_CONCURRENT_DEPLOYMENT_SYNCS:-5}" \
 		--concurrent-replicaset-syncs="${KCM_CONCURRENT_REPLICASET_SYNCS:-5}" \
+		--concurrent-statefulset-syncs="${KCM_CONCURRENT_STATEFULSET_SYNCS:-5}" \
 		--concurrent-gc-syncs="${KCM_CONCURRENT_GC_SYNCS:-20}" \
 		--profiling=false \
 		"${extra[@]+"${extra[@]}"}"

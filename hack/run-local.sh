@@ -41,7 +41,7 @@ cat <<MSG
 
     export KUBECONFIG=${DIR}/kubeconfig
     kubectl apply -k config/samples
-    kubectl get memcached,deployments,pods -o wide
+    kubectl get memcached,statefulsets,pods -o wide
     kubectl wait --for=condition=Available memcached/memcached-sample
 
   Memcacheds in namespace default run on ${where}.

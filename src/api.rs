@@ -412,19 +412,17 @@ impl Default for DisruptionBudgetSpec {
     }
 }
 
-/// The Deployment's rolling update, and how a pod leaves.
+/// How members are updated, and how a pod leaves.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.maxSurge > 0 || self.maxUnavailable > 0")
-    .message("maxSurge and maxUnavailable must not both be 0: the rollout could not replace any pod")
-    .field_path(".maxSurge"))]
 pub struct RolloutSpec {
-    /// Pods above size during a rollout.
+    /// Unused since 0.3.0, kept so that specs written for 0.2.0 still apply: a member is
+    /// updated under its own name, so an update cannot add one first.
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1000))]
     pub max_surge: i32,
 
-    /// Pods below size during a rollout.
+    /// Members updated at once (0 and 1 both mean one at a time).
     #[serde(default)]
     #[schemars(range(min = 0, max = 1000))]
     pub max_unavailable: i32,
@@ -546,7 +544,13 @@ pub struct MemcachedStatus {
     #[serde(default)]
     pub nodes: Vec<String>,
 
-    /// Pods the Deployment currently runs (the scale subresource reads this).
+    /// Every member the Memcached should have, by its stable address (`<name>-N.<name>.<ns>.svc:
+    /// <port>`) in ordinal order, Ready or not: the server list for clients that hash keys over
+    /// the members.
+    #[serde(default)]
+    pub servers: Vec<String>,
+
+    /// Pods the StatefulSet currently runs (the scale subresource reads this).
     #[serde(default)]
     pub replicas: i32,
 

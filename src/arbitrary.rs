@@ -145,15 +145,12 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
             max_unavailable,
         }),
     );
-    let rollout = option::of((0..=3i32, 0..=3i32, 0..=60i32, 0..=30i32).prop_filter_map(
-        "the schema refuses a rollout that can replace no pod",
-        |(max_surge, max_unavailable, min_ready_seconds, pre_stop_delay_seconds)| {
-            (max_surge + max_unavailable > 0).then_some(RolloutSpec {
-                max_surge,
-                max_unavailable,
-                min_ready_seconds,
-                pre_stop_delay_seconds,
-            })
+    let rollout = option::of((0..=3i32, 0..=3i32, 0..=60i32, 0..=30i32).prop_map(
+        |(max_surge, max_unavailable, min_ready_seconds, pre_stop_delay_seconds)| RolloutSpec {
+            max_surge,
+            max_unavailable,
+            min_ready_seconds,
+            pre_stop_delay_seconds,
         },
     ));
     let spread = option::of(prop_oneof![

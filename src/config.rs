@@ -75,7 +75,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub max_concurrent_reconciles: u16,
 
-    /// Deployments that may be rolling at once before the operator starts a rollout of its own
+    /// StatefulSets that may be rolling at once before the operator starts a rollout of its own
     /// (a new default image or pod template after an upgrade); 0 for no limit. Rollouts a
     /// Memcached's spec asks for never wait.
     #[arg(long, env = "MAX_CONCURRENT_ROLLOUTS", default_value_t = 10)]

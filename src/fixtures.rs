@@ -1,6 +1,6 @@
-//! Test fixtures: Memcached and Deployment objects as the API server would return them.
+//! Test fixtures: Memcached and StatefulSet objects as the API server would return them.
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Memcached, MemcachedSpec};
@@ -38,35 +38,35 @@ pub fn monitored_memcached(image: Option<&str>) -> Memcached {
     memcached_with_spec(json)
 }
 
-/// The Deployment the operator would create for `mc`, with a status as the API server reports it,
+/// The StatefulSet the operator would create for `mc`, with a status as the API server reports it,
 /// as the cache keeps it.
-pub fn deployment_with_status(
+pub fn stateful_set_with_status(
     mc: &Memcached,
     replicas: i32,
     ready: i32,
-) -> OwnedObject<Deployment> {
-    OwnedObject::of(&stored_deployment(mc, replicas, ready))
+) -> OwnedObject<StatefulSet> {
+    OwnedObject::of(&stored_stateful_set(mc, replicas, ready))
 }
 
-/// The Deployment the operator would create for `mc`, with a status as the API server reports it.
-pub fn stored_deployment(mc: &Memcached, replicas: i32, ready: i32) -> Deployment {
-    let mut d = resources::deployment(mc, &resources::Images::default());
+/// The StatefulSet the operator would create for `mc`, with a status as the API server reports it.
+pub fn stored_stateful_set(mc: &Memcached, replicas: i32, ready: i32) -> StatefulSet {
+    let mut d = resources::stateful_set(mc, &resources::Images::default());
     d.metadata.generation = Some(1);
     d.metadata.resource_version = Some("10".into());
-    d.status = Some(deployment_status(replicas, ready));
+    d.status = Some(stateful_set_status(replicas, ready));
     d
 }
 
-/// The status of a Deployment at generation 1 with `replicas` pods, all updated, `ready` of
+/// The status of a StatefulSet at generation 1 with `replicas` pods, all updated, `ready` of
 /// them ready.
-pub fn deployment_status(replicas: i32, ready: i32) -> DeploymentStatus {
-    DeploymentStatus {
+pub fn stateful_set_status(replicas: i32, ready: i32) -> StatefulSetStatus {
+    StatefulSetStatus {
         observed_generation: Some(1),
-        replicas: Some(replicas),
+        replicas,
         ready_replicas: Some(ready),
         updated_replicas: Some(replicas),
         available_replicas: Some(ready),
-        ..DeploymentStatus::default()
+        ..StatefulSetStatus::default()
     }
 }
 
@@ -83,7 +83,7 @@ pub mod apiserver {
     use std::time::Duration;
 
     use http::{Request, Response, StatusCode};
-    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -105,8 +105,9 @@ pub mod apiserver {
 
     /// Caches the test fills before reconciling, as the watches would.
     pub struct Caches {
-        pub deployments: Writer<OwnedObject<Deployment>>,
+        pub stateful_sets: Writer<OwnedObject<StatefulSet>>,
         pub services: Writer<OwnedObject<Service>>,
+        pub legacy_deployments: Writer<OwnedObject<Deployment>>,
         pub budgets: Writer<OwnedObject<PodDisruptionBudget>>,
         pub monitors: Writer<OwnedObject<ServiceMonitor>>,
         pub network_policies: Writer<OwnedObject<NetworkPolicy>>,
@@ -114,13 +115,18 @@ pub mod apiserver {
     }
 
     impl Caches {
-        pub fn add_deployment(&mut self, d: OwnedObject<Deployment>) {
-            self.deployments
+        pub fn add_stateful_set(&mut self, d: OwnedObject<StatefulSet>) {
+            self.stateful_sets
                 .apply_watcher_event(&watcher::Event::Apply(d));
         }
         pub fn add_service(&mut self, s: Service) {
             self.services
                 .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&s)));
+        }
+        /// A Deployment of before the StatefulSet (0.2.0 and earlier), as its watch keeps it.
+        pub fn add_legacy_deployment(&mut self, d: &Deployment) {
+            self.legacy_deployments
+                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(d)));
         }
         pub fn add_budget(&mut self, b: PodDisruptionBudget) {
             self.budgets
@@ -153,16 +159,18 @@ pub mod apiserver {
     pub fn context_where_service_monitors_are(served: bool) -> (Arc<Context>, ApiServer, Caches) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let (deployments, dw) = cache::new();
+        let (stateful_sets, stw) = cache::new();
         let (services, sw) = cache::new();
+        let (legacy_deployments, lw) = cache::new();
         let (budgets, bw) = cache::new();
         let (monitors, mw) = cache::new();
         let (network_policies, nw) = cache::new();
         let (certificates, cw) = cache::new();
         let ctx = Context {
             client: client.clone(),
-            deployments,
+            stateful_sets,
             services,
+            legacy_deployments,
             pod_disruption_budgets: budgets,
             network_policies: Some(network_policies),
             service_monitors: served.then_some(monitors),
@@ -185,8 +193,9 @@ pub mod apiserver {
             Arc::new(ctx),
             ApiServer(handle),
             Caches {
-                deployments: dw,
+                stateful_sets: stw,
                 services: sw,
+                legacy_deployments: lw,
                 budgets: bw,
                 monitors: mw,
                 network_policies: nw,

@@ -3,8 +3,6 @@
 //! it holds differs from what it should, deleted once the spec turns it off, which the status's
 //! `binding` remembers.
 
-use std::net::IpAddr;
-
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -24,16 +22,14 @@ pub fn reported(mc: &Memcached) -> Option<String> {
     Some(mc.status.as_ref()?.binding.as_ref()?.name.clone())
 }
 
-/// Makes the binding Secret what the spec wants, for pods at `addresses` (in the order of
-/// their names) and the Secrets the pods mount as read: its name while the Memcached has one,
+/// Makes the binding Secret what the spec wants, for the Secrets the pods mount as read: its name while the Memcached has one,
 /// or why it cannot.
 pub async fn ensure(
     ctx: &Context,
     mc: &Memcached,
-    addresses: &[IpAddr],
     copied: &Copied,
 ) -> Result<std::result::Result<Option<String>, Blocked>> {
-    match binding::secret(mc, addresses, copied) {
+    match binding::secret(mc, copied) {
         Some(desired) => Ok(match keep(ctx, mc, Some(&desired)).await {
             Ok(None) => Ok(desired.metadata.name),
             Ok(Some(why)) => Err(why),

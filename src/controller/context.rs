@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -24,8 +24,10 @@ use operator_runtime::readiness::SyncGate;
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
-    pub deployments: Cache<OwnedObject<Deployment>>,
+    pub stateful_sets: Cache<OwnedObject<StatefulSet>>,
     pub services: Cache<OwnedObject<Service>>,
+    /// Deployments owned before the StatefulSet (0.2.0 and earlier), until each is moved from.
+    pub legacy_deployments: Cache<OwnedObject<Deployment>>,
     pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
     /// Owned NetworkPolicies; None where this process may not watch them.
     pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,

@@ -29,7 +29,7 @@ pub async fn ensure_optional<K: Owned>(
 ) -> Result<()> {
     let Some(api) = api else { return Ok(()) };
     match (desired, existing) {
-        // Its creation follows from the Deployment's, which has the event.
+        // Its creation follows from the StatefulSet's, which has the event.
         (Some(desired), existing) => {
             ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
         }

@@ -39,6 +39,8 @@ pub enum Change {
     Updated,
     /// No longer wanted (a disruption budget below two pods).
     Deleted,
+    /// A Deployment of before, once the StatefulSet serves in its place (migration.rs).
+    Replaced,
 }
 
 impl Change {
@@ -69,6 +71,7 @@ impl Change {
             Change::DriftRestored { .. } => "DriftRestored",
             Change::Updated => "Updated",
             Change::Deleted => "Deleted",
+            Change::Replaced => "Replaced",
         }
     }
 
@@ -83,6 +86,9 @@ impl Change {
             }
             Change::Updated => format!("Updated {kind} {name} to match the Memcached spec"),
             Change::Deleted => format!("Deleted {kind} {name}: no longer wanted by the spec"),
+            Change::Replaced => {
+                format!("Deleted {kind} {name}: its StatefulSet's members serve in its place")
+            }
         }
     }
 }
@@ -340,17 +346,17 @@ fn new_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::fixtures::{memcached, stateful_set_with_status};
 
     #[test]
     fn a_new_object_is_created() {
         let mc = memcached("cache", 3);
-        let d = deployment_with_status(&mc, 3, 0);
+        let d = stateful_set_with_status(&mc, 3, 0);
         let change = Change::between(None, &d, &mc);
         assert_eq!(change, Change::Created);
         assert_eq!(
-            change.note("Deployment", "cache"),
-            "Created Deployment cache"
+            change.note("StatefulSet", "cache"),
+            "Created StatefulSet cache"
         );
     }
 
@@ -359,13 +365,13 @@ mod tests {
         let mut mc = memcached("cache", 5);
         mc.status = Some(Default::default());
         mc.status.as_mut().unwrap().observed_generation = Some(1);
-        let before = deployment_with_status(&memcached("cache", 3), 3, 3);
-        let after = deployment_with_status(&mc, 5, 3);
+        let before = stateful_set_with_status(&memcached("cache", 3), 3, 3);
+        let after = stateful_set_with_status(&mc, 5, 3);
         let drift = Change::between(Some(&before), &after, &mc);
         assert_eq!(drift, Change::DriftRestored { was: 3, to: 5 });
         assert_eq!(
-            drift.note("Deployment", "cache"),
-            "Restored Deployment cache to 5 replicas (was changed to 3)"
+            drift.note("StatefulSet", "cache"),
+            "Restored StatefulSet cache to 5 replicas (was changed to 3)"
         );
 
         mc.metadata.generation = Some(2);

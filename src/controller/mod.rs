@@ -3,12 +3,14 @@
 
 mod binding;
 mod context;
+mod creation;
 mod digest;
 mod ensure;
 mod events;
 mod feed;
 mod managed_fields;
 mod meta;
+mod migration;
 mod outcome;
 mod own_writes;
 pub(crate) mod owned;
@@ -37,7 +39,7 @@ use operator_runtime::watch_namespace::WatchNamespace;
 pub struct Settings {
     pub watch_namespace: WatchNamespace,
     pub max_concurrent_reconciles: u16,
-    /// Deployments that may roll at once for a pod template change of the operator's own.
+    /// StatefulSets that may roll at once for a pod template change of the operator's own.
     pub max_concurrent_rollouts: u16,
     /// Images for CRs that name none (RELATED_IMAGE_MEMCACHED, RELATED_IMAGE_MEMCACHED_EXPORTER).
     pub images: crate::resources::Images,

@@ -23,6 +23,9 @@ pub const SECRET_RECHECK: Duration = Duration::from_secs(10);
 /// within this (plus the kubelet's refresh of an application's mount), well inside the default
 /// rotation grace of 300 s; each such Memcached costs its Secrets' reads this often.
 pub const COPY_RECHECK: Duration = Duration::from_secs(30);
+/// How often a StatefulSet that runs fewer pods than it wants is looked at again: its
+/// controller's retries change nothing the operator watches, and its events say why.
+pub const MISSING_RECHECK: Duration = Duration::from_secs(10);
 /// How often a pod template change waiting for a rollout slot asks again.
 pub const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
 
@@ -39,6 +42,9 @@ pub enum Outcome {
     CachesFilling,
     /// A pod template change of the operator's own waits for a rollout slot.
     WaitingForRolloutSlot,
+    /// The StatefulSet runs fewer pods than it wants (a quota, a policy, or a pod not yet
+    /// replaced): look again for why.
+    PodsMissing,
     /// Converged, with a binding that copies Secrets the operator does not watch: read again
     /// shortly, so that a rotated password or a renewed CA reaches the binding.
     CopyingSecrets,
@@ -53,6 +59,7 @@ impl Outcome {
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
+            Outcome::PodsMissing => Next::After(MISSING_RECHECK),
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),
             // A spec change queues the next reconcile.
             Outcome::Blocked(Blocked::InvalidSpec { .. }) => Next::AwaitChange,

@@ -1,6 +1,6 @@
 //! The resourceVersions of our own writes to owned objects, so that the watch can tell the echo
 //! of an apply from someone else's change. Without it every size change reconciled twice at high
-//! priority: once for the Memcached's new generation, once for the Deployment's that our apply
+//! priority: once for the Memcached's new generation, once for the StatefulSet's that our apply
 //! made, doubling the queue that users' changes wait in.
 //!
 //! A resourceVersion is etcd's revision of the write, unique across every kind, so one set
@@ -60,14 +60,14 @@ impl OwnWrites {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::apps::v1::StatefulSet;
 
     use super::*;
     use crate::fixtures::memcached;
     use crate::resources;
 
-    fn at(version: &str) -> OwnedObject<Deployment> {
-        let mut d = resources::deployment(&memcached("cache", 1), &Default::default());
+    fn at(version: &str) -> OwnedObject<StatefulSet> {
+        let mut d = resources::stateful_set(&memcached("cache", 1), &Default::default());
         d.metadata.resource_version = Some(version.into());
         OwnedObject::of(&d)
     }

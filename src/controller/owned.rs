@@ -14,7 +14,7 @@
 //! them go. Most versions need no parsing: a status update (most events) keeps the spec and
 //! metadata the cached version had, and so its digest; an apply's response has our fields forced
 //! to the desired object's, and so its digest (`observe_applied`); the watch's echo of our write
-//! is that response again (own_writes.rs keeps what was observed of it). Of a Deployment's status
+//! is that response again (own_writes.rs keeps what was observed of it). Of a StatefulSet's status
 //! conditions only failures are kept: nothing reads the others.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -73,24 +73,24 @@ pub trait Owned:
     }
 }
 
-impl OwnedObject<Deployment> {
+impl OwnedObject<StatefulSet> {
     /// What the status reads of it.
-    pub fn seen(&self) -> status::DeploymentSeen<'_> {
-        status::DeploymentSeen {
+    pub fn seen(&self) -> status::StatefulSetSeen<'_> {
+        status::StatefulSetSeen {
             generation: self.metadata.generation,
             status: self.status.as_ref(),
         }
     }
 
     /// True when applying `desired` could change the pod template (and so roll the pods).
-    pub fn template_needs(&self, desired: &Deployment) -> bool {
+    pub fn template_needs(&self, desired: &StatefulSet) -> bool {
         self.ours
             .is_none_or(|ours| ours.template != desired.template_digest())
     }
 }
 
-impl Owned for Deployment {
-    type Status = DeploymentStatus;
+impl Owned for StatefulSet {
+    type Status = StatefulSetStatus;
 
     fn spec_digest(&self) -> Option<u64> {
         digest(&self.spec)
@@ -104,13 +104,18 @@ impl Owned for Deployment {
         self.spec.as_ref()?.replicas
     }
 
-    fn drop_unread(status: &mut DeploymentStatus) {
-        if let Some(conditions) = &mut status.conditions {
-            conditions.retain(status::is_deployment_failure);
-            if conditions.is_empty() {
-                status.conditions = None;
-            }
-        }
+    fn drop_unread(status: &mut StatefulSetStatus) {
+        // Its controller sets none that is read here.
+        status.conditions = None;
+    }
+}
+
+/// Only to move from it (migration.rs): how many of its pods are Ready.
+impl Owned for Deployment {
+    type Status = super::migration::LegacyStatus;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest(&self.spec)
     }
 }
 
@@ -381,7 +386,7 @@ mod tests {
 
     use super::*;
     use crate::controller::events::Change;
-    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::fixtures::{memcached, stateful_set_with_status};
     use crate::resources;
     use crate::resources::MANAGER_NAME;
 
@@ -411,14 +416,16 @@ mod tests {
         }
     }
 
-    /// A Deployment as the API server holds it after our apply of `desired`: server defaults
-    /// in its spec and metadata, and managedFields of ours and of the Deployment controller.
-    fn as_stored(desired: &Deployment) -> Deployment {
+    /// A StatefulSet as the API server holds it after our apply of `desired`: server defaults
+    /// in its spec, another tool's annotation in its metadata, and managedFields of ours and of
+    /// the StatefulSet controller.
+    fn as_stored(desired: &StatefulSet) -> StatefulSet {
         let applied = serde_json::to_value(desired).unwrap();
         let mut stored = applied.clone();
         let spec = &mut stored["spec"];
-        spec["progressDeadlineSeconds"] = json!(600);
         spec["revisionHistoryLimit"] = json!(10);
+        spec["persistentVolumeClaimRetentionPolicy"] =
+            json!({"whenDeleted": "Retain", "whenScaled": "Retain"});
         let pod = &mut spec["template"]["spec"];
         pod["dnsPolicy"] = json!("ClusterFirst");
         pod["restartPolicy"] = json!("Always");
@@ -426,8 +433,8 @@ mod tests {
         let container = &mut pod["containers"][0];
         container["terminationMessagePath"] = json!("/dev/termination-log");
         container["imagePullPolicy"] = json!("IfNotPresent");
-        stored["metadata"]["annotations"] = json!({"deployment.kubernetes.io/revision": "1"});
-        let mut stored: Deployment = serde_json::from_value(stored).unwrap();
+        stored["metadata"]["annotations"] = json!({"argocd.argoproj.io/tracking-id": "cache"});
+        let mut stored: StatefulSet = serde_json::from_value(stored).unwrap();
         let metadata = &applied["metadata"];
         let ours = fields_of(&json!({
             "metadata": {"labels": metadata["labels"], "ownerReferences": metadata["ownerReferences"]},
@@ -452,7 +459,7 @@ mod tests {
     }
 
     /// As the watch decodes it, before `observe`.
-    fn decoded(obj: &Deployment) -> OwnedObject<Deployment> {
+    fn decoded(obj: &StatefulSet) -> OwnedObject<StatefulSet> {
         serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap()
     }
 
@@ -461,7 +468,7 @@ mod tests {
     }
 
     /// Our entry's fields in `stored`, to take one away as another manager's change would.
-    fn our_entry(stored: &mut Deployment) -> &mut Value {
+    fn our_entry(stored: &mut StatefulSet) -> &mut Value {
         &mut stored.metadata.managed_fields.as_mut().unwrap()[0]
             .fields_v1
             .as_mut()
@@ -470,11 +477,11 @@ mod tests {
     }
 
     #[test]
-    fn a_deployment_as_stored_after_our_apply_needs_nothing_and_keeps_what_reconcile_reads() {
+    fn a_stateful_set_as_stored_after_our_apply_needs_nothing_and_keeps_what_reconcile_reads() {
         let mc = memcached("cache", 3);
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
         let mut stored = as_stored(&desired);
-        stored.status = Some(deployment_with_status(&mc, 3, 3).status.unwrap());
+        stored.status = Some(stateful_set_with_status(&mc, 3, 3).status.unwrap());
         stored.metadata.generation = Some(1);
 
         let kept = OwnedObject::of(&stored);
@@ -488,9 +495,9 @@ mod tests {
             kept.metadata.owner_references,
             stored.metadata.owner_references
         );
-        assert!(kept.needs(&resources::deployment(&memcached("cache", 4), &images())));
-        assert!(!kept.template_needs(&resources::deployment(&memcached("cache", 4), &images())));
-        assert!(kept.template_needs(&resources::deployment(
+        assert!(kept.needs(&resources::stateful_set(&memcached("cache", 4), &images())));
+        assert!(!kept.template_needs(&resources::stateful_set(&memcached("cache", 4), &images())));
+        assert!(kept.template_needs(&resources::stateful_set(
             &mc,
             &resources::Images::new("memcached:2")
         )));
@@ -499,7 +506,7 @@ mod tests {
     #[test]
     fn drift_by_another_manager_is_seen() {
         let mc = memcached("cache", 2);
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
 
         // `kubectl scale`: replicas changes hands and value.
         let mut scaled = as_stored(&desired);
@@ -541,9 +548,9 @@ mod tests {
     fn a_field_of_ours_no_longer_wanted_is_drift_and_others_fields_are_not() {
         let mut mc = memcached("cache", 2);
         mc.spec.node_selector = Some([("disk".into(), "ssd".into())].into());
-        let with_selector = OwnedObject::of(&as_stored(&resources::deployment(&mc, &images())));
+        let with_selector = OwnedObject::of(&as_stored(&resources::stateful_set(&mc, &images())));
         mc.spec.node_selector = None;
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
         assert!(with_selector.needs(&desired));
 
         let mut labelled = as_stored(&desired);
@@ -568,19 +575,19 @@ mod tests {
     #[test]
     fn a_status_update_reuses_the_digest() {
         let mc = memcached("cache", 1);
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
         let mut first = as_stored(&desired);
         first.metadata.generation = Some(1);
         first.metadata.uid = Some("d".into());
         let first = OwnedObject::of(&first);
         // A spec that differs at the same generation cannot come from the API server; here it
         // tells a reused digest from a new one.
-        let other = resources::deployment(&mc, &resources::Images::new("memcached:2"));
+        let other = resources::stateful_set(&mc, &resources::Images::new("memcached:2"));
         let mut sent = as_stored(&other);
         sent.metadata.generation = Some(1);
         sent.metadata.uid = Some("d".into());
-        sent.status = deployment_with_status(&mc, 1, 1).status;
-        let observed = |sent: &Deployment| {
+        sent.status = stateful_set_with_status(&mc, 1, 1).status;
+        let observed = |sent: &StatefulSet| {
             let mut update = decoded(sent);
             update.observe(Some(&first), None);
             update
@@ -588,7 +595,7 @@ mod tests {
         let update = observed(&sent);
         assert!(!update.needs(&desired), "reused");
         assert!(!update.changed_from(&first));
-        assert_eq!(update.status, deployment_with_status(&mc, 1, 1).status);
+        assert_eq!(update.status, stateful_set_with_status(&mc, 1, 1).status);
 
         sent.metadata.generation = Some(2);
         assert!(
@@ -617,7 +624,7 @@ mod tests {
     #[test]
     fn an_apply_response_and_its_echo_are_observed_as_a_full_digest_would_find_them() {
         let mc = memcached("cache", 3);
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
         let stored = as_stored(&desired);
         let mut applied = decoded(&stored);
         applied.observe_applied(&desired);
@@ -632,7 +639,7 @@ mod tests {
 
         // The echo brings the same version: what the apply observed is taken, not parsed again
         // (here a spec that differs tells the one from the other).
-        let other = as_stored(&resources::deployment(&memcached("cache", 5), &images()));
+        let other = as_stored(&resources::stateful_set(&memcached("cache", 5), &images()));
         let mut echo = decoded(&other);
         echo.observe(None, Some(applied.observation()));
         assert!(!echo.needs(&desired));
@@ -640,47 +647,40 @@ mod tests {
     }
 
     #[test]
-    fn of_a_deployment_status_the_counts_and_the_failures_are_kept() {
-        use k8s_openapi::api::apps::v1::DeploymentCondition;
-        let condition = |type_: &str, status: &str, reason: &str| DeploymentCondition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: Some(reason.into()),
-            message: Some(format!("{type_} is {status}")),
+    fn of_a_stateful_set_status_the_counts_and_revisions_are_kept_and_no_condition() {
+        use k8s_openapi::api::apps::v1::StatefulSetCondition;
+        let mc = memcached("cache", 3);
+        let mut stored = resources::stateful_set(&mc, &images());
+        let status = StatefulSetStatus {
+            observed_generation: Some(2),
+            replicas: 3,
+            ready_replicas: Some(2),
+            available_replicas: Some(2),
+            updated_replicas: Some(1),
+            current_revision: Some("cache-5d8f7c".into()),
+            update_revision: Some("cache-6b9c4d".into()),
             ..Default::default()
         };
-        let mc = memcached("cache", 3);
-        let mut stored = resources::deployment(&mc, &images());
-        stored.status = Some(DeploymentStatus {
-            replicas: Some(3),
-            ready_replicas: Some(2),
-            conditions: Some(vec![
-                condition("Available", "True", "MinimumReplicasAvailable"),
-                condition("Progressing", "True", "NewReplicaSetAvailable"),
-            ]),
-            ..Default::default()
+        stored.status = Some(StatefulSetStatus {
+            conditions: Some(vec![StatefulSetCondition {
+                type_: "Example".into(),
+                status: "True".into(),
+                reason: Some("SetBySomeone".into()),
+                ..Default::default()
+            }]),
+            ..status.clone()
         });
-        let healthy = OwnedObject::of(&stored).status.unwrap();
+        let kept = OwnedObject::of(&stored).status.unwrap();
         assert_eq!(
-            (healthy.replicas, healthy.ready_replicas),
-            (Some(3), Some(2))
+            kept, status,
+            "what the status and the rollout budget read, whole"
         );
-        assert_eq!(healthy.conditions, None, "healthy conditions are not kept");
-
-        let failing = vec![
-            condition("Available", "False", "MinimumReplicasUnavailable"),
-            condition("Progressing", "False", "ProgressDeadlineExceeded"),
-            condition("ReplicaFailure", "True", "FailedCreate"),
-        ];
-        stored.status.as_mut().unwrap().conditions = Some(failing.clone());
-        let kept = OwnedObject::of(&stored).status.unwrap().conditions.unwrap();
-        assert_eq!(kept, failing[1..], "the failures, whole");
     }
 
     #[test]
     fn a_watch_event_decodes_into_what_the_cache_keeps() {
         let mc = memcached("cache", 2);
-        let desired = resources::deployment(&mc, &images());
+        let desired = resources::stateful_set(&mc, &images());
         let stored = as_stored(&desired);
         // As the API server writes it (Go's WatchEvent): the type before the object, so that the
         // object is decoded in place rather than buffered, which a spec left as text needs.
@@ -688,7 +688,7 @@ mod tests {
             r#"{{"type":"MODIFIED","object":{}}}"#,
             serde_json::to_string(&stored).unwrap()
         );
-        let event: kube::core::WatchEvent<OwnedObject<Deployment>> =
+        let event: kube::core::WatchEvent<OwnedObject<StatefulSet>> =
             serde_json::from_str(&line).unwrap();
         let kube::core::WatchEvent::Modified(mut kept) = event else {
             panic!("not a modification: {line}");
@@ -718,7 +718,7 @@ mod tests {
 
     #[test]
     fn an_object_without_our_entry_is_compared_whole() {
-        let desired = resources::deployment(&memcached("cache", 1), &images());
+        let desired = resources::stateful_set(&memcached("cache", 1), &images());
         let mut stored = as_stored(&desired);
         stored.metadata.managed_fields.as_mut().unwrap().remove(0);
         assert!(
@@ -730,10 +730,10 @@ mod tests {
 
     #[test]
     fn changes_that_concern_us_are_told_from_those_that_do_not() {
-        let desired = resources::deployment(&memcached("cache", 1), &images());
+        let desired = resources::stateful_set(&memcached("cache", 1), &images());
         let stored = as_stored(&desired);
         let kept = OwnedObject::of(&stored);
-        let changed = |change: fn(&mut Deployment)| {
+        let changed = |change: fn(&mut StatefulSet)| {
             let mut other = stored.clone();
             change(&mut other);
             OwnedObject::of(&other).changed_from(&kept)

@@ -5,7 +5,6 @@
 //! costs O(its pods).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -30,8 +29,6 @@ use operator_runtime::relisted::Relisted;
 pub struct PodMeta {
     pub metadata: ObjectMeta,
     pub trouble: Option<PodTrouble>,
-    /// Its address, once it has one.
-    pub ip: Option<IpAddr>,
 }
 
 impl<'de> Deserialize<'de> for PodMeta {
@@ -47,8 +44,6 @@ impl<'de> Deserialize<'de> for PodMeta {
         Ok(Self {
             metadata: wire.metadata.meta,
             trouble: wire.status.trouble(),
-            // The API server validates it; an address that does not parse is treated as none.
-            ip: wire.status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()),
         })
     }
 }
@@ -77,10 +72,9 @@ struct Index {
     pods: HashMap<Key, Vec<PodEntry>>,
 }
 
-/// A pod's name, its address, and why it is not Ready if it says (boxed: most pods are fine).
+/// A pod's name, and why it is not Ready if it says (boxed: most pods are fine).
 struct PodEntry {
     name: String,
-    ip: Option<IpAddr>,
     trouble: Option<Box<PodTrouble>>,
 }
 
@@ -91,8 +85,6 @@ pub struct Pods {
     pub names: Vec<String>,
     /// Why those that are not Ready are not, where they say.
     pub troubles: Vec<PodTrouble>,
-    /// The addresses of those that have one, in the order of their names.
-    pub addresses: Vec<IpAddr>,
 }
 
 impl Index {
@@ -127,7 +119,6 @@ impl Index {
         if let Err(at) = names.binary_search_by(|p| p.name.cmp(&key.1)) {
             let entry = PodEntry {
                 name: key.1.clone(),
-                ip: pod.ip,
                 trouble: pod.trouble.clone().map(Box::new),
             };
             names.insert(at, entry);
@@ -164,7 +155,6 @@ impl PodIndex {
                 .iter()
                 .filter_map(|p| p.trouble.as_deref().cloned())
                 .collect(),
-            addresses: entries.iter().filter_map(|p| p.ip).collect(),
         }
     }
 }
@@ -189,7 +179,6 @@ mod tests {
                 ..Default::default()
             },
             trouble: None,
-            ip: None,
         }
     }
 

@@ -1,10 +1,10 @@
-//! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its Deployment, ensure its
+//! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its StatefulSet, ensure its
 //! size, ensure its Service, report status. Desired objects come from the pure builders in
 //! `resources`; this module makes the API calls.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -12,7 +12,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{Api, ResourceExt};
 use tracing::debug;
 
-use super::binding;
 use super::context::Context;
 use super::ensure::{
     Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
@@ -21,6 +20,7 @@ use super::ensure::{
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
+use super::{binding, creation, migration};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::error::{Error, Refusal, Result};
@@ -44,7 +44,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         return Ok(Outcome::CachesFilling);
     }
     let ns = mc.namespace().unwrap_or_default();
-    let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
+    let stateful_sets: Api<OwnedObject<StatefulSet>> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Kept<PodDisruptionBudget> = (
         Api::namespaced(ctx.client.clone(), &ns),
@@ -63,14 +63,14 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
     let (
-        existing_deployment,
+        existing_stateful_set,
         existing_service,
         existing_budget,
         existing_policy,
         existing_monitor,
         existing_certificate,
     ) = tokio::try_join!(
-        lookup(&deployments, &ctx.deployments, mc),
+        lookup(&stateful_sets, &ctx.stateful_sets, mc),
         lookup(&services, &ctx.services, mc),
         // One we no longer want is deleted only if it is ours, and ours are in the cache.
         lookup_optional(Some(&budgets), mc, desired_budget.is_some()),
@@ -80,7 +80,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     )?;
     let mut blocked = blocked(
         mc,
-        existing_deployment.as_deref().map(|d| &d.metadata),
+        existing_stateful_set.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
         existing_budget.as_deref().map(|b| &b.metadata),
         existing_policy.as_deref().map(|p| &p.metadata),
@@ -113,15 +113,16 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         }
     }
 
+    let mut legacy = migration::legacy(ctx, mc);
     let mut rollout_queued = None;
-    let mut deployment_written = false;
-    let deployment = match &blocked {
+    let mut stateful_set_written = false;
+    let stateful_set = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
-        Some(_) => existing_deployment,
+        Some(_) => existing_stateful_set,
         None => {
-            // 2. Ensure the Deployment, and with it 3. its size: replicas = spec.size.
+            // 2. Ensure the StatefulSet, and with it 3. its size: replicas = spec.size.
             // 4. Ensure the headless Service, the disruption budget and the network policy.
-            let new = existing_deployment.is_none() && existing_service.is_none();
+            let new = existing_stateful_set.is_none() && existing_service.is_none();
             let service = resources::service(mc);
             let others = async {
                 tokio::try_join!(
@@ -157,24 +158,30 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                     ),
                 )
             };
-            let deployment = ensure_deployment(ctx, mc, &deployments, existing_deployment.clone());
+            let stateful_set = ensure_stateful_set(
+                ctx,
+                mc,
+                &stateful_sets,
+                existing_stateful_set.clone(),
+                legacy.is_some(),
+            );
             let applied = if new {
-                // A new Memcached (or one whose objects someone else holds): the Deployment
+                // A new Memcached (or one whose objects someone else holds): the StatefulSet
                 // first, so that nothing is created while its name is someone else's.
                 async {
-                    let deployment = deployment.await?;
+                    let stateful_set = stateful_set.await?;
                     others.await?;
-                    Ok(deployment)
+                    Ok(stateful_set)
                 }
                 .await
             } else {
-                tokio::try_join!(deployment, others).map(|(deployment, _)| deployment)
+                tokio::try_join!(stateful_set, others).map(|(stateful_set, _)| stateful_set)
             };
             match applied {
-                Ok((deployment, queued)) => {
+                Ok((stateful_set, queued)) => {
                     rollout_queued = queued.then(|| ctx.rollouts.limit());
-                    deployment_written = deployment.written;
-                    Some(deployment.object)
+                    stateful_set_written = stateful_set.as_ref().is_some_and(|s| s.written);
+                    stateful_set.map(|s| s.object)
                 }
                 Err(Error::Foreign { kind }) => {
                     blocked = Some(Blocked::ResourceExists {
@@ -188,31 +195,46 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                 }
                 Err(error) => {
                     blocked = Some(Blocked::refused(error)?);
-                    existing_deployment
+                    existing_stateful_set
                 }
             }
         }
     };
 
-    // 5. Report status, unless the Deployment was just written: its watch event queues a
+    // The Deployment of before leaves once the StatefulSet serves in its place.
+    if let Some(old) = legacy.clone()
+        && blocked.is_none()
+        && migration::done(mc, stateful_set.as_deref())
+    {
+        migration::finish(ctx, mc, &old).await?;
+        legacy = None;
+    }
+
+    // 5. Report status, unless the StatefulSet was just written: its watch event queues a
     //    status refresh, which sees the rollout the write started, and the queue serves it after
     //    the spec changes that users wait for.
-    if deployment_written && blocked.is_none() {
+    if stateful_set_written && blocked.is_none() {
         ctx.events.unblocked(mc);
         return Ok(Outcome::Converged);
     }
     let pods = ctx.pods.pods_of(&ns, &mc.name_any());
-    // The binding applications mount, with the members as they are now; a blocked Memcached's
-    // stays as it was.
+    // The binding applications mount; a blocked Memcached's stays as it was.
     let mut bound = binding::reported(mc);
     if blocked.is_none() {
-        match binding::ensure(ctx, mc, &pods.addresses, &copied).await? {
+        match binding::ensure(ctx, mc, &copied).await? {
             Ok(name) => bound = name,
             Err(why) => (blocked, bound) = (Some(why), None),
         }
     }
+    // Pods the StatefulSet wants and does not run: its events may say why.
+    let creation_refused = match (&blocked, stateful_set.as_deref()) {
+        (None, Some(sts)) => creation::refused(ctx, sts).await?,
+        _ => None,
+    };
     let observed = Observed {
-        deployment: deployment.as_deref().map(OwnedObject::seen),
+        stateful_set: stateful_set.as_deref().map(OwnedObject::seen),
+        creation_refused: creation_refused.as_deref(),
+        legacy_ready: legacy.as_deref().map(migration::legacy_ready),
         pods: pods.names,
         troubles: pods.troubles,
         blocked: blocked.clone(),
@@ -236,6 +258,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         ctx.events.unblocked(mc);
         return Ok(match rollout_queued {
             Some(_) => Outcome::WaitingForRolloutSlot,
+            // Its controller retries with no change to watch: look again.
+            None if stateful_set.as_deref().is_some_and(creation::pods_missing) => {
+                Outcome::PodsMissing
+            }
             None if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
             None => Outcome::Converged,
         });
@@ -244,46 +270,59 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     Ok(Outcome::Blocked(blocked))
 }
 
-/// The Deployment as the spec wants it, unless that would start a rollout that must wait for
-/// the budget (then the Deployment as it is, and true).
-async fn ensure_deployment(
-    ctx: &Context,
-    mc: &Memcached,
-    api: &Api<OwnedObject<Deployment>>,
-    existing: Option<Arc<OwnedObject<Deployment>>>,
-) -> Result<(Ensured<Deployment>, bool)> {
-    let desired = resources::deployment(mc, &ctx.images);
-    // Converged (the common case): nothing to apply, nothing to wait for.
-    if let Some(existing) = &existing
-        && existing.needs(&desired)
-        && rollout_must_wait(ctx, mc, existing, &desired)
-    {
-        return Ok((Ensured::unchanged(existing.clone()), true));
+/// The span of one reconcile: the Memcached, and the trace it belongs to.
+pub fn span(mc: &Memcached) -> tracing::Span {
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = tracing::field::Empty,
+        memcached = tracing::field::Empty,
+        trace_id = tracing::field::Empty
+    );
+    span.record("namespace", mc.namespace().unwrap_or_default());
+    span.record("memcached", mc.name_any());
+    if let Some(id) = span.in_scope(operator_runtime::telemetry::current_trace_id) {
+        span.record("trace_id", id);
     }
-    let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
-    Ok((applied, false))
+    span
 }
 
-/// Whether applying `desired` would roll the pods for a reason the Memcached's spec did not
-/// give (an operator upgrade) while the rollout budget is spent; see rollouts.rs.
-fn rollout_must_wait(
+/// The StatefulSet as the spec wants it, unless that would start a rollout that must wait for
+/// the budget (then the StatefulSet as it is, if any, and true). Creating it beside a
+/// Deployment of before (`legacy`) is such a rollout too.
+async fn ensure_stateful_set(
     ctx: &Context,
     mc: &Memcached,
-    existing: &OwnedObject<Deployment>,
-    desired: &Deployment,
-) -> bool {
-    if status::spec_changed(mc) || !existing.template_needs(desired) {
-        return false;
+    api: &Api<OwnedObject<StatefulSet>>,
+    existing: Option<Arc<OwnedObject<StatefulSet>>>,
+    legacy: bool,
+) -> Result<(Option<Ensured<StatefulSet>>, bool)> {
+    let desired = resources::stateful_set(mc, &ctx.images);
+    // Converged (the common case): nothing to apply, nothing to wait for.
+    let rolls = match &existing {
+        None => legacy,
+        Some(existing) => existing.needs(&desired) && existing.template_needs(&desired),
+    };
+    if rolls && rollout_must_wait(ctx, mc) {
+        return Ok((existing.map(Ensured::unchanged), true));
     }
-    !ctx.rollouts
-        .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
+    let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
+    Ok((Some(applied), false))
+}
+
+/// Whether a rollout for a reason the Memcached's spec did not give (an operator upgrade) must
+/// wait because the rollout budget is spent; see rollouts.rs.
+fn rollout_must_wait(ctx: &Context, mc: &Memcached) -> bool {
+    !status::spec_changed(mc)
+        && !ctx
+            .rollouts
+            .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
 }
 
 /// Why nothing may be applied: an object of our name that this Memcached does not control is
 /// left untouched, and a spec that cannot work is not applied (the pods running now keep serving).
 fn blocked(
     mc: &Memcached,
-    deployment: Option<&ObjectMeta>,
+    stateful_set: Option<&ObjectMeta>,
     service: Option<&ObjectMeta>,
     budget: Option<&ObjectMeta>,
     policy: Option<&ObjectMeta>,
@@ -291,7 +330,7 @@ fn blocked(
     certificate: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
     let foreign = [
-        ("Deployment", deployment),
+        ("StatefulSet", stateful_set),
         ("Service", service),
         ("PodDisruptionBudget", budget),
         ("NetworkPolicy", policy),

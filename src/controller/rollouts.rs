@@ -1,20 +1,21 @@
 //! A budget for rollouts nobody asked for.
 //!
 //! When the operator itself changes the pod template (an upgrade with a new default image from
-//! `RELATED_IMAGE_MEMCACHED`, or new pod settings), every Memcached's Deployment would roll at
+//! `RELATED_IMAGE_MEMCACHED`, or new pod settings), every Memcached's StatefulSet would roll at
 //! the same moment, and every cache in the cluster would lose part of its keys at once. So such a
-//! change starts only while fewer than `limit` owned Deployments are rolling; the rest wait their
+//! change starts only while fewer than `limit` owned StatefulSets are rolling; the rest wait their
 //! turn. A change the Memcached's own spec asked for (its generation moved) never waits.
 //!
-//! "Rolling" is what `kubectl rollout status` waits for: the Deployment controller has not yet
-//! seen the spec, or not every replica is updated and available. A rollout past its progress
-//! deadline stops counting, so a stuck one does not hold a slot for ever.
+//! "Rolling" is what `kubectl rollout status` waits for: the StatefulSet controller has not yet
+//! seen the spec, or not every replica is updated and available. A StatefulSet has no progress
+//! deadline of its own, so one rolling for longer than a Deployment's default deadline stops
+//! counting here: a stuck rollout does not hold a slot for ever.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
@@ -22,11 +23,13 @@ use super::owned::OwnedObject;
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
-/// (namespace, name) of a Deployment.
+/// (namespace, name) of a StatefulSet.
 type Key = (String, String);
 
 /// How long a granted rollout counts before the watch shows it: the apply may have failed.
 const RESERVATION: Duration = Duration::from_secs(30);
+/// How long a rollout counts at most: a Deployment's default `progressDeadlineSeconds`.
+const STUCK_AFTER: Duration = Duration::from_secs(600);
 
 pub struct Rollouts {
     /// 0: no limit.
@@ -36,7 +39,8 @@ pub struct Rollouts {
 
 #[derive(Default)]
 struct State {
-    rolling: Relisted<HashSet<Key>>,
+    /// Rolling, since when (as this process first saw it).
+    rolling: Relisted<HashMap<Key, Instant>>,
     /// Granted, and not yet seen rolling by the watch.
     reserved: HashMap<Key, Instant>,
 }
@@ -49,8 +53,8 @@ impl Rollouts {
         }
     }
 
-    /// Keeps the set of rolling Deployments current from the Deployment watch.
-    pub fn observe(&self, event: &watcher::Event<OwnedObject<Deployment>>) {
+    /// Keeps the set of rolling StatefulSets current from the StatefulSet watch.
+    pub fn observe(&self, event: &watcher::Event<OwnedObject<StatefulSet>>) {
         let mut state = lock(&self.state);
         match event {
             // The watch now shows the rollout it granted, or shows it gone.
@@ -67,7 +71,7 @@ impl Rollouts {
         });
     }
 
-    /// Whether the Deployment `namespace/name` may start a rollout nobody asked for now. Granted
+    /// Whether the StatefulSet `namespace/name` may start a rollout nobody asked for now. Granted
     /// means counted at once, before the watch shows it rolling, so concurrent reconciles cannot
     /// all take the last slot.
     pub fn try_start(&self, namespace: &str, name: &str) -> bool {
@@ -80,15 +84,15 @@ impl Rollouts {
         }
         let mut state = lock(&self.state);
         let key = (namespace.to_string(), name.to_string());
-        if state.rolling.live().contains(&key) || state.reserved.contains_key(&key) {
+        if state.rolling.live().contains_key(&key) || state.reserved.contains_key(&key) {
             return true;
         }
         let State { rolling, reserved } = &mut *state;
         let rolling = rolling.live();
         reserved.retain(|k, granted| {
-            now.duration_since(*granted) < RESERVATION && !rolling.contains(k)
+            now.duration_since(*granted) < RESERVATION && !rolling.contains_key(k)
         });
-        if rolling.len() + reserved.len() >= self.limit {
+        if counted(rolling, now) + reserved.len() >= self.limit {
             return false;
         }
         reserved.insert(key, now);
@@ -101,55 +105,53 @@ impl Rollouts {
 
     pub fn rolling(&self) -> usize {
         let state = lock(&self.state);
-        state.rolling.live().len() + state.reserved.len()
+        counted(state.rolling.live(), Instant::now()) + state.reserved.len()
     }
 }
 
-fn key(d: &OwnedObject<Deployment>) -> Key {
+/// Rollouts that hold a slot at `now`: those not yet stuck.
+fn counted(rolling: &HashMap<Key, Instant>, now: Instant) -> usize {
+    rolling
+        .values()
+        .filter(|since| now.saturating_duration_since(**since) < STUCK_AFTER)
+        .count()
+}
+
+fn key(d: &OwnedObject<StatefulSet>) -> Key {
     (d.namespace().unwrap_or_default(), d.name_any())
 }
 
-fn update(rolling: &mut HashSet<Key>, d: &OwnedObject<Deployment>) {
+fn update(rolling: &mut HashMap<Key, Instant>, d: &OwnedObject<StatefulSet>) {
     if is_rolling(d) {
-        rolling.insert(key(d));
+        rolling.entry(key(d)).or_insert_with(Instant::now);
     } else {
         rolling.remove(&key(d));
     }
 }
 
 /// `kubectl rollout status`'s test: the controller has not observed the spec, or replicas are
-/// not all updated and available; a rollout past its progress deadline has failed, not rolling.
-pub fn is_rolling(d: &OwnedObject<Deployment>) -> bool {
+/// not all updated and available.
+pub fn is_rolling(d: &OwnedObject<StatefulSet>) -> bool {
     let Some(status) = &d.status else {
         return true;
     };
     if d.metadata.generation > status.observed_generation {
         return true;
     }
-    let past_deadline = status.conditions.iter().flatten().any(|c| {
-        c.type_ == "Progressing"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-    });
-    if past_deadline {
-        return false;
-    }
     let desired = d.replicas.unwrap_or(1);
     let updated = status.updated_replicas.unwrap_or(0);
     updated < desired
-        || status.replicas.unwrap_or(0) > updated
+        || status.replicas > updated
         || status.available_replicas.unwrap_or(0) < updated
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
-
     use super::*;
-    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::fixtures::{memcached, stateful_set_with_status};
 
-    fn deployment(name: &str, rolling: bool) -> OwnedObject<Deployment> {
-        let mut d = deployment_with_status(&memcached(name, 2), 2, 2);
+    fn stateful_set(name: &str, rolling: bool) -> OwnedObject<StatefulSet> {
+        let mut d = stateful_set_with_status(&memcached(name, 2), 2, 2);
         if rolling {
             d.metadata.generation = Some(2);
         }
@@ -159,8 +161,8 @@ mod tests {
     #[test]
     fn a_rollout_starts_only_while_fewer_than_the_limit_are_rolling() {
         let rollouts = Rollouts::new(2);
-        rollouts.observe(&watcher::Event::Apply(deployment("a", true)));
-        rollouts.observe(&watcher::Event::Apply(deployment("b", false)));
+        rollouts.observe(&watcher::Event::Apply(stateful_set("a", true)));
+        rollouts.observe(&watcher::Event::Apply(stateful_set("b", false)));
         assert!(rollouts.try_start("default", "b"), "one of two slots taken");
         assert!(
             !rollouts.try_start("default", "c"),
@@ -170,7 +172,7 @@ mod tests {
             rollouts.try_start("default", "a"),
             "one already rolling keeps its slot"
         );
-        rollouts.observe(&watcher::Event::Apply(deployment("a", false)));
+        rollouts.observe(&watcher::Event::Apply(stateful_set("a", false)));
         assert!(
             rollouts.try_start("default", "c"),
             "a finished: its slot is free"
@@ -179,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_grant_the_watch_never_confirms_lapses() {
-        // The apply after the grant failed: nothing of the Deployment changed.
+        // The apply after the grant failed: nothing of the StatefulSet changed.
         let rollouts = Rollouts::new(1);
         let now = Instant::now();
         assert!(rollouts.try_start_at("default", "a", now));
@@ -188,42 +190,49 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_or_stuck_deployment_frees_its_slot() {
+    fn a_deleted_or_stuck_stateful_set_frees_its_slot() {
         let rollouts = Rollouts::new(1);
-        rollouts.observe(&watcher::Event::Apply(deployment("a", true)));
+        rollouts.observe(&watcher::Event::Apply(stateful_set("a", true)));
         assert!(!rollouts.try_start("default", "b"));
-        rollouts.observe(&watcher::Event::Delete(deployment("a", true)));
+        rollouts.observe(&watcher::Event::Delete(stateful_set("a", true)));
         assert!(rollouts.try_start("default", "b"));
 
-        let mut stuck = deployment("b", false);
-        stuck
-            .status
-            .get_or_insert_with(DeploymentStatus::default)
-            .updated_replicas = Some(1);
+        // b's update never gets past its first member.
+        let mut stuck = stateful_set("b", false);
+        stuck.status.as_mut().unwrap().updated_replicas = Some(1);
         assert!(is_rolling(&stuck));
+        let before = Instant::now();
         rollouts.observe(&watcher::Event::Apply(stuck.clone()));
+        let after = Instant::now();
         assert!(!rollouts.try_start("default", "c"), "b is rolling");
-        stuck.status.as_mut().unwrap().conditions = Some(vec![DeploymentCondition {
-            type_: "Progressing".into(),
-            status: "False".into(),
-            reason: Some("ProgressDeadlineExceeded".into()),
-            ..DeploymentCondition::default()
-        }]);
+        assert!(
+            !rollouts.try_start_at(
+                "default",
+                "c",
+                before + STUCK_AFTER - Duration::from_secs(1)
+            ),
+            "b still counts just before it is taken for stuck"
+        );
+        // Seen again later, still rolling: its clock is not reset.
+        std::thread::sleep(Duration::from_millis(2));
         rollouts.observe(&watcher::Event::Apply(stuck));
-        assert!(rollouts.try_start("default", "c"));
+        assert!(
+            rollouts.try_start_at("default", "c", after + STUCK_AFTER),
+            "rolling for STUCK_AFTER since the watch first saw it: b no longer holds the slot"
+        );
     }
 
     #[test]
     fn a_relist_replaces_what_was_rolling() {
         let rollouts = Rollouts::new(1);
-        rollouts.observe(&watcher::Event::Apply(deployment("gone", true)));
+        rollouts.observe(&watcher::Event::Apply(stateful_set("gone", true)));
         rollouts.observe(&watcher::Event::Init);
         assert_eq!(
             rollouts.rolling(),
             1,
             "the old set serves until the relist is done"
         );
-        rollouts.observe(&watcher::Event::InitApply(deployment("b", false)));
+        rollouts.observe(&watcher::Event::InitApply(stateful_set("b", false)));
         rollouts.observe(&watcher::Event::InitDone);
         assert_eq!(rollouts.rolling(), 0, "deleted during the gap: not rolling");
     }
@@ -232,19 +241,22 @@ mod tests {
     fn no_limit_grants_every_rollout() {
         let rollouts = Rollouts::new(0);
         for name in ["a", "b", "c"] {
-            rollouts.observe(&watcher::Event::Apply(deployment(name, true)));
+            rollouts.observe(&watcher::Event::Apply(stateful_set(name, true)));
         }
         assert!(rollouts.try_start("default", "d"));
     }
 
     #[test]
     fn rolling_means_what_kubectl_rollout_status_waits_for() {
-        let mut d = deployment("a", false);
+        let mut d = stateful_set("a", false);
         assert!(!is_rolling(&d), "observed and all updated and available");
         d.status.as_mut().unwrap().available_replicas = Some(1);
         assert!(is_rolling(&d), "an updated pod not yet available");
-        let mut d = deployment("a", false);
-        d.status.as_mut().unwrap().replicas = Some(3);
-        assert!(is_rolling(&d), "an old pod still running");
+        let mut d = stateful_set("a", false);
+        d.status.as_mut().unwrap().updated_replicas = Some(1);
+        assert!(is_rolling(&d), "a member not yet updated");
+        let mut d = stateful_set("a", false);
+        d.status.as_mut().unwrap().replicas = 3;
+        assert!(is_rolling(&d), "a member more than wanted still running");
     }
 }

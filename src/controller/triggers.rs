@@ -8,7 +8,7 @@
 
 use std::marker::PhantomData;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -67,8 +67,15 @@ impl<K: Owned> OwnedTriggers<K> {
     }
 }
 
+impl OwnedTriggers<StatefulSet> {
+    pub fn stateful_sets() -> Self {
+        Self::new(true)
+    }
+}
+
 impl OwnedTriggers<Deployment> {
-    pub fn deployments() -> Self {
+    /// A Deployment left from before the StatefulSet: its Ready pods count while it serves.
+    pub fn legacy_deployments() -> Self {
         Self::new(true)
     }
 }
@@ -168,16 +175,16 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::fixtures::{deployment_with_status, memcached};
+    use crate::fixtures::{memcached, stateful_set_with_status};
     use crate::resources;
 
     fn cache_key() -> ObjectRef<Memcached> {
         ObjectRef::new("cache").within("default")
     }
 
-    /// Our Deployment for the Memcached "cache", at `generation`.
-    fn deployment_at(generation: i64) -> OwnedObject<Deployment> {
-        let mut d = resources::deployment(&memcached("cache", 1), &Default::default());
+    /// Our StatefulSet for the Memcached "cache", at `generation`.
+    fn stateful_set_at(generation: i64) -> OwnedObject<StatefulSet> {
+        let mut d = resources::stateful_set(&memcached("cache", 1), &Default::default());
         d.metadata.generation = Some(generation);
         OwnedObject::of(&d)
     }
@@ -210,23 +217,29 @@ mod tests {
 
     #[test]
     fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
-        let deployments = OwnedTriggers::deployments();
-        let (before, after) = (deployment_at(1), deployment_at(2));
+        let stateful_sets = OwnedTriggers::stateful_sets();
+        let (before, after) = (stateful_set_at(1), stateful_set_at(2));
         let applied = watcher::Event::Apply(after.clone());
         let (urgent, refresh) = (
             Some((cache_key(), Priority::High)),
             Some((cache_key(), Priority::Low)),
         );
-        assert_eq!(deployments.trigger(Some(&before), &applied, false), urgent);
-        assert_eq!(deployments.trigger(Some(&before), &applied, true), refresh);
+        assert_eq!(
+            stateful_sets.trigger(Some(&before), &applied, false),
+            urgent
+        );
+        assert_eq!(
+            stateful_sets.trigger(Some(&before), &applied, true),
+            refresh
+        );
         let status_only = watcher::Event::Apply(before.clone());
         assert_eq!(
-            deployments.trigger(Some(&before), &status_only, false),
+            stateful_sets.trigger(Some(&before), &status_only, false),
             refresh,
             "a status change"
         );
         assert_eq!(
-            deployments.trigger(None, &applied, false),
+            stateful_sets.trigger(None, &applied, false),
             refresh,
             "a new object"
         );
@@ -234,16 +247,16 @@ mod tests {
 
     #[test]
     fn a_deleted_object_is_urgent_for_the_memcached_that_controls_it() {
-        let gone = watcher::Event::Delete(deployment_at(1));
+        let gone = watcher::Event::Delete(stateful_set_at(1));
         assert_eq!(
-            OwnedTriggers::deployments().trigger(None, &gone, false),
+            OwnedTriggers::stateful_sets().trigger(None, &gone, false),
             Some((cache_key(), Priority::High))
         );
-        let mut orphan = resources::deployment(&memcached("cache", 1), &Default::default());
+        let mut orphan = resources::stateful_set(&memcached("cache", 1), &Default::default());
         orphan.metadata.owner_references = None;
         let orphan = watcher::Event::Delete(OwnedObject::of(&orphan));
         assert_eq!(
-            OwnedTriggers::deployments().trigger(None, &orphan, false),
+            OwnedTriggers::stateful_sets().trigger(None, &orphan, false),
             None,
             "no Memcached controls it"
         );
@@ -291,9 +304,8 @@ mod tests {
     fn a_pod_is_a_status_refresh_of_the_memcached_its_instance_label_names() {
         let pod = |labels: &[(&str, &str)]| PodMeta {
             trouble: None,
-            ip: None,
             metadata: ObjectMeta {
-                name: Some("cache-7d9f-abcde".into()),
+                name: Some("cache-0".into()),
                 namespace: Some("default".into()),
                 labels: Some(
                     labels
@@ -315,9 +327,38 @@ mod tests {
     }
 
     #[test]
-    fn the_caches_deployment_fixture_is_controlled_by_its_memcached() {
+    fn a_legacy_deployments_ready_pods_refresh_the_status() {
+        use k8s_openapi::api::apps::v1::DeploymentStatus;
+        let mc = memcached("cache", 2);
+        let with_ready = |ready| {
+            let mut d = Deployment {
+                metadata: resources::stateful_set(&mc, &Default::default()).metadata,
+                ..Deployment::default()
+            };
+            d.metadata.generation = Some(1);
+            d.status = Some(DeploymentStatus {
+                ready_replicas: Some(ready),
+                ..DeploymentStatus::default()
+            });
+            OwnedObject::of(&d)
+        };
+        let legacy = OwnedTriggers::legacy_deployments();
+        let (before, after) = (with_ready(1), with_ready(2));
+        assert_eq!(
+            legacy.trigger(Some(&before), &watcher::Event::Apply(after.clone()), false),
+            Some((cache_key(), Priority::Low)),
+            "its pods count in Available while it serves"
+        );
+        assert_eq!(
+            legacy.trigger(Some(&after), &watcher::Event::Delete(after.clone()), false),
+            Some((cache_key(), Priority::High))
+        );
+    }
+
+    #[test]
+    fn the_caches_stateful_set_fixture_is_controlled_by_its_memcached() {
         // The fixtures above rely on the builders setting a controller reference.
-        let d = deployment_with_status(&memcached("cache", 1), 1, 1);
+        let d = stateful_set_with_status(&memcached("cache", 1), 1, 1);
         assert_eq!(controller_of(&d), Some(cache_key()));
     }
 }

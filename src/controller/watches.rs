@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -17,11 +17,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, field, info, info_span};
+use tracing::{Instrument, debug, info};
 
 use super::Settings;
 use super::context::Context;
@@ -174,7 +174,7 @@ async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
         scope.ctx.metrics.forget_memcached(namespace, &key.name);
         return Next::AwaitChange;
     };
-    let span = reconcile_span(&mc);
+    let span = super::reconcile::span(&mc);
     // Boxed: the reconcile's future is large, and workers' own futures stay small.
     match Box::pin(reconcile(&mc, &scope.ctx)).instrument(span).await {
         Ok(outcome) => outcome.next(),
@@ -225,13 +225,21 @@ fn scope_watches(
     });
 
     let rollouts = shared.rollouts.clone();
-    let (deployments, deployment_watch) = owned_watch::<Deployment>(
+    let (stateful_sets, stateful_set_watch) = owned_watch::<StatefulSet>(
         shared,
         &scope,
         &caches,
         feed(),
-        OwnedTriggers::deployments(),
+        OwnedTriggers::stateful_sets(),
         move |event| rollouts.observe(event),
+    );
+    let (legacy_deployments, legacy_watch) = owned_watch::<Deployment>(
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        OwnedTriggers::legacy_deployments(),
+        |_| {},
     );
     let (services, service_watch) = owned_watch::<Service>(
         shared,
@@ -302,7 +310,8 @@ fn scope_watches(
 
     let ctx = Arc::new(Context {
         client: client.clone(),
-        deployments,
+        stateful_sets,
+        legacy_deployments,
         services,
         pod_disruption_budgets: budgets,
         network_policies,
@@ -318,7 +327,8 @@ fn scope_watches(
     });
     let mut tasks = vec![
         tokio::spawn(mc_watch),
-        tokio::spawn(deployment_watch),
+        tokio::spawn(stateful_set_watch),
+        tokio::spawn(legacy_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),
         tokio::spawn(pod_watch),
@@ -349,21 +359,6 @@ fn watched<K>(
             None
         }
     }
-}
-
-fn reconcile_span(mc: &Memcached) -> tracing::Span {
-    let span = info_span!(
-        "reconcile",
-        namespace = field::Empty,
-        memcached = field::Empty,
-        trace_id = field::Empty
-    );
-    span.record("namespace", mc.namespace().unwrap_or_default());
-    span.record("memcached", mc.name_any());
-    if let Some(id) = span.in_scope(operator_runtime::telemetry::current_trace_id) {
-        span.record("trace_id", id);
-    }
-    span
 }
 
 /// Releases a watch's readiness handle on its first complete list, once the list is in the

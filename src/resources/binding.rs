@@ -4,7 +4,6 @@
 //! Service through `status.binding.name`.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -64,18 +63,14 @@ fn value(secret: &Secret, key: &str) -> Option<ByteString> {
     secret.data.as_ref()?.get(key).cloned()
 }
 
-/// The binding Secret as the spec wants it, given the pods' addresses in the order of their
-/// names; None without `spec.binding`, or while auth is on and the credentials are not read yet
+/// The binding Secret as the spec wants it; None without `spec.binding`, or while auth is on and the credentials are not read yet
 /// (a binding without them would refuse every client that reads it then).
-pub fn secret(mc: &Memcached, addresses: &[IpAddr], copied: &Copied) -> Option<Secret> {
+pub fn secret(mc: &Memcached, copied: &Copied) -> Option<Secret> {
     if !enabled(mc) || (auth::enabled(mc) && copied.credentials.is_none()) {
         return None;
     }
     let port = u16::try_from(mc.spec.container_port).ok()?;
-    let servers: Vec<String> = addresses
-        .iter()
-        .map(|ip| SocketAddr::new(*ip, port).to_string())
-        .collect();
+    let servers = super::servers(mc);
     let host = format!(
         "{}.{}.svc",
         mc.name_any(),
@@ -128,10 +123,6 @@ mod tests {
             .collect()
     }
 
-    fn addresses(ips: &[&str]) -> Vec<IpAddr> {
-        ips.iter().map(|ip| ip.parse().unwrap()).collect()
-    }
-
     fn bytes(s: &str) -> ByteString {
         ByteString(s.as_bytes().to_vec())
     }
@@ -139,8 +130,7 @@ mod tests {
     #[test]
     fn a_plain_binding_names_the_service_and_every_member_in_order() {
         let mc = memcached_with_spec(json!({"binding": {"enabled": true}}));
-        let ips = addresses(&["10.0.0.7", "10.0.0.3", "fd00::1"]);
-        let secret = secret(&mc, &ips, &Copied::default()).unwrap();
+        let secret = secret(&mc, &Copied::default()).unwrap();
         assert_eq!(secret.metadata.name.as_deref(), Some("cache-binding"));
         assert_eq!(secret.type_.as_deref(), Some("servicebinding.io/memcached"));
         assert_eq!(
@@ -150,7 +140,10 @@ mod tests {
                 ("provider", "memcached-operator"),
                 ("host", "cache.default.svc"),
                 ("port", "11211"),
-                ("servers", "10.0.0.7:11211,10.0.0.3:11211,[fd00::1]:11211"),
+                (
+                    "servers",
+                    "cache-0.cache.default.svc:11211,cache-1.cache.default.svc:11211,cache-2.cache.default.svc:11211"
+                ),
             ])
         );
         let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
@@ -168,7 +161,7 @@ mod tests {
             credentials: Some((bytes("memcached"), bytes("s3cret"))),
             ca: Some(bytes("PEM")),
         };
-        let secret = secret(&mc, &addresses(&["10.0.0.1"]), &copied).unwrap();
+        let secret = secret(&mc, &copied).unwrap();
         let entries = entries(&secret);
         assert_eq!(entries["username"], "memcached");
         assert_eq!(entries["password"], "s3cret");
@@ -179,11 +172,11 @@ mod tests {
     #[test]
     fn none_without_the_spec_or_before_the_credentials_are_read() {
         let off = memcached_with_spec(json!({"auth": {"enabled": true}}));
-        assert_eq!(secret(&off, &[], &Copied::default()), None);
+        assert_eq!(secret(&off, &Copied::default()), None);
         let unread = memcached_with_spec(json!({
             "binding": {"enabled": true}, "auth": {"enabled": true},
         }));
-        assert_eq!(secret(&unread, &[], &Copied::default()), None);
+        assert_eq!(secret(&unread, &Copied::default()), None);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Pure builders for the objects a Memcached owns: its Deployment, its headless Service, its
+//! Pure builders for the objects a Memcached owns: its StatefulSet, its headless Service, its
 //! PodDisruptionBudget, its ServiceMonitor and its NetworkPolicy. No API calls here; the controller applies what these return.
 
 use std::collections::BTreeMap;
@@ -15,11 +15,11 @@ use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 pub mod agent;
 pub mod auth;
 pub mod binding;
-mod deployment;
 mod network_policy;
+mod stateful_set;
 pub mod tls;
-pub use deployment::deployment;
 pub use network_policy::network_policy;
+pub use stateful_set::stateful_set;
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
 pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
@@ -56,12 +56,21 @@ pub fn managed_by_selector() -> String {
     format!("{LABEL_MANAGED_BY}={MANAGER_NAME}")
 }
 
-/// Labels that pick out one Memcached's pods. Also the Deployment's (immutable) selector.
+/// Labels that pick out one Memcached's pods. Also the StatefulSet's (immutable) selector.
 pub fn selector_labels(mc: &Memcached) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_NAME.to_string(), "memcached".to_string()),
         (LABEL_INSTANCE.to_string(), mc.name_any()),
     ])
+}
+
+/// Every member a Memcached should have, by its stable address (the StatefulSet's pod name
+/// under the headless Service), in ordinal order: `status.servers` and the binding's.
+pub fn servers(mc: &Memcached) -> Vec<String> {
+    let (name, ns) = (mc.name_any(), mc.namespace().unwrap_or_default());
+    (0..mc.spec.size)
+        .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{}", mc.spec.container_port))
+        .collect()
 }
 
 /// `status.selector` for the scale subresource, e.g. `app.kubernetes.io/instance=x,...`.
@@ -250,9 +259,25 @@ mod tests {
     }
 
     #[test]
+    fn servers_are_the_members_stable_names_in_ordinal_order() {
+        let mut mc = memcached("web", 2);
+        mc.metadata.namespace = Some("shop".into());
+        mc.spec.container_port = 11311;
+        assert_eq!(
+            servers(&mc),
+            ["web-0.web.shop.svc:11311", "web-1.web.shop.svc:11311"]
+        );
+        // The members' names come from the StatefulSet's serviceName: the headless Service's.
+        let sts = stateful_set(&mc, &Images::new("img")).spec.unwrap();
+        assert_eq!(sts.service_name, service(&mc).metadata.name);
+        mc.spec.size = 0;
+        assert!(servers(&mc).is_empty());
+    }
+
+    #[test]
     fn foreign_owner_is_not_control() {
         let mc = memcached("cache", 1);
-        let mut meta = deployment(&mc, &Images::new("img")).metadata;
+        let mut meta = stateful_set(&mc, &Images::new("img")).metadata;
         meta.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
         assert!(!is_controlled_by(&meta, &mc));
         meta.owner_references = None;
@@ -336,7 +361,7 @@ mod tests {
         fn every_admitted_spec_builds_objects_that_reflect_it(spec in crate::arbitrary::spec()) {
             let mut mc = memcached("cache", 1);
             mc.spec = spec.clone();
-            let d = deployment(&mc, &Images::default());
+            let d = stateful_set(&mc, &Images::default());
             let svc = service(&mc);
             if crate::validation::validate(&spec).is_err() {
                 return Ok(());
@@ -354,6 +379,7 @@ mod tests {
             let selector = d_spec.selector.match_labels.unwrap();
             let template_labels = d_spec.template.metadata.unwrap().labels.unwrap();
             proptest::prop_assert!(selector.iter().all(|(k, v)| template_labels.get(k) == Some(v)));
+            proptest::prop_assert_eq!(d_spec.service_name.as_ref(), svc.metadata.name.as_ref());
             let ports = svc.spec.unwrap().ports.unwrap();
             proptest::prop_assert_eq!(ports[0].port, spec.container_port);
         }

@@ -1,17 +1,23 @@
 //! Status of a Memcached computed from what the controller observed. Pure: no API calls, and the
 //! clock is passed in, so every condition transition is unit-tested.
 
-use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
+use k8s_openapi::api::apps::v1::StatefulSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::{Memcached, MemcachedStatus};
-use crate::error::Refusal;
 use crate::resources::selector_string;
 
+mod blocked;
 pub mod pods;
+mod reason;
 
+pub use blocked::{
+    Blocked, CERTIFICATES_UNAVAILABLE, NETWORK_POLICIES_FORBIDDEN, conflict_message,
+    named_conflict_message,
+};
 use pods::{Cause, PodTrouble};
+pub use reason::Reason;
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
@@ -19,106 +25,11 @@ pub const DEGRADED: &str = "Degraded";
 /// Every condition type this operator sets.
 pub const CONDITION_TYPES: [&str; 3] = [AVAILABLE, PROGRESSING, DEGRADED];
 
-/// Reasons of the conditions this operator sets. Code decides on these; the strings are only
-/// for the API.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    AllPodsReady,
-    PodsNotReady,
-    Converged,
-    Creating,
-    Reconciling,
-    /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
-    RolloutQueued,
-    AsExpected,
-    /// An object of the Memcached's name belongs to someone else.
-    ResourceExists,
-    /// The spec cannot work (see validation.rs), or the API server refused what it asks for.
-    InvalidSpec,
-    /// The Secret `spec.auth` names is missing or memcached cannot use its credentials.
-    InvalidSecret,
-    /// The API server forbade an owned object (a quota, a policy).
-    Forbidden,
-    /// Why pods are not Ready (see `Trouble`).
-    Unschedulable,
-    ImagePullFailed,
-    CrashLooping,
-    OOMKilled,
-    /// The ReplicaSet cannot create pods (a quota, an admission policy).
-    PodCreationRefused,
-    /// The Deployment made no progress within its deadline.
-    ProgressDeadlineExceeded,
-    /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
-    CertificatePending,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AllPodsReady => "AllPodsReady",
-            Self::PodsNotReady => "PodsNotReady",
-            Self::Converged => "Converged",
-            Self::Creating => "Creating",
-            Self::Reconciling => "Reconciling",
-            Self::RolloutQueued => "RolloutQueued",
-            Self::AsExpected => "AsExpected",
-            Self::ResourceExists => "ResourceExists",
-            Self::InvalidSpec => "InvalidSpec",
-            Self::InvalidSecret => "InvalidSecret",
-            Self::Forbidden => "Forbidden",
-            Self::Unschedulable => "Unschedulable",
-            Self::ImagePullFailed => "ImagePullFailed",
-            Self::CrashLooping => "CrashLooping",
-            Self::OOMKilled => "OOMKilled",
-            Self::PodCreationRefused => "PodCreationRefused",
-            Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
-            Self::CertificatePending => "CertificatePending",
-        }
-    }
-
-    pub const ALL: [Reason; 18] = [
-        Self::AllPodsReady,
-        Self::PodsNotReady,
-        Self::Converged,
-        Self::Creating,
-        Self::Reconciling,
-        Self::RolloutQueued,
-        Self::AsExpected,
-        Self::ResourceExists,
-        Self::InvalidSpec,
-        Self::InvalidSecret,
-        Self::Forbidden,
-        Self::Unschedulable,
-        Self::ImagePullFailed,
-        Self::CrashLooping,
-        Self::OOMKilled,
-        Self::PodCreationRefused,
-        Self::ProgressDeadlineExceeded,
-        Self::CertificatePending,
-    ];
-
-    /// The reason a condition's string names, if it is one of ours.
-    pub fn parse(reason: &str) -> Option<Reason> {
-        Self::ALL.into_iter().find(|r| r.as_str() == reason)
-    }
-}
-
-impl From<Cause> for Reason {
-    fn from(cause: Cause) -> Self {
-        match cause {
-            Cause::ImagePullFailed => Self::ImagePullFailed,
-            Cause::OomKilled => Self::OOMKilled,
-            Cause::CrashLooping => Self::CrashLooping,
-            Cause::Unschedulable => Self::Unschedulable,
-        }
-    }
-}
-
 /// What the controller saw of the cluster for one Memcached.
 #[derive(Debug, Default)]
 pub struct Observed<'a> {
-    /// The Deployment this Memcached controls, if any.
-    pub deployment: Option<DeploymentSeen<'a>>,
+    /// The StatefulSet this Memcached controls, if any.
+    pub stateful_set: Option<StatefulSetSeen<'a>>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
     /// What its pods that are not Ready say of why.
@@ -131,72 +42,18 @@ pub struct Observed<'a> {
     pub binding: Option<String>,
     /// The certificate Secret the pods mount that cert-manager has not issued yet.
     pub unissued: Option<String>,
+    /// Why the StatefulSet cannot create pods (its latest `FailedCreate` event), when pods are
+    /// missing.
+    pub creation_refused: Option<&'a str>,
+    /// Ready pods of the Deployment it had before its StatefulSet, while it still has it.
+    pub legacy_ready: Option<i32>,
 }
 
-/// What the status reads of a Deployment: its generation and its status.
+/// What the status reads of a StatefulSet: its generation and its status.
 #[derive(Clone, Copy, Debug)]
-pub struct DeploymentSeen<'a> {
+pub struct StatefulSetSeen<'a> {
     pub generation: Option<i64>,
-    pub status: Option<&'a DeploymentStatus>,
-}
-
-/// Why nothing is applied for a Memcached.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Blocked {
-    /// A Deployment or Service of its name that it does not control: left untouched.
-    ResourceExists { message: String },
-    /// A spec that cannot work: not applied, and the pods running now keep serving.
-    InvalidSpec { message: String },
-    /// The credentials Secret is missing or unusable: nothing applied, the pods keep serving
-    /// with the passwords they have.
-    InvalidSecret { message: String },
-    /// The API server refused to apply an owned object.
-    Refused { refusal: Refusal, message: String },
-}
-
-impl Blocked {
-    /// An apply the API server refused for good, as reported; any other error as it is.
-    pub fn refused(error: crate::error::Error) -> Result<Self, crate::error::Error> {
-        let (refusal, message) = error.refusal().ok_or(error)?;
-        Ok(Self::Refused { refusal, message })
-    }
-
-    pub fn reason(&self) -> Reason {
-        match self {
-            Self::ResourceExists { .. } => Reason::ResourceExists,
-            Self::InvalidSpec { .. } => Reason::InvalidSpec,
-            Self::InvalidSecret { .. } => Reason::InvalidSecret,
-            Self::Refused {
-                refusal: Refusal::Invalid,
-                ..
-            } => Reason::InvalidSpec,
-            Self::Refused {
-                refusal: Refusal::Forbidden,
-                ..
-            } => Reason::Forbidden,
-        }
-    }
-
-    pub fn message(&self) -> &str {
-        match self {
-            Self::ResourceExists { message }
-            | Self::InvalidSpec { message }
-            | Self::InvalidSecret { message }
-            | Self::Refused { message, .. } => message,
-        }
-    }
-
-    /// Whether `status` already reports this cause (Degraded=True, same reason and message).
-    pub fn is_reported_in(&self, status: Option<&MemcachedStatus>) -> bool {
-        status.is_some_and(|s| {
-            s.conditions.iter().any(|c| {
-                c.type_ == DEGRADED
-                    && c.status == "True"
-                    && c.reason == self.reason().as_str()
-                    && c.message == self.message()
-            })
-        })
-    }
+    pub status: Option<&'a StatefulSetStatus>,
 }
 
 /// The status a Memcached should have. Conditions keep their lastTransitionTime while their
@@ -213,25 +70,50 @@ pub fn desired_status_and_trouble(
 ) -> (MemcachedStatus, Option<Trouble>) {
     let size = mc.spec.size;
     let generation = mc.metadata.generation;
-    let deploy_status = observed
-        .deployment
-        .and_then(|d| d.status.cloned())
+    let workload = observed
+        .stateful_set
+        .and_then(|s| s.status.cloned())
         .unwrap_or_default();
-    let replicas = deploy_status.replicas.unwrap_or(0);
-    let ready = deploy_status.ready_replicas.unwrap_or(0);
-    let available_replicas = deploy_status.available_replicas.unwrap_or(0);
-    let updated = deploy_status.updated_replicas.unwrap_or(0);
-    let deploy_observed_spec = observed.deployment.is_some_and(|d| {
-        d.generation.is_some() && deploy_status.observed_generation >= d.generation
-    });
+    let replicas = workload.replicas;
+    let ready = workload.ready_replicas.unwrap_or(0);
+    let available_replicas = workload.available_replicas.unwrap_or(0);
+    let updated = workload.updated_replicas.unwrap_or(0);
+    let observed_spec = observed
+        .stateful_set
+        .is_some_and(|s| s.generation.is_some() && workload.observed_generation >= s.generation);
+    let updating = observed_spec && workload.update_revision != workload.current_revision;
 
-    // At least size: a rollout's surge pod (maxSurge 1) is Ready before an old one leaves.
-    let all_ready = observed.deployment.is_some() && ready >= size;
-    let converged = all_ready && deploy_observed_spec && replicas == size && updated == size;
+    let all_ready = observed.stateful_set.is_some() && ready >= size;
+    // A member is replaced under its own name, so an update takes it out for a moment: the
+    // Memcached stays Available while no more are out than the update may take.
+    let updating_within_budget = updating && ready >= size - max_unavailable(mc);
+    let converged = all_ready
+        && observed_spec
+        && replicas == size
+        && updated == size
+        && observed.legacy_ready.is_none();
+    // Moving from a Deployment: its pods serve until the members are all available.
+    let migrating = observed.legacy_ready.map(|legacy| {
+        let message = format!(
+            "moving from the Deployment to a StatefulSet: {ready}/{size} members ready; the Deployment's {legacy} ready pods serve until all are"
+        );
+        (ready + legacy >= size, message)
+    });
     let trouble = trouble(mc, observed);
     let pods_ready = format!("{ready}/{size} pods are ready");
     let available = match &trouble {
         _ if all_ready => cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready),
+        _ if migrating.as_ref().is_some_and(|(serving, _)| *serving) => {
+            let (_, message) = migrating.as_ref().expect("checked");
+            cond(AVAILABLE, true, Reason::Migrating, message)
+        }
+        _ if updating_within_budget => {
+            let message = format!(
+                "{pods_ready}; {updated}/{size} updated, at most {} at a time",
+                max_unavailable(mc)
+            );
+            cond(AVAILABLE, true, Reason::Updating, &message)
+        }
         Some(t) => cond(AVAILABLE, false, t.reason, &t.message()),
         None => cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready),
     };
@@ -246,20 +128,20 @@ pub fn desired_status_and_trouble(
                     "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
                 );
                 cond(PROGRESSING, true, Reason::RolloutQueued, &message)
+            } else if let Some((_, message)) = &migrating {
+                cond(PROGRESSING, true, Reason::Migrating, message)
             } else if converged {
                 let message = format!("{size} pods match the spec");
                 cond(PROGRESSING, false, Reason::Converged, &message)
-            } else if observed.deployment.is_none() {
+            } else if observed.stateful_set.is_none() {
                 cond(
                     PROGRESSING,
                     true,
                     Reason::Creating,
-                    "creating the Deployment",
+                    "creating the StatefulSet",
                 )
             } else if let Some(t) = &trouble {
-                // kstatus and `kubectl rollout status` read a deadline passed as failed.
-                let still = t.reason != Reason::ProgressDeadlineExceeded;
-                cond(PROGRESSING, still, t.reason, &t.message())
+                cond(PROGRESSING, true, t.reason, &t.message())
             } else {
                 let message = format!(
                     "{updated}/{size} pods updated, {ready}/{size} ready, {replicas} running"
@@ -292,6 +174,7 @@ pub fn desired_status_and_trouble(
     pods.sort();
     let status = MemcachedStatus {
         nodes: pods,
+        servers: crate::resources::servers(mc),
         replicas,
         ready_replicas: ready,
         available_replicas,
@@ -306,14 +189,7 @@ pub fn desired_status_and_trouble(
     (status, trouble)
 }
 
-/// A Deployment's own failure signals (quota, admission, stuck rollout): the only conditions of
-/// a Deployment read here.
-pub fn is_deployment_failure(c: &DeploymentCondition) -> bool {
-    (c.type_ == "ReplicaFailure" && c.status == "True")
-        || (c.type_ == "Progressing" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
-}
-
-/// Why not all wanted pods are Ready (or a rollout is stuck), from the Deployment's failure
+/// Why not all wanted pods are Ready (or a rollout is stuck), from the StatefulSet's failure
 /// signals and the pods' own status: for the conditions and the Warning event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trouble {
@@ -321,7 +197,7 @@ pub struct Trouble {
     /// The counts, e.g. "0/2 pods are ready; 2 pods cannot be scheduled": the part of the
     /// message whose change is worth a status write.
     pub summary: String,
-    /// The pods' or the Deployment's own words.
+    /// The pods' or the StatefulSet's own words.
     pub words: String,
     /// Whether it stays until someone changes something (Degraded=True).
     pub lasting: bool,
@@ -333,28 +209,28 @@ impl Trouble {
     }
 }
 
-/// The trouble of a Memcached, if any: a ReplicaSet that cannot create pods first (nothing
-/// else can start), then the graver pod cause with the number of pods it holds back, then a
-/// passed progress deadline.
+/// Members updated at once: `rollout.maxUnavailable`, at least one.
+fn max_unavailable(mc: &Memcached) -> i32 {
+    mc.spec
+        .rollout
+        .as_ref()
+        .map_or(1, |r| r.max_unavailable.max(1))
+}
+
+/// The trouble of a Memcached, if any: pods the StatefulSet cannot create first (nothing else
+/// can start), then the graver pod cause with the number of pods it holds back.
 fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
-    let deployment_status = observed.deployment?.status;
-    let ready = deployment_status
+    let ready = observed
+        .stateful_set?
+        .status
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
     let pods_ready = format!("{ready}/{} pods are ready", mc.spec.size);
-    let failures = || {
-        deployment_status
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|c| is_deployment_failure(c))
-    };
-    let words = |c: &DeploymentCondition| c.message.clone().unwrap_or_default();
-    if let Some(c) = failures().find(|c| c.type_ == "ReplicaFailure") {
+    if let Some(words) = observed.creation_refused {
         return Some(Trouble {
             reason: Reason::PodCreationRefused,
-            summary: format!("{pods_ready}; the ReplicaSet cannot create pods"),
-            words: words(c),
+            summary: format!("{pods_ready}; the StatefulSet cannot create pods"),
+            words: words.to_string(),
             lasting: true,
         });
     }
@@ -381,23 +257,15 @@ fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
         });
     }
     // Without it the pods cannot start, and say only that their containers are being created.
-    if let Some(secret) = &observed.unissued {
-        return Some(Trouble {
-            reason: Reason::CertificatePending,
-            summary: format!("{pods_ready}; cert-manager has not issued Secret {secret} yet"),
-            words: format!(
-                "see Certificate {} and its CertificateRequest (kubectl describe certificate {})",
-                mc.name_any(),
-                mc.name_any()
-            ),
-            lasting: failures().next().is_some(),
-        });
-    }
-    failures().next().map(|c| Trouble {
-        reason: Reason::ProgressDeadlineExceeded,
-        summary: format!("{pods_ready}; the rollout made no progress in time"),
-        words: words(c),
-        lasting: true,
+    observed.unissued.as_ref().map(|secret| Trouble {
+        reason: Reason::CertificatePending,
+        summary: format!("{pods_ready}; cert-manager has not issued Secret {secret} yet"),
+        words: format!(
+            "see Certificate {} and its CertificateRequest (kubectl describe certificate {})",
+            mc.name_any(),
+            mc.name_any()
+        ),
+        lasting: false,
     })
 }
 
@@ -459,49 +327,28 @@ pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// Why an object of the Memcached's own name is left alone: `Deployment default/cache ...`.
-pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
-    named_conflict_message(kind, &mc.name_any(), mc)
-}
-
-/// Why a Memcached that asks for a NetworkPolicy gets nothing applied where this process may not
-/// watch NetworkPolicies.
-pub const NETWORK_POLICIES_FORBIDDEN: &str = "spec.networkPolicy asks for a NetworkPolicy, but the operator's ServiceAccount may not list and watch networkpolicies here: nothing applied; grant the networkpolicies rule of the operator's role, then restart the operator";
-
-/// Why a Memcached whose certificate cert-manager should issue gets nothing applied where this
-/// process cannot keep Certificates.
-pub const CERTIFICATES_UNAVAILABLE: &str = "spec.tls.issuerRef asks cert-manager for the certificate, but this cluster does not serve cert-manager's API (certificates.cert-manager.io/v1) or the operator's ServiceAccount may not list and watch certificates: nothing applied; install cert-manager (or grant the certificates rule of the operator's role), then restart the operator";
-
-/// As `conflict_message`, for an object named after the Memcached (e.g. `<name>-auth`).
-pub fn named_conflict_message(kind: &str, name: &str, mc: &Memcached) -> String {
-    format!(
-        "{kind} {}/{name} already exists and is not controlled by this Memcached; remove it or rename the Memcached",
-        mc.namespace().unwrap_or_default(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{deployment_status, memcached, time};
+    use crate::fixtures::{memcached, stateful_set_status, time};
 
-    /// A Deployment at generation 1 with `status`.
-    fn seen(status: &DeploymentStatus) -> Option<DeploymentSeen<'_>> {
-        Some(DeploymentSeen {
+    /// A StatefulSet at generation 1 with `status`.
+    fn seen(status: &StatefulSetStatus) -> Option<StatefulSetSeen<'_>> {
+        Some(StatefulSetSeen {
             generation: Some(1),
             status: Some(status),
         })
     }
 
-    /// The status of `mc` whose Deployment (at generation 1) reports `deployment` and whose
+    /// The status of `mc` whose StatefulSet (at generation 1) reports `stateful_set` and whose
     /// pods report `troubles`.
     fn status_seeing(
         mc: &Memcached,
-        deployment: &DeploymentStatus,
+        stateful_set: &StatefulSetStatus,
         troubles: Vec<PodTrouble>,
     ) -> MemcachedStatus {
         let observed = Observed {
-            deployment: seen(deployment),
+            stateful_set: seen(stateful_set),
             troubles,
             ..Default::default()
         };
@@ -513,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn new_cr_without_deployment_is_progressing_and_unavailable() {
+    fn new_cr_without_stateful_set_is_progressing_and_unavailable() {
         let mc = memcached("cache", 3);
         let s = desired_status(&mc, &Observed::default(), &time(0));
         assert_eq!(find(&s, AVAILABLE).status, "False");
@@ -530,22 +377,22 @@ mod tests {
     #[test]
     fn available_only_when_size_pods_are_ready() {
         let mc = memcached("cache", 3);
-        let partly = deployment_status(3, 2);
+        let partly = stateful_set_status(3, 2);
         let s = status_seeing(&mc, &partly, vec![]);
         assert_eq!(find(&s, AVAILABLE).status, "False");
         assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
 
-        let full = deployment_status(3, 3);
+        let full = stateful_set_status(3, 3);
         let pods = vec![
-            "cache-b".to_string(),
-            "cache-a".to_string(),
-            "cache-c".to_string(),
+            "cache-1".to_string(),
+            "cache-0".to_string(),
+            "cache-2".to_string(),
         ];
         let s = desired_status(
             &mc,
             &Observed {
-                deployment: seen(&full),
+                stateful_set: seen(&full),
                 pods,
                 ..Default::default()
             },
@@ -553,40 +400,177 @@ mod tests {
         );
         assert!(condition_is_true(&s, AVAILABLE));
         assert_eq!(find(&s, PROGRESSING).status, "False");
-        assert_eq!(s.nodes, ["cache-a", "cache-b", "cache-c"]);
+        assert_eq!(s.nodes, ["cache-0", "cache-1", "cache-2"]);
         assert_eq!((s.replicas, s.ready_replicas), (3, 3));
     }
 
     #[test]
-    fn a_rollouts_surge_pod_keeps_it_available() {
-        // maxSurge 1: the new pod is Ready before an old one leaves, so size + 1 pods are Ready.
-        let mc = memcached("cache", 3);
-        let mut rolling = deployment_status(4, 4);
-        rolling.updated_replicas = Some(1);
-        let s = status_seeing(&mc, &rolling, vec![]);
-        assert!(condition_is_true(&s, AVAILABLE));
-        assert_eq!(find(&s, AVAILABLE).message, "4/3 pods are ready");
-        assert_eq!(find(&s, PROGRESSING).status, "True");
+    fn servers_name_every_member_by_its_stable_address_ready_or_not() {
+        let mut mc = memcached("cache", 3);
+        mc.spec.container_port = 11311;
+        let s = status_seeing(&mc, &stateful_set_status(3, 1), vec![]);
         assert_eq!(
-            find(&s, PROGRESSING).message,
-            "1/3 pods updated, 4/3 ready, 4 running"
+            s.servers,
+            [
+                "cache-0.cache.default.svc:11311",
+                "cache-1.cache.default.svc:11311",
+                "cache-2.cache.default.svc:11311"
+            ]
+        );
+        let none_yet = desired_status(&mc, &Observed::default(), &time(0));
+        assert_eq!(
+            none_yet.servers, s.servers,
+            "what clients hash over is the spec's"
+        );
+    }
+
+    /// A StatefulSet at generation 1 updating its `size` members from one revision to the next:
+    /// `updated` of them are, `ready` of them are Ready.
+    fn updating(size: i32, updated: i32, ready: i32) -> StatefulSetStatus {
+        StatefulSetStatus {
+            updated_replicas: Some(updated),
+            current_revision: Some("cache-5d8f7c".into()),
+            update_revision: Some("cache-6b9c4d".into()),
+            ..stateful_set_status(size, ready)
+        }
+    }
+
+    #[test]
+    fn an_update_that_takes_one_member_out_at_a_time_keeps_it_available() {
+        let mc = memcached("cache", 3);
+        let s = status_seeing(&mc, &updating(3, 1, 2), vec![]);
+        let available = find(&s, AVAILABLE);
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            ("True", "Updating")
+        );
+        assert_eq!(
+            available.message,
+            "2/3 pods are ready; 1/3 updated, at most 1 at a time"
+        );
+        let progressing = find(&s, PROGRESSING);
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("True", "Reconciling")
+        );
+        assert_eq!(
+            progressing.message,
+            "1/3 pods updated, 2/3 ready, 3 running"
+        );
+        assert_eq!(find(&s, DEGRADED).status, "False");
+
+        // Two members out where the update may take one: not available.
+        let s = status_seeing(&mc, &updating(3, 1, 1), vec![]);
+        assert_eq!(
+            (
+                find(&s, AVAILABLE).status.as_str(),
+                find(&s, AVAILABLE).reason.as_str()
+            ),
+            ("False", "PodsNotReady")
+        );
+        // A member out while the controller has not seen the spec yet is no update of ours.
+        let stale = StatefulSetStatus {
+            observed_generation: Some(0),
+            ..updating(3, 1, 2)
+        };
+        assert_eq!(
+            find(&status_seeing(&mc, &stale, vec![]), AVAILABLE).status,
+            "False"
+        );
+    }
+
+    #[test]
+    fn an_update_may_take_out_as_many_members_as_max_unavailable() {
+        let mc = crate::fixtures::memcached_with_spec(
+            serde_json::json!({"size": 4, "rollout": {"maxUnavailable": 2}}),
+        );
+        let s = status_seeing(&mc, &updating(4, 2, 2), vec![]);
+        assert_eq!(
+            (
+                find(&s, AVAILABLE).status.as_str(),
+                find(&s, AVAILABLE).reason.as_str()
+            ),
+            ("True", "Updating")
+        );
+        let s = status_seeing(&mc, &updating(4, 2, 1), vec![]);
+        assert_eq!(find(&s, AVAILABLE).status, "False", "three out of four");
+    }
+
+    #[test]
+    fn while_moving_from_the_deployment_its_pods_keep_the_memcached_available() {
+        let mc = memcached("cache", 3);
+        let migrating = |members: &StatefulSetStatus, legacy| {
+            let observed = Observed {
+                stateful_set: seen(members),
+                legacy_ready: Some(legacy),
+                ..Default::default()
+            };
+            desired_status(&mc, &observed, &time(0))
+        };
+        // One member up, the Deployment's three pods serve.
+        let s = migrating(&stateful_set_status(3, 1), 3);
+        let available = find(&s, AVAILABLE);
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            ("True", "Migrating")
+        );
+        assert_eq!(
+            available.message,
+            "moving from the Deployment to a StatefulSet: 1/3 members ready; the Deployment's 3 ready pods serve until all are"
+        );
+        let progressing = find(&s, PROGRESSING);
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("True", "Migrating")
+        );
+        assert_eq!(find(&s, DEGRADED).status, "False");
+
+        // Fewer than size pods serve between them.
+        let s = migrating(&stateful_set_status(3, 1), 1);
+        assert_eq!(
+            (
+                find(&s, AVAILABLE).status.as_str(),
+                find(&s, AVAILABLE).reason.as_str()
+            ),
+            ("False", "PodsNotReady")
+        );
+        assert_eq!(find(&s, PROGRESSING).reason, "Migrating");
+
+        // Every member Ready: available on its own, but not converged while the Deployment stays.
+        let s = migrating(&stateful_set_status(3, 3), 3);
+        assert_eq!(find(&s, AVAILABLE).reason, "AllPodsReady");
+        assert_eq!(
+            (
+                find(&s, PROGRESSING).status.as_str(),
+                find(&s, PROGRESSING).reason.as_str()
+            ),
+            ("True", "Migrating")
+        );
+        let done = status_seeing(&mc, &stateful_set_status(3, 3), vec![]);
+        assert_eq!(
+            (
+                find(&done, PROGRESSING).status.as_str(),
+                find(&done, PROGRESSING).reason.as_str()
+            ),
+            ("False", "Converged")
         );
     }
 
     #[test]
     fn scaled_to_zero_is_available() {
         let mc = memcached("cache", 0);
-        let d = deployment_status(0, 0);
+        let d = stateful_set_status(0, 0);
         let s = status_seeing(&mc, &d, vec![]);
         assert!(condition_is_true(&s, AVAILABLE));
         assert!(s.nodes.is_empty());
+        assert!(s.servers.is_empty());
     }
 
     #[test]
     fn conflict_is_degraded_with_resource_exists() {
         let mc = memcached("cache", 1);
         let blocked = Blocked::ResourceExists {
-            message: conflict_message("Deployment", &mc),
+            message: conflict_message("StatefulSet", &mc),
         };
         let observed = Observed {
             blocked: Some(blocked),
@@ -598,19 +582,19 @@ mod tests {
             (degraded.status.as_str(), degraded.reason.as_str()),
             ("True", "ResourceExists")
         );
-        assert!(degraded.message.contains("Deployment default/cache"));
+        assert!(degraded.message.contains("StatefulSet default/cache"));
         assert_eq!(find(&s, AVAILABLE).status, "False");
     }
 
     #[test]
     fn invalid_spec_is_degraded_but_running_pods_still_count() {
         let mc = memcached("cache", 2);
-        let d = deployment_status(2, 2);
+        let d = stateful_set_status(2, 2);
         let blocked = Blocked::InvalidSpec {
             message: "spec.resources.limits.memory ...".into(),
         };
         let observed = Observed {
-            deployment: seen(&d),
+            stateful_set: seen(&d),
             blocked: Some(blocked),
             ..Default::default()
         };
@@ -630,24 +614,26 @@ mod tests {
     }
 
     #[test]
-    fn stuck_rollout_is_degraded() {
-        let mc = memcached("cache", 1);
-        let mut d = deployment_status(1, 0);
-        d.conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
-            type_: "ReplicaFailure".into(),
-            status: "True".into(),
-            reason: Some("FailedCreate".into()),
-            message: Some("exceeded quota".into()),
+    fn pods_the_stateful_set_cannot_create_are_degraded() {
+        let mc = memcached("cache", 2);
+        // One member created, the other refused.
+        let d = stateful_set_status(1, 0);
+        let observed = Observed {
+            stateful_set: seen(&d),
+            creation_refused: Some("pods \"cache-1\" is forbidden: exceeded quota: pods=2"),
+            // The pod it could create is not scheduled either: its creation is the graver cause.
+            troubles: vec![unschedulable()],
             ..Default::default()
-        }]);
-        let s = status_seeing(&mc, &d, vec![]);
-        for type_ in [AVAILABLE, DEGRADED] {
+        };
+        let s = desired_status(&mc, &observed, &time(0));
+        for type_ in [AVAILABLE, PROGRESSING, DEGRADED] {
             assert_eq!(find(&s, type_).reason, "PodCreationRefused");
             assert_eq!(
                 find(&s, type_).message,
-                "0/1 pods are ready; the ReplicaSet cannot create pods: exceeded quota"
+                "0/2 pods are ready; the StatefulSet cannot create pods: pods \"cache-1\" is forbidden: exceeded quota: pods=2"
             );
         }
+        assert_eq!(find(&s, AVAILABLE).status, "False");
         assert_eq!(find(&s, DEGRADED).status, "True");
     }
 
@@ -671,7 +657,7 @@ mod tests {
         let mc = memcached("cache", 2);
         let s = status_seeing(
             &mc,
-            &deployment_status(2, 0),
+            &stateful_set_status(2, 0),
             vec![unschedulable(), unschedulable()],
         );
         let available = find(&s, AVAILABLE);
@@ -692,7 +678,7 @@ mod tests {
         let mc = memcached("cache", 3);
         let s = status_seeing(
             &mc,
-            &deployment_status(3, 1),
+            &stateful_set_status(3, 1),
             vec![unschedulable(), cannot_pull("not found")],
         );
         assert_eq!(find(&s, AVAILABLE).reason, "ImagePullFailed");
@@ -710,7 +696,7 @@ mod tests {
     #[test]
     fn a_retry_in_other_words_is_not_a_status_change_but_a_new_count_is() {
         let mut mc = memcached("cache", 2);
-        let d = deployment_status(2, 0);
+        let d = stateful_set_status(2, 0);
         let first = status_seeing(&mc, &d, vec![cannot_pull("rpc error: not found")]);
         mc.status = Some(first.clone());
         let retry = status_seeing(&mc, &d, vec![cannot_pull("Back-off pulling image")]);
@@ -730,59 +716,28 @@ mod tests {
     #[test]
     fn a_new_pod_that_fails_during_a_rollout_degrades_an_available_memcached() {
         let mc = memcached("cache", 2);
-        let mut rolling = deployment_status(3, 2);
-        rolling.updated_replicas = Some(1);
-        let s = status_seeing(&mc, &rolling, vec![cannot_pull("not found")]);
-        assert!(condition_is_true(&s, AVAILABLE), "the old pods serve");
+        let s = status_seeing(&mc, &updating(2, 1, 1), vec![cannot_pull("not found")]);
+        assert!(condition_is_true(&s, AVAILABLE), "the other member serves");
         assert_eq!(find(&s, PROGRESSING).reason, "ImagePullFailed");
         assert_eq!(find(&s, DEGRADED).reason, "ImagePullFailed");
         assert_eq!(find(&s, DEGRADED).status, "True");
     }
 
     #[test]
-    fn a_rollout_past_its_deadline_is_no_longer_progressing() {
-        let mc = memcached("cache", 1);
-        let mut d = deployment_status(1, 0);
-        d.conditions = Some(vec![DeploymentCondition {
-            type_: "Progressing".into(),
-            status: "False".into(),
-            reason: Some("ProgressDeadlineExceeded".into()),
-            message: Some("ReplicaSet \"cache-1\" has timed out progressing.".into()),
-            ..Default::default()
-        }]);
-        let s = status_seeing(&mc, &d, vec![]);
-        let progressing = find(&s, PROGRESSING);
-        assert_eq!(
-            (progressing.status.as_str(), progressing.reason.as_str()),
-            ("False", "ProgressDeadlineExceeded")
-        );
-        assert_eq!(find(&s, AVAILABLE).reason, "ProgressDeadlineExceeded");
-        assert_eq!(find(&s, DEGRADED).status, "True");
-    }
-
-    #[test]
     fn without_a_cause_pods_are_only_not_ready() {
         let mc = memcached("cache", 2);
-        let s = status_seeing(&mc, &deployment_status(2, 1), vec![]);
+        let s = status_seeing(&mc, &stateful_set_status(2, 1), vec![]);
         assert_eq!(find(&s, AVAILABLE).reason, "PodsNotReady");
         assert_eq!(find(&s, AVAILABLE).message, "1/2 pods are ready");
         assert_eq!(find(&s, DEGRADED).status, "False");
     }
 
     #[test]
-    fn every_reason_reads_back() {
-        for reason in Reason::ALL {
-            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
-        }
-        assert_eq!(Reason::parse("FailedCreate"), None);
-    }
-
-    #[test]
     fn unchanged_conditions_keep_their_transition_time() {
         let mut mc = memcached("cache", 1);
-        let d = deployment_status(1, 1);
+        let d = stateful_set_status(1, 1);
         let observed = Observed {
-            deployment: seen(&d),
+            stateful_set: seen(&d),
             ..Default::default()
         };
         let first = desired_status(&mc, &observed, &time(100));
@@ -803,9 +758,9 @@ mod tests {
     #[test]
     fn pods_waiting_for_cert_manager_say_which_certificate_to_look_at() {
         let mc = memcached("cache", 2);
-        let d = deployment_status(2, 0);
+        let d = stateful_set_status(2, 0);
         let observed = Observed {
-            deployment: seen(&d),
+            stateful_set: seen(&d),
             unissued: Some("cache-tls".into()),
             ..Default::default()
         };
@@ -826,9 +781,9 @@ mod tests {
             "issuing takes a moment"
         );
         // Issued and the pods Ready: nothing pending is said.
-        let ready = deployment_status(2, 2);
+        let ready = stateful_set_status(2, 2);
         let observed = Observed {
-            deployment: seen(&ready),
+            stateful_set: seen(&ready),
             ..Default::default()
         };
         let status = desired_status(&mc, &observed, &time(1));

@@ -41,9 +41,6 @@ pub struct PodStatusSeen {
     pub conditions: Vec<PodConditionSeen>,
     #[serde(default)]
     pub container_statuses: Vec<ContainerStatusSeen>,
-    /// The pod's address, for the binding's `servers`.
-    #[serde(default, rename = "podIP")]
-    pub pod_ip: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use harness::{Operator, OperatorOptions, admin, apply, memcached, namespace, wait_for};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -168,13 +168,13 @@ impl Fleet {
     }
 
     /// What the cluster says of the Memcached named at the start of `line` ("ns/name ..."): its
-    /// Deployment's status and its pods, to tell a stale status from a cluster that is behind.
+    /// StatefulSet's status and its pods, to tell a stale status from a cluster that is behind.
     async fn cluster_side(&self, line: &str) -> String {
         let Some((ns, rest)) = line.split_once('/') else {
             return String::new();
         };
         let name = rest.split(' ').next().unwrap_or_default();
-        let deployment = Api::<Deployment>::namespaced(self.client.clone(), ns)
+        let stateful_set = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await
             .ok()
@@ -206,10 +206,10 @@ impl Fleet {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        format!("Deployment (replicas, ready, updated) {deployment:?}; pods {pods:?}")
+        format!("StatefulSet (replicas, ready, updated) {stateful_set:?}; pods {pods:?}")
     }
 
-    /// Exactly one Deployment and one Service per Memcached, with its size: nothing lost or
+    /// Exactly one StatefulSet and one Service per Memcached, with its size: nothing lost or
     /// duplicated.
     async fn assert_objects_match(&self) {
         for ns in self.namespaces() {
@@ -217,7 +217,7 @@ impl Fleet {
                 .list(&ListParams::default())
                 .await
                 .unwrap();
-            let deployments = Api::<Deployment>::namespaced(self.client.clone(), &ns)
+            let stateful_sets = Api::<StatefulSet>::namespaced(self.client.clone(), &ns)
                 .list(&ListParams::default())
                 .await
                 .unwrap();
@@ -227,9 +227,9 @@ impl Fleet {
                 .unwrap();
             let wanted = self.sizes.keys().filter(|(n, _)| *n == ns).count();
             assert_eq!(mcs.items.len(), wanted, "Memcacheds in {ns}");
-            assert_eq!(deployments.items.len(), wanted, "Deployments in {ns}");
+            assert_eq!(stateful_sets.items.len(), wanted, "StatefulSets in {ns}");
             assert_eq!(services.items.len(), wanted, "Services in {ns}");
-            for d in deployments {
+            for d in stateful_sets {
                 let name = d.name_any();
                 let want = self.sizes[&(ns.clone(), name.clone())];
                 assert_eq!(d.spec.and_then(|s| s.replicas), Some(want), "{ns}/{name}");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -16,15 +16,15 @@ use crate::harness::{
     namespace, wait_converged, wait_degraded, wait_degraded_saying, wait_gone, wait_not_degraded,
 };
 
-async fn deployment(client: &Client, ns: &str, name: &str) -> Deployment {
-    Api::<Deployment>::namespaced(client.clone(), ns)
+async fn stateful_set(client: &Client, ns: &str, name: &str) -> StatefulSet {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
         .get(name)
         .await
         .unwrap()
 }
 
 /// The memcached container's flags and the Secret its pods mount.
-fn auth_of(d: &Deployment) -> (bool, Option<String>) {
+fn auth_of(d: &StatefulSet) -> (bool, Option<String>) {
     let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     let flags = pod.containers[0].args.clone().unwrap_or_default();
     let secret = pod
@@ -77,7 +77,7 @@ async fn auth_without_a_secret_gets_a_generated_one_owned_and_never_rewritten() 
         String::from_utf8_lossy(&password)
     );
     assert_eq!(
-        auth_of(&deployment(&client, &ns, "cache").await),
+        auth_of(&stateful_set(&client, &ns, "cache").await),
         (true, Some("cache-auth".into())),
         "memcached reads a password file, from the generated Secret"
     );
@@ -108,7 +108,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let before = deployment(&client, &ns, "cache").await;
+    let before = stateful_set(&client, &ns, "cache").await;
 
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -154,7 +154,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
     assert!(message.contains("Secret creds"), "{message}");
 
     // Nothing was applied meanwhile: the pods run as before, without authentication.
-    let during = deployment(&client, &ns, "cache").await;
+    let during = stateful_set(&client, &ns, "cache").await;
     assert_eq!(during.metadata.generation, before.metadata.generation);
     assert_eq!(auth_of(&during), (false, None));
     let mc = mcs.get("cache").await.unwrap();
@@ -183,7 +183,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
         .unwrap();
     wait_not_degraded(&mcs, "cache", CONVERGE).await;
     assert_eq!(
-        auth_of(&deployment(&client, &ns, "cache").await),
+        auth_of(&stateful_set(&client, &ns, "cache").await),
         (true, Some("creds".into()))
     );
     wait_converged(&client, &ns, "cache", 2).await;

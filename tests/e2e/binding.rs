@@ -26,24 +26,25 @@ async fn entries(secrets: &Api<Secret>, name: &str) -> Option<BTreeMap<String, S
     )
 }
 
-/// `<ip>:11211` of each pod of the Memcached, in the order of the pods' names, once all `size`
-/// have an address.
+/// `<pod>.cache.<ns>.svc:11211` of each pod of the Memcached, in the order of their names
+/// (its members' stable addresses), once there are `size` of them.
 async fn members(client: &Client, ns: &str, mc: &Memcached, size: usize) -> Option<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let listed = pods
         .list(&ListParams::default().labels(&selector_string(mc)))
         .await
         .ok()?;
-    let mut live: Vec<Pod> = listed
+    let mut live: Vec<String> = listed
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
         .collect();
-    live.sort_by_key(|p| p.name_any());
+    live.sort();
     let addresses: Vec<String> = live
         .iter()
-        .map(|p| Some(format!("{}:11211", p.status.as_ref()?.pod_ip.as_ref()?)))
-        .collect::<Option<_>>()?;
+        .map(|pod| format!("{pod}.cache.{ns}.svc:11211"))
+        .collect();
     (addresses.len() == size).then(|| addresses.join(","))
 }
 

@@ -2,7 +2,7 @@
 //! keeps a Certificate for the Service's names, cert-manager issues it, and the pods mount what
 //! it issued. (memcached serving it, and a renewal in place, are shown on the real node.)
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind};
@@ -84,11 +84,11 @@ async fn cert_manager_issues_the_certificate_the_pods_mount_and_the_binding_trus
     })
     .await;
     assert_eq!(issued.type_.as_deref(), Some("kubernetes.io/tls"));
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+    let stateful_set = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("cache")
         .await
         .unwrap();
-    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let pod = stateful_set.spec.unwrap().template.spec.unwrap();
     let mounted: Vec<_> = pod
         .volumes
         .iter()

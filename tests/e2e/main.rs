@@ -10,6 +10,7 @@ mod binding;
 mod cluster;
 mod endpoints;
 mod issuer;
+mod migration;
 mod network_policy;
 mod tls;
 
@@ -19,15 +20,15 @@ use harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, events_for,
     kubectl, memcached, namespace, set_size, wait_converged, wait_degraded, wait_for, wait_gone,
 };
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 
-async fn deployment_replicas(client: &Client, ns: &str, name: &str) -> Option<i32> {
-    Api::<Deployment>::namespaced(client.clone(), ns)
+async fn stateful_set_replicas(client: &Client, ns: &str, name: &str) -> Option<i32> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
         .ok()??
@@ -42,15 +43,16 @@ async fn memcached_is_created_scaled_and_reported() {
     let op = Operator::start(&client, OperatorOptions::default()).await;
 
     create(&client, &ns, &memcached("cache", 3)).await;
+    // Stable members: the StatefulSet's ordinals, and each one's address under the Service.
     let pods = wait_converged(&client, &ns, "cache", 3).await;
-    assert!(pods.iter().all(|p| p.starts_with("cache-")), "{pods:?}");
+    assert_eq!(pods, ["cache-0", "cache-1", "cache-2"]);
 
-    // Owned Deployment and headless Service, with the restricted security profile.
+    // Owned StatefulSet and headless Service, with the restricted security profile.
     let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
         .get("cache")
         .await
         .unwrap();
-    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("cache")
         .await
         .unwrap();
@@ -60,6 +62,12 @@ async fn memcached_is_created_scaled_and_reported() {
         (mc.uid().unwrap().as_str(), Some(true))
     );
     assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(
+        mc.status.as_ref().unwrap().servers,
+        (0..3)
+            .map(|i| format!("cache-{i}.cache.{ns}.svc:11211"))
+            .collect::<Vec<_>>()
+    );
     let pod_spec = d.spec.unwrap().template.spec.unwrap();
     assert_eq!(
         pod_spec
@@ -94,10 +102,16 @@ async fn memcached_is_created_scaled_and_reported() {
         "{out}"
     );
 
+    // Scaling down removes the highest members: those left keep their names.
     for size in [5, 1, 0] {
         set_size(&client, &ns, "cache", size).await;
-        wait_converged(&client, &ns, "cache", size).await;
-        assert_eq!(deployment_replicas(&client, &ns, "cache").await, Some(size));
+        let pods = wait_converged(&client, &ns, "cache", size).await;
+        let members: Vec<String> = (0..size).map(|i| format!("cache-{i}")).collect();
+        assert_eq!(pods, members);
+        assert_eq!(
+            stateful_set_replicas(&client, &ns, "cache").await,
+            Some(size)
+        );
     }
 
     // The scale subresource: kubectl scale and autoscalers.
@@ -146,13 +160,13 @@ async fn converged_memcached_makes_no_writes() {
     create(&client, &ns, &memcached("quiet", 2)).await;
     wait_converged(&client, &ns, "quiet", 2).await;
     // Ready pods become available after minReadySeconds, and the status reports that too.
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let stateful_sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
     wait_for("the rollout to complete", CONVERGE, || async {
-        (!is_rolling(&deployments.get("quiet").await.ok()?)).then_some(())
+        (!is_rolling(&stateful_sets.get("quiet").await.ok()?)).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("quiet")
         .await
         .unwrap();
@@ -185,7 +199,7 @@ async fn converged_memcached_makes_no_writes() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let d2 = Api::<Deployment>::namespaced(client.clone(), &ns)
+    let d2 = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("quiet")
         .await
         .unwrap();
@@ -196,7 +210,7 @@ async fn converged_memcached_makes_no_writes() {
     assert_eq!(
         d.resource_version(),
         d2.resource_version(),
-        "Deployment was written by a no-op reconcile"
+        "StatefulSet was written by a no-op reconcile"
     );
     assert_eq!(
         mc.resource_version(),
@@ -213,23 +227,23 @@ async fn drift_is_put_back() {
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
-    let (ok, out) = kubectl(&["scale", "-n", &ns, "deployment/cache", "--replicas=4"]).await;
+    let (ok, out) = kubectl(&["scale", "-n", &ns, "statefulset/cache", "--replicas=4"]).await;
     assert!(ok, "{out}");
     wait_for(
         "replicas restored to 2",
         Duration::from_secs(20),
-        || async { (deployment_replicas(&client, &ns, "cache").await == Some(2)).then_some(()) },
+        || async { (stateful_set_replicas(&client, &ns, "cache").await == Some(2)).then_some(()) },
     )
     .await;
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let old_uid = deployments.get("cache").await.unwrap().uid();
-    deployments
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let old_uid = stateful_sets.get("cache").await.unwrap().uid();
+    stateful_sets
         .delete("cache", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("Deployment recreated", Duration::from_secs(20), || async {
-        let d = deployments.get_opt("cache").await.ok()??;
+    wait_for("StatefulSet recreated", Duration::from_secs(20), || async {
+        let d = stateful_sets.get_opt("cache").await.ok()??;
         (d.uid() != old_uid && d.metadata.deletion_timestamp.is_none()).then_some(())
     })
     .await;
@@ -243,21 +257,21 @@ async fn drift_is_put_back() {
 }
 
 #[tokio::test]
-async fn foreign_deployment_is_left_alone() {
+async fn foreign_stateful_set_is_left_alone() {
     let client = admin().await;
     let ns = namespace(&client, "foreign").await;
     let _op = Operator::start(&client, OperatorOptions::default()).await;
 
-    let foreign: Deployment = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
+    let foreign: StatefulSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "cache", "namespace": ns, "labels": {"team": "other"}},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "theirs"}},
+        "spec": {"replicas": 1, "serviceName": "theirs", "selector": {"matchLabels": {"app": "theirs"}},
                  "template": {"metadata": {"labels": {"app": "theirs"}},
                               "spec": {"containers": [{"name": "c", "image": "theirs:1"}]}}}
     }))
     .unwrap();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let before = apply(&deployments, &foreign).await;
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let before = apply(&stateful_sets, &foreign).await;
 
     create(&client, &ns, &memcached("cache", 3)).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
@@ -281,16 +295,16 @@ async fn foreign_deployment_is_left_alone() {
     })
     .await;
     assert!(
-        warning.note.unwrap().contains("Deployment"),
+        warning.note.unwrap().contains("StatefulSet"),
         "the event names what is in the way"
     );
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = deployments.get("cache").await.unwrap();
+    let after = stateful_sets.get("cache").await.unwrap();
     // Its status moves on as its own pods start; its spec and metadata must not.
     assert_eq!(
         before.metadata.generation, after.metadata.generation,
-        "foreign Deployment spec was modified"
+        "foreign StatefulSet spec was modified"
     );
     assert_eq!(before.metadata.labels, after.metadata.labels);
     let managers: Vec<_> = after
@@ -315,7 +329,7 @@ async fn foreign_deployment_is_left_alone() {
     );
 
     // Once the obstacle is gone the Memcached converges.
-    deployments
+    stateful_sets
         .delete("cache", &DeleteParams::default())
         .await
         .unwrap();
@@ -335,10 +349,10 @@ async fn deleting_a_memcached_garbage_collects_what_it_owns() {
         .await
         .unwrap();
     wait_for(
-        "Deployment, Service and pods garbage-collected",
+        "StatefulSet, Service and pods garbage-collected",
         Duration::from_secs(60),
         || async {
-            let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+            let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
                 .get_opt("cache")
                 .await
                 .ok()?;
@@ -367,7 +381,7 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The namespace controller deletes what is in a namespace in no set order; held here, the
-    // Memcached outlives its Deployment, as it can by chance.
+    // Memcached outlives its StatefulSet, as it can by chance.
     let policy = format!("keep-memcacheds-{ns}");
     admission_policy(
         &client,
@@ -402,16 +416,16 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
         .delete(&ns, &DeleteParams::default())
         .await
         .unwrap();
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let stateful_sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
     wait_gone(
-        "the Deployment deleted with the namespace",
+        "the StatefulSet deleted with the namespace",
         CONVERGE,
-        &deployments,
+        &stateful_sets,
         "cache",
     )
     .await;
-    // The operator sees its Deployment go and reconciles the Memcached still there: creating
-    // the Deployment again is refused, which is no failure to retry or alert on.
+    // The operator sees its StatefulSet go and reconciles the Memcached still there: creating
+    // the StatefulSet again is refused, which is no failure to retry or alert on.
     wait_for("a reconcile after the deletion", CONVERGE, || async {
         (reconciles().await > before).then_some(())
     })
@@ -419,7 +433,7 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     op.assert_no_failed_reconciles().await;
     assert!(
-        deployments.get_opt("cache").await.unwrap().is_none(),
+        stateful_sets.get_opt("cache").await.unwrap().is_none(),
         "nothing was created in the namespace being deleted"
     );
 
@@ -486,8 +500,8 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
             "spec.maxItemSizeMiB",
         ),
         (
-            serde_json::json!({"size": 1, "rollout": {"maxSurge": 0}}),
-            "spec.rollout.maxSurge",
+            serde_json::json!({"size": 1, "rollout": {"maxUnavailable": -1}}),
+            "spec.rollout.maxUnavailable",
         ),
         (
             serde_json::json!({"size": 1, "containerPort": 9150, "monitoring": {"enabled": true}}),
@@ -566,7 +580,7 @@ async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
         "{message}"
     );
     assert_eq!(
-        deployment_replicas(&client, &ns, "cache").await,
+        stateful_set_replicas(&client, &ns, "cache").await,
         Some(1),
         "an unworkable spec was applied"
     );
@@ -619,7 +633,7 @@ async fn watch_namespace_limits_the_operator_to_its_namespaces() {
     wait_converged(&client, &watched, "cache", 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        deployment_replicas(&client, &other, "cache").await,
+        stateful_set_replicas(&client, &other, "cache").await,
         None,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
@@ -653,7 +667,7 @@ async fn multi_namespace_install_reconciles_each_listed_namespace() {
     set_size(&client, &second, "cache", 3).await;
     wait_converged(&client, &second, "cache", 3).await;
     assert_eq!(
-        deployment_replicas(&client, &other, "cache").await,
+        stateful_set_replicas(&client, &other, "cache").await,
         None,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
@@ -950,17 +964,17 @@ async fn deny_untrusted_images(client: &Client, ns: &str) {
         ns,
         serde_json::json!({
             "apiGroups": ["apps"], "apiVersions": ["v1"],
-            "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}),
+            "operations": ["CREATE", "UPDATE"], "resources": ["statefulsets"]}),
         serde_json::json!({
             "expression": "object.spec.template.spec.containers.all(c, !c.image.endsWith(':untrusted'))",
             "message": "images tagged untrusted are not allowed in this namespace"}),
     )
     .await;
     // The policy takes effect once the API server's informers have it.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let mut probe: Deployment = serde_json::from_value(serde_json::json!({
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let mut probe: StatefulSet = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "probe"},
-        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+        "spec": {"serviceName": "probe", "selector": {"matchLabels": {"a": "b"}}, "template": {
             "metadata": {"labels": {"a": "b"}},
             "spec": {"containers": [{"name": "c", "image": "memcached:untrusted"}]}}}
     }))
@@ -971,7 +985,7 @@ async fn deny_untrusted_images(client: &Client, ns: &str) {
             dry_run: true,
             ..Default::default()
         };
-        deployments
+        stateful_sets
             .create(&dry_run, &probe)
             .await
             .is_err()
@@ -1045,7 +1059,7 @@ fn admission_api(client: &Client, types: &kube::core::TypeMeta) -> Api<kube::cor
 }
 
 #[tokio::test]
-async fn a_deployment_the_api_server_refuses_is_reported_not_retried_hot() {
+async fn a_stateful_set_the_api_server_refuses_is_reported_not_retried_hot() {
     let client = admin().await;
     let ns = namespace(&client, "refused").await;
     deny_untrusted_images(&client, &ns).await;
@@ -1064,7 +1078,7 @@ async fn a_deployment_the_api_server_refuses_is_reported_not_retried_hot() {
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let degraded = wait_degraded(&mcs, "cache", "InvalidSpec", CONVERGE).await;
     assert!(
-        degraded.starts_with("the API server refused Deployment cache: ")
+        degraded.starts_with("the API server refused StatefulSet cache: ")
             && degraded.contains("images tagged untrusted are not allowed in this namespace"),
         "the server's message is on the Memcached: {degraded}"
     );
@@ -1091,7 +1105,7 @@ async fn a_deployment_the_api_server_refuses_is_reported_not_retried_hot() {
     assert_eq!(warnings.len(), 1, "one Warning event: {warnings:?}");
     assert_eq!(warnings[0].reason.as_deref(), Some("InvalidSpec"));
     assert!(
-        deployment_replicas(&client, &ns, "cache").await.is_none(),
+        stateful_set_replicas(&client, &ns, "cache").await.is_none(),
         "nothing was created"
     );
     let stored = mcs.get("cache").await.unwrap();
@@ -1128,7 +1142,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
     let client = admin().await;
     let ns = namespace(&client, "property").await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
@@ -1161,11 +1175,11 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
         }
         valid += 1;
         mc.metadata.uid = admitted.metadata.uid.or(Some(format!("uid-{i}")));
-        let d = resources::deployment(&mc, &resources::Images::default());
-        deployments
+        let d = resources::stateful_set(&mc, &resources::Images::default());
+        stateful_sets
             .patch(&d.name_any(), &apply, &kube::api::Patch::Apply(&d))
             .await
-            .unwrap_or_else(|e| panic!("the API server refused the Deployment for {spec:?}: {e}"));
+            .unwrap_or_else(|e| panic!("the API server refused the StatefulSet for {spec:?}: {e}"));
         let s = resources::service(&mc);
         services
             .patch(&s.name_any(), &apply, &kube::api::Patch::Apply(&s))
@@ -1353,8 +1367,8 @@ fn is_ready(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none() && harness::pod_is_ready(p)
 }
 
-/// `kubectl rollout status`'s test of a Deployment still rolling.
-fn is_rolling(d: &Deployment) -> bool {
+/// `kubectl rollout status`'s test of a StatefulSet still rolling.
+fn is_rolling(d: &StatefulSet) -> bool {
     let Some(status) = &d.status else {
         return true;
     };
@@ -1362,7 +1376,7 @@ fn is_rolling(d: &Deployment) -> bool {
     let updated = status.updated_replicas.unwrap_or(0);
     d.metadata.generation > status.observed_generation
         || updated < want
-        || status.replicas.unwrap_or(0) > updated
+        || status.replicas > updated
         || status.available_replicas.unwrap_or(0) < updated
 }
 
@@ -1381,19 +1395,19 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     for name in names {
         create(&client, &ns, &memcached(name, 1)).await;
     }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     for name in names {
         wait_converged(&client, &ns, name, 1).await;
     }
     // Ready is not yet available: minReadySeconds has to pass before the rollouts are complete.
     wait_for("every first rollout to complete", CONVERGE, || async {
-        let list = deployments.list(&ListParams::default()).await.ok()?.items;
+        let list = stateful_sets.list(&ListParams::default()).await.ok()?.items;
         (list.len() == names.len() && !list.iter().any(is_rolling)).then_some(())
     })
     .await;
     drop(old);
 
-    // The new operator version brings a new default image; one Deployment may roll at a time.
+    // The new operator version brings a new default image; one StatefulSet may roll at a time.
     let _new = Operator::start(
         &client,
         options("memcached:new", &["--max-concurrent-rollouts=1"]),
@@ -1403,7 +1417,7 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     let started = Instant::now();
     let (mut most_rolling, mut queued_seen) = (0, false);
     loop {
-        let list = deployments
+        let list = stateful_sets
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -1418,7 +1432,7 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
             .any(|mc| {
                 condition(mc, "Progressing").is_some_and(|(_, reason)| reason == "RolloutQueued")
             });
-        let image = |d: &Deployment| {
+        let image = |d: &StatefulSet| {
             d.spec
                 .as_ref()
                 .unwrap()
@@ -1451,7 +1465,7 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
         names.len(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(most_rolling, 1, "one Deployment rolled at a time");
+    assert_eq!(most_rolling, 1, "one StatefulSet rolled at a time");
     assert!(
         queued_seen,
         "the waiting Memcacheds said so (Progressing RolloutQueued)"
@@ -1517,9 +1531,9 @@ async fn set_monitoring(client: &Client, ns: &str, name: &str, enabled: bool) {
         .unwrap();
 }
 
-/// The containers of the Memcached's Deployment and the port names of its Service, as applied.
+/// The containers of the Memcached's StatefulSet and the port names of its Service, as applied.
 async fn exporter_and_port(client: &Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>) {
-    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+    let d = Api::<StatefulSet>::namespaced(client.clone(), ns)
         .get(name)
         .await
         .unwrap();
@@ -1559,7 +1573,7 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
     wait_converged(&client, &ns, "plain", 1).await;
 
     // The sidecar, as restricted as memcached, and the Service's metrics port.
-    let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
         .get("cache")
         .await
         .unwrap();

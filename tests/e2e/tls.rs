@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -79,8 +79,13 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 1)).await;
     wait_converged(&client, &ns, "cache", 1).await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let generation = deployments.get("cache").await.unwrap().metadata.generation;
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let generation = stateful_sets
+        .get("cache")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
 
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let on = serde_json::json!({"spec": {"tls": {"enabled": true, "secretName": "cert"}}});
@@ -114,7 +119,12 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
         "{mismatch}"
     );
     assert_eq!(
-        deployments.get("cache").await.unwrap().metadata.generation,
+        stateful_sets
+            .get("cache")
+            .await
+            .unwrap()
+            .metadata
+            .generation,
         generation,
         "nothing applied"
     );
@@ -130,7 +140,7 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
         .await
         .unwrap();
     wait_not_degraded(&mcs, "cache", CONVERGE).await;
-    let d = deployments.get("cache").await.unwrap();
+    let d = stateful_sets.get("cache").await.unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
     assert!(
         pod.containers[0]
@@ -178,7 +188,7 @@ async fn pods_with_auth_and_tls_converge_without_rewrites() {
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
-    // A pod replaced: the Deployment's status changes queue reconciles, which find every field
+    // A pod replaced: the StatefulSet's status changes queue reconciles, which find every field
     // of theirs as applied (a field the API server stores differently would be rewritten).
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
     let victim = pods

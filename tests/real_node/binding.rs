@@ -1,14 +1,14 @@
 //! spec.binding for real: an application pod that mounts the binding Secret as the Service
-//! Binding specification lays it out reaches every member, and the Service, with what it
-//! reads there, before and after the members change.
+//! Binding specification lays it out reaches every member by its stable name, and the Service,
+//! with what it reads there, before and after the members change.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::{AuthSpec, BindingSpec};
 use serde_json::json;
 
 use crate::harness::{CONVERGE, admin, create, memcached, set_size, wait_converged, wait_for};
-use crate::{RealNode, busybox_pod, operator_with_agent, pod_ip, pods_of, real_namespace};
+use crate::{RealNode, busybox_pod, operator_with_agent, pods_of, real_namespace};
 
 /// The application: reads `$SERVICE_BINDING_ROOT/cache/*`, logs in, and sets and gets a key on
 /// each of `servers` and on `host:port`, printing a line for each that answers.
@@ -44,8 +44,8 @@ async fn application(client: &Client, node: &RealNode, ns: &str) -> String {
     log
 }
 
-/// Waits until the binding lists the running pods, in the order of their names; their
-/// addresses.
+/// Waits until the binding lists the running pods by their stable names under the Service, in
+/// the order of their names; those addresses.
 async fn wait_servers_are_the_pods(client: &Client, ns: &str) -> Vec<String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     wait_for("the binding to list the pods", CONVERGE, || async {
@@ -54,7 +54,7 @@ async fn wait_servers_are_the_pods(client: &Client, ns: &str) -> Vec<String> {
         let pods: Vec<String> = pods_of(client, ns, "cache")
             .await
             .iter()
-            .map(|p| format!("{}:11211", pod_ip(p)))
+            .map(|p| format!("{}.cache.{ns}.svc:11211", p.name_any()))
             .collect();
         (servers == pods.join(",")).then_some(pods)
     })

@@ -10,6 +10,7 @@ mod data_path;
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod issuer;
+mod members;
 mod memcached;
 mod monitoring;
 mod network_policy;

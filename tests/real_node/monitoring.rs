@@ -300,10 +300,10 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     drop(held);
 
     // A refused Memcached, so the error and Degraded series exist too: a quota of one
-    // Deployment in the namespace, which "cache" already has.
+    // StatefulSet in the namespace, which "cache" already has.
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "one-deployment", "namespace": ns},
-        "spec": {"hard": {"count/deployments.apps": "1"}},
+        "metadata": {"name": "one-stateful-set", "namespace": ns},
+        "spec": {"hard": {"count/statefulsets.apps": "1"}},
     }))
     .unwrap();
     apply(
@@ -313,11 +313,11 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     .await;
     wait_for("the quota counted", CONVERGE, || async {
         let q = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
-            .get("one-deployment")
+            .get("one-stateful-set")
             .await
             .ok()?;
         let used = q.status?.used?;
-        (used.get("count/deployments.apps")?.0 == "1").then_some(())
+        (used.get("count/statefulsets.apps")?.0 == "1").then_some(())
     })
     .await;
     create(&client, &ns, &memcached("over-quota", 1)).await;

@@ -6,8 +6,11 @@ Reads a request on stdin, prints the answer on stdout, both JSON:
             "addresses": {"host": "ip"},     names as the cluster's DNS answered the test
             "ca": "PEM" | null,              TLS, verifying the server's name against this CA
             "login": ["user", "password"] | null,
-            "keys": n}                        written, then read back
+            "keys": n,                        written (unless "write": false), then read back
+            "write": true | false,            false: only read
+            "flush": true | false}            flush every server first
   answer:  {"stored": n, "found": n, "per_server": {"host:port": n}} or {"error": "..."}
+           (per_server: where the client puts each key, stored or not)
 """
 
 import json
@@ -61,15 +64,19 @@ def main():
         # No retries and no dead servers: a failure is the answer.
         client = App(servers, retry_attempts=1, dead_timeout=0, **options)
         server_of = lambda key: "%s:%d" % client._get_client(key).server
+    if request.get("flush"):
+        client.flush_all(noreply=False)
     keys = {f"app-{i}": f"value-{i}" for i in range(request["keys"])}
-    per_server = {}
+    per_server, stored = {}, 0
     for key, value in keys.items():
-        if not client.set(key, value, noreply=False):
-            raise RuntimeError(f"set {key} not stored")
+        if request.get("write", True):
+            if not client.set(key, value, noreply=False):
+                raise RuntimeError(f"set {key} not stored")
+            stored += 1
         per_server[server_of(key)] = per_server.get(server_of(key), 0) + 1
     got = client.get_many(list(keys))
     found = sum(1 for key, value in keys.items() if got.get(key) == value.encode())
-    return {"stored": len(keys), "found": found, "per_server": per_server}
+    return {"stored": stored, "found": found, "per_server": per_server}
 
 
 try:

@@ -6,10 +6,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
@@ -264,24 +263,22 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
         .unwrap();
     create(&client, &ns, &memcached("cache", 2)).await;
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let reported = wait_for(
-        "the Deployment to report ReplicaFailure",
-        CONVERGE,
-        || async {
-            let d = deployments.get("cache").await.ok()?;
-            d.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "ReplicaFailure" && c.status == "True")
-                .then(Instant::now)
-        },
-    )
+    // A StatefulSet has no condition for it: its controller records FailedCreate events.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let reported = wait_for("the StatefulSet's FailedCreate event", CONVERGE, || async {
+        let fields =
+            "involvedObject.kind=StatefulSet,involvedObject.name=cache,reason=FailedCreate";
+        let list = events
+            .list(&ListParams::default().fields(fields))
+            .await
+            .ok()?;
+        (!list.items.is_empty()).then(Instant::now)
+    })
     .await;
     let message = wait_named(&mcs, "cache", "PodCreationRefused", true, reported).await;
     assert!(
-        message.starts_with("1/2 pods are ready; the ReplicaSet cannot create pods: ")
-            || message.starts_with("0/2 pods are ready; the ReplicaSet cannot create pods: "),
+        message.starts_with("1/2 pods are ready; the StatefulSet cannot create pods: ")
+            || message.starts_with("0/2 pods are ready; the StatefulSet cannot create pods: "),
         "{message}"
     );
     assert!(

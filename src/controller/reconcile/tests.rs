@@ -10,13 +10,13 @@ use crate::controller::Rollouts;
 use crate::controller::outcome::{self, CONFLICT_RECHECK, REFUSED_RECHECK};
 use crate::controller::pod_index::PodMeta;
 use crate::fixtures::apiserver::{self, ApiServer};
-use crate::fixtures::{deployment_with_status, memcached};
+use crate::fixtures::{memcached, stateful_set_with_status};
 use crate::resources::Images;
 use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
 use kube::runtime::watcher;
 use operator_runtime::workers::{Next, Retry};
 
-const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+const STATEFUL_SET: &str = "/apis/apps/v1/namespaces/default/statefulsets/cache";
 const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
 const BUDGET: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
 const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
@@ -54,7 +54,7 @@ where
 }
 
 /// Requests answered in any order that must all be event creations: after a write of the
-/// Deployment the status is left to the refresh its watch event queues.
+/// StatefulSet the status is left to the refresh its watch event queues.
 fn events_only(seen: Vec<apiserver::Seen>) -> Vec<apiserver::Seen> {
     assert!(
         seen.iter()
@@ -91,13 +91,13 @@ fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
 }
 
 #[tokio::test]
-async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh() {
+async fn new_cr_gets_stateful_set_service_and_events_then_status_from_the_refresh() {
     let (ctx, api, mut caches) = apiserver::context();
     let mc = memcached("cache", 3);
     let sent = mc.clone();
     let (action, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
         // No reads: an apply that only creates tells whether the name is free.
-        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        let apply = api.echo("PATCH", STATEFUL_SET).await;
         assert!(
             apply
                 .path_and_query
@@ -130,7 +130,7 @@ async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh(
             budget.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
             "cache"
         );
-        // The budget's creation has no event of its own (it comes with the Deployment's).
+        // The budget's creation has no event of its own (it comes with the StatefulSet's).
         let rest = rest.into_iter().filter(|r| r.path() != BUDGET).collect();
         let mut events: Vec<_> = events_only(rest).into_iter().map(|e| e.body).collect();
         events.sort_by_key(|e| e["note"].to_string());
@@ -149,13 +149,13 @@ async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh(
             [
                 (
                     json!("Created"),
-                    json!("Created Deployment cache"),
-                    json!("Deployment")
+                    json!("Created Service cache"),
+                    json!("Service")
                 ),
                 (
                     json!("Created"),
-                    json!("Created Service cache"),
-                    json!("Service")
+                    json!("Created StatefulSet cache"),
+                    json!("StatefulSet")
                 ),
             ]
         );
@@ -164,8 +164,8 @@ async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh(
     .await;
     assert_eq!(action.unwrap(), Outcome::Converged);
 
-    // The Deployment's watch event (in the cache, no pods yet) queues the status refresh.
-    caches.add_deployment(deployment_with_status(&mc, 3, 0));
+    // The StatefulSet's watch event (in the cache, no pods yet) queues the status refresh.
+    caches.add_stateful_set(stateful_set_with_status(&mc, 3, 0));
     caches.add_service(resources::service(&mc));
     caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
     let action = scenario(mc.clone(), ctx, api, |mut api| async move {
@@ -181,15 +181,15 @@ async fn new_cr_gets_deployment_service_and_events_then_status_from_the_refresh(
 /// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
 /// operator wrote then.
 fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
-    let d = deployment_with_status(mc, mc.spec.size, mc.spec.size);
-    caches.add_deployment(d.clone());
+    let d = stateful_set_with_status(mc, mc.spec.size, mc.spec.size);
+    caches.add_stateful_set(d.clone());
     caches.add_service(resources::service(mc));
     if let Some(mut budget) = resources::pod_disruption_budget(mc) {
         budget.metadata.uid = Some("uid-budget".into());
         caches.add_budget(budget);
     }
     let observed = Observed {
-        deployment: Some(d.seen()),
+        stateful_set: Some(d.seen()),
         ..Default::default()
     };
     mc.status = Some(status::desired_status(
@@ -238,19 +238,19 @@ async fn a_memcached_deleted_meanwhile_is_no_failure() {
 
 #[tokio::test]
 async fn a_namespace_being_deleted_is_no_failure() {
-    // Its Deployment deleted with the namespace before the Memcached was: creating it again
+    // Its StatefulSet deleted with the namespace before the Memcached was: creating it again
     // is refused, and the Memcached goes next.
     let (ctx, api, _caches) = apiserver::context();
     let mc = memcached("cache", 1);
     let terminating = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-        "message": "deployments.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
-        "details": {"name": "cache", "group": "apps", "kind": "deployments",
+        "message": "statefulsets.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
+        "details": {"name": "cache", "group": "apps", "kind": "statefulsets",
                     "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}});
     let action = one_request(
         mc,
         &ctx,
         api,
-        ("PATCH", DEPLOYMENT),
+        ("PATCH", STATEFUL_SET),
         StatusCode::FORBIDDEN,
         terminating,
     );
@@ -276,7 +276,7 @@ async fn one_request(
 }
 
 #[tokio::test]
-async fn size_change_scales_the_deployment() {
+async fn size_change_scales_the_stateful_set() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 3);
     converged(&mut mc, &mut caches);
@@ -284,7 +284,7 @@ async fn size_change_scales_the_deployment() {
     mc.metadata.generation = Some(2);
 
     scenario(mc.clone(), ctx, api, |mut api| async move {
-        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        let apply = api.echo("PATCH", STATEFUL_SET).await;
         assert_eq!(apply.body["spec"]["replicas"], 5);
         let events = events_only(api.echo_any_order(1, &mc).await);
         let [event] = &events[..] else {
@@ -293,7 +293,7 @@ async fn size_change_scales_the_deployment() {
         assert_eq!(event.body["reason"], "Scaled");
         assert_eq!(
             event.body["note"],
-            "Scaled Deployment cache from 3 to 5 replicas"
+            "Scaled StatefulSet cache from 3 to 5 replicas"
         );
         api
     })
@@ -303,28 +303,28 @@ async fn size_change_scales_the_deployment() {
 
 fn conflict(_: &serde_json::Value) -> serde_json::Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-           "message": "Operation cannot be fulfilled on deployments.apps \"cache\": the object has been modified"})
+           "message": "Operation cannot be fulfilled on statefulsets.apps \"cache\": the object has been modified"})
 }
 
-fn foreign_deployment(mc: &Memcached) -> serde_json::Value {
-    let mut foreign = resources::deployment(mc, &Images::new("someone/else"));
+fn foreign_stateful_set(mc: &Memcached) -> serde_json::Value {
+    let mut foreign = resources::stateful_set(mc, &Images::new("someone/else"));
     foreign.metadata.owner_references = None;
     foreign.metadata.labels = None;
     serde_json::to_value(&foreign).unwrap()
 }
 
 #[tokio::test]
-async fn foreign_deployment_is_left_untouched_with_a_warning() {
+async fn foreign_stateful_set_is_left_untouched_with_a_warning() {
     let (ctx, api, _caches) = apiserver::context();
     let mc = memcached("cache", 1);
-    let foreign = foreign_deployment(&mc);
+    let foreign = foreign_stateful_set(&mc);
     let action = scenario(mc.clone(), ctx, api, |mut api| async move {
         // The create-only apply fails on the existing object, without changing it.
         let create = api
-            .expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+            .expect("PATCH", STATEFUL_SET, StatusCode::CONFLICT, conflict)
             .await;
         assert_eq!(create.body["metadata"]["resourceVersion"], "1");
-        api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| foreign)
+        api.expect("GET", STATEFUL_SET, StatusCode::OK, move |_| foreign)
             .await;
         // Nothing else is created.
         let status = api.echo_status(STATUS, &mc).await;
@@ -349,7 +349,7 @@ async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
     let (ctx, api, _caches) = apiserver::context();
     let mut mc = memcached("cache", 1);
     let blocked = Blocked::ResourceExists {
-        message: status::conflict_message("Deployment", &mc),
+        message: status::conflict_message("StatefulSet", &mc),
     };
     let observed = Observed {
         blocked: Some(blocked),
@@ -360,19 +360,19 @@ async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
         &observed,
         &crate::fixtures::time(0),
     ));
-    let foreign = foreign_deployment(&mc);
+    let foreign = foreign_stateful_set(&mc);
     let action = scenario(mc.clone(), ctx, api, |mut api| async move {
         let mut reads = Vec::new();
         for _ in 0..2 {
             let (request, reply) = api.receive_any().await;
             reads.push(request.path().to_string());
             match request.path() {
-                DEPLOYMENT => reply.send(StatusCode::OK, &foreign),
+                STATEFUL_SET => reply.send(StatusCode::OK, &foreign),
                 _ => reply.send(StatusCode::NOT_FOUND, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})),
             }
         }
         reads.sort();
-        assert_eq!(reads, [SERVICE, DEPLOYMENT]);
+        assert_eq!(reads, [SERVICE, STATEFUL_SET]);
         // The status already says so, and the Warning was published: nothing more.
         api
     })
@@ -385,11 +385,11 @@ async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
 async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 1);
-    let stored = crate::fixtures::stored_deployment(&mc, 1, 1);
-    let d = deployment_with_status(&mc, 1, 1);
+    let stored = crate::fixtures::stored_stateful_set(&mc, 1, 1);
+    let d = stateful_set_with_status(&mc, 1, 1);
     caches.add_service(resources::service(&mc));
     let observed = Observed {
-        deployment: Some(d.seen()),
+        stateful_set: Some(d.seen()),
         ..Default::default()
     };
     mc.status = Some(status::desired_status(
@@ -399,9 +399,9 @@ async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
     ));
     let ours = serde_json::to_value(&stored).unwrap();
     scenario(mc, ctx, api, |mut api| async move {
-        api.expect("PATCH", DEPLOYMENT, StatusCode::CONFLICT, conflict)
+        api.expect("PATCH", STATEFUL_SET, StatusCode::CONFLICT, conflict)
             .await;
-        api.expect("GET", DEPLOYMENT, StatusCode::OK, move |_| ours)
+        api.expect("GET", STATEFUL_SET, StatusCode::OK, move |_| ours)
             .await;
         api
     })
@@ -416,13 +416,13 @@ async fn refused_apply_is_reported_once_and_rechecked_slowly() {
     caches.add_service(resources::service(&mc));
     let invalid = |_: &serde_json::Value| {
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
-               "message": "Deployment.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
+               "message": "StatefulSet.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
     };
     let reported = mc.clone();
     let outcome = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
         api.expect(
             "PATCH",
-            DEPLOYMENT,
+            STATEFUL_SET,
             StatusCode::UNPROCESSABLE_ENTITY,
             invalid,
         )
@@ -443,7 +443,7 @@ async fn refused_apply_is_reported_once_and_rechecked_slowly() {
             .unwrap()
             .to_string();
         assert!(
-            message.starts_with("the API server refused Deployment cache: ")
+            message.starts_with("the API server refused StatefulSet cache: ")
                 && message.contains("must be less than or equal to cpu limit"),
             "{message}"
         );
@@ -475,7 +475,7 @@ async fn an_api_error_is_retried_with_the_backoff() {
     let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
         api.expect(
             "PATCH",
-            DEPLOYMENT,
+            STATEFUL_SET,
             StatusCode::INTERNAL_SERVER_ERROR,
             server_error,
         )
@@ -498,7 +498,7 @@ async fn below_two_pods_the_budget_is_deleted() {
     mc.spec.size = 1;
     mc.metadata.generation = Some(2);
     scenario(mc.clone(), ctx, api, |mut api| async move {
-        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        let apply = api.echo("PATCH", STATEFUL_SET).await;
         assert_eq!(apply.body["spec"]["replicas"], 1);
         let delete = api
             .expect(
@@ -519,7 +519,7 @@ async fn below_two_pods_the_budget_is_deleted() {
             notes,
             [
                 "\"Deleted PodDisruptionBudget cache: no longer wanted by the spec\"",
-                "\"Scaled Deployment cache from 3 to 1 replicas\""
+                "\"Scaled StatefulSet cache from 3 to 1 replicas\""
             ]
         );
         api
@@ -586,22 +586,22 @@ fn paths(requests: &Requests) -> Vec<(&str, &str)> {
 
 #[tokio::test]
 async fn monitoring_without_the_service_monitor_api_adds_the_exporter_and_port_only() {
-    // The status comes with the refresh the Deployment's watch event queues.
+    // The status comes with the refresh the StatefulSet's watch event queues.
     let requests = requests_of(false, 4, turning_monitoring_on).await;
     assert_eq!(
         paths(&requests),
         [
             ("PATCH", SERVICE),
-            ("PATCH", DEPLOYMENT),
+            ("PATCH", STATEFUL_SET),
             ("POST", EVENTS),
             ("POST", EVENTS)
         ],
         "nothing under monitoring.coreos.com"
     );
     assert_eq!(requests[0].2["spec"]["ports"][1]["name"], "metrics");
-    let deployment = &requests[1].2;
+    let stateful_set = &requests[1].2;
     assert_eq!(
-        deployment["spec"]["template"]["spec"]["containers"][1]["name"],
+        stateful_set["spec"]["template"]["spec"]["containers"][1]["name"],
         "exporter"
     );
 }
@@ -613,7 +613,7 @@ async fn monitoring_where_the_api_is_served_creates_an_owned_service_monitor() {
         paths(&requests),
         [
             ("PATCH", SERVICE),
-            ("PATCH", DEPLOYMENT),
+            ("PATCH", STATEFUL_SET),
             ("PATCH", MONITOR),
             ("POST", EVENTS),
             ("POST", EVENTS)
@@ -647,7 +647,7 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
     scenario(off.clone(), ctx, api, |mut api| async move {
         let mut seen = Vec::new();
         let mut notes = Vec::new();
-        // The monitor's deletion, the Deployment and Service applies, and their three
+        // The monitor's deletion, the StatefulSet and Service applies, and their three
         // events (two updates, one deletion); the status comes with the refresh.
         for _ in 0..6 {
             let (request, reply) = api.receive_any().await;
@@ -678,7 +678,7 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
             [
                 ("DELETE".to_string(), MONITOR.to_string()),
                 ("PATCH".to_string(), SERVICE.to_string()),
-                ("PATCH".to_string(), DEPLOYMENT.to_string()),
+                ("PATCH".to_string(), STATEFUL_SET.to_string()),
                 ("POST".to_string(), EVENTS.to_string()),
             ]
         );
@@ -704,7 +704,7 @@ fn upgraded_operator(limit: u16) -> (Arc<Context>, ApiServer, apiserver::Caches)
 }
 
 #[tokio::test]
-async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
+async fn an_upgrade_rolls_only_as_many_stateful_sets_as_the_budget_allows() {
     let (ctx, api, mut caches) = upgraded_operator(1);
     let mut first = memcached("cache", 3);
     converged(&mut first, &mut caches);
@@ -712,7 +712,7 @@ async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
     converged(&mut second, &mut caches);
 
     let (action, api) = scenario_then(first.clone(), ctx.clone(), api, |mut api| async move {
-        let apply = api.echo("PATCH", DEPLOYMENT).await;
+        let apply = api.echo("PATCH", STATEFUL_SET).await;
         assert_eq!(
             apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
             "memcached:next"
@@ -742,7 +742,7 @@ async fn an_upgrade_rolls_only_as_many_deployments_as_the_budget_allows() {
     let mut changed = second;
     changed.spec.size = 4;
     changed.metadata.generation = Some(2);
-    let path = DEPLOYMENT.replace("/cache", "/other");
+    let path = STATEFUL_SET.replace("/cache", "/other");
     scenario(changed.clone(), ctx, api, |mut api| async move {
         let apply = api.echo("PATCH", &path).await;
         assert_eq!(
@@ -770,7 +770,6 @@ fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
             cause: crate::status::pods::Cause::ImagePullFailed,
             words: words.into(),
         }),
-        ip: None,
     }
 }
 
@@ -779,8 +778,8 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 2);
     converged(&mut mc, &mut caches);
-    caches.add_deployment(deployment_with_status(&mc, 2, 0));
-    for pod in ["cache-a", "cache-b"] {
+    caches.add_stateful_set(stateful_set_with_status(&mc, 2, 0));
+    for pod in ["cache-0", "cache-1"] {
         let pod = pod_that_cannot_pull(&mc, pod, "failed to pull image: not found");
         ctx.pods.observe(&watcher::Event::Apply(pod));
     }
@@ -818,10 +817,10 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
 
     // The kubelet retries: the pods now say "Back-off pulling image". The status written keeps
     // the first words, and the cause was warned about: no request.
-    let deployment = deployment_with_status(&mc, 2, 0);
+    let stateful_set = stateful_set_with_status(&mc, 2, 0);
     let pods = ctx.pods.pods_of("default", "cache");
     let observed = Observed {
-        deployment: Some(deployment.seen()),
+        stateful_set: Some(stateful_set.seen()),
         pods: pods.names,
         troubles: pods.troubles,
         ..Default::default()
@@ -831,7 +830,7 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
         &observed,
         &crate::fixtures::time(1),
     ));
-    for pod in ["cache-a", "cache-b"] {
+    for pod in ["cache-0", "cache-1"] {
         let pod = pod_that_cannot_pull(&mc, pod, "Back-off pulling image \"memcached:nope\"");
         ctx.pods.observe(&watcher::Event::Apply(pod));
     }
@@ -861,7 +860,7 @@ async fn turning_the_network_policy_on_applies_it_and_leaves_the_pods_alone() {
     assert_eq!(
         paths(&requests),
         [("PATCH", STATUS), ("PATCH", NETWORK_POLICY)],
-        "no Deployment write: the pods keep running"
+        "no StatefulSet write: the pods keep running"
     );
     assert_eq!(
         requests[1].2["spec"]["ingress"][0]["from"],
@@ -897,3 +896,5 @@ async fn a_policy_the_operator_may_not_keep_blocks_the_memcached_instead_of_leav
 
 mod binding;
 mod certificates;
+mod creation;
+mod migration;

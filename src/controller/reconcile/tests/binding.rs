@@ -1,5 +1,5 @@
-//! The binding Secret (`spec.binding`): written when the members change, read and left alone
-//! when they do not, deleted once turned off.
+//! The binding Secret (`spec.binding`): written with the members' stable names, read and left
+//! alone while it holds them (whatever the pods do), deleted once turned off.
 
 use std::collections::BTreeMap;
 
@@ -11,27 +11,43 @@ use super::*;
 
 const BINDING: &str = "/api/v1/namespaces/default/secrets/cache-binding";
 
-/// A converged Memcached of two pods, `cache-a` at 10.0.0.9 and `cache-b` at 10.0.0.1, whose
-/// spec turns the binding on (`binding`) or off.
+/// The member `name` of the Memcached "cache", as the pod watch reports it.
+fn member(name: &str) -> PodMeta {
+    let labels = [(resources::LABEL_INSTANCE.to_string(), "cache".to_string())];
+    PodMeta {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            labels: Some(labels.into()),
+            ..Default::default()
+        },
+        trouble: None,
+    }
+}
+
+/// A converged Memcached of two members, `cache-0` and `cache-1`, whose spec turns the binding
+/// on (`binding`) or off.
 fn two_pods(ctx: &Context, caches: &mut apiserver::Caches, binding: bool) -> Memcached {
     let mut mc = memcached("cache", 2);
     converged(&mut mc, caches);
-    for (name, ip) in [("cache-a", "10.0.0.9"), ("cache-b", "10.0.0.1")] {
-        let labels = [(resources::LABEL_INSTANCE.to_string(), "cache".to_string())];
-        ctx.pods.observe(&watcher::Event::Apply(PodMeta {
-            metadata: ObjectMeta {
-                namespace: Some("default".into()),
-                name: Some(name.into()),
-                labels: Some(labels.into()),
-                ..Default::default()
-            },
-            trouble: None,
-            ip: Some(ip.parse().unwrap()),
-        }));
+    for name in ["cache-0", "cache-1"] {
+        ctx.pods.observe(&watcher::Event::Apply(member(name)));
     }
     mc.spec.binding = Some(crate::api::BindingSpec { enabled: binding });
     mc
 }
+
+/// `mc` as it reports its binding and its two members.
+fn reporting_the_binding(mut mc: Memcached) -> Memcached {
+    let status = mc.status.as_mut().unwrap();
+    status.nodes = vec!["cache-0".into(), "cache-1".into()];
+    status.binding = Some(crate::api::BindingStatus {
+        name: "cache-binding".into(),
+    });
+    mc
+}
+
+const MEMBERS: &str = "cache-0.cache.default.svc:11211,cache-1.cache.default.svc:11211";
 
 fn not_found(_: &serde_json::Value) -> serde_json::Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
@@ -44,7 +60,7 @@ fn servers(secret: &serde_json::Value) -> String {
 }
 
 #[tokio::test]
-async fn a_new_binding_lists_the_members_in_the_order_of_their_names_and_is_reported() {
+async fn a_new_binding_lists_the_members_by_their_stable_names_and_is_reported() {
     let (ctx, api, mut caches) = apiserver::context();
     let mc = two_pods(&ctx, &mut caches, true);
     let answered = mc.clone();
@@ -57,7 +73,7 @@ async fn a_new_binding_lists_the_members_in_the_order_of_their_names_and_is_repo
                 .path_and_query
                 .contains("fieldManager=memcached-operator")
         );
-        assert_eq!(servers(&applied.body), "10.0.0.9:11211,10.0.0.1:11211");
+        assert_eq!(servers(&applied.body), MEMBERS);
         assert_eq!(applied.body["type"], "servicebinding.io/memcached");
         let status = api.echo_status(STATUS, &answered).await;
         assert_eq!(
@@ -73,22 +89,45 @@ async fn a_new_binding_lists_the_members_in_the_order_of_their_names_and_is_repo
 #[tokio::test]
 async fn a_binding_that_holds_what_it_should_is_read_and_not_rewritten() {
     let (ctx, api, mut caches) = apiserver::context();
-    let mut mc = two_pods(&ctx, &mut caches, true);
-    let current = resources::binding::secret(
-        &mc,
-        &ctx.pods.pods_of("default", "cache").addresses,
-        &Default::default(),
-    )
-    .unwrap();
-    let status = mc.status.as_mut().unwrap();
-    status.nodes = vec!["cache-a".into(), "cache-b".into()];
-    status.binding = Some(crate::api::BindingStatus {
-        name: "cache-binding".into(),
-    });
+    let mc = reporting_the_binding(two_pods(&ctx, &mut caches, true));
+    let current = resources::binding::secret(&mc, &Default::default()).unwrap();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         let current = serde_json::to_value(&current).unwrap();
         api.expect("GET", BINDING, StatusCode::OK, |_| current)
             .await;
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::Converged);
+}
+
+#[tokio::test]
+async fn a_member_being_replaced_stays_in_the_binding() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = reporting_the_binding(two_pods(&ctx, &mut caches, true));
+    let current = resources::binding::secret(&mc, &Default::default()).unwrap();
+    // cache-1 is gone until the StatefulSet creates it again, under the same name.
+    ctx.pods.observe(&watcher::Event::Delete(member("cache-1")));
+    let answered = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let current = serde_json::to_value(&current).unwrap();
+        assert_eq!(servers(&current), MEMBERS);
+        api.expect("GET", BINDING, StatusCode::OK, |_| current)
+            .await;
+        // The binding is not written again: only the status changes, with its pods.
+        let status = api.echo_status(STATUS, &answered).await;
+        assert_eq!(status.body["status"]["nodes"], json!(["cache-0"]));
+        assert_eq!(
+            status.body["status"]["servers"],
+            json!([
+                "cache-0.cache.default.svc:11211",
+                "cache-1.cache.default.svc:11211"
+            ])
+        );
+        assert_eq!(
+            status.body["status"]["binding"],
+            json!({"name": "cache-binding"})
+        );
         api
     })
     .await;
@@ -103,7 +142,7 @@ async fn turning_the_binding_off_deletes_only_the_secret_it_made() {
         name: "cache-binding".into(),
     });
     let mut ours =
-        resources::binding::secret(&memcached_with_binding(&mc), &[], &Default::default()).unwrap();
+        resources::binding::secret(&memcached_with_binding(&mc), &Default::default()).unwrap();
     ours.metadata.uid = Some("uid-binding".into());
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {

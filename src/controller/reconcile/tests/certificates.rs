@@ -24,7 +24,7 @@ async fn an_issuer_where_cert_manager_is_served_gets_a_certificate_applied() {
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         // The issued Secret is read (not there yet: the pods wait for it), then the
-        // Certificate and the Deployment that mounts it are applied, in either order.
+        // Certificate and the StatefulSet that mounts it are applied, in either order.
         api.expect("GET", "/api/v1/namespaces/default/secrets/cache-tls", http::StatusCode::NOT_FOUND, |_| {
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
         })
@@ -37,7 +37,7 @@ async fn an_issuer_where_cert_manager_is_served_gets_a_certificate_applied() {
         assert_eq!(certificate.method, "PATCH");
         assert_eq!(certificate.body["spec"]["secretName"], "cache-tls");
         assert_eq!(certificate.body["spec"]["issuerRef"]["name"], "ca");
-        assert!(seen.iter().any(|r| r.path() == DEPLOYMENT));
+        assert!(seen.iter().any(|r| r.path() == STATEFUL_SET));
         api
     })
     .await;

@@ -1,10 +1,11 @@
-//! The Deployment a Memcached owns: its pod template, memcached's flags, the exporter sidecar,
-//! the rollout strategy and where the pods may be scheduled.
+//! The StatefulSet a Memcached owns: stable members `<name>-0 … <name>-N-1`, its pod template,
+//! memcached's flags, the exporter sidecar, the update strategy and where the pods may be
+//! scheduled.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
@@ -90,8 +91,8 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
     }
 }
 
-/// The Deployment a Memcached should have.
-pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
+/// The StatefulSet a Memcached should have.
+pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
     let default_image = images.memcached.as_str();
     let port = mc.spec.container_port;
     let rollout = mc.spec.rollout.clone().unwrap_or_default();
@@ -171,20 +172,29 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
         .collect();
     pod.volumes = Some(volumes).filter(|v| !v.is_empty());
     agent::add_to_pod(mc, &mut pod, &images.agent);
-    Deployment {
+    StatefulSet {
         metadata: owned_metadata(mc),
-        spec: Some(DeploymentSpec {
+        spec: Some(StatefulSetSpec {
             replicas: Some(mc.spec.size),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(mc)),
                 ..LabelSelector::default()
             },
-            strategy: Some(DeploymentStrategy {
+            // The headless Service gives each member its DNS name, `<pod>.<name>.<ns>.svc`.
+            service_name: Some(mc.name_any()),
+            // Members are independent caches: start and stop them together, not in order.
+            pod_management_policy: Some("Parallel".to_string()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_string()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(rollout.max_surge)),
-                    max_unavailable: Some(IntOrString::Int(rollout.max_unavailable)),
-                }),
+                // A member is replaced under its own name, so it cannot surge: the pods updated
+                // at once are maxUnavailable, at least one (the API server's default, left to
+                // it: an empty rollingUpdate of ours would read as drift against its default).
+                rolling_update: (rollout.max_unavailable > 1).then_some(
+                    RollingUpdateStatefulSetStrategy {
+                        max_unavailable: Some(IntOrString::Int(rollout.max_unavailable)),
+                        partition: None,
+                    },
+                ),
             }),
             min_ready_seconds: Some(rollout.min_ready_seconds),
             template: PodTemplateSpec {
@@ -195,7 +205,7 @@ pub fn deployment(mc: &Memcached, images: &Images) -> Deployment {
                 }),
                 spec: Some(pod),
             },
-            ..DeploymentSpec::default()
+            ..StatefulSetSpec::default()
         }),
         status: None,
     }
@@ -303,12 +313,17 @@ mod tests {
     };
 
     #[test]
-    fn deployment_runs_size_replicas_of_memcached_owned_by_the_cr() {
+    fn stateful_set_runs_size_replicas_of_memcached_owned_by_the_cr() {
         let mc = memcached("cache", 3);
-        let d = deployment(&mc, &Images::new("memcached:test"));
+        let d = stateful_set(&mc, &Images::new("memcached:test"));
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(d.metadata.name.as_deref(), Some("cache"));
+        // Members `cache-N` get their DNS names from the headless Service of the same name, and
+        // start and stop together.
+        assert_eq!(spec.service_name.as_deref(), Some("cache"));
+        assert_eq!(service(&mc).metadata.name.as_deref(), Some("cache"));
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
         assert!(is_controlled_by(&d.metadata, &mc));
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
@@ -331,7 +346,7 @@ mod tests {
     #[test]
     fn selector_is_a_subset_of_pod_labels() {
         let mc = memcached("cache", 1);
-        let d = deployment(&mc, &Images::new("img"));
+        let d = stateful_set(&mc, &Images::new("img"));
         let spec = d.spec.unwrap();
         let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
         for (k, v) in spec.selector.match_labels.unwrap() {
@@ -349,7 +364,7 @@ mod tests {
 
     #[test]
     fn pod_meets_the_restricted_pod_security_profile() {
-        let d = deployment(&memcached("cache", 1), &Images::new("img"));
+        let d = stateful_set(&memcached("cache", 1), &Images::new("img"));
         let pod = d.spec.unwrap().template.spec.unwrap();
         let psc = pod.security_context.unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
@@ -367,7 +382,7 @@ mod tests {
         mc.spec.image = Some("memcached:custom".into());
         mc.spec.max_memory_mib = 256;
         mc.spec.container_port = 12345;
-        let d = deployment(&mc, &Images::new("default-image"));
+        let d = stateful_set(&mc, &Images::new("default-image"));
         let c = &d.spec.unwrap().template.spec.unwrap().containers[0];
         assert_eq!(c.image.as_deref(), Some("memcached:custom"));
         assert_eq!(c.args.as_ref().unwrap()[..4], ["-m", "256", "-p", "12345"]);
@@ -376,7 +391,7 @@ mod tests {
     }
 
     fn pod_of(mc: &Memcached) -> PodSpec {
-        deployment(mc, &Images::new("img"))
+        stateful_set(mc, &Images::new("img"))
             .spec
             .unwrap()
             .template
@@ -385,13 +400,14 @@ mod tests {
     }
 
     #[test]
-    fn rollouts_by_default_keep_every_pod_serving_until_its_replacement_is_ready() {
-        let d = deployment(&memcached("cache", 3), &Images::new("img"))
+    fn updates_by_default_replace_one_member_at_a_time_and_let_it_drain() {
+        let d = stateful_set(&memcached("cache", 3), &Images::new("img"))
             .spec
             .unwrap();
-        let rolling = d.strategy.unwrap().rolling_update.unwrap();
-        assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
-        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+        let strategy = d.update_strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        // The API's defaults: one member at a time, every member (partition 0).
+        assert_eq!(strategy.rolling_update, None);
         assert_eq!(d.min_ready_seconds, Some(5));
         let pod = d.template.spec.unwrap();
         let pre_stop = pod.containers[0]
@@ -405,19 +421,32 @@ mod tests {
     }
 
     #[test]
-    fn rollout_settings_reach_the_deployment() {
+    fn rollout_settings_reach_the_stateful_set() {
         let mc = spec_from(serde_json::json!({"rollout": {
-            "maxSurge": 2, "maxUnavailable": 1, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
-        let d = deployment(&mc, &Images::new("img")).spec.unwrap();
-        let rolling = d.strategy.unwrap().rolling_update.unwrap();
-        assert_eq!(
-            (rolling.max_surge, rolling.max_unavailable),
-            (Some(IntOrString::Int(2)), Some(IntOrString::Int(1)))
-        );
+            "maxSurge": 3, "maxUnavailable": 2, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
+        let d = stateful_set(&mc, &Images::new("img")).spec.unwrap();
+        let rolling = d.update_strategy.clone().unwrap().rolling_update.unwrap();
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(2)));
         assert_eq!(d.min_ready_seconds, Some(0));
+        // A member is replaced under its own name: there is nothing to surge with, and a
+        // changed maxSurge changes nothing.
+        let surge_one = spec_from(serde_json::json!({"rollout": {
+            "maxSurge": 1, "maxUnavailable": 2, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
+        assert_eq!(
+            stateful_set(&surge_one, &Images::new("img")).spec.unwrap(),
+            d
+        );
         let pod = d.template.spec.unwrap();
         assert_eq!(pod.containers[0].lifecycle, None, "no delay, no hook");
         assert_eq!(pod.termination_grace_period_seconds, Some(20));
+
+        // 0 and 1 both mean one at a time: left to the API's default.
+        for one in [0, 1] {
+            let mc = spec_from(serde_json::json!({"rollout": {"maxUnavailable": one}}));
+            let d = stateful_set(&mc, &Images::new("img")).spec.unwrap();
+            let rolling = d.update_strategy.unwrap().rolling_update;
+            assert_eq!(rolling, None, "maxUnavailable {one}");
+        }
     }
 
     #[test]
@@ -482,7 +511,10 @@ mod tests {
             "podAnnotations": {"prometheus.io/scrape": "true"},
             "podLabels": {"team": "web"},
         }));
-        let template = deployment(&mc, &Images::new("img")).spec.unwrap().template;
+        let template = stateful_set(&mc, &Images::new("img"))
+            .spec
+            .unwrap()
+            .template;
         let pod = template.spec.unwrap();
         assert_eq!(pod.node_selector.unwrap()["disk"], "ssd");
         assert_eq!(pod.tolerations.unwrap()[0].value.as_deref(), Some("cache"));
@@ -499,7 +531,7 @@ mod tests {
     fn the_operators_labels_win_over_pod_labels() {
         // Admission refuses these; an object stored before that rule must still be selected.
         let mc = spec_from(serde_json::json!({"podLabels": {LABEL_INSTANCE: "other"}}));
-        let labels = deployment(&mc, &Images::new("img"))
+        let labels = stateful_set(&mc, &Images::new("img"))
             .spec
             .unwrap()
             .template
@@ -554,7 +586,7 @@ mod tests {
             exporter: "exporter:default".into(),
             ..Images::new("memcached:x")
         };
-        let pod = deployment(&mc, &images)
+        let pod = stateful_set(&mc, &images)
             .spec
             .unwrap()
             .template
@@ -625,7 +657,7 @@ mod tests {
             agent: "operator:1".into(),
             ..Images::new("memcached:x")
         };
-        let pod = deployment(&mc, &images)
+        let pod = stateful_set(&mc, &images)
             .spec
             .unwrap()
             .template

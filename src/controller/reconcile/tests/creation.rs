@@ -1,0 +1,102 @@
+//! Pods the StatefulSet cannot create (a quota, an admission policy): its controller says why
+//! only in `FailedCreate` events, which are read while its status shows pods missing.
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::*;
+
+const STATEFUL_SET_EVENTS: &str = "/api/v1/namespaces/default/events";
+
+/// A core/v1 EventList with one `FailedCreate` of the StatefulSet "cache", seen `ago` before now.
+fn failed_create(message: &str, ago: k8s_openapi::jiff::SignedDuration) -> serde_json::Value {
+    let at = k8s_openapi::jiff::Timestamp::now() - ago;
+    json!({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": [{
+        "metadata": {"name": "cache.17f0", "namespace": "default"},
+        "involvedObject": {"kind": "StatefulSet", "namespace": "default", "name": "cache"},
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": message,
+        "lastTimestamp": at.to_string(),
+    }]})
+}
+
+/// A converged Memcached of 3 whose StatefulSet, having seen its spec, runs only 1 pod.
+fn one_of_three(caches: &mut apiserver::Caches) -> Memcached {
+    let mut mc = memcached("cache", 3);
+    converged(&mut mc, caches);
+    caches.add_stateful_set(stateful_set_with_status(&mc, 1, 1));
+    mc
+}
+
+const QUOTA: &str = "create Pod cache-1 in StatefulSet cache failed error: pods \"cache-1\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=1, limited: pods=1";
+
+#[tokio::test]
+async fn a_refused_pod_creation_is_reported_with_the_stateful_sets_words() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = one_of_three(&mut caches);
+    let reported = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let read = api
+            .expect("GET", STATEFUL_SET_EVENTS, StatusCode::OK, |_| {
+                failed_create(QUOTA, k8s_openapi::jiff::SignedDuration::from_secs(30))
+            })
+            .await;
+        let query = read.path_and_query.replace("%3D", "=").replace("%2C", ",");
+        for field in [
+            "involvedObject.kind=StatefulSet",
+            "involvedObject.name=cache",
+            "reason=FailedCreate",
+        ] {
+            assert!(query.contains(field), "{query}");
+        }
+        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+        let message = format!("1/3 pods are ready; the StatefulSet cannot create pods: {QUOTA}");
+        for type_ in [AVAILABLE, DEGRADED] {
+            let c = status.body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == type_)
+                .unwrap();
+            assert_eq!(c["reason"], "PodCreationRefused");
+            assert_eq!(c["message"], message.as_str());
+        }
+        assert_eq!(condition(&status.body, DEGRADED).0, "True");
+        let [warning] = &events[..] else {
+            panic!("one event: {}", events.len());
+        };
+        assert_eq!(
+            (&warning.body["type"], &warning.body["reason"]),
+            (&json!("Warning"), &json!("PodCreationRefused"))
+        );
+        api
+    })
+    .await;
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome, Outcome::PodsMissing);
+    assert_eq!(outcome.next(), Next::After(outcome::MISSING_RECHECK));
+}
+
+#[tokio::test]
+async fn an_old_refusal_is_not_reported() {
+    // The quota was raised since: the pods are only not Ready yet.
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = one_of_three(&mut caches);
+    let reported = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        api.expect("GET", STATEFUL_SET_EVENTS, StatusCode::OK, |_| {
+            failed_create(QUOTA, k8s_openapi::jiff::SignedDuration::from_mins(30))
+        })
+        .await;
+        let status = api.echo_status(STATUS, &reported).await;
+        assert_eq!(
+            condition(&status.body, AVAILABLE),
+            ("False".into(), "PodsNotReady".into())
+        );
+        assert_eq!(condition(&status.body, DEGRADED).0, "False");
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::PodsMissing);
+}

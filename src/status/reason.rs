@@ -1,0 +1,115 @@
+//! The reasons of the conditions this operator sets.
+
+use super::pods::Cause;
+
+/// Reasons of the conditions this operator sets. Code decides on these; the strings are only
+/// for the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    AllPodsReady,
+    PodsNotReady,
+    Converged,
+    Creating,
+    Reconciling,
+    /// Members are being updated; no more are out than the update may take.
+    Updating,
+    /// The pods of the Deployment of before serve until the StatefulSet's members are available.
+    Migrating,
+    /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
+    RolloutQueued,
+    AsExpected,
+    /// An object of the Memcached's name belongs to someone else.
+    ResourceExists,
+    /// The spec cannot work (see validation.rs), or the API server refused what it asks for.
+    InvalidSpec,
+    /// The Secret `spec.auth` names is missing or memcached cannot use its credentials.
+    InvalidSecret,
+    /// The API server forbade an owned object (a quota, a policy).
+    Forbidden,
+    /// Why pods are not Ready (see `Trouble`).
+    Unschedulable,
+    ImagePullFailed,
+    CrashLooping,
+    OOMKilled,
+    /// The StatefulSet cannot create pods (a quota, an admission policy).
+    PodCreationRefused,
+    /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
+    CertificatePending,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AllPodsReady => "AllPodsReady",
+            Self::PodsNotReady => "PodsNotReady",
+            Self::Converged => "Converged",
+            Self::Updating => "Updating",
+            Self::Migrating => "Migrating",
+            Self::Creating => "Creating",
+            Self::Reconciling => "Reconciling",
+            Self::RolloutQueued => "RolloutQueued",
+            Self::AsExpected => "AsExpected",
+            Self::ResourceExists => "ResourceExists",
+            Self::InvalidSpec => "InvalidSpec",
+            Self::InvalidSecret => "InvalidSecret",
+            Self::Forbidden => "Forbidden",
+            Self::Unschedulable => "Unschedulable",
+            Self::ImagePullFailed => "ImagePullFailed",
+            Self::CrashLooping => "CrashLooping",
+            Self::OOMKilled => "OOMKilled",
+            Self::PodCreationRefused => "PodCreationRefused",
+            Self::CertificatePending => "CertificatePending",
+        }
+    }
+
+    pub const ALL: [Reason; 19] = [
+        Self::AllPodsReady,
+        Self::PodsNotReady,
+        Self::Converged,
+        Self::Creating,
+        Self::Reconciling,
+        Self::Updating,
+        Self::Migrating,
+        Self::RolloutQueued,
+        Self::AsExpected,
+        Self::ResourceExists,
+        Self::InvalidSpec,
+        Self::InvalidSecret,
+        Self::Forbidden,
+        Self::Unschedulable,
+        Self::ImagePullFailed,
+        Self::CrashLooping,
+        Self::OOMKilled,
+        Self::PodCreationRefused,
+        Self::CertificatePending,
+    ];
+
+    /// The reason a condition's string names, if it is one of ours.
+    pub fn parse(reason: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == reason)
+    }
+}
+
+impl From<Cause> for Reason {
+    fn from(cause: Cause) -> Self {
+        match cause {
+            Cause::ImagePullFailed => Self::ImagePullFailed,
+            Cause::OomKilled => Self::OOMKilled,
+            Cause::CrashLooping => Self::CrashLooping,
+            Cause::Unschedulable => Self::Unschedulable,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_reads_back() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(Reason::parse("FailedCreate"), None);
+    }
+}
