@@ -73,7 +73,7 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: ## Benchmarks of the image's binary (the Dockerfile's static build) on their own local control plane; e.g. BENCH_ARGS="--crs 10000". Results in bench/results/.
 	bin="$$(hack/images.sh operator-binary)" && \
-	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" $(BENCH_ARGS)
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets $(BENCH_ARGS)
 
 .PHONY: bench-data-path
 bench-data-path: ## memcached's operations per second and latency with TLS and auth on and off, on the real node (root). Results in bench/results/data-path.json.
@@ -87,7 +87,7 @@ REFERENCE_OPERATOR_ARGS ?= --metrics-bind-address=127.0.0.1:{metrics} --health-p
 bench-reference: ## The same benchmarks for a controller-runtime operator written as the operator-sdk tutorial's (bench/reference-go).
 	bin="$$(bench/reference-go/build.sh)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator "$$bin $(REFERENCE_OPERATOR_ARGS)" \
-		--rbac bench/reference-go/config --out 'bench/results/reference-go-{crs}.json' $(BENCH_ARGS)
+		--rbac bench/reference-go/config --workload deployments --out 'bench/results/reference-go-{crs}.json' $(BENCH_ARGS)
 
 ##@ Build
 

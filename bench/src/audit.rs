@@ -1,6 +1,6 @@
 //! Write requests counted from the API server's audit log: every request of the operator's
-//! ServiceAccount, and the deployment controller's ReplicaSet writes (when the control plane
-//! acted on the operator's Deployment write).
+//! ServiceAccount, and the control plane's first act on the operator's write of its workload:
+//! the deployment controller's ReplicaSet writes, or the statefulset controller's pod writes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,8 +9,12 @@ use anyhow::Result;
 use k8s_openapi::jiff::Timestamp;
 use memcached_operator::config::OPERATOR_NAMESPACE;
 
-/// Audit policy: request metadata for the operator's ServiceAccounts and for the deployment
-/// controller's ReplicaSet writes, nothing for anyone else.
+const DEPLOYMENT_CONTROLLER: &str = "system:serviceaccount:kube-system:deployment-controller";
+const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
+
+/// Audit policy: request metadata for the operator's ServiceAccounts, for the deployment
+/// controller's ReplicaSet writes and for the statefulset controller's pod writes, nothing for
+/// anyone else.
 pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -21,6 +25,10 @@ rules:
   users: ["system:serviceaccount:kube-system:deployment-controller"]
   verbs: ["create", "update", "patch"]
   resources: [{group: "apps", resources: ["replicasets"]}]
+- level: Metadata
+  users: ["system:serviceaccount:kube-system:statefulset-controller"]
+  verbs: ["create", "update", "patch", "delete"]
+  resources: [{group: "", resources: ["pods"]}]
 - level: None
 "#;
 
@@ -28,7 +36,10 @@ rules:
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum By {
     Operator,
+    /// Scales a Deployment's ReplicaSets.
     DeploymentController,
+    /// Creates and deletes a StatefulSet's pods itself.
+    StatefulSetController,
 }
 
 impl By {
@@ -39,9 +50,8 @@ impl By {
                 .strip_prefix("system:serviceaccount:")
                 .and_then(|u| u.strip_prefix(OPERATOR_NAMESPACE))
                 .is_some_and(|u| u.starts_with(':')),
-            By::DeploymentController => {
-                user == "system:serviceaccount:kube-system:deployment-controller"
-            }
+            By::DeploymentController => user == DEPLOYMENT_CONTROLLER,
+            By::StatefulSetController => user == STATEFULSET_CONTROLLER,
         }
     }
 }
@@ -206,7 +216,6 @@ mod tests {
     use super::*;
 
     const OPERATOR: &str = "system:serviceaccount:memcached-operator-system:controller-manager";
-    const DEPLOYMENT_CONTROLLER: &str = "system:serviceaccount:kube-system:deployment-controller";
 
     fn line(verb: &str, resource: &str, code: u16, at: &str) -> String {
         serde_json::json!({
@@ -295,5 +304,96 @@ mod tests {
             1,
             "a refused write is not the change, nor another user's: {found:?}"
         );
+    }
+
+    #[test]
+    fn the_policy_logs_each_controller_that_is_read() {
+        for (user, resource) in [
+            (DEPLOYMENT_CONTROLLER, "replicasets"),
+            (STATEFULSET_CONTROLLER, "pods"),
+        ] {
+            let rule = POLICY
+                .split("- level:")
+                .find(|rule| rule.contains(user))
+                .unwrap_or_else(|| panic!("no rule for {user}"));
+            assert!(rule.starts_with(" Metadata"), "{rule}");
+            assert!(
+                rule.contains(&format!("resources: [\"{resource}\"]")),
+                "{rule}"
+            );
+            assert!(rule.contains("\"create\""), "{rule}");
+        }
+        assert!(POLICY.trim_end().ends_with("- level: None"));
+    }
+
+    #[test]
+    fn the_statefulset_controllers_pod_creates_are_found_and_no_one_elses() {
+        let write = |user: &str, verb: &str, resource: &str, name: &str, at: &str| {
+            serde_json::json!({
+                "stage": "ResponseComplete", "verb": verb,
+                "user": {"username": user},
+                "requestReceivedTimestamp": at, "stageTimestamp": at,
+                "objectRef": {"resource": resource, "namespace": "ns", "name": name},
+                "responseStatus": {"code": 201},
+            })
+            .to_string()
+        };
+        let dir = std::env::temp_dir().join(format!("audit-sts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines = [
+            write(
+                STATEFULSET_CONTROLLER,
+                "create",
+                "pods",
+                "mc-00001-0",
+                "2026-01-01T00:00:01Z",
+            ),
+            write(
+                STATEFULSET_CONTROLLER,
+                "create",
+                "pods",
+                "mc-00001-1",
+                "2026-01-01T00:00:03Z",
+            ),
+            write(
+                STATEFULSET_CONTROLLER,
+                "delete",
+                "pods",
+                "mc-00002-1",
+                "2026-01-01T00:00:03Z",
+            ),
+            write(
+                DEPLOYMENT_CONTROLLER,
+                "update",
+                "replicasets",
+                "mc-00003-7d9f8b",
+                "2026-01-01T00:00:03Z",
+            ),
+            write(
+                OPERATOR,
+                "create",
+                "pods",
+                "mc-00004-1",
+                "2026-01-01T00:00:03Z",
+            ),
+        ];
+        std::fs::write(dir.join("audit.log"), lines.join("\n")).unwrap();
+        let log = dir.join("audit.log");
+        let from = "2026-01-01T00:00:02Z".parse().unwrap();
+        let pods = first_writes(&log, By::StatefulSetController, "pods", from);
+        let replica_sets = first_writes(&log, By::DeploymentController, "replicasets", from);
+        let none = first_writes(&log, By::StatefulSetController, "replicasets", from);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        assert_eq!(
+            pods.keys().collect::<Vec<_>>(),
+            [&("ns".to_string(), "mc-00001-1".to_string())],
+            "a create since the moment, not a delete nor another user's: {pods:?}"
+        );
+        assert_eq!(
+            replica_sets.keys().collect::<Vec<_>>(),
+            [&("ns".to_string(), "mc-00003-7d9f8b".to_string())]
+        );
+        assert!(none.is_empty(), "{none:?}");
     }
 }

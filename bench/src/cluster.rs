@@ -48,6 +48,7 @@ impl Cluster {
             .env("KCM_BURST", "2000")
             .env("KCM_CONCURRENT_DEPLOYMENT_SYNCS", "20")
             .env("KCM_CONCURRENT_REPLICASET_SYNCS", "20")
+            .env("KCM_CONCURRENT_STATEFULSET_SYNCS", "20")
             .env("SCHEDULER_QPS", "1000")
             .env("SCHEDULER_BURST", "2000")
             .status()

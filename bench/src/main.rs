@@ -10,6 +10,7 @@ mod cluster;
 mod control_plane;
 mod operator;
 mod procs;
+mod workload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +19,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -30,6 +30,7 @@ use memcached_operator_testkit::OperatorProcess;
 use serde_json::{Value, json};
 
 use crate::cluster::Cluster;
+use crate::workload::Workload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -64,6 +65,10 @@ struct Args {
     /// ServiceAccount's token).
     #[arg(long, default_value = "config/local")]
     rbac: PathBuf,
+    /// The kind the operator runs each Memcached's pods as, of the Memcached's name: what the
+    /// benchmark waits on and times (this operator: statefulsets; the reference: deployments).
+    #[arg(long, value_enum, default_value = "statefulsets")]
+    workload: workload::Kind,
     /// Seconds of idle for the steady-state figures.
     #[arg(long, default_value_t = 60)]
     idle_seconds: u64,
@@ -141,13 +146,17 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         "operator_binary": binary_facts(&args.operator_bin),
         "crs": args.crs,
         "namespaces": args.namespaces,
+        "workload": args.workload.plural(),
     });
 
     let mut op = operator::start(cluster, &args.operator_command(), "bench-a").await?;
     op.wait_health("/readyz", Duration::from_secs(60)).await?;
 
-    let deployments: Store<Deployment> = watched(&client).await;
-    let memcacheds: Store<Memcached> = watched(&client).await;
+    let kind = args.workload;
+    let resource = kind.api_resource();
+    let workloads: Store<Workload> =
+        watched(Api::all_with(client.clone(), &resource), resource.clone()).await;
+    let memcacheds: Store<Memcached> = watched(Api::all(client.clone()), ()).await;
 
     if scenarios.contains(&"converge") {
         let t_audit = audit::now();
@@ -159,20 +168,20 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .await?;
         let created = started.elapsed();
         wait_count(
-            &deployments,
-            "Deployments with replicas 1",
+            &workloads,
+            &format!("{} with replicas 1", kind.title()),
             args.crs,
             timeout,
-            |d: &Deployment| d.spec.as_ref().and_then(|s| s.replicas) == Some(1),
+            |w| workload::replicas(w) == Some(1),
         )
         .await?;
-        let deployments_at = started.elapsed();
+        let workloads_at = started.elapsed();
         wait_count(
-            &deployments,
-            "Deployments with 1 ready pod",
+            &workloads,
+            &format!("{} with 1 ready pod", kind.title()),
             args.crs,
             timeout,
-            |d: &Deployment| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(1),
+            |w| workload::ready_replicas(w) == Some(1),
         )
         .await?;
         let ready_at = started.elapsed();
@@ -189,7 +198,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let writes = cluster.audit_counts(t_audit, audit::now())?;
         results["converge"] = json!({
             "create_seconds": created.as_secs_f64(),
-            "deployments_seconds": deployments_at.as_secs_f64(),
+            "workloads_seconds": workloads_at.as_secs_f64(),
             "pods_ready_seconds": ready_at.as_secs_f64(),
             "available_seconds": available_at.as_secs_f64(),
             "writes": writes.writes,
@@ -215,7 +224,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let profile = (args.profile_seconds > 0)
             .then(|| tokio::spawn(cluster.api_server_profile(args.profile_seconds)));
         let window = Instant::now();
-        let changes = size_change(&client, &deployments, &changed, 2, timeout).await?;
+        let changes = size_change(&client, &workloads, &resource, &changed, 2, timeout).await?;
         let window = window.elapsed();
         let cpu_used = cpu_since(&cpu_before, &op);
         let control_plane = control_plane::Counters::read(&client)
@@ -223,12 +232,10 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let began = changes_began(&changes);
-        let writes = cluster.first_writes(audit::By::Operator, "deployments", began);
-        let scaled = replica_sets_by_deployment(cluster.first_writes(
-            audit::By::DeploymentController,
-            "replicasets",
-            began,
-        ));
+        let writes = cluster.first_writes(audit::By::Operator, kind.plural(), began);
+        let (controller, controller_writes) = kind.controller();
+        let scaled =
+            workload::by_workload(cluster.first_writes(controller, controller_writes, began));
         let parts = breakdown(&changes, &writes, &scaled);
         if let Some(profile) = profile {
             let path = args.out().with_extension("apiserver.pprof");
@@ -242,16 +249,11 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         // cost. Available, not only ready: with minReadySeconds a pod counts as available some
         // seconds after it is ready, and that change is reported too.
         wait_count(
-            &deployments,
-            "Deployments with all pods available",
+            &workloads,
+            &format!("{} with all pods available", kind.title()),
             args.crs,
             timeout,
-            |d: &Deployment| {
-                let want = d.spec.as_ref().and_then(|s| s.replicas);
-                d.status
-                    .as_ref()
-                    .is_some_and(|s| s.ready_replicas == want && s.available_replicas == want)
-            },
+            workload::settled,
         )
         .await?;
         // Operators that report ready pods in status (ours does, the tutorial's does not) have
@@ -341,7 +343,15 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             let started = Instant::now();
             leader.stop(signal).await;
             patch_size(&client, ns, name, target_size).await?;
-            wait_replicas(&client, ns, name, target_size, Duration::from_secs(120)).await?;
+            wait_replicas(
+                &client,
+                &resource,
+                ns,
+                name,
+                target_size,
+                Duration::from_secs(120),
+            )
+            .await?;
             gaps.insert(
                 format!("sig{}_seconds", signal.to_lowercase()),
                 started.elapsed().as_secs_f64(),
@@ -373,15 +383,16 @@ async fn patch_size(client: &Client, ns: &str, name: &str, size: i32) -> Result<
 
 async fn wait_replicas(
     client: &Client,
+    resource: &kube::core::ApiResource,
     ns: &str,
     name: &str,
     replicas: i32,
     timeout: Duration,
 ) -> Result<()> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let api: Api<Workload> = Api::namespaced_with(client.clone(), ns, resource);
     let deadline = Instant::now() + timeout;
     loop {
-        if api.get_opt(name).await?.and_then(|d| d.spec?.replicas) == Some(replicas) {
+        if api.get_opt(name).await?.and_then(|w| w.spec.replicas) == Some(replicas) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -391,19 +402,22 @@ async fn wait_replicas(
     }
 }
 
-/// A cache of every `K`, kept current by a watch, so waiting costs the API server nothing.
-async fn watched<K>(client: &Client) -> Store<K>
+/// A cache of every object `api` lists, kept current by a watch, so waiting costs the API server
+/// nothing.
+async fn watched<K>(api: Api<K>, dynamic_type: K::DynamicType) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
+    K: kube::Resource
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
         + Sync
         + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+    let writer = reflector::store::Writer::new(dynamic_type);
+    let reader = writer.as_reader();
+    let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer);
     tokio::spawn(stream.for_each(|_| futures::future::ready(())));
@@ -420,7 +434,8 @@ async fn wait_count<K>(
     pred: impl Fn(&K) -> bool,
 ) -> Result<()>
 where
-    K: kube::Resource<DynamicType = ()> + Clone,
+    K: kube::Resource + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     let deadline = Instant::now() + timeout;
     loop {
@@ -443,7 +458,7 @@ fn is_available(m: &Memcached) -> bool {
     })
 }
 
-/// One size change: when the benchmark sent it and when its Deployment had it.
+/// One size change: when the benchmark sent it and when its workload had it.
 struct Change {
     key: (String, String),
     sent: Timestamp,
@@ -468,11 +483,12 @@ fn changes_began(changes: &[Change]) -> Timestamp {
         .unwrap_or_else(Timestamp::now)
 }
 
-/// Changes the size of each CR, one after another, and returns when each one's Deployment had
+/// Changes the size of each CR, one after another, and returns when each one's workload had
 /// it: watched while the rest are still being sent, so a change's latency is its own.
 async fn size_change(
     client: &Client,
-    deployments: &Store<Deployment>,
+    workloads: &Store<Workload>,
+    resource: &kube::core::ApiResource,
     crs: &[&(String, String)],
     size: i32,
     timeout: Duration,
@@ -494,9 +510,9 @@ async fn size_change(
             // Only the objects still waited for: scanning the whole cache every few milliseconds
             // would take a core from the control plane being measured.
             sent.lock().unwrap().retain(|(ns, name), at| {
-                let reached = deployments
-                    .get(&ObjectRef::new(name).within(ns))
-                    .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas) == Some(size));
+                let reached = workloads
+                    .get(&ObjectRef::new_with(name, resource.clone()).within(ns))
+                    .is_some_and(|w| workload::replicas(&w) == Some(size));
                 if reached {
                     changes.push(Change {
                         key: (ns.clone(), name.clone()),
@@ -508,8 +524,9 @@ async fn size_change(
             });
             if Instant::now() > deadline {
                 bail!(
-                    "{} size changes never reached their Deployments",
-                    crs.len() - changes.len()
+                    "{} size changes never reached their {}",
+                    crs.len() - changes.len(),
+                    resource.plural
                 );
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -520,26 +537,13 @@ async fn size_change(
     Ok(changes)
 }
 
-/// The deployment controller's first ReplicaSet write of each Deployment, keyed by the
-/// Deployment (a ReplicaSet is named `<deployment>-<pod-template-hash>`).
-fn replica_sets_by_deployment(
-    writes: BTreeMap<(String, String), audit::Write>,
-) -> BTreeMap<(String, String), audit::Write> {
-    let mut first = BTreeMap::new();
-    for ((ns, name), write) in writes {
-        if let Some((deployment, _hash)) = name.rsplit_once('-') {
-            audit::keep_earliest(&mut first, (ns, deployment.to_string()), write);
-        }
-    }
-    first
-}
-
-/// Where each change's time went, from the operator's Deployment write in the audit log:
+/// Where each change's time went, from the operator's write of its workload in the audit log:
 /// until the operator sent it (watch delivery, queue, reconcile), the API server answering it,
-/// and until the benchmark's watch showed it; and the first two together, until the Deployment
+/// and until the benchmark's watch showed it; and the first two together, until the workload
 /// was updated in the API server. Beside the benchmark's watch, another watcher of the same
-/// Deployment: the deployment controller, until it wrote the ReplicaSet. p50 and p99 of each,
-/// in milliseconds.
+/// workload: its controller in the control plane, until it acted (`scaled`: the deployment
+/// controller's ReplicaSet write, the statefulset controller's pod create). p50 and p99 of
+/// each, in milliseconds.
 fn breakdown(
     changes: &[Change],
     writes: &BTreeMap<(String, String), audit::Write>,
@@ -568,7 +572,7 @@ fn breakdown(
         "api_server_answering": part(&answered),
         "until_benchmark_saw": part(&delivered),
         "until_updated": part(&updated),
-        "until_deployment_controller_wrote": part(&controller),
+        "until_workload_controller_wrote": part(&controller),
     })
 }
 
@@ -712,12 +716,12 @@ fn print_table(results: &Value) {
             bytes as f64 / 1048576.0
         );
     }
+    let kind = results["workload"].as_str().unwrap_or("workloads");
+    println!("\nworkload: {kind}");
     println!("\n{:<48} {:>14}", "figure", "value");
+    let created = format!("converge: all {kind} created (s)");
     let rows = [
-        (
-            "converge: all Deployments created (s)",
-            "/converge/deployments_seconds",
-        ),
+        (created.as_str(), "/converge/workloads_seconds"),
         (
             "converge: all pods Ready (s)",
             "/converge/pods_ready_seconds",
@@ -751,8 +755,8 @@ fn print_table(results: &Value) {
             "/steady/size_change_parts_ms/until_benchmark_saw/p99",
         ),
         (
-            "  updated until the Deployment controller wrote, p99",
-            "/steady/size_change_parts_ms/until_deployment_controller_wrote/p99",
+            "  updated until its controller wrote, p99 (ms)",
+            "/steady/size_change_parts_ms/until_workload_controller_wrote/p99",
         ),
         ("steady: loaded RSS (MiB)", "/steady/loaded_rss_mib"),
         ("steady: CPU total (s)", "/steady/cpu_seconds_total"),
@@ -782,25 +786,70 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_replica_set_write_counts_for_its_deployment_and_the_earliest_wins() {
+    fn the_workload_is_this_operators_statefulsets_unless_told() {
+        let args = Args::try_parse_from(["bench"]).unwrap();
+        assert_eq!(args.workload, workload::Kind::StatefulSets);
+        let args = Args::try_parse_from(["bench", "--workload", "deployments"]).unwrap();
+        assert_eq!(args.workload, workload::Kind::Deployments);
+        let args = Args::try_parse_from([
+            "bench",
+            "--workload",
+            "deployments",
+            "--workload",
+            "statefulsets",
+        ])
+        .unwrap();
+        assert_eq!(args.workload, workload::Kind::StatefulSets, "the last wins");
+        assert!(Args::try_parse_from(["bench", "--workload", "replicasets"]).is_err());
+    }
+
+    #[test]
+    fn a_size_change_is_split_at_the_operators_write_and_its_controllers() {
         let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        let write = |received: &str| audit::Write {
-            received: at(received),
-            answered: at(received),
-        };
-        let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
+        let key = |name: &str| ("bench-1".to_string(), name.to_string());
+        let changes = [
+            Change {
+                key: key("mc-00001"),
+                sent: at("2026-01-01T00:00:00Z"),
+                seen: at("2026-01-01T00:00:00.100Z"),
+            },
+            Change {
+                key: key("mc-00011"),
+                sent: at("2026-01-01T00:00:01Z"),
+                seen: at("2026-01-01T00:00:01.300Z"),
+            },
+        ];
         let writes = BTreeMap::from([
-            (key("a", "mc-00001-7d9f8b"), write("2026-01-01T00:00:03Z")),
-            (key("a", "mc-00001-55c4d6"), write("2026-01-01T00:00:02Z")),
-            (key("b", "mc-00001-7d9f8b"), write("2026-01-01T00:00:05Z")),
+            (
+                key("mc-00001"),
+                audit::Write {
+                    received: at("2026-01-01T00:00:00.040Z"),
+                    answered: at("2026-01-01T00:00:00.060Z"),
+                },
+            ),
+            (
+                key("mc-00011"),
+                audit::Write {
+                    received: at("2026-01-01T00:00:01.200Z"),
+                    answered: at("2026-01-01T00:00:01.250Z"),
+                },
+            ),
         ]);
-        let by_deployment = replica_sets_by_deployment(writes);
-        assert_eq!(
-            by_deployment,
-            BTreeMap::from([
-                (key("a", "mc-00001"), write("2026-01-01T00:00:02Z")),
-                (key("b", "mc-00001"), write("2026-01-01T00:00:05Z")),
-            ])
-        );
+        // The statefulset controller created the new member of one of them.
+        let pods = BTreeMap::from([(
+            key("mc-00001-1"),
+            audit::Write {
+                received: at("2026-01-01T00:00:00.090Z"),
+                answered: at("2026-01-01T00:00:00.095Z"),
+            },
+        )]);
+        let parts = breakdown(&changes, &writes, &workload::by_workload(pods));
+        assert_eq!(parts["matched"], 2);
+        assert_eq!(parts["until_operator_wrote"]["p50"], 40.0);
+        assert_eq!(parts["until_operator_wrote"]["p99"], 200.0);
+        assert_eq!(parts["until_updated"]["p99"], 250.0);
+        assert_eq!(parts["until_benchmark_saw"]["p50"], 40.0);
+        assert_eq!(parts["until_workload_controller_wrote"]["p50"], 30.0);
+        assert_eq!(parts["until_workload_controller_wrote"]["p99"], 30.0);
     }
 }

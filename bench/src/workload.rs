@@ -1,0 +1,225 @@
+//! The workload the operator under test owns for each Memcached, of the Memcached's name: a
+//! StatefulSet (this operator) or a Deployment (the reference, as the operator-sdk tutorial
+//! writes it). Both are apps/v1 objects with `spec.replicas`, `status.readyReplicas` and
+//! `status.availableReplicas`, which is all the benchmark reads of them, so one cache of those
+//! fields (`Workload`, kube's `Object` over the chosen kind's `ApiResource`) serves both.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use kube::core::{ApiResource, Object};
+use serde::Deserialize;
+
+use crate::audit;
+
+/// Which apps/v1 kind the operator under test runs a Memcached's pods as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// This operator: a StatefulSet of the Memcached's name, pods `<name>-0…`.
+    #[value(name = "statefulsets")]
+    StatefulSets,
+    /// The reference: a Deployment of the Memcached's name.
+    #[value(name = "deployments")]
+    Deployments,
+}
+
+impl Kind {
+    pub fn api_resource(self) -> ApiResource {
+        match self {
+            Kind::StatefulSets => ApiResource::erase::<StatefulSet>(&()),
+            Kind::Deployments => ApiResource::erase::<Deployment>(&()),
+        }
+    }
+
+    /// The resource's name in the API (and in the audit log and the results).
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::StatefulSets => "statefulsets",
+            Kind::Deployments => "deployments",
+        }
+    }
+
+    /// For messages: "StatefulSets", "Deployments".
+    pub fn title(self) -> &'static str {
+        match self {
+            Kind::StatefulSets => "StatefulSets",
+            Kind::Deployments => "Deployments",
+        }
+    }
+
+    /// The control plane's first write after the workload's replicas change, and the resource
+    /// it writes: the statefulset controller creates or deletes pods itself; the deployment
+    /// controller scales a ReplicaSet, whose controller then creates the pods.
+    pub fn controller(self) -> (audit::By, &'static str) {
+        match self {
+            Kind::StatefulSets => (audit::By::StatefulSetController, "pods"),
+            Kind::Deployments => (audit::By::DeploymentController, "replicasets"),
+        }
+    }
+}
+
+/// The fields of the workload's spec the benchmark reads.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Spec {
+    #[serde(default)]
+    pub replicas: Option<i32>,
+}
+
+/// The fields of the workload's status the benchmark reads.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    #[serde(default)]
+    pub ready_replicas: Option<i32>,
+    #[serde(default)]
+    pub available_replicas: Option<i32>,
+}
+
+/// A StatefulSet or Deployment, as much of it as the benchmark reads.
+pub type Workload = Object<Spec, Status>;
+
+pub fn replicas(w: &Workload) -> Option<i32> {
+    w.spec.replicas
+}
+
+pub fn ready_replicas(w: &Workload) -> Option<i32> {
+    w.status.as_ref().and_then(|s| s.ready_replicas)
+}
+
+/// Every pod it wants is ready and available (with minReadySeconds, available comes later).
+pub fn settled(w: &Workload) -> bool {
+    let want = replicas(w);
+    w.status
+        .as_ref()
+        .is_some_and(|s| s.ready_replicas == want && s.available_replicas == want)
+}
+
+/// The controller's first write of each workload, keyed by the workload: a ReplicaSet is named
+/// `<deployment>-<pod-template-hash>`, a StatefulSet's pod `<statefulset>-<ordinal>`.
+pub fn by_workload(
+    writes: BTreeMap<(String, String), audit::Write>,
+) -> BTreeMap<(String, String), audit::Write> {
+    let mut first = BTreeMap::new();
+    for ((ns, name), write) in writes {
+        if let Some((workload, _suffix)) = name.rsplit_once('-') {
+            audit::keep_earliest(&mut first, (ns, workload.to_string()), write);
+        }
+    }
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::Resource;
+    use serde_json::json;
+
+    fn key(ns: &str, name: &str) -> (String, String) {
+        (ns.to_string(), name.to_string())
+    }
+
+    fn write(received: &str) -> audit::Write {
+        let at = received.parse::<Timestamp>().unwrap();
+        audit::Write {
+            received: at,
+            answered: at,
+        }
+    }
+
+    #[test]
+    fn each_kind_is_its_apps_v1_resource_and_controller() {
+        let sts = Kind::StatefulSets.api_resource();
+        assert_eq!(
+            (sts.group.as_str(), sts.version.as_str(), sts.kind.as_str()),
+            ("apps", "v1", "StatefulSet")
+        );
+        assert_eq!(sts.plural, Kind::StatefulSets.plural());
+        assert_eq!(Workload::plural(&sts), "statefulsets");
+        let deploy = Kind::Deployments.api_resource();
+        assert_eq!(deploy.kind, "Deployment");
+        assert_eq!(deploy.plural, Kind::Deployments.plural());
+        assert_eq!(
+            Kind::StatefulSets.controller(),
+            (audit::By::StatefulSetController, "pods")
+        );
+        assert_eq!(
+            Kind::Deployments.controller(),
+            (audit::By::DeploymentController, "replicasets")
+        );
+    }
+
+    #[test]
+    fn a_stateful_set_and_a_deployment_read_alike() {
+        let stateful_set = json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "mc-00001", "namespace": "bench-1"},
+            "spec": {
+                "replicas": 2, "serviceName": "mc-00001", "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": "memcached"}},
+                "template": {"spec": {"containers": [{"name": "memcached", "image": "m"}]}},
+            },
+            "status": {
+                "replicas": 2, "readyReplicas": 2, "availableReplicas": 1, "currentReplicas": 2,
+                "updateRevision": "mc-00001-7d9f8b", "collisionCount": 0,
+            },
+        });
+        let sts: Workload = serde_json::from_value(stateful_set).unwrap();
+        assert_eq!(replicas(&sts), Some(2));
+        assert_eq!(ready_replicas(&sts), Some(2));
+        assert!(!settled(&sts), "one pod not yet available");
+
+        let deployment = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "mc-00001", "namespace": "bench-1"},
+            "spec": {"replicas": 1, "strategy": {"type": "RollingUpdate"}},
+            "status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+                       "conditions": [{"type": "Available", "status": "True"}]},
+        });
+        let deploy: Workload = serde_json::from_value(deployment).unwrap();
+        assert_eq!(replicas(&deploy), Some(1));
+        assert_eq!(ready_replicas(&deploy), Some(1));
+        assert!(settled(&deploy));
+
+        let new: Workload = serde_json::from_value(json!({
+            "metadata": {"name": "mc-00002"}, "spec": {"replicas": 1},
+        }))
+        .unwrap();
+        assert_eq!(ready_replicas(&new), None);
+        assert!(!settled(&new), "no status yet");
+    }
+
+    #[test]
+    fn a_replica_set_write_counts_for_its_deployment_and_the_earliest_wins() {
+        let writes = BTreeMap::from([
+            (key("a", "mc-00001-7d9f8b"), write("2026-01-01T00:00:03Z")),
+            (key("a", "mc-00001-55c4d6"), write("2026-01-01T00:00:02Z")),
+            (key("b", "mc-00001-7d9f8b"), write("2026-01-01T00:00:05Z")),
+        ]);
+        assert_eq!(
+            by_workload(writes),
+            BTreeMap::from([
+                (key("a", "mc-00001"), write("2026-01-01T00:00:02Z")),
+                (key("b", "mc-00001"), write("2026-01-01T00:00:05Z")),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_pod_write_counts_for_its_stateful_set_by_its_ordinal() {
+        let writes = BTreeMap::from([
+            (key("a", "mc-00001-1"), write("2026-01-01T00:00:03Z")),
+            (key("a", "mc-00001-2"), write("2026-01-01T00:00:02Z")),
+            (key("a", "mc-00010-1"), write("2026-01-01T00:00:04Z")),
+            (key("b", "mc-00001-1"), write("2026-01-01T00:00:05Z")),
+        ]);
+        assert_eq!(
+            by_workload(writes),
+            BTreeMap::from([
+                (key("a", "mc-00001"), write("2026-01-01T00:00:02Z")),
+                (key("a", "mc-00010"), write("2026-01-01T00:00:04Z")),
+                (key("b", "mc-00001"), write("2026-01-01T00:00:05Z")),
+            ])
+        );
+    }
+}
