@@ -111,8 +111,9 @@ test-run-bundle: ## On a local control plane with a real node (root): operator-s
 	SUITE=olm REAL_NODE=1 NODES=0 hack/e2e.sh run_bundle --nocapture
 
 .PHONY: test-olm
-test-olm: opm ## Through real OLM on a local control plane: install the previous release, upgrade to bundle/'s (automatic, manual), least privilege; tear down.
+test-olm: opm ## Through real OLM on a local control plane: install the previous release (its own operator, built from its commit), upgrade to bundle/'s (automatic, manual), least privilege; tear down.
 	$(CARGO) build --locked
 	OLM_DIR="$$(hack/olm/build-tools.sh --path olm)" && \
-		OPM=$(OPM) OLM_DIR="$$OLM_DIR" OPERATOR_BIN=$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/memcached-operator \
+		OPM=$(OPM) OLM_DIR="$$OLM_DIR" \
+		OPERATOR_BIN=$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/memcached-operator \
 		SUITE=olm hack/e2e.sh install_and_upgrade --nocapture

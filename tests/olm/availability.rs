@@ -1,6 +1,9 @@
 //! Availability through an upgrade: every second until stopped, each watched namespace's
-//! Memcacheds' Available conditions and, where asked, how many of their pods are serving (Ready,
-//! not terminating) and how many are not terminating; a line each in a log.
+//! Memcacheds' Available conditions (status and reason) and the reasons of their Progressing
+//! conditions (e.g. `Migrating` while a Memcached moves from its Deployment to its StatefulSet)
+//! and, where asked, how many of their pods are serving (Ready, not terminating) and how many are
+//! not terminating, whichever workload runs them; a line each in a log
+//! (`name=<Available>/<its reason>/<Progressing's reason>`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,6 +31,8 @@ pub struct Watched {
 pub struct Sample {
     /// Whether every watched Memcached was Available ("ERROR" lines for a failed read).
     pub available: bool,
+    /// The reasons of the watched Memcacheds' Available and Progressing conditions.
+    pub reasons: Vec<String>,
     /// Serving and all pods, those terminating left out; `None` when not counted or unread.
     pub pods: Option<(usize, usize)>,
     /// As logged: seconds since the start, the namespace, each Memcached's Available status.
@@ -79,25 +84,36 @@ async fn read(client: &Client, watched: &Watched, t: f64) -> Sample {
     let ns = &watched.namespace;
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), ns);
     let list = tokio::time::timeout(timeout, memcacheds.list(&ListParams::default())).await;
-    let (available, states) = match list {
+    let (available, reasons, states) = match list {
         Ok(Ok(list)) => {
-            let states: BTreeMap<String, String> = list
+            // name -> (Available, its reason, Progressing's reason)
+            let states: BTreeMap<String, (String, String, String)> = list
                 .items
                 .iter()
                 .map(|mc| {
-                    let status = harness::condition(mc, "Available").map(|c| c.0);
-                    (mc.name_any(), status.unwrap_or_default())
+                    let (status, reason) = harness::condition(mc, "Available").unwrap_or_default();
+                    let progressing = harness::condition(mc, "Progressing").unwrap_or_default();
+                    (mc.name_any(), (status, reason, progressing.1))
                 })
                 .collect();
             let available = watched
                 .names
                 .iter()
-                .all(|n| states.get(n).is_some_and(|s| s == "True"));
-            let states: Vec<String> = states.iter().map(|(n, s)| format!("{n}={s}")).collect();
-            (available, states.join(" "))
+                .all(|n| states.get(n).is_some_and(|(s, _, _)| s == "True"));
+            let reasons = watched
+                .names
+                .iter()
+                .filter_map(|n| states.get(n))
+                .flat_map(|(_, available, progressing)| [available.clone(), progressing.clone()])
+                .collect();
+            let states: Vec<String> = states
+                .iter()
+                .map(|(n, (s, r, p))| format!("{n}={s}/{r}/{p}"))
+                .collect();
+            (available, reasons, states.join(" "))
         }
-        Ok(Err(e)) => (false, format!("ERROR {e}")),
-        Err(_) => (false, "ERROR timed out after 5s".into()),
+        Ok(Err(e)) => (false, vec![], format!("ERROR {e}")),
+        Err(_) => (false, vec![], "ERROR timed out after 5s".into()),
     };
     let pods = match &watched.pods {
         Some(selector) => {
@@ -129,6 +145,7 @@ async fn read(client: &Client, watched: &Watched, t: f64) -> Sample {
     }
     Sample {
         available,
+        reasons,
         pods,
         line,
     }
@@ -146,6 +163,15 @@ impl Samples {
     /// The samples in which a watched Memcached was not Available (or the read failed).
     pub fn unavailable(&self) -> impl Iterator<Item = &Sample> {
         self.0.iter().filter(|s| !s.available)
+    }
+
+    /// The samples in which some watched Memcached's Available or Progressing condition had
+    /// `reason`.
+    pub fn with_reason(&self, reason: &str) -> usize {
+        self.0
+            .iter()
+            .filter(|s| s.reasons.iter().any(|r| r == reason))
+            .count()
     }
 
     /// The fewest serving pods in any sample that counted them.

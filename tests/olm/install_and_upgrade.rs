@@ -14,29 +14,36 @@
 //! Phase 1, the previous release: the catalog as it was before the bundle in bundle/ (the release
 //! its CSV `replaces`) is served. Two OwnNamespace installs of it: NS by an Automatic
 //! Subscription, NS_MANUAL by a Manual one (its InstallPlan approved by the test). Asserts the
-//! InstallPlan, the CSV phase and the objects OLM creates; runs the operator binary as each CSV's
-//! Deployment would (below) and creates Memcacheds, plus one in NS_OTHER that no OperatorGroup
-//! targets.
+//! InstallPlan, the CSV phase and the objects OLM creates; runs the previous release's own
+//! operator binary (`PREV_OPERATOR_BIN`, else built from its commit by its own hack/images.sh:
+//! previous_release.rs) as each CSV's Deployment would (below) and creates Memcacheds,
+//! which it runs as Deployments, plus one in NS_OTHER that no OperatorGroup targets.
 //! Phase 2, the upgrade: catalog/ (all releases) is served in its place on the same address. NS
 //! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
-//! approves it. Asserts: the new CSV Succeeds and replaces the old one (which is removed), every
-//! Memcached stays Available throughout (polled every second), no Memcached is lost (same UIDs),
-//! and the memcached pods are not restarted (same pod UIDs, same Deployment generations: the new
-//! operator computes the same pod template). Then least privilege: the new CSV's `permissions`
+//! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
+//! Asserts: the new CSV Succeeds and replaces the old one (which is removed); every Memcached
+//! stays Available throughout (polled every second; its conditions say `Migrating` while it
+//! moves) and its namespace never has fewer Ready memcached pods than the Memcacheds' sizes; no
+//! Memcached is lost (same UIDs); and each moved from its Deployment to a StatefulSet: it ends
+//! with a StatefulSet of its name that it controls, `size` Ready pods `<name>-0 … <name>-N-1` of
+//! that StatefulSet and no other, no Deployment, none of the old Deployment's ReplicaSets or pods
+//! (garbage collected), and `status.servers` lists `<name>-N.<name>.<ns>.svc:<port>`. Then least
+//! privilege: the new CSV's `permissions` (StatefulSets; Deployments only list, watch and delete)
 //! apply in NS only (`kubectl auth can-i` as the operator's ServiceAccount), and the operator
-//! still reconciles a new Memcached in NS.
+//! reconciles a new Memcached in NS (a StatefulSet from the start).
 //! Phase 3: a fresh Subscription to the default channel installs the new release directly.
 //! Phase 4: without the ServiceMonitor and PrometheusRule CRDs, OLM fails the InstallPlan of the
 //! bundle, which holds one of each.
 //!
-//! kwok runs no containers, so the operator binary (`OPERATOR_BIN`, default the debug build)
-//! runs as a process instead of the pod, as the ServiceAccount OLM created, with the environment
-//! the pod gets (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation); when OLM rolls
-//! the Deployment to the new CSV, the process is replaced too, like the pod.
+//! kwok runs no containers (its pods are Ready at once), so the operator binary of each release
+//! (`PREV_OPERATOR_BIN`, `OPERATOR_BIN`, default the debug build) runs as a process instead of
+//! the pod, as the ServiceAccount OLM created, with the environment the pod gets
+//! (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation); when OLM rolls the
+//! Deployment to the new CSV, the process is replaced by the new release's, like the pod.
 //!
 //! Checks print `PASS`/`FAIL` lines and are reported together at the end ("N passed, N failed");
-//! a check the rest depends on ends the test at once. Figures (upgrade durations, pod UIDs) are
-//! printed as `FIGURE` lines and kept in `$E2E_CLUSTER_DIR/logs/olm-upgrade.txt`. Every process
+//! a check the rest depends on ends the test at once. Figures (upgrade and move durations, pods)
+//! are printed as `FIGURE` lines and kept in `$E2E_CLUSTER_DIR/logs/olm-upgrade.txt`. Every process
 //! started here is killed when the test ends, panicking or not. TIMEOUT: seconds per wait
 //! (default 180). OLM's operators listen on :8080 (olm, health) and :8443 (catalog, health over
 //! TLS): their ports are fixed upstream, so the test refuses to start when either is taken.
@@ -46,7 +53,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -61,7 +68,7 @@ use serde_json::{Value, json};
 use crate::availability::{Sampler, Watched};
 use crate::harness;
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
-use crate::scripts::{path_env, tool};
+use crate::scripts::{olm_versions, path_env, tool};
 
 const PACKAGE: &str = "memcached-operator";
 const OLM_NS: &str = "olm";
@@ -283,13 +290,33 @@ fn uid<K: kube::Resource>(obj: &K) -> String {
     obj.uid().unwrap_or_default()
 }
 
+/// The uid of an object's controller (its owner reference with `controller: true`).
+fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
+}
+
 struct Env {
     client: Client,
     dir: PathBuf,
     release: Release,
     timeout: Duration,
+    /// The previous release's operator (built from its own commit) and today's.
+    prev_operator_bin: PathBuf,
     operator_bin: PathBuf,
     operators: HashMap<String, OperatorProcess>,
+}
+
+/// How far a Memcached is from having moved to its StatefulSet: what is not yet as it must end.
+struct Migration {
+    /// Left to do (empty: done), each naming what was found.
+    missing: Vec<String>,
+    /// Its memcached pods' names.
+    pods: Vec<String>,
 }
 
 impl Env {
@@ -561,13 +588,18 @@ impl Env {
         .await
     }
 
-    /// No Deployment in NS_OTHER and no condition on its sample: no operator reconciled it.
+    /// No Deployment or StatefulSet in NS_OTHER and no condition on its sample: no operator
+    /// reconciled it.
     async fn not_reconciled_elsewhere(&self) -> bool {
         let deployments = Api::<Deployment>::namespaced(self.client.clone(), NS_OTHER)
             .list(&ListParams::default())
             .await;
+        let stateful_sets = Api::<StatefulSet>::namespaced(self.client.clone(), NS_OTHER)
+            .list(&ListParams::default())
+            .await;
         let sample = self.memcacheds(NS_OTHER).get(&self.sample_name()).await;
         deployments.is_ok_and(|l| l.items.is_empty())
+            && stateful_sets.is_ok_and(|l| l.items.is_empty())
             && sample.is_ok_and(|mc| mc.status.is_none_or(|s| s.conditions.is_empty()))
     }
 
@@ -589,14 +621,120 @@ impl Env {
         by_name(pods, ListParams::default().labels(MEMCACHED_PODS), uid).await
     }
 
-    /// name -> generation of the memcached Deployments in `ns`.
-    async fn deployment_generations(&self, ns: &str) -> BTreeMap<String, i64> {
+    /// name -> uid of the memcached Deployments in `ns` (the previous release's workloads).
+    async fn deployment_uids(&self, ns: &str) -> BTreeMap<String, String> {
         let deployments = Api::<Deployment>::namespaced(self.client.clone(), ns);
-        let params = ListParams::default().labels(MEMCACHED_PODS);
-        by_name(deployments, params, |d| {
-            d.metadata.generation.unwrap_or_default()
-        })
+        by_name(
+            deployments,
+            ListParams::default().labels(MEMCACHED_PODS),
+            uid,
+        )
         .await
+    }
+
+    /// name -> uid of the memcached ReplicaSets in `ns` (the Deployments' own).
+    async fn replica_set_uids(&self, ns: &str) -> BTreeMap<String, String> {
+        let replica_sets = Api::<ReplicaSet>::namespaced(self.client.clone(), ns);
+        by_name(
+            replica_sets,
+            ListParams::default().labels(MEMCACHED_PODS),
+            uid,
+        )
+        .await
+    }
+
+    /// What `name` in `ns` still lacks of the end of its move to a StatefulSet: a StatefulSet
+    /// `name` that it controls with `size` replicas; its pods exactly `name-0 … name-(size-1)`,
+    /// each Ready and controlled by that StatefulSet; no Deployment `name`; `status.servers` the
+    /// members' stable addresses; Available.
+    async fn migration(&self, ns: &str, name: &str) -> Migration {
+        let mut missing = vec![];
+        let Ok(mc) = self.memcacheds(ns).get(name).await else {
+            return Migration {
+                missing: vec![format!("Memcached {ns}/{name} not found")],
+                pods: vec![],
+            };
+        };
+        let (size, port) = (mc.spec.size, mc.spec.container_port);
+        let mc_uid = uid(&mc);
+        let sts = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten();
+        let sts_uid = match &sts {
+            None => {
+                missing.push(format!("no StatefulSet {name}"));
+                String::new()
+            }
+            Some(sts) => {
+                if controller_uid(sts) != Some(mc_uid.clone()) {
+                    missing.push(format!(
+                        "StatefulSet {name} not controlled by the Memcached"
+                    ));
+                }
+                let replicas = sts.spec.as_ref().and_then(|s| s.replicas);
+                if replicas != Some(size) {
+                    missing.push(format!(
+                        "StatefulSet {name} replicas {replicas:?}, not {size}"
+                    ));
+                }
+                uid(sts)
+            }
+        };
+        let selector = format!("{MEMCACHED_PODS},app.kubernetes.io/instance={name}");
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        names.sort();
+        let mut want: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
+        want.sort();
+        if names != want {
+            missing.push(format!(
+                "pods [{}], not [{}]",
+                names.join(" "),
+                want.join(" ")
+            ));
+        }
+        for pod in &pods {
+            if controller_uid(pod) != Some(sts_uid.clone()) {
+                missing.push(format!("pod {} not the StatefulSet's", pod.name_any()));
+            } else if !harness::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
+                missing.push(format!("pod {} not Ready", pod.name_any()));
+            }
+        }
+        let deployment = Api::<Deployment>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await;
+        if !matches!(deployment, Ok(None)) {
+            missing.push(format!("Deployment {name} still there"));
+        }
+        let servers = mc
+            .status
+            .as_ref()
+            .map(|s| s.servers.clone())
+            .unwrap_or_default();
+        let want_servers: Vec<String> = (0..size)
+            .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{port}"))
+            .collect();
+        if servers != want_servers {
+            missing.push(format!(
+                "status.servers [{}], not [{}]",
+                servers.join(" "),
+                want_servers.join(" ")
+            ));
+        }
+        let available = harness::condition(&mc, "Available");
+        if available.as_ref().map(|c| c.0.as_str()) != Some("True") {
+            missing.push(format!("Available {available:?}"));
+        }
+        Migration {
+            missing,
+            pods: names,
+        }
     }
 
     /// 2 Memcacheds of 3 + 2 pods, all Running.
@@ -648,7 +786,7 @@ impl Env {
     /// process first (the old pod goes away), a fresh token of the ServiceAccount, the pod's
     /// olm.targetNamespaces as WATCH_NAMESPACE, the Deployment's RELATED_IMAGE_MEMCACHED.
     /// Whether it became ready, and its WATCH_NAMESPACE.
-    async fn run_operator(&mut self, ns: &str, tag: &str) -> (bool, String) {
+    async fn run_operator(&mut self, ns: &str, tag: &str, bin: &Path) -> (bool, String) {
         if let Some(mut old) = self.operators.remove(ns) {
             let _ = std::process::Command::new("kill")
                 .arg(old.pid().to_string())
@@ -672,7 +810,7 @@ impl Env {
                 "{} --leader-elect --log-format=json --metrics-secure \
                  --metrics-bind-address=127.0.0.1:{{metrics}} \
                  --health-probe-bind-address=127.0.0.1:{{health}}",
-                self.operator_bin.display()
+                bin.display()
             ),
             identity: format!("{PREFIX}-operator-{ns}-{tag}"),
             kubeconfig,
@@ -701,12 +839,48 @@ impl Env {
         eprintln!("diagnostics:");
         for args in [
             &["get", "catalogsource,subscription,installplan,csv", "-A"][..],
-            &["get", "deployment,pods,jobs", "-n", NS, "-o", "wide"][..],
+            &[
+                "get",
+                "deployment,replicaset,statefulset,pods,jobs",
+                "-n",
+                NS,
+                "-o",
+                "wide",
+            ][..],
+            &["get", "memcached", "-A"][..],
         ] {
             let (_, out) = harness::kubectl(args).await;
             eprintln!("$ kubectl {}\n{out}", args.join(" "));
         }
     }
+}
+
+/// Once OLM has rolled the operator's Deployment in `ns` to the new CSV, the process is the new
+/// release's binary, as the pod would be; when it started.
+async fn run_new_operator(env: &mut Env, checks: &mut Checks, ns: &str) -> Instant {
+    let r = &env.release;
+    let (csv_name, deployment, image, sa) = (
+        r.csv_name.clone(),
+        r.deployment.clone(),
+        r.image.clone(),
+        r.sa.clone(),
+    );
+    let e = &*env;
+    let ok = wait_until(env.timeout, || async move { e.rolled(ns).await }).await;
+    checks.check(
+        format!("Deployment {deployment} in {ns} rolled to {image}"),
+        ok,
+    );
+    let bin = env.operator_bin.clone();
+    let (ok, watch_ns) = env.run_operator(ns, &csv_name, &bin).await;
+    checks
+        .require(
+            format!("operator ({csv_name}) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"),
+            ok,
+            env,
+        )
+        .await;
+    Instant::now()
 }
 
 // ---------------------------------------------------------------- the test
@@ -743,14 +917,29 @@ async fn install_and_upgrade_through_olm() {
         release.csv_name,
         release.prev_csv
     );
-    // The binary may be rebuilt meanwhile: run a copy.
+    // The previous release runs its own operator, built from its commit (hack/olm/versions.env:
+    // PREVIOUS_RELEASE, PREVIOUS_RELEASE_COMMIT): today's would need today's RBAC.
+    let prev_version = release
+        .prev_csv
+        .strip_prefix(&format!("{PACKAGE}.v"))
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        olm_versions().get("PREVIOUS_RELEASE"),
+        Some(&prev_version),
+        "PREVIOUS_RELEASE in hack/olm/versions.env is the release {} replaces",
+        release.csv_name
+    );
+    let prev_bin = path_env("PREV_OPERATOR_BIN")
+        .unwrap_or_else(|| crate::previous_release::PreviousRelease::extracted().binary());
+    // The binaries may be rebuilt meanwhile: run copies.
     let bin = path_env("OPERATOR_BIN")
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_memcached-operator")));
-    assert!(
-        bin.is_file(),
-        "{} not built (set OPERATOR_BIN)",
-        bin.display()
-    );
+    for (what, bin) in [("PREV_OPERATOR_BIN", &prev_bin), ("OPERATOR_BIN", &bin)] {
+        assert!(bin.is_file(), "{} not built (set {what})", bin.display());
+    }
+    let prev_operator_bin = dir.join(format!("memcached-operator-{prev_version}"));
+    std::fs::copy(&prev_bin, &prev_operator_bin).unwrap();
     let operator_bin = dir.join("memcached-operator");
     std::fs::copy(&bin, &operator_bin).unwrap();
     let opm = tool("OPM", "opm");
@@ -769,6 +958,7 @@ async fn install_and_upgrade_through_olm() {
         dir: dir.clone(),
         release,
         timeout,
+        prev_operator_bin,
         operator_bin,
         operators: HashMap::new(),
     };
@@ -1007,11 +1197,14 @@ async fn install_and_upgrade_through_olm() {
     );
 
     // ------------------------------------------------------------ the operator, as its pod would run
+    let prev_bin = env.prev_operator_bin.clone();
     for ns in [NS, NS_MANUAL] {
-        let (ok, watch_ns) = env.run_operator(ns, &prev_csv).await;
+        let (ok, watch_ns) = env.run_operator(ns, &prev_csv, &prev_bin).await;
         checks
             .require(
-                format!("operator ({prev_csv}) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"),
+                format!(
+                    "operator ({prev_csv}, its own binary) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"
+                ),
                 ok,
                 &env,
             )
@@ -1039,33 +1232,55 @@ async fn install_and_upgrade_through_olm() {
         && Api::<Service>::namespaced(client.clone(), NS)
             .get(&sample)
             .await
-            .is_ok();
-    checks.check("their Deployments and Services exist", ok);
+            .is_ok()
+        && Api::<StatefulSet>::namespaced(client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty());
+    checks.check(
+        format!("their Deployments and Services exist, no StatefulSet ({prev_csv}'s workloads)"),
+        ok,
+    );
     let ok = env.not_reconciled_elsewhere().await;
     checks.check(
         format!("Memcached in {NS_OTHER} (outside the OperatorGroups) left alone"),
         ok,
     );
     // The contrast for the least-privilege checks after the upgrade: the previous release's
-    // rules were all clusterPermissions.
-    let ok = env.can(&["list", "deployments.apps", "-n", NS_OTHER]).await;
+    // rules are for Deployments, in its own namespace.
+    let ok = env.can(&["create", "deployments.apps", "-n", NS]).await
+        && env.cannot(&["create", "statefulsets.apps", "-n", NS]).await;
     checks.check(
-        format!("under {prev_csv} (clusterPermissions) {sa} can list Deployments in {NS_OTHER}"),
+        format!("under {prev_csv} {sa} can create Deployments in {NS}, not StatefulSets"),
+        ok,
+    );
+    let ok = env
+        .cannot(&["list", "deployments.apps", "-n", NS_OTHER])
+        .await;
+    checks.check(
+        format!("under {prev_csv} {sa} cannot list Deployments in {NS_OTHER} (permissions)"),
         ok,
     );
 
-    // The state the upgrade must not disturb.
+    // The state the upgrade starts from: what must stay (the Memcacheds) and what must go (the
+    // Deployments, their ReplicaSets and pods).
     let e = &env;
     let mut before = BTreeMap::new();
     for ns in [NS, NS_MANUAL] {
         let ok = wait_until(timeout, || async move { e.all_pods_ready(ns).await }).await;
         checks.check(format!("5 memcached pods Running in {ns}"), ok);
+        let deployments = env.deployment_uids(ns).await;
+        checks.check(
+            format!("{prev_csv} runs {sample} and {SECOND} in {ns} as Deployments"),
+            deployments.contains_key(&sample) && deployments.contains_key(SECOND),
+        );
         before.insert(
             ns,
             (
                 env.memcached_uids(ns).await,
                 env.pod_uids(ns).await,
-                env.deployment_generations(ns).await,
+                deployments,
+                env.replica_set_uids(ns).await,
             ),
         );
     }
@@ -1073,7 +1288,7 @@ async fn install_and_upgrade_through_olm() {
     let watched = |ns: &str| Watched {
         namespace: ns.into(),
         names: vec![sample.clone(), SECOND.into()],
-        pods: None,
+        pods: Some(MEMCACHED_PODS.into()),
     };
     let sampler = Sampler::start(
         client.clone(),
@@ -1126,6 +1341,9 @@ async fn install_and_upgrade_through_olm() {
             secs(t_publish)
         ));
     }
+    // OLM rolled the operator's Deployment: its pod, here the process, is the new release's.
+    let mut started = BTreeMap::new();
+    started.insert(NS, run_new_operator(&mut env, &mut checks, NS).await);
 
     // Manual: the upgrade's InstallPlan waits; nothing moves until it is approved.
     let ip_manual_up = env.wait_installplan(NS_MANUAL, &ip_manual).await;
@@ -1167,8 +1385,10 @@ async fn install_and_upgrade_through_olm() {
             secs(t_approve)
         ));
     }
-
-    let image = env.release.image.clone();
+    started.insert(
+        NS_MANUAL,
+        run_new_operator(&mut env, &mut checks, NS_MANUAL).await,
+    );
     for ns in [NS, NS_MANUAL] {
         let e = &env;
         let ok = wait_until(timeout, || async move { e.replaced(ns).await }).await;
@@ -1176,66 +1396,110 @@ async fn install_and_upgrade_through_olm() {
             format!("{csv_name} replaced {prev_csv} in {ns} (installedCSV; the old CSV removed)"),
             ok,
         );
-        let ok = wait_until(timeout, || async move { e.rolled(ns).await }).await;
-        checks.check(
-            format!("Deployment {deployment} in {ns} rolled to {image}"),
-            ok,
-        );
-        let (ok, watch_ns) = env.run_operator(ns, &csv_name).await;
-        checks
-            .require(
-                format!("operator ({csv_name}) ready in {ns} as {sa} (WATCH_NAMESPACE={watch_ns})"),
-                ok,
-                &env,
-            )
-            .await;
     }
     let e = &env;
 
-    // The new operators have started: let them reconcile everything once, then compare.
-    let t_reconcile = Instant::now();
+    // The new operators have started: a new Memcached gets a StatefulSet from the start.
     env.create_sample(NS, Some(AFTER_UPGRADE), Some(1)).await;
     let ok = env.wait_available(NS, &[AFTER_UPGRADE]).await;
     checks.check(
         format!("operator ({csv_name}) reconciles a new Memcached in {NS}: Available"),
         ok,
     );
-    if let Some(rest) = Duration::from_secs(10).checked_sub(t_reconcile.elapsed()) {
-        tokio::time::sleep(rest).await;
+
+    // Each Memcached of the previous release moves to its StatefulSet: the StatefulSet beside
+    // the Deployment, then the Deployment deleted once the members are all available (kwok's
+    // pods are Ready at once, so this takes about minReadySeconds).
+    let memcacheds = [
+        (
+            NS,
+            vec![sample.clone(), SECOND.into(), AFTER_UPGRADE.into()],
+        ),
+        (NS_MANUAL, vec![sample.clone(), SECOND.into()]),
+    ];
+    for (ns, names) in &memcacheds {
+        let (ns, names) = (*ns, names.as_slice());
+        let ok = wait_until(timeout, || async move {
+            for name in names {
+                if !e.migration(ns, name).await.missing.is_empty() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        if ok {
+            checks.figure(format!(
+                "{ns}: operator ({csv_name}) started -> every Memcached on its StatefulSet, its Deployment deleted: {} s",
+                secs(started[ns])
+            ));
+        }
+        for name in names {
+            let m = env.migration(ns, name).await;
+            checks.check(
+                format!(
+                    "{ns}/{name}: StatefulSet {name} controlled by it, pods {}, Ready, no Deployment, status.servers by stable names{}",
+                    m.pods.join(" "),
+                    if m.missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (not: {})", m.missing.join("; "))
+                    }
+                ),
+                m.missing.is_empty(),
+            );
+        }
     }
+    // The Deployments' ReplicaSets and pods go with them (the garbage collector).
+    for ns in [NS, NS_MANUAL] {
+        let (_, pods_before, deployments_before, replica_sets_before) = &before[ns];
+        let ok = wait_until(timeout, || async move {
+            let pods = e.pod_uids(ns).await;
+            e.replica_set_uids(ns).await.is_empty()
+                && e.deployment_uids(ns).await.is_empty()
+                && pods.values().all(|u| !pods_before.values().any(|b| b == u))
+        })
+        .await;
+        checks.check(
+            format!(
+                "{ns}: no Deployment left, none of its {} ReplicaSets and {} pods (garbage collected)",
+                replica_sets_before.len(),
+                pods_before.len()
+            ),
+            ok,
+        );
+        if !ok {
+            eprintln!(
+                "{ns} before: Deployments {deployments_before:?} ReplicaSets {replica_sets_before:?} pods {pods_before:?}\n{ns} now: Deployments {:?} ReplicaSets {:?} pods {:?}",
+                env.deployment_uids(ns).await,
+                env.replica_set_uids(ns).await,
+                env.pod_uids(ns).await
+            );
+        }
+    }
+    // A few more samples with the new operators in charge and nothing left to move.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let samples = sampler.stop();
     for ns in [NS, NS_MANUAL] {
-        let (mcs_before, pods_before, gens_before) = &before[ns];
+        let (mcs_before, pods_before, _, _) = &before[ns];
         let mut mcs_after = env.memcached_uids(ns).await;
         mcs_after.remove(AFTER_UPGRADE);
         let mut pods_after = env.pod_uids(ns).await;
         pods_after.retain(|name, _| !name.starts_with(&format!("{AFTER_UPGRADE}-")));
-        let mut gens_after = env.deployment_generations(ns).await;
-        gens_after.remove(AFTER_UPGRADE);
         checks.check(
             format!("no Memcached lost in {ns} (same names and UIDs)"),
             *mcs_before == mcs_after,
         );
-        checks.check(
-            format!("memcached pods not restarted in {ns} (same pod UIDs)"),
-            *pods_before == pods_after,
-        );
-        checks.check(
-            format!("memcached Deployments untouched in {ns} (same generations)"),
-            *gens_before == gens_after,
-        );
-        if *pods_before != pods_after || *mcs_before != mcs_after || *gens_before != gens_after {
-            eprintln!(
-                "{ns} before: {mcs_before:?} {pods_before:?} {gens_before:?}\n{ns} after: {mcs_after:?} {pods_after:?} {gens_after:?}"
-            );
+        if *mcs_before != mcs_after {
+            eprintln!("{ns} before: {mcs_before:?}\n{ns} after: {mcs_after:?}");
         }
-        let uids = |m: &BTreeMap<String, String>| m.values().cloned().collect::<Vec<_>>().join(" ");
+        let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<Vec<_>>().join(" ");
         checks.figure(format!(
-            "{ns}: Memcacheds before/after: {}/{}; memcached pod UIDs before/after: {} / {}",
+            "{ns}: Memcacheds before/after: {}/{}; memcached pods before: {}; after: {}",
             mcs_before.len(),
             mcs_after.len(),
-            uids(pods_before),
-            uids(&pods_after)
+            names(pods_before),
+            names(&pods_after)
         ));
     }
     for sample in samples.unavailable() {
@@ -1243,12 +1507,26 @@ async fn install_and_upgrade_through_olm() {
     }
     checks.check(
         format!(
-            "every Memcached Available throughout the upgrade ({} samples, 1 s apart)",
-            samples.len()
+            "every Memcached Available throughout the upgrade ({} samples, 1 s apart; {} with a condition Migrating)",
+            samples.len(),
+            samples.with_reason("Migrating")
         ),
         samples.always_available(),
     );
-    checks.figure(samples.summary("during the upgrades"));
+    // Both pod sets serve through the move: never fewer Ready pods than the sizes (3 + 2).
+    checks.check(
+        format!(
+            "never fewer than 5 Ready memcached pods in a namespace during the upgrade (fewest: {:?})",
+            samples.min_ready()
+        ),
+        samples.min_ready() >= Some(5),
+    );
+    checks.figure(format!(
+        "{}, with a condition Migrating: {}, most pods in a namespace: {}",
+        samples.summary("during the upgrades"),
+        samples.with_reason("Migrating"),
+        samples.most_pods()
+    ));
 
     // ------------------------------------------------------------ monitoring (the new bundle's objects)
     let ok = env
@@ -1309,8 +1587,29 @@ async fn install_and_upgrade_through_olm() {
     );
 
     // ------------------------------------------------------------ least privilege (the new CSV)
-    let ok = env.can(&["list", "deployments.apps", "-n", NS]).await;
-    checks.check(format!("{sa} can list Deployments in {NS}"), ok);
+    let ok = env.can(&["create", "statefulsets.apps", "-n", NS]).await
+        && env.can(&["patch", "statefulsets.apps", "-n", NS]).await;
+    checks.check(
+        format!("{sa} can create and patch StatefulSets in {NS}"),
+        ok,
+    );
+    let ok = env.can(&["list", "deployments.apps", "-n", NS]).await
+        && env.can(&["delete", "deployments.apps", "-n", NS]).await;
+    checks.check(
+        format!("{sa} can list and delete Deployments in {NS} (the previous release's)"),
+        ok,
+    );
+    let ok = env.cannot(&["create", "deployments.apps", "-n", NS]).await
+        && env.cannot(&["patch", "deployments.apps", "-n", NS]).await;
+    checks.check(
+        format!("{sa} cannot create or patch Deployments in {NS} (never makes one)"),
+        ok,
+    );
+    let ok = env.can(&["list", "events", "-n", NS]).await;
+    checks.check(
+        format!("{sa} can list events in {NS} (a StatefulSet's FailedCreate)"),
+        ok,
+    );
     let ok = env
         .can(&[
             "patch",
@@ -1330,6 +1629,10 @@ async fn install_and_upgrade_through_olm() {
         format!("{sa} cannot list Deployments in {NS_OTHER} (permissions, not clusterPermissions)"),
         ok,
     );
+    let ok = env
+        .cannot(&["list", "statefulsets.apps", "-n", NS_OTHER])
+        .await;
+    checks.check(format!("{sa} cannot list StatefulSets in {NS_OTHER}"), ok);
     let ok = env
         .cannot(&["list", "memcacheds.cache.example.com", "--all-namespaces"])
         .await;

@@ -7,6 +7,7 @@ mod availability;
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod olm;
+mod previous_release;
 mod scripts;
 
 mod digests;

@@ -20,17 +20,25 @@
 //!      the real node from its image as pulled from the registry, the sample Memcached Available
 //!      with real memcached pods that answer; a key is stored in each;
 //!   2. run bundle-upgrade to bundle/'s release (bundle.sh with the images in the local
-//!      registry, as a release is made): it Succeeds and replaces the previous one, the Memcached
-//!      stays Available throughout (sampled every second), same Memcached UID, same memcached
-//!      pod UIDs, the keys still there;
+//!      registry, as a release is made): it Succeeds and replaces the previous one, and the
+//!      Memcached moves from the previous release's Deployment to a StatefulSet: the same
+//!      Memcached UID, a StatefulSet of its name that it controls, `size` Ready pods
+//!      `<name>-0 …` of it, the Deployment and its pods gone; Available and `size` pods serving in
+//!      every sample (the Deployment's pods serve until the members are all available); the new
+//!      members start empty (the move costs the cache once) and store and return a key;
 //!   3. run bundle-upgrade to a patch release pinned by digest (so the memcached pod template
-//!      changes): it rolls as promised, every pod replaced, Available with all pods serving in
-//!      every sample, never more than one extra pod;
+//!      changes): the StatefulSet replaces every member under its own name, one at a time:
+//!      Available in every sample, at most one member out (`size` - 1 serving) and never a pod
+//!      over `size`;
 //!   4. scorecard of bundle/ as committed (its config unmodified): the tests as pods;
 //!   5. the catalog image as a CatalogSource (OLM's registry pod, probed with
 //!      grpc_health_probe): READY, and a Subscription to it resolves to bundle/'s release;
 //!   6. cleanup: the CSV, Subscription, CatalogSource, registry pod, OperatorGroup, CRD and with
-//!      it every Memcached, its Deployment and pods gone.
+//!      it every Memcached, its StatefulSet and pods gone.
+//!
+//! Each release runs its own operator image: the previous release's built from its commit
+//! (previous_release.rs: PREVIOUS_RELEASE_COMMIT in hack/olm/versions.env, built by its own hack/images.sh), bundle/'s
+//! and the patch release's from this tree (hack/images.sh).
 //!
 //! A failed check fails the test at once, naming what was expected. Figures are printed as
 //! `FIGURE` lines and kept in `$E2E_CLUSTER_DIR/logs/run-bundle-figures.txt`; operator-sdk's
@@ -98,6 +106,8 @@ fn the_bundle_and_catalog_images_render_as_their_sources(scene: &Scene, t0: Inst
     let prev_dir = work.join(format!("v{prev_version}"));
     let local = BTreeMap::from([
         ("", images.operator_prev.clone()),
+        // Since 0.2.0 the operator's image is also the agent's (RELATED_IMAGE_AGENT).
+        ("agent", images.operator_prev.clone()),
         ("memcached", images.memcached.clone()),
         ("memcached-exporter", images.exporter.clone()),
     ]);
@@ -261,11 +271,11 @@ async fn olm_runs_with_its_pods_on_the_real_node(scene: &Scene) -> Olm {
 
 // ---------------------------------------------------------------- 1. run bundle
 
-/// What the upgrades must keep.
+/// What the upgrade must keep (the Memcached) and what it must replace (the previous release's
+/// Deployment and its pods).
 struct Before {
     memcached_uid: String,
     pod_uids: BTreeMap<String, String>,
-    generation: Option<i64>,
 }
 
 async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
@@ -387,21 +397,29 @@ async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
     if let Err(e) = scene.set_in_every_pod(PREFIX, &release.prev_version).await {
         panic!("every memcached pod stores a key (set over TCP from the host): {e}");
     }
+    assert!(
+        scene.deployment().await.is_some() && scene.stateful_set().await.is_none(),
+        "{prev_csv} runs the Memcached as a Deployment {}, no StatefulSet",
+        release.sample
+    );
     Before {
         memcached_uid: scene.memcached_uid().await,
         pod_uids: scene.pod_uids().await,
-        generation: scene.deployment_generation().await,
     }
 }
 
 // ---------------------------------------------------------------- 2. run bundle-upgrade
 
-async fn run_bundle_upgrade_leaves_the_memcached_serving_and_untouched(
+/// The pods the upgrade left: name -> uid of the StatefulSet's members.
+type After = BTreeMap<String, String>;
+
+async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
     scene: &Scene,
     before: &Before,
-) {
+) -> After {
     let (release, images, node) = (&scene.release, &scene.images, &scene.node);
     let (csv, prev_csv) = (&release.csv_name, &release.prev_csv);
+    let size = release.sample_size;
     let sampler = scene.sampler("availability");
     let t = Instant::now();
     scene
@@ -449,15 +467,31 @@ async fn run_bundle_upgrade_leaves_the_memcached_serving_and_untouched(
         || scene.operator_pod_runs(&images.operator),
     )
     .await;
-    wait_until(
-        &format!("Memcached {} Available under {csv}", release.sample),
-        scene.timeout,
-        || async {
-            scene.memcached_available().await
-                && scene.memcached_pods_ready(release.sample_size).await
-        },
-    )
+    // The move: the StatefulSet beside the Deployment, the Deployment deleted once the members
+    // are all available.
+    let mut missing = vec![];
+    let moved = tokio::time::timeout(scene.timeout, async {
+        loop {
+            missing = scene.migration_missing().await;
+            if missing.is_empty() && scene.memcached_available().await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
     .await;
+    assert!(
+        moved.is_ok(),
+        "within {:?} of its operator's start, Memcached {} on a StatefulSet of its name that it controls, {size} pods {}-N of it Ready on {node}, its Deployment gone, Available; still: {}",
+        scene.timeout,
+        release.sample,
+        release.sample,
+        missing.join("; ")
+    );
+    scene.figures.print(format!(
+        "run bundle-upgrade started -> the Memcached on its StatefulSet, its Deployment gone: {} s",
+        secs(t)
+    ));
     tokio::time::sleep(Duration::from_secs(5)).await; // a few more samples, the new operator in charge
     let samples = sampler.stop();
 
@@ -468,53 +502,63 @@ async fn run_bundle_upgrade_leaves_the_memcached_serving_and_untouched(
         before.memcached_uid
     );
     let pod_uids = scene.pod_uids().await;
+    assert!(
+        pod_uids
+            .values()
+            .all(|u| !before.pod_uids.values().any(|b| b == u)),
+        "none of the Deployment's pods left: {pod_uids:?}"
+    );
     let line = |m: &BTreeMap<String, String>| {
         m.iter()
             .map(|(n, u)| format!("{n}={u}"))
             .collect::<Vec<_>>()
             .join(" ")
     };
-    assert_eq!(
-        pod_uids, before.pod_uids,
-        "memcached pods not restarted (the same pod UIDs)"
-    );
     scene.figures.print(format!(
-        "memcached pod UIDs before/after the upgrade: {} / {}",
+        "memcached pods before/after the upgrade: {} / {}",
         line(&before.pod_uids),
         line(&pod_uids)
     ));
-    assert_eq!(
-        scene.deployment_generation().await,
-        before.generation,
-        "the memcached Deployment not rolled (generation {:?})",
-        before.generation
-    );
-    if let Err(e) = scene
-        .get_from_every_pod(PREFIX, &release.prev_version)
-        .await
-    {
-        panic!("every memcached pod still holds the key stored under {prev_csv}: {e}");
-    }
     assert!(
-        samples.always_serving(release.sample_size),
-        "Memcached Available and {} pods serving in every sample during the upgrade ({})",
-        release.sample_size,
+        samples.always_serving(size),
+        "Memcached Available and {size} pods serving in every sample during the upgrade ({})",
         samples.summary("during the upgrade")
     );
     scene.figures.print(format!(
-        "{}; Memcacheds lost: 0",
-        samples.summary("during the upgrade")
+        "{}, with a condition Migrating: {}, most pods: {}; Memcacheds lost: 0",
+        samples.summary("during the upgrade"),
+        samples.with_reason("Migrating"),
+        samples.most_pods()
     ));
+    // The members start empty (the move costs the cache once), and serve.
+    let kept = scene
+        .get_from_every_pod(PREFIX, &release.prev_version)
+        .await
+        .is_ok();
+    scene.figures.print(format!(
+        "the key stored under {prev_csv} found in every new member: {kept}"
+    ));
+    if let Err(e) = scene.set_in_every_pod(PREFIX, &release.version).await {
+        panic!("every member stores a key (set over TCP from the host): {e}");
+    }
+    if let Err(e) = scene.get_from_every_pod(PREFIX, &release.version).await {
+        panic!("every member reads its key back: {e}");
+    }
+    pod_uids
 }
 
 // ---------------------------------------------------------------- 3. a release that changes the pod template
 
 /// A patch release made as releases are (hack/olm/README.md, "Releasing": images pinned by
 /// digest): the memcached image's reference changes from tag to digest, so every memcached pod
-/// template changes; the operator rolls it as the rollout strategy promises (maxSurge 1,
-/// maxUnavailable 0, minReadySeconds): the Memcached serves with all its pods throughout, one pod
-/// added at a time.
-async fn a_release_by_digest_rolls_every_pod_one_at_a_time(scene: &Scene, before: &Before) {
+/// template changes; the StatefulSet replaces each member under its own name, one at a time
+/// (maxUnavailable 1, minReadySeconds; a member cannot surge): the Memcached stays Available
+/// with at most one member out, and never has a pod over its size.
+async fn a_release_by_digest_rolls_every_pod_one_at_a_time(
+    scene: &Scene,
+    before: &Before,
+    after: &After,
+) {
     let (release, images, node) = (&scene.release, &scene.images, &scene.node);
     let size = release.sample_size;
     let patch_version = release.patch_version();
@@ -577,10 +621,10 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(scene: &Scene, before
         || scene.operator_pod_runs(&operator_pinned),
     )
     .await;
-    // Every memcached pod runs the pinned image, none of the old pods left.
+    // Every member runs the pinned image, each replaced under its own name.
     wait_until(
         &format!(
-            "the memcached Deployment rolled to {}: {size} new pods Ready, Available",
+            "the memcached StatefulSet rolled to {}: its {size} members replaced, Ready, Available",
             short(&memcached_pinned)
         ),
         scene.timeout,
@@ -591,7 +635,7 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(scene: &Scene, before
                     .pod_uids()
                     .await
                     .iter()
-                    .all(|(name, uid)| before.pod_uids.get(name) != Some(uid))
+                    .all(|(name, uid)| after.contains_key(name) && after.get(name) != Some(uid))
                 && scene.memcached_available().await
         },
     )
@@ -609,13 +653,14 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(scene: &Scene, before
         before.memcached_uid
     );
     assert!(
-        samples.always_serving(size),
-        "Memcached Available and {size} pods serving in every sample during the roll ({})",
+        samples.always_serving(size.saturating_sub(1)),
+        "Memcached Available and at least {} pods serving in every sample during the roll (one member out at a time) ({})",
+        size.saturating_sub(1),
         samples.summary("during the roll")
     );
     assert!(
-        samples.max_pods().is_some_and(|most| most <= size + 1),
-        "at most one pod over size at any time (maxSurge 1): most pods {}",
+        samples.max_pods().is_some_and(|most| most <= size),
+        "never a pod over size (a member is replaced under its own name): most pods {}",
         samples.most_pods()
     );
     scene.figures.print(format!(
@@ -818,7 +863,7 @@ async fn cleanup_leaves_nothing_of_the_operator(scene: &Scene) {
         "no CSV, Subscription, CatalogSource, OperatorGroup or InstallPlan left: {left:?}"
     );
     wait_until(
-        &format!("no Deployment or pod left in {NS} (operator, registry, memcached)"),
+        &format!("no Deployment, StatefulSet or pod left in {NS} (operator, registry, memcached)"),
         scene.timeout,
         || async {
             let params = ListParams::default();
@@ -827,6 +872,11 @@ async fn cleanup_leaves_nothing_of_the_operator(scene: &Scene) {
                 .list(&params)
                 .await
                 .is_ok_and(|l| l.items.is_empty())
+                && scene
+                    .stateful_sets()
+                    .list(&params)
+                    .await
+                    .is_ok_and(|l| l.items.is_empty())
                 && scene
                     .pods()
                     .list(&params)
@@ -855,8 +905,8 @@ async fn operator_sdk_runs_upgrades_scores_and_cleans_up_the_bundle_on_the_real_
     let t_images = t0.elapsed();
     let _olm = olm_runs_with_its_pods_on_the_real_node(&scene).await;
     let before = run_bundle_installs_the_previous_release_and_its_memcached_serves(&scene).await;
-    run_bundle_upgrade_leaves_the_memcached_serving_and_untouched(&scene, &before).await;
-    a_release_by_digest_rolls_every_pod_one_at_a_time(&scene, &before).await;
+    let after = run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(&scene, &before).await;
+    a_release_by_digest_rolls_every_pod_one_at_a_time(&scene, &before, &after).await;
     the_scorecard_passes_every_test_of_the_committed_config(&scene).await;
     a_subscription_to_the_catalog_image_resolves_to_the_release(&scene).await;
     cleanup_leaves_nothing_of_the_operator(&scene).await;

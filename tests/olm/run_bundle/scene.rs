@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
@@ -179,6 +179,16 @@ pub struct Images {
     pub decompression: String,
     /// Archives of `hack/images.sh --print-env`, for the patch release's push.
     pub operator_archive: String,
+}
+
+/// An object's controller (its owner reference with `controller: true`): its uid.
+pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
 }
 
 /// What every phase uses: the cluster as the admin, the tools, the registry and its images.
@@ -404,19 +414,75 @@ impl Scene {
             .collect()
     }
 
+    pub fn stateful_sets(&self) -> Api<StatefulSet> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// The sample's Deployment (the previous release's workload), if there is one.
     pub async fn deployment(&self) -> Option<Deployment> {
         self.deployments().get(&self.release.sample).await.ok()
     }
 
-    pub async fn deployment_generation(&self) -> Option<i64> {
-        self.deployment().await?.metadata.generation
+    /// The sample's StatefulSet (today's workload), if there is one.
+    pub async fn stateful_set(&self) -> Option<StatefulSet> {
+        self.stateful_sets().get(&self.release.sample).await.ok()
     }
 
+    /// The memcached image of the sample's StatefulSet.
     pub async fn memcached_image(&self) -> String {
-        self.deployment()
+        self.stateful_set()
             .await
-            .and_then(|d| d.spec?.template.spec?.containers.into_iter().next()?.image)
+            .and_then(|s| s.spec?.template.spec?.containers.into_iter().next()?.image)
             .unwrap_or_default()
+    }
+
+    /// What the sample still lacks of having moved to its StatefulSet (empty: moved): a
+    /// StatefulSet of its name that it controls, exactly `size` pods `<name>-0 …` of that
+    /// StatefulSet, not terminating, Ready on the real node, and no Deployment.
+    pub async fn migration_missing(&self) -> Vec<String> {
+        let (name, size) = (&self.release.sample, self.release.sample_size);
+        let mut missing = vec![];
+        let Ok(mc) = self.memcacheds().get(name).await else {
+            return vec![format!("Memcached {name} not found")];
+        };
+        let sts_uid = match self.stateful_set().await {
+            None => {
+                missing.push(format!("no StatefulSet {name}"));
+                None
+            }
+            Some(sts) => {
+                if controller_uid(&sts) != mc.uid() {
+                    missing.push(format!(
+                        "StatefulSet {name} not controlled by the Memcached"
+                    ));
+                }
+                sts.uid()
+            }
+        };
+        let pods = self.memcached_pods().await;
+        let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        names.sort();
+        let mut want: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
+        want.sort();
+        if names != want {
+            missing.push(format!(
+                "pods [{}], not [{}]",
+                names.join(" "),
+                want.join(" ")
+            ));
+        }
+        for pod in &pods {
+            if sts_uid.is_none() || controller_uid(pod) != sts_uid {
+                missing.push(format!("pod {} not the StatefulSet's", pod.name_any()));
+            }
+        }
+        if !self.memcached_pods_ready(size).await {
+            missing.push(format!("not {size} pods Ready on {}", self.node));
+        }
+        if !matches!(self.deployments().get_opt(name).await, Ok(None)) {
+            missing.push(format!("Deployment {name} still there"));
+        }
+        missing
     }
 
     /// memcached's text protocol from the host to each memcached pod not terminating: stores
@@ -490,7 +556,14 @@ impl Scene {
         eprintln!("diagnostics:");
         for args in [
             &["get", "catalogsource,subscription,installplan,csv", "-A"][..],
-            &["get", "deployment,pods,jobs", "-n", NS, "-o", "wide"][..],
+            &[
+                "get",
+                "deployment,replicaset,statefulset,pods,jobs",
+                "-n",
+                NS,
+                "-o",
+                "wide",
+            ][..],
         ] {
             let out = std::process::Command::new("kubectl")
                 .args(["--request-timeout=20s"])
@@ -548,15 +621,34 @@ impl Scene {
         // Tools and images (cached by the scripts).
         let sdk = tool("OPERATOR_SDK", "operator-sdk");
         let versions = olm_versions();
+        assert_eq!(
+            versions.get("PREVIOUS_RELEASE"),
+            Some(&release.prev_version),
+            "PREVIOUS_RELEASE in hack/olm/versions.env is the release {} replaces",
+            release.csv_name
+        );
         run(hack("images.sh").arg("build"));
         run(hack("images.sh").arg("operator"));
         let host_images = env_lines(&stdout_of(hack("images.sh").arg("--print-env")));
+        // The previous release's operator image, built from its own commit (its RBAC cannot run
+        // today's operator).
+        let prev_images: BTreeMap<String, String> =
+            crate::previous_release::PreviousRelease::extracted()
+                .operator()
+                .into_iter()
+                .map(|(key, value)| (format!("PREV_{key}"), value))
+                .collect();
         let olm_images = env_lines(&stdout_of(hack("olm/images.sh").arg("build")));
         let image = |key: &str| -> String {
             host_images
                 .get(key)
                 .or_else(|| olm_images.get(key))
-                .unwrap_or_else(|| panic!("no {key} from hack/images.sh or hack/olm/images.sh"))
+                .or_else(|| prev_images.get(key))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "no {key} from hack/images.sh, hack/olm/images.sh or the previous release's"
+                    )
+                })
                 .clone()
         };
         let decompression = sdk_decompression_image(&versions["OPERATOR_SDK_VERSION"]);
@@ -582,9 +674,9 @@ impl Scene {
             decompression: decompression.clone(),
             operator_archive: image("OPERATOR_ARCHIVE"),
         };
-        // One operator binary serves as both releases here (the operand's pod template is the same).
+        // Each release's own operator image.
         for (archive, reference) in [
-            ("OPERATOR_ARCHIVE", images.operator_prev.clone()),
+            ("PREV_OPERATOR_ARCHIVE", images.operator_prev.clone()),
             ("OPERATOR_ARCHIVE", images.operator.clone()),
             ("MEMCACHED_ARCHIVE", images.memcached.clone()),
             ("EXPORTER_ARCHIVE", images.exporter.clone()),
