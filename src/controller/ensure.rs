@@ -34,20 +34,33 @@ pub async fn ensure_optional<K: Owned>(
             ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
         }
         (None, Some(existing)) if is_controlled_by(existing.meta(), mc) => {
-            let name = existing.name_any();
-            match api.delete(&name, &only_this(existing.uid())).await {
-                Ok(_) => ctx.events.applied(mc, existing.as_ref(), &Change::Deleted),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => {
-                    return Err(Error::Apply {
-                        kind: K::kind(&()).into_owned(),
-                        name,
-                        source,
-                    });
-                }
-            }
+            delete(ctx, mc, api, &existing, &Change::Deleted).await?;
         }
         (None, _) => {}
+    }
+    Ok(())
+}
+
+/// Deletes `existing` (this one only: its uid), with an event saying `change`; one already gone
+/// is no error.
+pub async fn delete<K: Owned>(
+    ctx: &Context,
+    mc: &Memcached,
+    api: &Api<OwnedObject<K>>,
+    existing: &OwnedObject<K>,
+    change: &Change,
+) -> Result<()> {
+    let name = existing.name_any();
+    match api.delete(&name, &only_this(existing.uid())).await {
+        Ok(_) => ctx.events.applied(mc, existing, change),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(source) => {
+            return Err(Error::Apply {
+                kind: K::kind(&()).into_owned(),
+                name,
+                source,
+            });
+        }
     }
     Ok(())
 }

@@ -10,15 +10,15 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde::Deserialize;
 
 use super::context::Context;
-use super::ensure::only_this;
+use super::ensure::delete;
 use super::events::Change;
 use super::owned::OwnedObject;
 use crate::api::Memcached;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::resources::is_controlled_by;
 
 /// What is read of a Deployment's status: how many of its pods are Ready.
@@ -57,21 +57,6 @@ pub fn done(mc: &Memcached, sts: Option<&OwnedObject<StatefulSet>>) -> bool {
 
 /// Deletes the Deployment of before (this one only: its uid), and its pods with it.
 pub async fn finish(ctx: &Context, mc: &Memcached, legacy: &OwnedObject<Deployment>) -> Result<()> {
-    let api: Api<OwnedObject<Deployment>> =
-        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
-    match api
-        .delete(&legacy.name_any(), &only_this(legacy.uid()))
-        .await
-    {
-        Ok(_) => ctx.events.applied(mc, legacy, &Change::Replaced),
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(source) => {
-            return Err(Error::Apply {
-                kind: Deployment::kind(&()).into_owned(),
-                name: legacy.name_any(),
-                source,
-            });
-        }
-    }
-    Ok(())
+    let api = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    delete(ctx, mc, &api, legacy, &Change::Replaced).await
 }

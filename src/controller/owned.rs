@@ -14,8 +14,8 @@
 //! them go. Most versions need no parsing: a status update (most events) keeps the spec and
 //! metadata the cached version had, and so its digest; an apply's response has our fields forced
 //! to the desired object's, and so its digest (`observe_applied`); the watch's echo of our write
-//! is that response again (own_writes.rs keeps what was observed of it). Of a StatefulSet's status
-//! conditions only failures are kept: nothing reads the others.
+//! is that response again (own_writes.rs keeps what was observed of it). A StatefulSet's status
+//! conditions are dropped: nothing reads them.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

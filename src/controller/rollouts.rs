@@ -92,7 +92,10 @@ impl Rollouts {
         reserved.retain(|k, granted| {
             now.duration_since(*granted) < RESERVATION && !rolling.contains_key(k)
         });
-        if counted(rolling, now) + reserved.len() >= self.limit {
+        // Below the limit even counting the stuck ones: no need to walk them (a hot path while
+        // an upgrade queues every Memcached).
+        let at_limit = |rolling_count: usize| rolling_count + reserved.len() >= self.limit;
+        if at_limit(rolling.len()) && at_limit(counted(rolling, now)) {
             return false;
         }
         reserved.insert(key, now);

@@ -73,6 +73,15 @@ pub fn servers(mc: &Memcached) -> Vec<String> {
         .collect()
 }
 
+/// Members an update takes out at once: `rollout.maxUnavailable`, at least one (a member is
+/// replaced under its own name, so it cannot surge).
+pub fn members_at_once(mc: &Memcached) -> i32 {
+    mc.spec
+        .rollout
+        .as_ref()
+        .map_or(1, |r| r.max_unavailable.max(1))
+}
+
 /// `status.selector` for the scale subresource, e.g. `app.kubernetes.io/instance=x,...`.
 pub fn selector_string(mc: &Memcached) -> String {
     selector_labels(mc)

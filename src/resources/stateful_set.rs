@@ -186,15 +186,14 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
             pod_management_policy: Some("Parallel".to_string()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_string()),
-                // A member is replaced under its own name, so it cannot surge: the pods updated
-                // at once are maxUnavailable, at least one (the API server's default, left to
-                // it: an empty rollingUpdate of ours would read as drift against its default).
-                rolling_update: (rollout.max_unavailable > 1).then_some(
+                // One at a time is the API server's default, left to it: an empty rollingUpdate
+                // of ours would read as drift against its default.
+                rolling_update: (members_at_once(mc) > 1).then(|| {
                     RollingUpdateStatefulSetStrategy {
-                        max_unavailable: Some(IntOrString::Int(rollout.max_unavailable)),
+                        max_unavailable: Some(IntOrString::Int(members_at_once(mc))),
                         partition: None,
-                    },
-                ),
+                    }
+                }),
             }),
             min_ready_seconds: Some(rollout.min_ready_seconds),
             template: PodTemplateSpec {

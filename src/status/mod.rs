@@ -86,7 +86,7 @@ pub fn desired_status_and_trouble(
     let all_ready = observed.stateful_set.is_some() && ready >= size;
     // A member is replaced under its own name, so an update takes it out for a moment: the
     // Memcached stays Available while no more are out than the update may take.
-    let updating_within_budget = updating && ready >= size - max_unavailable(mc);
+    let updating_within_budget = updating && ready >= size - crate::resources::members_at_once(mc);
     let converged = all_ready
         && observed_spec
         && replicas == size
@@ -94,28 +94,29 @@ pub fn desired_status_and_trouble(
         && observed.legacy_ready.is_none();
     // Moving from a Deployment: its pods serve until the members are all available.
     let migrating = observed.legacy_ready.map(|legacy| {
-        let message = format!(
+        format!(
             "moving from the Deployment to a StatefulSet: {ready}/{size} members ready; the Deployment's {legacy} ready pods serve until all are"
-        );
-        (ready + legacy >= size, message)
+        )
     });
+    let legacy_serving = observed
+        .legacy_ready
+        .is_some_and(|legacy| ready + legacy >= size);
     let trouble = trouble(mc, observed);
     let pods_ready = format!("{ready}/{size} pods are ready");
-    let available = match &trouble {
-        _ if all_ready => cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready),
-        _ if migrating.as_ref().is_some_and(|(serving, _)| *serving) => {
-            let (_, message) = migrating.as_ref().expect("checked");
-            cond(AVAILABLE, true, Reason::Migrating, message)
-        }
-        _ if updating_within_budget => {
-            let message = format!(
-                "{pods_ready}; {updated}/{size} updated, at most {} at a time",
-                max_unavailable(mc)
-            );
-            cond(AVAILABLE, true, Reason::Updating, &message)
-        }
-        Some(t) => cond(AVAILABLE, false, t.reason, &t.message()),
-        None => cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready),
+    let available = if all_ready {
+        cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)
+    } else if let Some(message) = migrating.as_deref().filter(|_| legacy_serving) {
+        cond(AVAILABLE, true, Reason::Migrating, message)
+    } else if updating_within_budget {
+        let message = format!(
+            "{pods_ready}; {updated}/{size} updated, at most {} at a time",
+            crate::resources::members_at_once(mc)
+        );
+        cond(AVAILABLE, true, Reason::Updating, &message)
+    } else if let Some(t) = &trouble {
+        cond(AVAILABLE, false, t.reason, &t.message())
+    } else {
+        cond(AVAILABLE, false, Reason::PodsNotReady, &pods_ready)
     };
     let (progressing, degraded) = match &observed.blocked {
         Some(b) => (
@@ -128,7 +129,7 @@ pub fn desired_status_and_trouble(
                     "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
                 );
                 cond(PROGRESSING, true, Reason::RolloutQueued, &message)
-            } else if let Some((_, message)) = &migrating {
+            } else if let Some(message) = &migrating {
                 cond(PROGRESSING, true, Reason::Migrating, message)
             } else if converged {
                 let message = format!("{size} pods match the spec");
@@ -189,8 +190,8 @@ pub fn desired_status_and_trouble(
     (status, trouble)
 }
 
-/// Why not all wanted pods are Ready (or a rollout is stuck), from the StatefulSet's failure
-/// signals and the pods' own status: for the conditions and the Warning event.
+/// Why not all wanted pods are Ready, from the StatefulSet's refused creations and the pods' own
+/// status: for the conditions and the Warning event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trouble {
     pub reason: Reason,
@@ -207,14 +208,6 @@ impl Trouble {
     pub fn message(&self) -> String {
         format!("{}: {}", self.summary, self.words)
     }
-}
-
-/// Members updated at once: `rollout.maxUnavailable`, at least one.
-fn max_unavailable(mc: &Memcached) -> i32 {
-    mc.spec
-        .rollout
-        .as_ref()
-        .map_or(1, |r| r.max_unavailable.max(1))
 }
 
 /// The trouble of a Memcached, if any: pods the StatefulSet cannot create first (nothing else

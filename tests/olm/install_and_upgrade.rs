@@ -67,6 +67,7 @@ use serde_json::{Value, json};
 
 use crate::availability::{Sampler, Watched};
 use crate::harness;
+use crate::members::{controller_uid, members_missing};
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
 use crate::scripts::{olm_versions, path_env, tool};
 
@@ -288,16 +289,6 @@ where
 /// An object's uid, empty when it has none.
 fn uid<K: kube::Resource>(obj: &K) -> String {
     obj.uid().unwrap_or_default()
-}
-
-/// The uid of an object's controller (its owner reference with `controller: true`).
-fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
 }
 
 struct Env {
@@ -665,7 +656,7 @@ impl Env {
         let sts_uid = match &sts {
             None => {
                 missing.push(format!("no StatefulSet {name}"));
-                String::new()
+                None
             }
             Some(sts) => {
                 if controller_uid(sts) != Some(mc_uid.clone()) {
@@ -679,7 +670,7 @@ impl Env {
                         "StatefulSet {name} replicas {replicas:?}, not {size}"
                     ));
                 }
-                uid(sts)
+                sts.uid()
             }
         };
         let selector = format!("{MEMCACHED_PODS},app.kubernetes.io/instance={name}");
@@ -690,19 +681,17 @@ impl Env {
             .unwrap_or_default();
         let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
         names.sort();
-        let mut want: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
-        want.sort();
-        if names != want {
-            missing.push(format!(
-                "pods [{}], not [{}]",
-                names.join(" "),
-                want.join(" ")
-            ));
-        }
-        for pod in &pods {
-            if controller_uid(pod) != Some(sts_uid.clone()) {
-                missing.push(format!("pod {} not the StatefulSet's", pod.name_any()));
-            } else if !harness::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
+        missing.extend(members_missing(
+            &pods,
+            name,
+            size as usize,
+            sts_uid.as_deref(),
+        ));
+        for pod in pods
+            .iter()
+            .filter(|p| sts_uid.is_some() && controller_uid(*p) == sts_uid)
+        {
+            if !harness::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
                 missing.push(format!("pod {} not Ready", pod.name_any()));
             }
         }

@@ -6,6 +6,7 @@ mod availability;
 #[allow(dead_code)]
 #[path = "../e2e/harness.rs"]
 mod harness;
+mod members;
 mod olm;
 mod previous_release;
 mod scripts;

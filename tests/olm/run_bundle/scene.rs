@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::{MEMCACHED_PODS, NS, OPERATOR_POD, PACKAGE, PREFIX};
 use crate::availability::{Sampler, Watched};
 use crate::harness;
+use crate::members::{controller_uid, members_missing};
 use crate::olm::{resource, str_field};
 use crate::scripts::{Registry, env_lines, hack, olm_versions, run, stdout_of, tool};
 
@@ -179,16 +180,6 @@ pub struct Images {
     pub decompression: String,
     /// Archives of `hack/images.sh --print-env`, for the patch release's push.
     pub operator_archive: String,
-}
-
-/// An object's controller (its owner reference with `controller: true`): its uid.
-pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
 }
 
 /// What every phase uses: the cluster as the admin, the tools, the registry and its images.
@@ -460,22 +451,7 @@ impl Scene {
             }
         };
         let pods = self.memcached_pods().await;
-        let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-        names.sort();
-        let mut want: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
-        want.sort();
-        if names != want {
-            missing.push(format!(
-                "pods [{}], not [{}]",
-                names.join(" "),
-                want.join(" ")
-            ));
-        }
-        for pod in &pods {
-            if sts_uid.is_none() || controller_uid(pod) != sts_uid {
-                missing.push(format!("pod {} not the StatefulSet's", pod.name_any()));
-            }
-        }
+        missing.extend(members_missing(&pods, name, size, sts_uid.as_deref()));
         if !self.memcached_pods_ready(size).await {
             missing.push(format!("not {size} pods Ready on {}", self.node));
         }
