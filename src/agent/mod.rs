@@ -9,12 +9,17 @@
 //! With TLS it sees renewed certificate files and has memcached load them (`refresh_certs`).
 //! It also logs in for the exporter: memcached's exporter cannot send the ASCII authentication,
 //! so it reads `stats` through the agent's port on the pod's loopback.
+//!
+//! With a memory file (`-e`), it saves memcached's items when the kubelet is about to stop
+//! memcached (`save`), so that the next memcached restores them.
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use rustix::process::{Pid, Signal};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -22,22 +27,29 @@ use tracing::{info, warn};
 
 mod loopback;
 mod passwords;
+mod save;
 
 use loopback::{proxy, refresh_certs};
 use passwords::{Credentials, PasswordFile, write_file};
+use save::{SaveToken, Saver};
 
 /// How long memcached may take to act on SIGHUP: it does so at its next clock tick, once a second.
 const RELOAD_TICK: Duration = Duration::from_secs(2);
 /// How often the agent reads the mounted Secret. The kubelet's own refresh (up to a minute)
 /// dominates the time a rotation takes.
 const POLL: Duration = Duration::from_secs(5);
+/// memcached's process name in the pod.
+const MEMCACHED: &str = "memcached";
+/// How long, after SIGTERM, the agent waits for memcached to be gone (see `run`).
+const OUTLIVE_MEMCACHED: Duration = Duration::from_secs(60);
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Write memcached's password file from the Secret and exit (the pod's init container).
     Init(Paths),
     /// Keep the password file current, signal memcached, and log in for the exporter.
-    Run(RunArgs),
+    // Boxed: the operator's command line holds this enum beside variants far smaller.
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -71,36 +83,83 @@ pub struct RunArgs {
     /// memcached's plain-text address on the pod's loopback.
     #[arg(long)]
     pub memcached: std::net::SocketAddr,
+    /// With a memory file: where memcached's preStop hook asks the agent to save memcached's
+    /// items (`GET /save`) before the kubelet stops it.
+    #[arg(long, requires = "save_token", requires = "memory_file")]
+    pub save_listen: Option<std::net::SocketAddr>,
+    /// What a save request's `X-Save-Token` header must hold.
+    #[arg(long, env = "AGENT_SAVE_TOKEN", hide_env_values = true)]
+    pub save_token: Option<SaveToken>,
+    /// memcached's memory file (its -e flag): memcached writes `<file>.meta` as it saves.
+    #[arg(long)]
+    pub memory_file: Option<PathBuf>,
 }
 
 /// Sends SIGHUP to every memcached in the pod (the shared process namespace shows them), so it
 /// re-reads its password file. None running (it is starting) reads the file as it starts.
 fn reload_memcached() -> io::Result<usize> {
-    let mut signalled = 0;
+    Ok(signal_processes(MEMCACHED, Signal::HUP)?.pids.len())
+}
+
+/// The processes signalled by `signal_processes`.
+struct Signalled {
+    pids: Vec<Pid>,
+    /// Those that could not be signalled (logged).
+    failed: usize,
+}
+
+/// Sends `signal` to every live process of the pod named `name` (see `processes_named`).
+fn signal_processes(name: &str, signal: Signal) -> io::Result<Signalled> {
+    let mut signalled = Signalled {
+        pids: Vec::new(),
+        failed: 0,
+    };
+    for pid in processes_named(name)? {
+        match rustix::process::kill_process(pid, signal) {
+            Ok(()) => signalled.pids.push(pid),
+            Err(e) => {
+                signalled.failed += 1;
+                warn!(pid = pid.as_raw_nonzero().get(), process = name, error = %e, "cannot signal")
+            }
+        }
+    }
+    Ok(signalled)
+}
+
+/// The live processes of the pod whose name (`comm`: the executable's file name, cut to 15
+/// bytes) is `name`.
+fn processes_named(name: &str) -> io::Result<Vec<Pid>> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
             .file_name()
             .to_str()
             .and_then(|n| n.parse::<i32>().ok())
+            .and_then(Pid::from_raw)
         else {
             continue;
         };
-        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != "memcached" {
-            continue;
-        }
-        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-            continue;
-        };
-        match rustix::process::kill_process(pid, rustix::process::Signal::HUP) {
-            Ok(()) => signalled += 1,
-            Err(e) => {
-                warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot signal memcached")
-            }
+        if is_alive(pid, name) {
+            found.push(pid);
         }
     }
-    Ok(signalled)
+    Ok(found)
+}
+
+/// Whether `pid` is still a process named `name`: not gone, not a zombie (whose parent, the
+/// pod's pause process, has yet to reap it) and not a new process that took its number.
+fn is_alive(pid: Pid, name: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())) else {
+        return false;
+    };
+    // `pid (comm) state ...`; comm may itself hold spaces and parentheses.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let state = stat[close + 1..].trim_start().chars().next();
+    comm == name && !matches!(state, Some('Z' | 'X' | 'x'))
 }
 
 /// `agent init`: the first password file, before memcached starts.
@@ -205,7 +264,7 @@ fn fingerprint(dirs: &[PathBuf]) -> u64 {
     hasher.finish()
 }
 
-/// `agent run`, until SIGTERM.
+/// `agent run`, until SIGTERM; with saves, until memcached is gone too.
 pub async fn run(args: RunArgs) -> io::Result<()> {
     let mut agent = Agent::start(args)?;
     if let Some(addr) = agent.args.proxy {
@@ -216,14 +275,34 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
             agent.login.subscribe(),
         ));
     }
+    let saver = match (
+        agent.args.save_listen,
+        &agent.args.save_token,
+        &agent.args.memory_file,
+    ) {
+        (Some(addr), Some(token), Some(memory_file)) => {
+            let saver = Arc::new(Saver::new(token.clone(), memory_file, MEMCACHED));
+            let listener = TcpListener::bind(addr).await?;
+            info!(address = %listener.local_addr()?, "serving saves");
+            tokio::spawn(save::serve(listener, saver.clone()));
+            Some(saver)
+        }
+        _ => None,
+    };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         agent.sync().await?;
         tokio::select! {
             _ = tokio::time::sleep(POLL) => {}
-            _ = terminate.recv() => return Ok(()),
+            _ = terminate.recv() => break,
         }
     }
+    // A deleted pod's containers are all stopped at once, while memcached's preStop hook may be
+    // asking this agent to save: it stays (serving) until memcached is gone.
+    if let Some(saver) = saver {
+        save::outlive(&saver, OUTLIVE_MEMCACHED).await;
+    }
+    Ok(())
 }
 
 /// Runs an agent command: the process's main for `memcached-operator agent`.
@@ -237,7 +316,7 @@ pub fn main(command: Command) -> std::process::ExitCode {
         Command::Run(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .and_then(|rt| rt.block_on(run(args))),
+            .and_then(|rt| rt.block_on(run(*args))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
