@@ -549,6 +549,7 @@ cmd_up() {
 	start kwok "${KWOK_BIN}" \
 		--kubeconfig="${CLUSTER_DIR}/kubeconfig-kwok" \
 		--config="${KWOK_STAGES}" \
+		--config="${HACK_DIR}/templates/kwok-in-place-restart.yaml" \
 		--manage-nodes-with-label-selector=type=kwok \
 		--node-lease-duration-seconds=40 \
 		--cidr=10.112.0.0/16 \

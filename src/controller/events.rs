@@ -41,6 +41,10 @@ pub enum Change {
     Deleted,
     /// A Deployment of before, once the StatefulSet serves in its place (migration.rs).
     Replaced,
+    /// A member's images patched in place (members.rs).
+    Restarted,
+    /// A member evicted for a pod spec it cannot take in place (members.rs).
+    Evicted,
 }
 
 impl Change {
@@ -72,6 +76,8 @@ impl Change {
             Change::Updated => "Updated",
             Change::Deleted => "Deleted",
             Change::Replaced => "Replaced",
+            Change::Restarted => "Restarted",
+            Change::Evicted => "Evicted",
         }
     }
 
@@ -89,6 +95,12 @@ impl Change {
             Change::Replaced => {
                 format!("Deleted {kind} {name}: its StatefulSet's members serve in its place")
             }
+            Change::Restarted => format!(
+                "Restarting {kind} {name} in place for new images: memcached keeps its cache"
+            ),
+            Change::Evicted => format!(
+                "Evicted {kind} {name} for a pod spec it cannot take in place: it comes back empty"
+            ),
         }
     }
 }

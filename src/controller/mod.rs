@@ -9,6 +9,7 @@ mod ensure;
 mod events;
 mod feed;
 mod managed_fields;
+mod members;
 mod meta;
 mod migration;
 mod outcome;

@@ -42,6 +42,8 @@ pub enum Outcome {
     CachesFilling,
     /// A pod template change of the operator's own waits for a rollout slot.
     WaitingForRolloutSlot,
+    /// Members are being updated (members.rs): look again this soon, if no pod event comes first.
+    UpdatingMembers(Duration),
     /// The StatefulSet runs fewer pods than it wants (a quota, a policy, or a pod not yet
     /// replaced): look again for why.
     PodsMissing,
@@ -58,6 +60,7 @@ impl Outcome {
             Outcome::Converged | Outcome::Gone => Next::AwaitChange,
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
+            Outcome::UpdatingMembers(recheck) => Next::After(*recheck),
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
             Outcome::PodsMissing => Next::After(MISSING_RECHECK),
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),

@@ -20,7 +20,7 @@ use super::ensure::{
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
-use super::{binding, creation, migration};
+use super::{binding, creation, members, migration};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::error::{Error, Refusal, Result};
@@ -210,6 +210,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         legacy = None;
     }
 
+    // The members take the StatefulSet's template one at a time, in place where they can.
+    let updating = match (&blocked, stateful_set.as_deref()) {
+        (None, Some(sts)) if !stateful_set_written => members::update(ctx, mc, sts).await?,
+        _ => None,
+    };
+
     // 5. Report status, unless the StatefulSet was just written: its watch event queues a
     //    status refresh, which sees the rollout the write started, and the queue serves it after
     //    the spec changes that users wait for.
@@ -235,6 +241,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         stateful_set: stateful_set.as_deref().map(OwnedObject::seen),
         creation_refused: creation_refused.as_deref(),
         legacy_ready: legacy.as_deref().map(migration::legacy_ready),
+        update: updating.map(|u| u.kind),
         pods: pods.names,
         troubles: pods.troubles,
         blocked: blocked.clone(),
@@ -256,14 +263,15 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     ctx.events.troubled(mc, trouble.as_ref());
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);
-        return Ok(match rollout_queued {
-            Some(_) => Outcome::WaitingForRolloutSlot,
+        return Ok(match (rollout_queued, updating) {
+            (Some(_), _) => Outcome::WaitingForRolloutSlot,
+            (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
             // Its controller retries with no change to watch: look again.
-            None if stateful_set.as_deref().is_some_and(creation::pods_missing) => {
+            _ if stateful_set.as_deref().is_some_and(creation::pods_missing) => {
                 Outcome::PodsMissing
             }
-            None if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
-            None => Outcome::Converged,
+            _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
+            _ => Outcome::Converged,
         });
     };
     ctx.events.blocked(mc, &blocked);

@@ -1,7 +1,8 @@
 //! The agent beside memcached (the operator's own binary, `memcached-operator agent`; see
-//! `crate::agent`) in pods with `spec.auth` or `spec.tls`: it delivers what changes in the
-//! Secrets to the running memcached (SIGHUP for the password file, `refresh_certs` for the
-//! certificates), and logs in for the exporter. Without either, a pod has no agent.
+//! `crate::agent`): it has memcached save its cache before the kubelet stops it (warm restart),
+//! delivers what changes in the Secrets to the running memcached (SIGHUP for the password file,
+//! `refresh_certs` for the certificates), and logs in for the exporter. A pod with none of these
+//! (a cache too small for warm restart, without auth or TLS) has no agent.
 
 use std::collections::BTreeMap;
 
@@ -10,17 +11,19 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{EXPORTER_PORT, Memcached};
 
-use super::{MEMCACHED_UID, auth, stateful_set::restricted, tls};
+use super::{MEMCACHED_UID, auth, stateful_set::restricted, tls, warm_restart};
 
 /// The operator's binary in its image, which is also the agent's.
 const BINARY: &str = "/memcached-operator";
 
-/// Ports on the pod's loopback: the agent's login proxy for the exporter, and memcached's plain
-/// listener when TLS is on. Moved off the ports the user picked.
+/// Ports in the pod: the agent's login proxy for the exporter and memcached's plain listener
+/// when TLS is on (both on the loopback), and the agent's save endpoint. Moved off the ports the
+/// user picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalPorts {
     pub agent: i32,
     pub plain: i32,
+    pub save: i32,
 }
 
 impl LocalPorts {
@@ -39,13 +42,14 @@ impl LocalPorts {
         LocalPorts {
             agent: free([11299, 11289, 11279]),
             plain: free([11298, 11288, 11278]),
+            save: free([11297, 11287, 11277]),
         }
     }
 }
 
 /// Whether the pods run the agent.
 pub fn needed(mc: &Memcached) -> bool {
-    auth::enabled(mc) || tls::enabled(mc)
+    warm_restart::enabled(mc) || auth::enabled(mc) || tls::enabled(mc)
 }
 
 /// Where the exporter reads `stats`: through the agent, which logs in, when authentication is
@@ -62,8 +66,8 @@ pub fn exporter_target(mc: &Memcached) -> i32 {
 }
 
 /// Adds the agent (and, with authentication, the init container writing the first password
-/// file) to `pod`. With authentication the pod shares its process namespace, so the agent can
-/// send memcached SIGHUP: it runs as memcached's user, so it needs no capability for that.
+/// file) to `pod`. The pod shares its process namespace when the agent signals memcached: it runs
+/// as memcached's user, so it needs no capability for that.
 pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
     if !needed(mc) {
         return;
@@ -79,6 +83,12 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         format!("--memcached=127.0.0.1:{memcached_port}"),
     ];
     let mut mounts = Vec::new();
+    let mut env = Vec::new();
+    if warm_restart::enabled(mc) {
+        args.extend(warm_restart::agent_args(mc));
+        mounts.push(warm_restart::agent_mount());
+        env.push(warm_restart::agent_env(mc));
+    }
     if auth::enabled(mc) {
         args.extend(auth::agent_args(mc));
         args.push(format!("--proxy=127.0.0.1:{}", ports.agent));
@@ -96,6 +106,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         command: Some(vec![BINARY.to_string(), "agent".to_string()]),
         args: Some(args),
         volume_mounts: Some(mounts.clone()),
+        env: Some(env.clone()).filter(|e| !e.is_empty()),
         resources,
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
@@ -104,6 +115,9 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         pod.init_containers
             .get_or_insert_with(Vec::new)
             .push(container("auth-init", auth::init_args(), None));
+    }
+    // The agent signals memcached: SIGUSR1 to save, SIGHUP to re-read its password file.
+    if warm_restart::enabled(mc) || auth::enabled(mc) {
         pod.share_process_namespace = Some(true);
     }
     // Idle but for a few file reads every 5 s; its RSS is a few MiB.
@@ -134,7 +148,8 @@ mod tests {
             LocalPorts::of(&mc),
             LocalPorts {
                 agent: 11299,
-                plain: 11298
+                plain: 11298,
+                save: 11297
             }
         );
         mc.spec.container_port = 11299;
@@ -149,14 +164,16 @@ mod tests {
             ports,
             LocalPorts {
                 agent: 11289,
-                plain: 11288
+                plain: 11288,
+                save: 11297
             }
         );
     }
 
     #[test]
-    fn no_auth_and_no_tls_means_no_agent() {
-        let mc = memcached("cache", 1);
+    fn no_warm_restart_no_auth_and_no_tls_means_no_agent() {
+        let mut mc = memcached("cache", 1);
+        mc.spec.max_memory_mib = warm_restart::MIN_MEMORY_MIB - 1;
         let mut pod = PodSpec::default();
         add_to_pod(&mc, &mut pod, "img");
         assert_eq!(pod, PodSpec::default());

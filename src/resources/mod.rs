@@ -18,6 +18,7 @@ pub mod binding;
 mod network_policy;
 mod stateful_set;
 pub mod tls;
+pub mod warm_restart;
 pub use network_policy::network_policy;
 pub use stateful_set::stateful_set;
 

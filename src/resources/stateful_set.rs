@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
-};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
@@ -20,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use crate::api::{EXPORTER_PORT, Memcached, Spread};
 
 use super::*;
-use super::{agent, auth, tls};
+use super::{agent, auth, tls, warm_restart};
 
 /// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
 /// no privilege escalation, no capabilities, a read-only root.
@@ -124,15 +122,19 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
         readiness_probe: Some(tcp_probe(1, 5)),
         // Kubernetes takes a stopping pod out of the Service at once, but clients may still hold
         // its address from DNS for a few seconds: it keeps serving them until they have moved on.
-        lifecycle: (rollout.pre_stop_delay_seconds > 0).then(|| Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                sleep: Some(SleepAction {
-                    seconds: i64::from(rollout.pre_stop_delay_seconds),
+        lifecycle: if warm_restart::enabled(mc) {
+            Some(warm_restart::pre_stop(mc, rollout.pre_stop_delay_seconds))
+        } else {
+            (rollout.pre_stop_delay_seconds > 0).then(|| Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    sleep: Some(SleepAction {
+                        seconds: i64::from(rollout.pre_stop_delay_seconds),
+                    }),
+                    ..LifecycleHandler::default()
                 }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+                ..Lifecycle::default()
+            })
+        },
         liveness_probe: Some(tcp_probe(10, 10)),
         resources: mc.spec.resources.as_deref().cloned(),
         volume_mounts: Some(memcached_mounts(mc)).filter(|m| !m.is_empty()),
@@ -146,7 +148,13 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
     let mut pod = PodSpec {
         containers,
         termination_grace_period_seconds: Some(
-            i64::from(rollout.pre_stop_delay_seconds) + STOP_MARGIN_SECONDS,
+            i64::from(rollout.pre_stop_delay_seconds)
+                + STOP_MARGIN_SECONDS
+                + if warm_restart::enabled(mc) {
+                    warm_restart::SAVE_SECONDS
+                } else {
+                    0
+                },
         ),
         topology_spread_constraints: topology_spread(mc),
         affinity: affinity(mc),
@@ -166,8 +174,10 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
         }),
         ..PodSpec::default()
     };
-    let volumes: Vec<_> = auth::volumes(mc)
+    let volumes: Vec<_> = warm_restart::enabled(mc)
+        .then(|| warm_restart::volume(mc))
         .into_iter()
+        .chain(auth::volumes(mc))
         .chain(tls::volumes(mc))
         .collect();
     pod.volumes = Some(volumes).filter(|v| !v.is_empty());
@@ -184,16 +194,11 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
             service_name: Some(mc.name_any()),
             // Members are independent caches: start and stop them together, not in order.
             pod_management_policy: Some("Parallel".to_string()),
+            // The operator updates the members (controller/members.rs): in place where only
+            // images change, so that a member keeps its cache through a restart.
             update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("RollingUpdate".to_string()),
-                // One at a time is the API server's default, left to it: an empty rollingUpdate
-                // of ours would read as drift against its default.
-                rolling_update: (members_at_once(mc) > 1).then(|| {
-                    RollingUpdateStatefulSetStrategy {
-                        max_unavailable: Some(IntOrString::Int(members_at_once(mc))),
-                        partition: None,
-                    }
-                }),
+                type_: Some("OnDelete".to_string()),
+                rolling_update: None,
             }),
             min_ready_seconds: Some(rollout.min_ready_seconds),
             template: PodTemplateSpec {
@@ -229,6 +234,9 @@ fn memcached_args(mc: &Memcached) -> Vec<String> {
             args.extend([flag.to_string(), format!("{value}{unit}")]);
         }
     }
+    if warm_restart::enabled(mc) {
+        args.extend(warm_restart::memcached_args());
+    }
     if auth::enabled(mc) {
         args.extend(auth::memcached_args());
     }
@@ -237,9 +245,12 @@ fn memcached_args(mc: &Memcached) -> Vec<String> {
     args
 }
 
-/// The password file and the certificates memcached reads.
+/// The cache's file, the password file and the certificates memcached reads.
 fn memcached_mounts(mc: &Memcached) -> Vec<VolumeMount> {
     let mut mounts = Vec::new();
+    if warm_restart::enabled(mc) {
+        mounts.push(warm_restart::memcached_mount());
+    }
     if auth::enabled(mc) {
         mounts.push(auth::memcached_mount());
     }
@@ -335,7 +346,17 @@ mod tests {
         assert_eq!(c.image.as_deref(), Some("memcached:test"));
         assert_eq!(
             c.args.as_ref().unwrap(),
-            &["-m", "64", "-p", "11211", "-o", "modern", "-v"]
+            &[
+                "-m",
+                "64",
+                "-p",
+                "11211",
+                "-e",
+                "/cache/memory_file",
+                "-o",
+                "modern",
+                "-v"
+            ]
         );
         assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 11211);
         assert!(c.readiness_probe.as_ref().unwrap().tcp_socket.is_some());
@@ -398,14 +419,19 @@ mod tests {
             .unwrap()
     }
 
+    /// A Memcached too small for memcached's warm restart.
+    fn small(mut mc: Memcached) -> Memcached {
+        mc.spec.max_memory_mib = warm_restart::MIN_MEMORY_MIB - 1;
+        mc
+    }
+
     #[test]
-    fn updates_by_default_replace_one_member_at_a_time_and_let_it_drain() {
-        let d = stateful_set(&memcached("cache", 3), &Images::new("img"))
+    fn the_operator_updates_the_members_and_a_stopping_member_drains() {
+        let d = stateful_set(&small(memcached("cache", 3)), &Images::new("img"))
             .spec
             .unwrap();
         let strategy = d.update_strategy.unwrap();
-        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
-        // The API's defaults: one member at a time, every member (partition 0).
+        assert_eq!(strategy.type_.as_deref(), Some("OnDelete"));
         assert_eq!(strategy.rolling_update, None);
         assert_eq!(d.min_ready_seconds, Some(5));
         let pod = d.template.spec.unwrap();
@@ -420,12 +446,79 @@ mod tests {
     }
 
     #[test]
+    fn warm_restart_keeps_the_items_in_a_memory_backed_file_the_agent_has_saved() {
+        let mut mc = memcached("cache", 3);
+        mc.metadata.uid = Some("uid-1".into());
+        let pod = pod_of(&mc);
+        let server = &pod.containers[0];
+        let args = server.args.clone().unwrap();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["-e", warm_restart::MEMORY_FILE]),
+            "{args:?}"
+        );
+        let volume = &pod.volumes.as_ref().unwrap()[0];
+        let dir = volume.empty_dir.clone().unwrap();
+        assert_eq!(dir.medium.as_deref(), Some("Memory"));
+        assert_eq!(
+            dir.size_limit,
+            Some(Quantity("65Mi".into())),
+            "-m and the metadata"
+        );
+        let mount = &server.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (mount.name.as_str(), mount.mount_path.as_str()),
+            ("cache", "/cache")
+        );
+
+        // memcached's preStop: the agent saves after the drain delay, on the pod's address.
+        let hook = server.lifecycle.clone().unwrap().pre_stop.unwrap();
+        let get = hook.http_get.unwrap();
+        assert_eq!(get.path.as_deref(), Some("/save?delay=10"));
+        assert_eq!(get.port, IntOrString::Int(11297));
+        let header = &get.http_headers.unwrap()[0];
+        assert_eq!(
+            (header.name.as_str(), header.value.as_str()),
+            ("X-Save-Token", "uid-1")
+        );
+        assert_eq!(pod.termination_grace_period_seconds, Some(35));
+
+        let agent = pod.containers.iter().find(|c| c.name == "agent").unwrap();
+        let agent_args = agent.args.clone().unwrap();
+        assert!(agent_args.contains(&"--save-listen=0.0.0.0:11297".to_string()));
+        assert!(agent_args.contains(&"--memory-file=/cache/memory_file".to_string()));
+        let env = &agent.env.as_ref().unwrap()[0];
+        assert_eq!(
+            (env.name.as_str(), env.value.as_deref()),
+            ("AGENT_SAVE_TOKEN", Some("uid-1"))
+        );
+        let agent_mount = &agent.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (agent_mount.mount_path.as_str(), agent_mount.read_only),
+            ("/cache", Some(true))
+        );
+        assert_eq!(
+            pod.share_process_namespace,
+            Some(true),
+            "the agent signals memcached"
+        );
+
+        let cold = pod_of(&small(memcached("cache", 3)));
+        assert!(cold.volumes.is_none() && cold.containers.len() == 1);
+        assert!(
+            !cold.containers[0]
+                .args
+                .clone()
+                .unwrap()
+                .contains(&"-e".to_string())
+        );
+    }
+
+    #[test]
     fn rollout_settings_reach_the_stateful_set() {
         let mc = spec_from(serde_json::json!({"rollout": {
             "maxSurge": 3, "maxUnavailable": 2, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
         let d = stateful_set(&mc, &Images::new("img")).spec.unwrap();
-        let rolling = d.update_strategy.clone().unwrap().rolling_update.unwrap();
-        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(2)));
         assert_eq!(d.min_ready_seconds, Some(0));
         // A member is replaced under its own name: there is nothing to surge with, and a
         // changed maxSurge changes nothing.
@@ -436,16 +529,13 @@ mod tests {
             d
         );
         let pod = d.template.spec.unwrap();
-        assert_eq!(pod.containers[0].lifecycle, None, "no delay, no hook");
-        assert_eq!(pod.termination_grace_period_seconds, Some(20));
-
-        // 0 and 1 both mean one at a time: left to the API's default.
-        for one in [0, 1] {
-            let mc = spec_from(serde_json::json!({"rollout": {"maxUnavailable": one}}));
-            let d = stateful_set(&mc, &Images::new("img")).spec.unwrap();
-            let rolling = d.update_strategy.unwrap().rolling_update;
-            assert_eq!(rolling, None, "maxUnavailable {one}");
-        }
+        assert_eq!(pod.termination_grace_period_seconds, Some(25));
+        let cold = pod_of(&small(mc));
+        assert_eq!(
+            cold.containers[0].lifecycle, None,
+            "no delay, no save: no hook"
+        );
+        assert_eq!(cold.termination_grace_period_seconds, Some(20));
     }
 
     #[test]
@@ -550,7 +640,20 @@ mod tests {
         assert_eq!(
             args,
             [
-                "-m", "64", "-p", "11211", "-t", "8", "-c", "4096", "-I", "2m", "-o", "modern",
+                "-m",
+                "64",
+                "-p",
+                "11211",
+                "-t",
+                "8",
+                "-c",
+                "4096",
+                "-I",
+                "2m",
+                "-e",
+                "/cache/memory_file",
+                "-o",
+                "modern",
                 "-v"
             ]
         );
@@ -567,19 +670,21 @@ mod tests {
 
     #[test]
     fn monitoring_is_off_by_default_and_adds_nothing() {
-        let mc = memcached("cache", 3);
+        let mc = small(memcached("cache", 3));
         assert_eq!(pod_of(&mc).containers.len(), 1);
         let ports = service(&mc).spec.unwrap().ports.unwrap();
         assert_eq!(ports.len(), 1);
         assert!(service_monitor(&mc).is_none());
-        let off = spec_from(serde_json::json!({"monitoring": {"enabled": false, "image": "x"}}));
+        let off = small(spec_from(
+            serde_json::json!({"monitoring": {"enabled": false, "image": "x"}}),
+        ));
         assert_eq!(pod_of(&off).containers.len(), 1);
         assert!(service_monitor(&off).is_none());
     }
 
     #[test]
     fn monitoring_adds_a_restricted_exporter_reading_memcached_over_localhost() {
-        let mut mc = monitored_cache(None);
+        let mut mc = small(monitored_cache(None));
         mc.spec.container_port = 12000;
         let images = Images {
             exporter: "exporter:default".into(),
@@ -636,10 +741,10 @@ mod tests {
 
     #[test]
     fn auth_is_off_by_default_and_adds_nothing() {
-        let mut mc = memcached("cache", 1);
+        let mut mc = small(memcached("cache", 1));
         mc.spec.auth = Some(crate::api::AuthSpec::default());
         let pod = pod_of(&mc);
-        assert_eq!(pod, pod_of(&memcached("cache", 1)));
+        assert_eq!(pod, pod_of(&small(memcached("cache", 1))));
         assert!(pod.init_containers.is_none() && pod.volumes.is_none());
         assert_eq!(pod.share_process_namespace, None);
     }
@@ -668,7 +773,12 @@ mod tests {
             args.windows(2).any(|w| w == ["-Y", auth::AUTH_FILE]),
             "{args:?}"
         );
-        let mount = &memcached.volume_mounts.as_ref().unwrap()[0];
+        let mount = memcached
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == auth::AUTH_DIR)
+            .unwrap();
         assert_eq!(
             (mount.mount_path.as_str(), mount.read_only),
             (auth::AUTH_DIR, Some(true))

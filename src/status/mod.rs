@@ -47,6 +47,17 @@ pub struct Observed<'a> {
     pub creation_refused: Option<&'a str>,
     /// Ready pods of the Deployment it had before its StatefulSet, while it still has it.
     pub legacy_ready: Option<i32>,
+    /// How the members are being updated, while they are.
+    pub update: Option<UpdateKind>,
+}
+
+/// How the members are being updated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// Only images change: each member restarts in its pod and keeps its cache.
+    InPlace,
+    /// The pod spec changes beyond images: each member is replaced and starts empty.
+    Replace,
 }
 
 /// What the status reads of a StatefulSet: its generation and its status.
@@ -81,7 +92,8 @@ pub fn desired_status_and_trouble(
     let observed_spec = observed
         .stateful_set
         .is_some_and(|s| s.generation.is_some() && workload.observed_generation >= s.generation);
-    let updating = observed_spec && workload.update_revision != workload.current_revision;
+    // The StatefulSet's current revision never moves under `OnDelete`: the updated count says.
+    let updating = observed_spec && updated < replicas;
 
     let all_ready = observed.stateful_set.is_some() && ready >= size;
     // A member is replaced under its own name, so an update takes it out for a moment: the
@@ -131,6 +143,21 @@ pub fn desired_status_and_trouble(
                 cond(PROGRESSING, true, Reason::RolloutQueued, &message)
             } else if let Some(message) = &migrating {
                 cond(PROGRESSING, true, Reason::Migrating, message)
+            } else if let Some(kind) = observed.update.filter(|_| !converged) {
+                let at_once = crate::resources::members_at_once(mc);
+                let (reason, how) = match kind {
+                    UpdateKind::InPlace => (
+                        Reason::RestartingInPlace,
+                        "restarted in place for new images, each keeping its cache",
+                    ),
+                    UpdateKind::Replace => (
+                        Reason::ReplacingMembers,
+                        "replaced for a pod spec that cannot be taken in place, each starting empty",
+                    ),
+                };
+                let message =
+                    format!("{updated}/{size} members updated; {how}, at most {at_once} at a time");
+                cond(PROGRESSING, true, reason, &message)
             } else if converged {
                 let message = format!("{size} pods match the spec");
                 cond(PROGRESSING, false, Reason::Converged, &message)
@@ -470,6 +497,41 @@ mod tests {
             find(&status_seeing(&mc, &stale, vec![]), AVAILABLE).status,
             "False"
         );
+    }
+
+    #[test]
+    fn the_status_says_whether_members_keep_their_cache_through_the_update() {
+        let mc = memcached("cache", 3);
+        let members = updating(3, 1, 2);
+        let during = |kind| {
+            let observed = Observed {
+                stateful_set: seen(&members),
+                update: Some(kind),
+                ..Default::default()
+            };
+            let s = desired_status(&mc, &observed, &time(0));
+            let p = find(&s, PROGRESSING);
+            (
+                p.reason.clone(),
+                p.message.clone(),
+                find(&s, AVAILABLE).reason.clone(),
+            )
+        };
+        assert_eq!(
+            during(UpdateKind::InPlace),
+            (
+                "RestartingInPlace".to_string(),
+                "1/3 members updated; restarted in place for new images, each keeping its cache, at most 1 at a time".to_string(),
+                "Updating".to_string()
+            )
+        );
+        assert_eq!(during(UpdateKind::Replace).0, "ReplacingMembers");
+
+        // Under OnDelete the StatefulSet's current revision never moves: every member updated
+        // and Ready is the end of the update.
+        let s = status_seeing(&mc, &updating(3, 3, 3), vec![]);
+        assert_eq!(find(&s, AVAILABLE).reason, "AllPodsReady");
+        assert_eq!(find(&s, PROGRESSING).reason, "Converged");
     }
 
     #[test]

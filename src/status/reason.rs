@@ -13,6 +13,10 @@ pub enum Reason {
     Reconciling,
     /// Members are being updated; no more are out than the update may take.
     Updating,
+    /// Members restart in place for new images, keeping their caches (controller/members.rs).
+    RestartingInPlace,
+    /// Members are replaced one at a time for a pod spec they cannot take in place.
+    ReplacingMembers,
     /// The pods of the Deployment of before serve until the StatefulSet's members are available.
     Migrating,
     /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
@@ -44,6 +48,8 @@ impl Reason {
             Self::PodsNotReady => "PodsNotReady",
             Self::Converged => "Converged",
             Self::Updating => "Updating",
+            Self::RestartingInPlace => "RestartingInPlace",
+            Self::ReplacingMembers => "ReplacingMembers",
             Self::Migrating => "Migrating",
             Self::Creating => "Creating",
             Self::Reconciling => "Reconciling",
@@ -62,13 +68,15 @@ impl Reason {
         }
     }
 
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 21] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
         Self::Creating,
         Self::Reconciling,
         Self::Updating,
+        Self::RestartingInPlace,
+        Self::ReplacingMembers,
         Self::Migrating,
         Self::RolloutQueued,
         Self::AsExpected,

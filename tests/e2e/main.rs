@@ -10,6 +10,7 @@ mod binding;
 mod cluster;
 mod endpoints;
 mod issuer;
+mod members;
 mod migration;
 mod network_policy;
 mod tls;
@@ -1537,14 +1538,16 @@ async fn exporter_and_port(client: &Client, ns: &str, name: &str) -> (Vec<String
         .get(name)
         .await
         .unwrap();
+    // The agent (warm restart's save) is in every pod of a cache this size.
     let containers = d.spec.unwrap().template.spec.unwrap().containers;
+    let containers = containers.into_iter().filter(|c| c.name != "agent");
     let svc = Api::<Service>::namespaced(client.clone(), ns)
         .get(name)
         .await
         .unwrap();
     let ports = svc.spec.unwrap().ports.unwrap_or_default();
     (
-        containers.into_iter().map(|c| c.name).collect(),
+        containers.map(|c| c.name).collect(),
         ports.into_iter().filter_map(|p| p.name).collect(),
     )
 }

@@ -7,6 +7,7 @@
 //! 0 allowed, the first member was already back. The e2e drain test covers the budget.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -152,4 +153,226 @@ async fn a_hashing_client_over_the_servers_keeps_its_ring_through_scaling_and_an
         KEYS - on_evicted,
         "only the evicted member's keys missed"
     );
+}
+
+/// The memory of memcached's container and of its pod (cgroup v1, as on this node): usage and
+/// the tmpfs pages (`shmem`: the `-e` file) in MiB, read from /sys/fs/cgroup/memory.
+fn memory_of(pod_uid: &str) -> String {
+    let Some(process) = crate::Process::in_pod(pod_uid, "memcached")
+        .into_iter()
+        .next()
+    else {
+        return "memcached not running".into();
+    };
+    let cgroup =
+        std::fs::read_to_string(format!("/proc/{}/cgroup", process.pid)).unwrap_or_default();
+    let Some(path) = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
+    else {
+        return "no memory cgroup".into();
+    };
+    let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    let read = |dir: &std::path::Path| {
+        let mib = |bytes: u64| bytes as f64 / 1048576.0;
+        let usage = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|u| u.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let field = |name: &str| {
+            stat.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        format!(
+            "usage {:.1} MiB (rss {:.1}, shmem {:.1})",
+            mib(usage),
+            mib(field("total_rss")),
+            mib(field("total_shmem"))
+        )
+    };
+    format!(
+        "container {}; pod {}",
+        read(&dir),
+        dir.parent().map(read).unwrap_or_default()
+    )
+}
+
+/// Probes each member's memcached (`version`, 300 ms timeout) every 100 ms until `stop`: the
+/// fewest answering at once, and each member's longest stretch without an answer.
+async fn probe_members(
+    addresses: Vec<(String, std::net::SocketAddr)>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> (usize, BTreeMap<String, Duration>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    async fn answers(addr: std::net::SocketAddr) -> bool {
+        let attempt = async {
+            let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
+            conn.write_all(b"version\r\n").await.ok()?;
+            let mut line = String::new();
+            BufReader::new(conn).read_line(&mut line).await.ok()?;
+            line.starts_with("VERSION").then_some(())
+        };
+        tokio::time::timeout(Duration::from_millis(300), attempt)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    }
+    let mut fewest = addresses.len();
+    let mut down_since: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut longest: BTreeMap<String, Duration> = BTreeMap::new();
+    while !*stop.borrow() {
+        let tick = Instant::now();
+        let results =
+            futures::future::join_all(addresses.iter().map(|(_, addr)| answers(*addr))).await;
+        fewest = fewest.min(results.iter().filter(|up| **up).count());
+        for ((name, _), up) in addresses.iter().zip(results) {
+            if up {
+                if let Some(since) = down_since.remove(name) {
+                    let window = longest.entry(name.clone()).or_default();
+                    *window = (*window).max(since.elapsed());
+                }
+            } else {
+                down_since.entry(name.clone()).or_insert(tick);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (name, since) in down_since {
+        longest.insert(name, since.elapsed());
+    }
+    (fewest, longest)
+}
+
+#[tokio::test]
+async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_keys() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "warm").await;
+    let _op = operator_for(&client, &node, &ns).await;
+    create(&client, &ns, &memcached("cache", 3)).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let cache_0 = pods.get("cache-0").await.unwrap().uid().unwrap();
+    println!("cache-0 empty: {}", memory_of(&cache_0));
+    let (found, _) = hash_client(&client, &node, &ns, 3, true).await;
+    assert_eq!(found, KEYS, "every key written at size 3 reads back");
+    println!("cache-0 with its keys: {}", memory_of(&cache_0));
+
+    let before: BTreeMap<String, (String, std::net::SocketAddr, i32)> =
+        crate::pods_of(&client, &ns, "cache")
+            .await
+            .into_iter()
+            .map(|p| {
+                let restarts = p
+                    .status
+                    .as_ref()
+                    .unwrap()
+                    .container_statuses
+                    .as_ref()
+                    .unwrap()[..]
+                    .iter()
+                    .find(|c| c.name == "memcached")
+                    .unwrap()
+                    .restart_count;
+                let addr = std::net::SocketAddr::new(crate::pod_ip(&p).into(), 11211);
+                (p.name_any(), (p.uid().unwrap(), addr, restarts))
+            })
+            .collect();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let prober = tokio::spawn(probe_members(
+        before
+            .iter()
+            .map(|(n, (_, a, _))| (n.clone(), *a))
+            .collect(),
+        stopped,
+    ));
+
+    // 1.6.18 (Debian trixie) to 1.6.45 (sid): another memcached, the same file format.
+    let image = node.var("MEMCACHED_SID_IMAGE").to_string();
+    let started = Instant::now();
+    let patch = json!({"spec": {"image": image}});
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .patch(
+            "cache",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    wait_for("every member on the new image", CONVERGE, || async {
+        let all = crate::pods_of(&client, &ns, "cache").await;
+        let restarted = all.iter().filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
+                .is_some_and(|c| c.ready && c.restart_count > before[&p.name_any()].2)
+        });
+        (restarted.count() == 3).then_some(())
+    })
+    .await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let took = started.elapsed();
+    stop.send_replace(true);
+    let (fewest, windows) = prober.await.unwrap();
+
+    println!("cache-0 restarted: {}", memory_of(&cache_0));
+
+    // The same share of keys in a member without warm restart (below 39 MiB memcached keeps its
+    // memory in the process, growing with its items), for the README's accounting.
+    let mut cold = memcached("cold", 1);
+    cold.spec.max_memory_mib = 38;
+    create(&client, &ns, &cold).await;
+    wait_converged(&client, &ns, "cold", 1).await;
+    let pod = pods.get("cold-0").await.unwrap();
+    let cold_uid = pod.uid().unwrap();
+    println!("cold-0 (-m 38, no -e) empty: {}", memory_of(&cold_uid));
+    let mut conn = memcached_operator_testkit::memcached::Connection::connect(
+        std::net::SocketAddr::new(crate::pod_ip(&pod).into(), 11211),
+    )
+    .await
+    .unwrap();
+    for i in 0..KEYS / 3 {
+        conn.set(&format!("app-{i}"), format!("value-{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    println!("cold-0 with {} keys: {}", KEYS / 3, memory_of(&cold_uid));
+    let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
+    println!(
+        "image change in place ({:.0} s): {found} of {KEYS} keys found; at least {fewest} of 3 members answered throughout; longest unavailable window per member: {windows:?}",
+        took.as_secs_f64()
+    );
+    assert!(
+        percent(found) >= 99.0,
+        "at least 99 % of the keys kept: {found}"
+    );
+    assert!(
+        fewest >= 2,
+        "at least 2 of 3 members answer at every moment"
+    );
+    for (name, (uid, _, restarts)) in &before {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
+        let status = pod.status.unwrap();
+        let memcached = status
+            .container_statuses
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "memcached")
+            .unwrap();
+        assert_eq!(
+            memcached.restart_count,
+            restarts + 1,
+            "{name} restarted once"
+        );
+        assert_eq!(
+            pod.spec.unwrap().containers[0].image.as_deref(),
+            Some(&*image)
+        );
+    }
 }

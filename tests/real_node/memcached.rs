@@ -14,25 +14,14 @@ use memcached_operator_testkit::dns::lookup_a;
 use memcached_operator_testkit::memcached::Connection;
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, create, memcached, set_size, wait_converged,
-    wait_for,
+    CONVERGE, Operator, admin, create, memcached, set_size, wait_converged, wait_for,
 };
 use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
 
 /// The operator as a process (its own ServiceAccount), deploying the local memcached image in `ns`.
 pub async fn operator_for(client: &Client, node: &RealNode, ns: &str) -> Operator {
-    Operator::start(
-        client,
-        OperatorOptions {
-            watch_namespace: Some(ns.into()),
-            env: vec![(
-                "RELATED_IMAGE_MEMCACHED".into(),
-                node.memcached_image().into(),
-            )],
-            ..Default::default()
-        },
-    )
-    .await
+    // Every pod runs the agent (warm restart's save): the node's image of the operator.
+    crate::operator_with_agent(client, node, ns).await
 }
 
 fn service_name(ns: &str, name: &str) -> String {

@@ -171,6 +171,7 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
                     "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
                     node.var("EXPORTER_IMAGE").into(),
                 ),
+                ("RELATED_IMAGE_AGENT".into(), node.operator_image()),
             ],
             ..Default::default()
         },

@@ -1,0 +1,430 @@
+//! Updating the members. The StatefulSet's `OnDelete` strategy leaves its pods to us, so that a
+//! member whose new template differs only in images is updated in place: its images are patched,
+//! the kubelet restarts the changed containers in the same pod (same name, address and
+//! memory-backed `emptyDir`), and memcached, saved by its `preStop`, comes back with its items.
+//! Any other change replaces the member through the Eviction API (its disruption budget holds),
+//! and the StatefulSet creates it anew under its name, empty.
+//!
+//! One member at a time, or `rollout.maxUnavailable`: the next waits until every member is Ready
+//! for `minReadySeconds`. A patched member counts as out until its containers have restarted: the
+//! pod keeps its Ready condition while the kubelet runs the `preStop`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{EvictParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::context::Context;
+use super::events::Change;
+use super::owned::OwnedObject;
+use crate::api::Memcached;
+use crate::error::{Error, Result};
+use crate::resources;
+use crate::status::UpdateKind as Kind;
+
+/// The StatefulSet controller's label naming the revision a pod was made from.
+const REVISION_LABEL: &str = "controller-revision-hash";
+/// On a member patched in place: the revision it is moving to, and each restarted container's
+/// restart count before the patch. The revision label follows once it is back and available, so
+/// the StatefulSet counts it updated only then.
+pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
+/// How often an update in progress is looked at when no pod event comes sooner.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// An update in progress: its kind, and when to look again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Updating {
+    pub kind: Kind,
+    pub recheck: Duration,
+}
+
+/// What to do next for one Memcached's members.
+#[derive(Debug, PartialEq)]
+enum Step<'a> {
+    /// Every member runs the current template.
+    Done,
+    /// As many members are out as the update may take; look again after this.
+    Wait(Duration),
+    /// Update this member (the highest outdated one, or an outdated one already out).
+    Update(&'a Pod),
+    /// This member, restarted in place, is back and available: label it with the revision.
+    Finish(&'a Pod),
+}
+
+/// What a member patched in place records (`IN_PLACE_ANNOTATION`).
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct InPlace {
+    revision: String,
+    restarts: BTreeMap<String, i32>,
+}
+
+impl InPlace {
+    fn of(pod: &Pod) -> Option<InPlace> {
+        serde_json::from_str(pod.annotations().get(IN_PLACE_ANNOTATION)?).ok()
+    }
+}
+
+/// Moves the members one step towards the StatefulSet's current template; None when there is
+/// nothing to do (or the StatefulSet controller has not seen its spec yet: its status event
+/// comes).
+pub async fn update(
+    ctx: &Context,
+    mc: &Memcached,
+    sts: &OwnedObject<StatefulSet>,
+) -> Result<Option<Updating>> {
+    let Some(status) = sts.status.as_ref() else {
+        return Ok(None);
+    };
+    let Some(update_revision) = status.update_revision.as_deref() else {
+        return Ok(None);
+    };
+    if status.observed_generation < sts.metadata.generation
+        || status.updated_replicas.unwrap_or(0) >= status.replicas
+    {
+        return Ok(None);
+    }
+    let ns = mc.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&resources::selector_string(mc)))
+        .await
+        .map_err(|source| read_error("Pods of StatefulSet", &sts.name_any(), source))?;
+    let rollout = mc.spec.rollout.clone().unwrap_or_default();
+    let view = View {
+        update_revision,
+        wanted: sts.replicas.unwrap_or(0),
+        at_once: resources::members_at_once(mc),
+        min_ready: SignedDuration::from_secs(i64::from(rollout.min_ready_seconds)),
+        now: Timestamp::now(),
+    };
+    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let new = template(&revisions, update_revision).await?;
+    let pod = match view.next_step(&listed.items) {
+        Step::Done => return Ok(None),
+        Step::Wait(recheck) => {
+            // The kind of the update still to do, for the status.
+            let kind = match view.outdated(&listed.items).next() {
+                Some(pod) => kind_for(&revisions, pod, &new).await?,
+                None => Kind::InPlace,
+            };
+            return Ok(Some(Updating { kind, recheck }));
+        }
+        Step::Finish(pod) => {
+            let patch = json!({"metadata": {"labels": {REVISION_LABEL: update_revision}}});
+            match pods
+                .patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Strategic(patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => return Err(apply_error(&pod.name_any(), source)),
+            }
+            return Ok(Some(Updating {
+                kind: Kind::InPlace,
+                recheck: RECHECK,
+            }));
+        }
+        Step::Update(pod) => pod,
+    };
+    let old = template(&revisions, revision_of(pod).unwrap_or_default()).await?;
+    let name = pod.name_any();
+    let kind = match restart_patch(pod, &old, &new, update_revision) {
+        Some(patch) => {
+            match pods
+                .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                Ok(patched) => ctx.events.applied(mc, &patched, &Change::Restarted),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => return Err(apply_error(&name, source)),
+            }
+            Kind::InPlace
+        }
+        None => {
+            match pods.evict(&name, &EvictParams::default()).await {
+                Ok(_) => ctx.events.applied(mc, pod, &Change::Evicted),
+                // The disruption budget allows none now: a member is out for another cause.
+                Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => {}
+                Err(source) => return Err(apply_error(&name, source)),
+            }
+            Kind::Replace
+        }
+    };
+    Ok(Some(Updating {
+        kind,
+        recheck: RECHECK,
+    }))
+}
+
+/// What the next step reads besides the pods.
+struct View<'a> {
+    update_revision: &'a str,
+    /// Members the StatefulSet wants.
+    wanted: i32,
+    /// Members the update may take out at once.
+    at_once: i32,
+    min_ready: SignedDuration,
+    now: Timestamp,
+}
+
+impl View<'_> {
+    fn next_step<'p>(&self, pods: &'p [Pod]) -> Step<'p> {
+        let (restarting, mut outdated): (Vec<&Pod>, Vec<&Pod>) = self
+            .outdated(pods)
+            .partition(|p| InPlace::of(p).is_some_and(|i| i.revision == self.update_revision));
+        if let Some(back) = restarting
+            .iter()
+            .find(|p| self.available_in(p) == Some(SignedDuration::ZERO))
+        {
+            return Step::Finish(back);
+        }
+        if outdated.is_empty() {
+            return if restarting.is_empty() {
+                Step::Done
+            } else {
+                Step::Wait(self.soonest_available(pods))
+            };
+        }
+        // A member already out costs nothing more to update: those first, then from the highest
+        // ordinal down, as the StatefulSet's own rolling update goes.
+        outdated.sort_by_key(|p| (self.available_in(p).is_none(), ordinal(p)));
+        let candidate = outdated[outdated.len() - 1];
+        if self.available_in(candidate).is_none() {
+            return Step::Update(candidate);
+        }
+        let available = pods
+            .iter()
+            .filter(|p| self.available_in(p) == Some(SignedDuration::ZERO))
+            .count();
+        let out = i64::from(self.wanted) - available as i64;
+        if out < i64::from(self.at_once) {
+            return Step::Update(candidate);
+        }
+        Step::Wait(self.soonest_available(pods))
+    }
+
+    /// When to look again: when a member that is Ready but not yet for minReadySeconds becomes
+    /// available, or soon.
+    fn soonest_available(&self, pods: &[Pod]) -> Duration {
+        let soonest = pods
+            .iter()
+            .filter_map(|p| self.available_in(p))
+            .filter(|d| d.is_positive())
+            .min()
+            .and_then(|d| Duration::try_from(d).ok());
+        soonest.map_or(RECHECK, |d| d.min(RECHECK))
+    }
+
+    /// Members not of the update revision and not going away.
+    fn outdated<'p>(&self, pods: &'p [Pod]) -> impl Iterator<Item = &'p Pod> {
+        pods.iter().filter(|p| {
+            p.metadata.deletion_timestamp.is_none() && revision_of(p) != Some(self.update_revision)
+        })
+    }
+
+    /// How long until the pod counts as available (zero: it does); None while it is not Ready,
+    /// is going away or has not yet restarted for an update in place.
+    fn available_in(&self, pod: &Pod) -> Option<SignedDuration> {
+        if pod.metadata.deletion_timestamp.is_some() || restart_pending(pod) {
+            return None;
+        }
+        let ready = pod
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready" && c.status == "True")?;
+        let since = ready
+            .last_transition_time
+            .as_ref()
+            .map_or(self.now, |t| t.0);
+        let left = self.min_ready - self.now.duration_since(since);
+        Some(left.max(SignedDuration::ZERO))
+    }
+}
+
+fn revision_of(pod: &Pod) -> Option<&str> {
+    pod.labels().get(REVISION_LABEL).map(String::as_str)
+}
+
+/// The member's ordinal, from its name `<statefulset>-<ordinal>`.
+fn ordinal(pod: &Pod) -> i64 {
+    pod.metadata
+        .name
+        .as_deref()
+        .and_then(|n| n.rsplit_once('-'))
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Whether a container patched in place has not restarted yet.
+fn restart_pending(pod: &Pod) -> bool {
+    let Some(InPlace {
+        restarts: before, ..
+    }) = InPlace::of(pod)
+    else {
+        return false;
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    before.iter().any(|(name, count)| {
+        statuses
+            .iter()
+            .find(|s| &s.name == name)
+            .is_none_or(|s| s.restart_count <= *count)
+    })
+}
+
+/// The pod template a revision records (its data is a patch replacing the StatefulSet's).
+async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Value> {
+    let revision = revisions
+        .get(name)
+        .await
+        .map_err(|source| read_error("ControllerRevision", name, source))?;
+    let mut template = revision
+        .data
+        .map(|d| d.0)
+        .and_then(|mut d| d.pointer_mut("/spec/template").map(Value::take))
+        .unwrap_or_default();
+    if let Some(t) = template.as_object_mut() {
+        t.remove("$patch");
+    }
+    Ok(template)
+}
+
+async fn kind_for(revisions: &Api<ControllerRevision>, pod: &Pod, new: &Value) -> Result<Kind> {
+    let old = template(revisions, revision_of(pod).unwrap_or_default()).await?;
+    Ok(match restart_patch(pod, &old, new, "") {
+        Some(_) => Kind::InPlace,
+        None => Kind::Replace,
+    })
+}
+
+/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images
+/// (and the pod's labels and annotations) differ between them; it records the `revision` it moves
+/// to and the restart counts of the containers it restarts.
+fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
+    if without_images(&old["spec"]) != without_images(&new["spec"]) {
+        return None;
+    }
+    let mut restarts = BTreeMap::new();
+    let mut containers = Vec::new();
+    let mut init_containers = Vec::new();
+    for (list, patched) in [
+        ("containers", &mut containers),
+        ("initContainers", &mut init_containers),
+    ] {
+        let pairs = old["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(new["spec"][list].as_array().into_iter().flatten());
+        for (before, after) in pairs {
+            if before["image"] == after["image"] {
+                continue;
+            }
+            patched.push(json!({"name": after["name"], "image": after["image"]}));
+            let name = after["name"].as_str().unwrap_or_default();
+            // An init container's new image takes effect only in a new pod: nothing restarts.
+            if list == "containers" {
+                let count = container_restarts(pod, name);
+                restarts.insert(name.to_string(), count);
+            }
+        }
+    }
+    let labels = changed_map(&old["metadata"]["labels"], &new["metadata"]["labels"]);
+    let mut annotations = changed_map(
+        &old["metadata"]["annotations"],
+        &new["metadata"]["annotations"],
+    );
+    let record = InPlace {
+        revision: revision.to_string(),
+        restarts,
+    };
+    annotations.insert(
+        IN_PLACE_ANNOTATION.to_string(),
+        json!(serde_json::to_string(&record).ok()?),
+    );
+    let mut spec = serde_json::Map::new();
+    if !containers.is_empty() {
+        spec.insert("containers".into(), Value::Array(containers));
+    }
+    if !init_containers.is_empty() {
+        spec.insert("initContainers".into(), Value::Array(init_containers));
+    }
+    Some(json!({
+        "metadata": {"labels": labels, "annotations": annotations},
+        "spec": spec,
+    }))
+}
+
+/// A pod spec with its containers' images left out.
+fn without_images(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    for list in ["containers", "initContainers"] {
+        for container in spec[list].as_array_mut().into_iter().flatten() {
+            if let Some(c) = container.as_object_mut() {
+                c.remove("image");
+            }
+        }
+    }
+    spec
+}
+
+/// The merge patch of a string map from `old` to `new`: changed and added keys, removed as null.
+fn changed_map(old: &Value, new: &Value) -> serde_json::Map<String, Value> {
+    let empty = serde_json::Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    let new = new.as_object().unwrap_or(&empty);
+    let mut patch: serde_json::Map<String, Value> = new
+        .iter()
+        .filter(|(k, v)| old.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        patch.insert(key.clone(), Value::Null);
+    }
+    patch
+}
+
+fn container_restarts(pod: &Pod, name: &str) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(0, |s| s.restart_count)
+}
+
+fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
+    Error::Read {
+        kind: kind.into(),
+        name: name.into(),
+        source,
+    }
+}
+
+fn apply_error(name: &str, source: kube::Error) -> Error {
+    Error::Apply {
+        kind: "Pod".into(),
+        name: name.into(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,238 @@
+use super::*;
+use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+const NOW: i64 = 1_800_000_000;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(seconds).unwrap()
+}
+
+/// Member `cache-<ordinal>` of `revision`, Ready since `ready_since` (None: not Ready), its
+/// memcached container restarted `restarts` times.
+fn member(ordinal: i32, revision: &str, ready_since: Option<i64>, restarts: i32) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.name = Some(format!("cache-{ordinal}"));
+    pod.metadata.labels = Some([(REVISION_LABEL.to_string(), revision.to_string())].into());
+    pod.status = Some(PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: if ready_since.is_some() {
+                "True"
+            } else {
+                "False"
+            }
+            .into(),
+            last_transition_time: ready_since.map(|s| Time(at(s))),
+            ..PodCondition::default()
+        }]),
+        container_statuses: Some(vec![ContainerStatus {
+            name: "memcached".into(),
+            restart_count: restarts,
+            ..ContainerStatus::default()
+        }]),
+        ..PodStatus::default()
+    });
+    pod
+}
+
+fn view(at_once: i32) -> View<'static> {
+    View {
+        update_revision: "new",
+        wanted: 3,
+        at_once,
+        min_ready: SignedDuration::from_secs(5),
+        now: at(NOW),
+    }
+}
+
+fn updated_name(step: Step) -> Option<String> {
+    match step {
+        Step::Update(pod) => pod.metadata.name.clone(),
+        _ => None,
+    }
+}
+
+const LONG_AGO: Option<i64> = Some(NOW - 600);
+
+#[test]
+fn members_are_updated_from_the_highest_ordinal_down_one_at_a_time() {
+    let pods = [0, 1, 2].map(|i| member(i, "old", LONG_AGO, 0));
+    assert_eq!(
+        updated_name(view(1).next_step(&pods)).as_deref(),
+        Some("cache-2")
+    );
+
+    // cache-2 is out (being replaced): nothing else moves.
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        member(2, "new", None, 0),
+    ];
+    assert!(matches!(view(1).next_step(&pods), Step::Wait(_)));
+    // maxUnavailable 2 lets the next go meanwhile.
+    assert_eq!(
+        updated_name(view(2).next_step(&pods)).as_deref(),
+        Some("cache-1")
+    );
+}
+
+#[test]
+fn the_next_member_waits_until_the_last_one_is_ready_for_min_ready_seconds() {
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        member(2, "new", Some(NOW - 2), 1),
+    ];
+    assert_eq!(
+        view(1).next_step(&pods),
+        Step::Wait(Duration::from_secs(3)),
+        "looked at again when cache-2 has been Ready for 5 s"
+    );
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        member(2, "new", Some(NOW - 5), 1),
+    ];
+    assert_eq!(
+        updated_name(view(1).next_step(&pods)).as_deref(),
+        Some("cache-1")
+    );
+}
+
+#[test]
+fn a_member_patched_in_place_counts_as_out_until_it_has_restarted_and_is_available() {
+    // The kubelet runs memcached's preStop (the save) with the pod still Ready.
+    let mut patched = member(2, "old", LONG_AGO, 4);
+    patched.metadata.annotations = Some(
+        [(
+            IN_PLACE_ANNOTATION.to_string(),
+            r#"{"revision":"new","restarts":{"memcached":4}}"#.to_string(),
+        )]
+        .into(),
+    );
+    let mut pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        patched,
+    ];
+    assert!(restart_pending(&pods[2]));
+    assert!(matches!(view(1).next_step(&pods), Step::Wait(_)));
+
+    // Restarted, Ready for 2 s of the 5: still out.
+    let status = pods[2].status.as_mut().unwrap();
+    status.container_statuses.as_mut().unwrap()[0].restart_count = 5;
+    status.conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(at(NOW - 2)));
+    assert!(!restart_pending(&pods[2]));
+    assert_eq!(view(1).next_step(&pods), Step::Wait(Duration::from_secs(3)));
+
+    // Available: it takes the revision (the StatefulSet counts it updated only now), and then
+    // the next member goes.
+    let status = pods[2].status.as_mut().unwrap();
+    status.conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(at(NOW - 6)));
+    assert!(matches!(view(1).next_step(&pods), Step::Finish(p) if p.name_any() == "cache-2"));
+    pods[2]
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(REVISION_LABEL.into(), "new".into());
+    assert_eq!(
+        updated_name(view(1).next_step(&pods)).as_deref(),
+        Some("cache-1")
+    );
+}
+
+#[test]
+fn an_outdated_member_already_out_is_updated_first_whatever_the_budget() {
+    // cache-0 crash-loops on the old template: the new one may fix it, and it is out anyway.
+    let pods = [
+        member(0, "old", None, 7),
+        member(1, "old", LONG_AGO, 0),
+        member(2, "old", LONG_AGO, 0),
+    ];
+    assert_eq!(
+        updated_name(view(1).next_step(&pods)).as_deref(),
+        Some("cache-0")
+    );
+}
+
+#[test]
+fn every_member_of_the_update_revision_is_done() {
+    let pods = [0, 1, 2].map(|i| member(i, "new", LONG_AGO, 0));
+    assert_eq!(view(1).next_step(&pods), Step::Done);
+}
+
+fn template(memcached_image: &str, args: &[&str]) -> Value {
+    json!({
+        "metadata": {"labels": {"app": "cache", "team": "a"}, "annotations": {"old": "x"}},
+        "spec": {
+            "containers": [
+                {"name": "memcached", "image": memcached_image, "args": args},
+                {"name": "agent", "image": "operator:1"},
+            ],
+            "initContainers": [{"name": "auth-init", "image": "operator:1"}],
+        }
+    })
+}
+
+#[test]
+fn a_new_image_is_patched_in_place_recording_the_restart_count() {
+    let pod = member(1, "old", LONG_AGO, 2);
+    let old = template("memcached:1.6.18", &["-m", "64"]);
+    let mut new = template("memcached:1.6.45", &["-m", "64"]);
+    new["metadata"]["labels"]["team"] = json!("b");
+    new["metadata"]["annotations"] = json!({});
+    let patch = restart_patch(&pod, &old, &new, "new").expect("only the image changes");
+    assert_eq!(
+        patch,
+        json!({
+            "metadata": {
+                "labels": {"team": "b"},
+                "annotations": {
+                    "old": null,
+                    IN_PLACE_ANNOTATION: r#"{"revision":"new","restarts":{"memcached":2}}"#,
+                },
+            },
+            "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6.45"}]},
+        })
+    );
+}
+
+#[test]
+fn a_new_operator_image_restarts_the_agent_and_the_init_container_waits_for_a_new_pod() {
+    let pod = member(1, "old", LONG_AGO, 0);
+    let old = template("memcached:1", &[]);
+    let new = json!({
+        "metadata": old["metadata"],
+        "spec": {
+            "containers": [
+                {"name": "memcached", "image": "memcached:1", "args": []},
+                {"name": "agent", "image": "operator:2"},
+            ],
+            "initContainers": [{"name": "auth-init", "image": "operator:2"}],
+        }
+    });
+    let patch = restart_patch(&pod, &old, &new, "new").unwrap();
+    assert_eq!(
+        patch["spec"],
+        json!({
+            "containers": [{"name": "agent", "image": "operator:2"}],
+            "initContainers": [{"name": "auth-init", "image": "operator:2"}],
+        })
+    );
+    // The agent has no status here: counted from 0.
+    assert_eq!(
+        patch["metadata"]["annotations"][IN_PLACE_ANNOTATION],
+        json!(r#"{"revision":"new","restarts":{"agent":0}}"#)
+    );
+}
+
+#[test]
+fn a_change_beyond_images_cannot_be_taken_in_place() {
+    let pod = member(1, "old", LONG_AGO, 0);
+    let old = template("memcached:1", &["-m", "64"]);
+    // memcached restores its file only with the same -m: a new one replaces the member.
+    let new = template("memcached:2", &["-m", "128"]);
+    assert_eq!(restart_patch(&pod, &old, &new, "new"), None);
+}

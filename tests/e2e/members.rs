@@ -1,0 +1,162 @@
+//! Updating a Memcached's members on the fake nodes (kwok restarts a container whose image is
+//! patched, as a kubelet does: hack/templates/kwok-in-place-restart.yaml): a new image in place,
+//! member by member from the highest ordinal, the pods and their names kept; a change beyond
+//! images by replacing members one at a time; and what the status says of each.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use memcached_operator::api::Memcached;
+
+use super::harness::{
+    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_for, memcached,
+    namespace, wait_converged,
+};
+
+/// name → (uid, memcached's image, its restart count), of the pods not going away.
+async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
+    pods.list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let memcached = &p.spec.as_ref().unwrap().containers[0];
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
+                .map_or(0, |c| c.restart_count);
+            (
+                p.name_any(),
+                (
+                    p.uid().unwrap(),
+                    memcached.image.clone().unwrap_or_default(),
+                    restarts,
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Watches an update until the Memcached has converged again: the order in which members took
+/// `image` (in place) or were replaced (a new uid), the most members out of service at once,
+/// and the Progressing reasons seen.
+struct Watched {
+    order: Vec<String>,
+    most_out: usize,
+    reasons: Vec<String>,
+}
+
+impl Watched {
+    fn went_one_at_a_time_from_the_top_saying(&self, reason: &str) {
+        assert_eq!(self.order, ["cache-2", "cache-1", "cache-0"]);
+        assert!(self.most_out <= 1, "{} members out at once", self.most_out);
+        assert!(
+            self.reasons.iter().any(|r| r == reason),
+            "{:?}",
+            self.reasons
+        );
+    }
+}
+
+async fn watch_update(
+    pods: &Api<Pod>,
+    mcs: &Api<Memcached>,
+    before: &BTreeMap<String, (String, String, i32)>,
+    image: Option<&str>,
+) -> Watched {
+    let mut watched = Watched {
+        order: Vec::new(),
+        most_out: 0,
+        reasons: Vec::new(),
+    };
+    let start = Instant::now();
+    loop {
+        assert!(
+            start.elapsed() < CONVERGE,
+            "update not done: {:?}",
+            watched.order
+        );
+        let now = members(pods).await;
+        let ready = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && super::harness::pod_is_ready(p))
+            .count();
+        watched.most_out = watched.most_out.max(3usize.saturating_sub(ready));
+        for (name, (uid, current, _)) in &now {
+            let changed = match image {
+                Some(image) => current == image,
+                None => before.get(name).is_some_and(|(old, _, _)| old != uid),
+            };
+            if changed && !watched.order.contains(name) {
+                watched.order.push(name.clone());
+            }
+        }
+        let mc = mcs.get("cache").await.unwrap();
+        if let Some((_, reason)) = condition(&mc, "Progressing")
+            && watched.reasons.last() != Some(&reason)
+        {
+            watched.reasons.push(reason);
+        }
+        let done = condition(&mc, "Available") == Some(("True".into(), "AllPodsReady".into()))
+            && watched.reasons.last().map(String::as_str) == Some("Converged")
+            && watched.order.len() == 3;
+        if done {
+            return watched;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_them() {
+    let client = admin().await;
+    let ns = namespace(&client, "members").await;
+    let _operator = Operator::start(&client, OperatorOptions::watching(&ns)).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create(&client, &ns, &memcached("cache", 3)).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let before = members(&pods).await;
+
+    // A new image: the same pods, each restarted once, from cache-2 down, one at a time.
+    let patch = serde_json::json!({"spec": {"image": "memcached:another-build"}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let watched = watch_update(&pods, &mcs, &before, Some("memcached:another-build")).await;
+    watched.went_one_at_a_time_from_the_top_saying("RestartingInPlace");
+    let after = members(&pods).await;
+    for (name, (uid, _, restarts)) in &after {
+        let (old_uid, _, old_restarts) = &before[name];
+        assert_eq!(uid, old_uid, "{name} is the same pod");
+        assert_eq!(*restarts, old_restarts + 1, "{name} restarted once");
+    }
+    let restarted = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Restarted"))
+        .count();
+    assert_eq!(restarted, 3, "an event per member restarted");
+
+    // A new item size: memcached cannot restore its file with it, so each member is replaced
+    // (evicted, made anew under its name), from cache-2 down, one at a time.
+    let patch = serde_json::json!({"spec": {"maxItemSizeMiB": 2}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let watched = watch_update(&pods, &mcs, &after, None).await;
+    watched.went_one_at_a_time_from_the_top_saying("ReplacingMembers");
+    let names: Vec<_> = members(&pods).await.into_keys().collect();
+    assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);
+}
