@@ -178,6 +178,7 @@ pub mod apiserver {
             pods: Default::default(),
             own_writes: Default::default(),
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
+            replacing: Default::default(),
             events: Events::new(
                 client.clone(),
                 Reporter {

@@ -10,6 +10,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 
 use super::events::Events;
+use super::members::Replacing;
 use super::own_writes::OwnWrites;
 use super::owned::OwnedObject;
 use super::pod_index::PodIndex;
@@ -40,6 +41,8 @@ pub struct Context {
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,
     pub rollouts: Arc<Rollouts>,
+    /// Members evicted for an update whose replacements do not serve yet.
+    pub replacing: Replacing,
     pub events: Events,
     pub images: Images,
     pub metrics: Arc<Metrics>,

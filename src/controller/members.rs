@@ -9,8 +9,9 @@
 //! for `minReadySeconds`. A patched member counts as out until its containers have restarted: the
 //! pod keeps its Ready condition while the kubelet runs the `preStop`.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -26,6 +27,7 @@ use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources;
 use crate::status::UpdateKind as Kind;
+use operator_runtime::lock;
 
 /// The StatefulSet controller's label naming the revision a pod was made from.
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -35,6 +37,8 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
 /// How often an update in progress is looked at when no pod event comes sooner.
 const RECHECK: Duration = Duration::from_secs(5);
+/// How long an evicted member's replacement counts as part of the update at most.
+const REPLACEMENT_COUNTS: Duration = Duration::from_secs(600);
 
 /// An update in progress: its kind, and when to look again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +58,47 @@ enum Step<'a> {
     Update(&'a Pod),
     /// This member, restarted in place, is back and available: label it with the revision.
     Finish(&'a Pod),
+}
+
+/// The members this process evicted for an update, per Memcached, until their replacements serve
+/// (or, should they never, for as long as a rollout counts: rollouts.rs). Kept in memory: after a
+/// restart the status counts such a member as out for another cause until it serves.
+#[derive(Default)]
+pub struct Replacing(Mutex<HashMap<(String, String), BTreeMap<String, Instant>>>);
+
+impl Replacing {
+    fn of(&self, namespace: &str, memcached: &str) -> BTreeSet<String> {
+        let mut all = lock(&self.0);
+        let key = (namespace.to_string(), memcached.to_string());
+        let Some(members) = all.get_mut(&key) else {
+            return BTreeSet::new();
+        };
+        members.retain(|_, since| since.elapsed() < REPLACEMENT_COUNTS);
+        let names = members.keys().cloned().collect();
+        if members.is_empty() {
+            all.remove(&key);
+        }
+        names
+    }
+
+    fn evicted(&self, namespace: &str, memcached: &str, member: &str) {
+        lock(&self.0)
+            .entry((namespace.to_string(), memcached.to_string()))
+            .or_default()
+            .insert(member.to_string(), Instant::now());
+    }
+
+    /// These members serve: their replacement, if any, is over.
+    fn served(&self, namespace: &str, memcached: &str, available: &[&str]) {
+        let mut all = lock(&self.0);
+        let key = (namespace.to_string(), memcached.to_string());
+        if let Some(members) = all.get_mut(&key) {
+            members.retain(|name, _| !available.contains(&name.as_str()));
+            if members.is_empty() {
+                all.remove(&key);
+            }
+        }
+    }
 }
 
 /// What a member patched in place records (`IN_PLACE_ANNOTATION`).
@@ -83,25 +128,31 @@ pub async fn update(
     let Some(update_revision) = status.update_revision.as_deref() else {
         return Ok(None);
     };
+    let ns = mc.namespace().unwrap_or_default();
+    let replacing = ctx.replacing.of(&ns, &mc.name_any());
     if status.observed_generation < sts.metadata.generation
-        || status.updated_replicas.unwrap_or(0) >= status.replicas
+        || (status.updated_replicas.unwrap_or(0) >= status.replicas && replacing.is_empty())
     {
         return Ok(None);
     }
-    let ns = mc.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let listed = pods
         .list(&ListParams::default().labels(&resources::selector_string(mc)))
         .await
         .map_err(|source| read_error("Pods of StatefulSet", &sts.name_any(), source))?;
     let rollout = mc.spec.rollout.clone().unwrap_or_default();
-    let view = View {
+    let mut view = View {
         update_revision,
         wanted: sts.replicas.unwrap_or(0),
         at_once: resources::members_at_once(mc),
         min_ready: SignedDuration::from_secs(i64::from(rollout.min_ready_seconds)),
         now: Timestamp::now(),
+        replacing,
     };
+    let available = view.available(&listed.items);
+    ctx.replacing.served(&ns, &mc.name_any(), &available);
+    view.replacing
+        .retain(|name| !available.contains(&name.as_str()));
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let new = template(&revisions, update_revision).await?;
     let pod = match view.next_step(&listed.items) {
@@ -110,6 +161,7 @@ pub async fn update(
             // The kind of the update still to do, for the status.
             let kind = match view.outdated(&listed.items).next() {
                 Some(pod) => kind_for(&revisions, pod, &new).await?,
+                None if !view.replacing.is_empty() => Kind::Replace,
                 None => Kind::InPlace,
             };
             return Ok(Some(Updating { kind, recheck }));
@@ -151,7 +203,10 @@ pub async fn update(
         }
         None => {
             match pods.evict(&name, &EvictParams::default()).await {
-                Ok(_) => ctx.events.applied(mc, pod, &Change::Evicted),
+                Ok(_) => {
+                    ctx.replacing.evicted(&ns, &mc.name_any(), &name);
+                    ctx.events.applied(mc, pod, &Change::Evicted);
+                }
                 // The disruption budget allows none now: a member is out for another cause.
                 Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => {}
                 Err(source) => return Err(apply_error(&name, source)),
@@ -174,6 +229,8 @@ struct View<'a> {
     at_once: i32,
     min_ready: SignedDuration,
     now: Timestamp,
+    /// Members evicted for the update whose replacement has not served yet.
+    replacing: BTreeSet<String>,
 }
 
 impl View<'_> {
@@ -188,7 +245,9 @@ impl View<'_> {
             return Step::Finish(back);
         }
         if outdated.is_empty() {
-            return if restarting.is_empty() {
+            // The StatefulSet counts a replaced member updated as soon as it exists; the update
+            // is over once it serves.
+            return if restarting.is_empty() && self.replacing.is_empty() {
                 Step::Done
             } else {
                 Step::Wait(self.soonest_available(pods))
@@ -222,6 +281,14 @@ impl View<'_> {
             .min()
             .and_then(|d| Duration::try_from(d).ok());
         soonest.map_or(RECHECK, |d| d.min(RECHECK))
+    }
+
+    /// The names of the members available now.
+    fn available<'p>(&self, pods: &'p [Pod]) -> Vec<&'p str> {
+        pods.iter()
+            .filter(|p| self.available_in(p) == Some(SignedDuration::ZERO))
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect()
     }
 
     /// Members not of the update revision and not going away.

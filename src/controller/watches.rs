@@ -320,6 +320,7 @@ fn scope_watches(
         pods,
         own_writes: shared.own_writes.clone(),
         rollouts: shared.rollouts.clone(),
+        replacing: Default::default(),
         events: shared.events.clone(),
         images: shared.images.clone(),
         metrics: shared.metrics.clone(),

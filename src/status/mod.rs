@@ -93,7 +93,9 @@ pub fn desired_status_and_trouble(
         .stateful_set
         .is_some_and(|s| s.generation.is_some() && workload.observed_generation >= s.generation);
     // The StatefulSet's current revision never moves under `OnDelete`: the updated count says.
-    let updating = observed_spec && updated < replicas;
+    // A replaced member counts updated as soon as it exists: the operator says while it does not
+    // serve yet (`update`).
+    let updating = observed_spec && (updated < replicas || observed.update.is_some());
 
     let all_ready = observed.stateful_set.is_some() && ready >= size;
     // A member is replaced under its own name, so an update takes it out for a moment: the

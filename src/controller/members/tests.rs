@@ -43,6 +43,7 @@ fn view(at_once: i32) -> View<'static> {
         at_once,
         min_ready: SignedDuration::from_secs(5),
         now: at(NOW),
+        replacing: BTreeSet::new(),
     }
 }
 
@@ -235,4 +236,27 @@ fn a_change_beyond_images_cannot_be_taken_in_place() {
     // memcached restores its file only with the same -m: a new one replaces the member.
     let new = template("memcached:2", &["-m", "128"]);
     assert_eq!(restart_patch(&pod, &old, &new, "new"), None);
+}
+
+#[test]
+fn the_update_lasts_until_the_last_replaced_member_serves() {
+    // cache-0 was evicted; the StatefulSet made it anew of the new revision (so counts every
+    // member updated), and it is not Ready yet.
+    let mut pods = [
+        member(0, "new", None, 0),
+        member(1, "new", LONG_AGO, 0),
+        member(2, "new", LONG_AGO, 0),
+    ];
+    let mut replacing = view(1);
+    replacing.replacing.insert("cache-0".into());
+    assert!(matches!(replacing.next_step(&pods), Step::Wait(_)));
+    assert_eq!(replacing.available(&pods), ["cache-1", "cache-2"]);
+    // Not evicted by us (a crash, a drain): no update of ours.
+    assert_eq!(view(1).next_step(&pods), Step::Done);
+
+    pods[0] = member(0, "new", Some(NOW - 6), 0);
+    assert_eq!(
+        replacing.available(&pods),
+        ["cache-0", "cache-1", "cache-2"]
+    );
 }
