@@ -1,9 +1,10 @@
 //! Availability through an upgrade: every second until stopped, each watched namespace's
-//! Memcacheds' Available conditions (status and reason) and the reasons of their Progressing
-//! conditions (e.g. `Migrating` while a Memcached moves from its Deployment to its StatefulSet)
-//! and, where asked, how many of their pods are serving (Ready, not terminating) and how many are
-//! not terminating, whichever workload runs them; a line each in a log
-//! (`name=<Available>/<its reason>/<Progressing's reason>`).
+//! Memcacheds' Available conditions (status and reason), the reasons of their Progressing
+//! conditions (e.g. `ReplacingMembers` while the operator replaces the members one at a time,
+//! `RestartingInPlace` while it restarts them in place) and, where asked, how many of each
+//! Memcached's pods are serving (Ready, not terminating) and how many are not terminating,
+//! against its size; a line each in a log
+//! (`name=<Available>/<its reason>/<Progressing's reason> ... name:<serving>/<pods>/<size> ...`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,12 +19,26 @@ use memcached_operator::api::Memcached;
 
 use crate::harness;
 
+/// The label naming the Memcached a pod is a member of (src/resources/mod.rs).
+const INSTANCE: &str = "app.kubernetes.io/instance";
+
 /// Memcacheds that must stay Available, and the label selector of their pods when those are
 /// counted.
 pub struct Watched {
     pub namespace: String,
     pub names: Vec<String>,
     pub pods: Option<String>,
+}
+
+/// A watched Memcached's pods in one sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Members {
+    /// Its `spec.size`.
+    pub size: usize,
+    /// Ready and not terminating.
+    pub serving: usize,
+    /// Not terminating.
+    pub pods: usize,
 }
 
 /// One read of one namespace.
@@ -33,9 +48,9 @@ pub struct Sample {
     pub available: bool,
     /// The reasons of the watched Memcacheds' Available and Progressing conditions.
     pub reasons: Vec<String>,
-    /// Serving and all pods, those terminating left out; `None` when not counted or unread.
-    pub pods: Option<(usize, usize)>,
-    /// As logged: seconds since the start, the namespace, each Memcached's Available status.
+    /// Each watched Memcached's pods, when counted and read.
+    pub members: Option<BTreeMap<String, Members>>,
+    /// As logged: seconds since the start, the namespace, each Memcached's conditions.
     pub line: String,
 }
 
@@ -79,82 +94,117 @@ impl Sampler {
     }
 }
 
+/// A Memcached's state in one read: Available, its reason, Progressing's reason, its size.
+struct State {
+    available: String,
+    reason: String,
+    progressing: String,
+    size: usize,
+}
+
 async fn read(client: &Client, watched: &Watched, t: f64) -> Sample {
     let timeout = Duration::from_secs(5);
     let ns = &watched.namespace;
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), ns);
     let list = tokio::time::timeout(timeout, memcacheds.list(&ListParams::default())).await;
-    let (available, reasons, states) = match list {
-        Ok(Ok(list)) => {
-            // name -> (Available, its reason, Progressing's reason)
-            let states: BTreeMap<String, (String, String, String)> = list
-                .items
+    let states: Option<BTreeMap<String, State>> = match &list {
+        Ok(Ok(list)) => Some(
+            list.items
                 .iter()
                 .map(|mc| {
-                    let (status, reason) = harness::condition(mc, "Available").unwrap_or_default();
-                    let progressing = harness::condition(mc, "Progressing").unwrap_or_default();
-                    (mc.name_any(), (status, reason, progressing.1))
+                    let (available, reason) =
+                        harness::condition(mc, "Available").unwrap_or_default();
+                    let (_, progressing) =
+                        harness::condition(mc, "Progressing").unwrap_or_default();
+                    let size = usize::try_from(mc.spec.size).unwrap_or_default();
+                    let state = State {
+                        available,
+                        reason,
+                        progressing,
+                        size,
+                    };
+                    (mc.name_any(), state)
                 })
-                .collect();
+                .collect(),
+        ),
+        _ => None,
+    };
+    let (available, reasons, mut line) = match (&list, &states) {
+        (_, Some(states)) => {
             let available = watched
                 .names
                 .iter()
-                .all(|n| states.get(n).is_some_and(|(s, _, _)| s == "True"));
+                .all(|n| states.get(n).is_some_and(|s| s.available == "True"));
             let reasons = watched
                 .names
                 .iter()
                 .filter_map(|n| states.get(n))
-                .flat_map(|(_, available, progressing)| [available.clone(), progressing.clone()])
+                .flat_map(|s| [s.reason.clone(), s.progressing.clone()])
                 .collect();
-            let states: Vec<String> = states
+            let line: Vec<String> = states
                 .iter()
-                .map(|(n, (s, r, p))| format!("{n}={s}/{r}/{p}"))
+                .map(|(n, s)| format!("{n}={}/{}/{}", s.available, s.reason, s.progressing))
                 .collect();
-            (available, reasons, states.join(" "))
+            (available, reasons, line.join(" "))
         }
-        Ok(Err(e)) => (false, vec![], format!("ERROR {e}")),
-        Err(_) => (false, vec![], "ERROR timed out after 5s".into()),
+        (Ok(Err(e)), None) => (false, vec![], format!("ERROR {e}")),
+        _ => (false, vec![], "ERROR timed out after 5s".into()),
     };
-    let pods = match &watched.pods {
-        Some(selector) => {
+    let members: Option<BTreeMap<String, Members>> = match (&watched.pods, &states) {
+        (Some(selector), Some(states)) => {
             let api: Api<Pod> = Api::namespaced(client.clone(), ns);
             let params = ListParams::default().labels(selector);
             match tokio::time::timeout(timeout, api.list(&params)).await {
-                Ok(Ok(list)) => {
-                    let live: Vec<&Pod> = list
-                        .items
+                Ok(Ok(list)) => Some(
+                    watched
+                        .names
                         .iter()
-                        .filter(|p| p.metadata.deletion_timestamp.is_none())
-                        .collect();
-                    let ready = live.iter().filter(|p| harness::pod_is_ready(p)).count();
-                    Some((ready, live.len()))
-                }
+                        .map(|name| {
+                            let live: Vec<&Pod> = list
+                                .items
+                                .iter()
+                                .filter(|p| {
+                                    p.metadata.deletion_timestamp.is_none()
+                                        && p.labels().get(INSTANCE) == Some(name)
+                                })
+                                .collect();
+                            let members = Members {
+                                size: states.get(name).map_or(0, |s| s.size),
+                                serving: live.iter().filter(|p| harness::pod_is_ready(p)).count(),
+                                pods: live.len(),
+                            };
+                            (name.clone(), members)
+                        })
+                        .collect(),
+                ),
                 _ => None,
             }
         }
-        None => None,
+        _ => None,
     };
-    let mut line = format!("{t:7.1} {ns} {states}");
+    line = format!("{t:7.1} {ns} {line}");
     if !available {
         line.push_str(" NOT-AVAILABLE");
     }
-    match (&watched.pods, pods) {
-        (Some(_), Some((ready, all))) => line.push_str(&format!(" ready={ready} pods={all}")),
-        (Some(_), None) => line.push_str(" ready=? pods=?"),
+    match (&watched.pods, &members) {
+        (Some(_), Some(members)) => {
+            for (name, m) in members {
+                line.push_str(&format!(" {name}:{}/{}/{}", m.serving, m.pods, m.size));
+            }
+        }
+        (Some(_), None) => line.push_str(" pods=?"),
         (None, _) => {}
     }
     Sample {
         available,
         reasons,
-        pods,
+        members,
         line,
     }
 }
 
 pub struct Samples(pub Vec<Sample>);
 
-// Pods are counted only by run_bundle's scenes, which need the real node.
-#[cfg_attr(not(feature = "real-node"), allow(dead_code))]
 impl Samples {
     pub fn len(&self) -> usize {
         self.0.len()
@@ -174,14 +224,30 @@ impl Samples {
             .count()
     }
 
-    /// The fewest serving pods in any sample that counted them.
-    pub fn min_ready(&self) -> Option<usize> {
-        self.0.iter().filter_map(|s| s.pods).map(|p| p.0).min()
+    /// Every count of a watched Memcached's pods.
+    fn members(&self) -> impl Iterator<Item = &Members> {
+        self.0
+            .iter()
+            .filter_map(|s| s.members.as_ref())
+            .flat_map(|m| m.values())
     }
 
-    /// The most pods in any sample that counted them.
-    pub fn max_pods(&self) -> Option<usize> {
-        self.0.iter().filter_map(|s| s.pods).map(|p| p.1).max()
+    /// The samples that did not count the pods (a failed read).
+    pub fn uncounted(&self) -> usize {
+        self.0.iter().filter(|s| s.members.is_none()).count()
+    }
+
+    /// The most members of one Memcached out of service (its size less those serving) in any
+    /// sample.
+    pub fn most_out(&self) -> Option<usize> {
+        self.members()
+            .map(|m| m.size.saturating_sub(m.serving))
+            .max()
+    }
+
+    /// The most pods of one Memcached above its size in any sample (0: never above it).
+    pub fn most_over(&self) -> Option<usize> {
+        self.members().map(|m| m.pods.saturating_sub(m.size)).max()
     }
 
     /// Sampled at all and Available in every sample.
@@ -189,13 +255,14 @@ impl Samples {
         self.len() > 0 && self.unavailable().next().is_none()
     }
 
-    /// That, with `size` pods serving in each sample that counted them.
-    pub fn always_serving(&self, size: usize) -> bool {
-        self.always_available() && self.min_ready() >= Some(size)
-    }
-
-    fn fmt_opt(v: Option<usize>) -> String {
-        v.map(|v| v.to_string()).unwrap_or_default()
+    /// That, with every sample's pods counted, no Memcached ever with more than `out` members
+    /// out of service (at least `size - out` serving) or a pod over its size: an update within
+    /// its rollout budget (`rollout.maxUnavailable`; a member cannot surge).
+    pub fn within_budget(&self, out: usize) -> bool {
+        self.always_available()
+            && self.uncounted() == 0
+            && self.most_out().is_some_and(|most| most <= out)
+            && self.most_over() == Some(0)
     }
 
     /// For figures and failure messages: "samples WHEN: ...".
@@ -205,13 +272,14 @@ impl Samples {
             self.len(),
             self.unavailable().count()
         );
-        if let Some(ready) = self.min_ready() {
-            summary.push_str(&format!(", fewest serving pods: {ready}"));
+        if self.members().next().is_some() {
+            summary.push_str(&format!(
+                ", most members of a Memcached out of service: {}, most pods over its size: {}, pods not counted: {}",
+                self.most_out().unwrap_or_default(),
+                self.most_over().unwrap_or_default(),
+                self.uncounted()
+            ));
         }
         summary
-    }
-
-    pub fn most_pods(&self) -> String {
-        Self::fmt_opt(self.max_pods())
     }
 }

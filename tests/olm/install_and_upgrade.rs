@@ -16,21 +16,25 @@
 //! Subscription, NS_MANUAL by a Manual one (its InstallPlan approved by the test). Asserts the
 //! InstallPlan, the CSV phase and the objects OLM creates; runs the previous release's own
 //! operator binary (`PREV_OPERATOR_BIN`, else built from its commit by its own hack/images.sh:
-//! previous_release.rs) as each CSV's Deployment would (below) and creates Memcacheds,
-//! which it runs as Deployments, plus one in NS_OTHER that no OperatorGroup targets.
+//! previous_release.rs) as each CSV's Deployment would (below) and creates Memcacheds, which it
+//! runs as StatefulSets that roll their own pods (`updateStrategy: RollingUpdate`), plus one in
+//! NS_OTHER that no OperatorGroup targets.
 //! Phase 2, the upgrade: catalog/ (all releases) is served in its place on the same address. NS
 //! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
 //! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
-//! Asserts: the new CSV Succeeds and replaces the old one (which is removed); every Memcached
-//! stays Available throughout (polled every second; its conditions say `Migrating` while it
-//! moves) and its namespace never has fewer Ready memcached pods than the Memcacheds' sizes; no
-//! Memcached is lost (same UIDs); and each moved from its Deployment to a StatefulSet: it ends
-//! with a StatefulSet of its name that it controls, `size` Ready pods `<name>-0 … <name>-N-1` of
-//! that StatefulSet and no other, no Deployment, none of the old Deployment's ReplicaSets or pods
-//! (garbage collected), and `status.servers` lists `<name>-N.<name>.<ns>.svc:<port>`. Then least
-//! privilege: the new CSV's `permissions` (StatefulSets; Deployments only list, watch and delete)
-//! apply in NS only (`kubectl auth can-i` as the operator's ServiceAccount), and the operator
-//! reconciles a new Memcached in NS (a StatefulSet from the start).
+//! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
+//! updates the members itself: each Memcached keeps its StatefulSet (the same uid), now
+//! `updateStrategy: OnDelete`, and its pod template changes (memcached's memory file, the agent
+//! beside it), which cannot be taken in place, so each member is replaced under its name (a new
+//! pod uid), evicted one at a time, about `minReadySeconds` or more apart (its `Evicted` events);
+//! every Memcached stays Available throughout (polled every second; its Progressing reason says
+//! `ReplacingMembers`) with at most one member out of service and never a pod over its size; no
+//! Memcached is lost (same UIDs); it ends with `size` Ready pods `<name>-0 … <name>-N-1` of the
+//! update revision, `status.servers` lists `<name>-N.<name>.<ns>.svc:<port>`, and nothing in the
+//! namespace is orphaned. Then least privilege: the new CSV's `permissions` (StatefulSets; pods
+//! patched and evicted, never deleted; Deployments only list, watch and delete) apply in NS only
+//! (`kubectl auth can-i` as the operator's ServiceAccount), and the operator reconciles a new
+//! Memcached in NS.
 //! Phase 3: a fresh Subscription to the default channel installs the new release directly.
 //! Phase 4: without the ServiceMonitor and PrometheusRule CRDs, OLM fails the InstallPlan of the
 //! bundle, which holds one of each.
@@ -38,11 +42,14 @@
 //! kwok runs no containers (its pods are Ready at once), so the operator binary of each release
 //! (`PREV_OPERATOR_BIN`, `OPERATOR_BIN`, default the debug build) runs as a process instead of
 //! the pod, as the ServiceAccount OLM created, with the environment the pod gets
-//! (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation); when OLM rolls the
-//! Deployment to the new CSV, the process is replaced by the new release's, like the pod.
+//! (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation, the Deployment's
+//! RELATED_IMAGE_* values); when OLM rolls the Deployment to the new CSV, the process is replaced
+//! by the new release's, like the pod. kwok makes the operator's evicted members anew at once
+//! (their StatefulSet recreates them) and would restart a container whose image is patched
+//! (hack/templates/kwok-in-place-restart.yaml), as a kubelet does.
 //!
 //! Checks print `PASS`/`FAIL` lines and are reported together at the end ("N passed, N failed");
-//! a check the rest depends on ends the test at once. Figures (upgrade and move durations, pods)
+//! a check the rest depends on ends the test at once. Figures (upgrade and update durations, pods)
 //! are printed as `FIGURE` lines and kept in `$E2E_CLUSTER_DIR/logs/olm-upgrade.txt`. Every process
 //! started here is killed when the test ends, panicking or not. TIMEOUT: seconds per wait
 //! (default 180). OLM's operators listen on :8080 (olm, health) and :8443 (catalog, health over
@@ -53,11 +60,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -67,7 +77,7 @@ use serde_json::{Value, json};
 
 use crate::availability::{Sampler, Watched};
 use crate::harness;
-use crate::members::{controller_uid, members_missing};
+use crate::members::{self, Update, controller_uid, members_missing};
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
 use crate::scripts::{olm_versions, path_env, tool};
 
@@ -302,14 +312,6 @@ struct Env {
     operators: HashMap<String, OperatorProcess>,
 }
 
-/// How far a Memcached is from having moved to its StatefulSet: what is not yet as it must end.
-struct Migration {
-    /// Left to do (empty: done), each naming what was found.
-    missing: Vec<String>,
-    /// Its memcached pods' names.
-    pods: Vec<String>,
-}
-
 impl Env {
     fn api(&self, kind: &str, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), ns, &resource(kind))
@@ -469,8 +471,8 @@ impl Env {
             .ok()
     }
 
-    /// The operator Deployment's container env var `name`: its value, or its fieldRef's path.
-    async fn operator_env(&self, ns: &str, name: &str) -> (String, String) {
+    /// The operator Deployment's container env: name -> its value, or its fieldRef's path.
+    async fn operator_envs(&self, ns: &str) -> BTreeMap<String, (String, String)> {
         let Some(d) = self.deployment(ns).await else {
             return Default::default();
         };
@@ -481,15 +483,22 @@ impl Env {
             .and_then(|c| c.env)
             .unwrap_or_default();
         env.into_iter()
-            .find(|e| e.name == name)
             .map(|e| {
                 let path = e
                     .value_from
                     .and_then(|v| v.field_ref)
                     .map(|f| f.field_path)
                     .unwrap_or_default();
-                (e.value.unwrap_or_default(), path)
+                (e.name, (e.value.unwrap_or_default(), path))
             })
+            .collect()
+    }
+
+    /// The operator Deployment's container env var `name`: its value, or its fieldRef's path.
+    async fn operator_env(&self, ns: &str, name: &str) -> (String, String) {
+        self.operator_envs(ns)
+            .await
+            .remove(name)
             .unwrap_or_default()
     }
 
@@ -612,118 +621,114 @@ impl Env {
         by_name(pods, ListParams::default().labels(MEMCACHED_PODS), uid).await
     }
 
-    /// name -> uid of the memcached Deployments in `ns` (the previous release's workloads).
-    async fn deployment_uids(&self, ns: &str) -> BTreeMap<String, String> {
-        let deployments = Api::<Deployment>::namespaced(self.client.clone(), ns);
-        by_name(
-            deployments,
-            ListParams::default().labels(MEMCACHED_PODS),
-            uid,
-        )
-        .await
+    /// name -> uid of the StatefulSets in `ns`.
+    async fn stateful_set_uids(&self, ns: &str) -> BTreeMap<String, String> {
+        let stateful_sets = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
+        by_name(stateful_sets, ListParams::default(), uid).await
     }
 
-    /// name -> uid of the memcached ReplicaSets in `ns` (the Deployments' own).
-    async fn replica_set_uids(&self, ns: &str) -> BTreeMap<String, String> {
-        let replica_sets = Api::<ReplicaSet>::namespaced(self.client.clone(), ns);
-        by_name(
-            replica_sets,
-            ListParams::default().labels(MEMCACHED_PODS),
-            uid,
-        )
-        .await
+    /// The pods of Memcached `name` in `ns`, terminating or not.
+    async fn pods_of(&self, ns: &str, name: &str) -> Vec<Pod> {
+        let selector = format!("{MEMCACHED_PODS},app.kubernetes.io/instance={name}");
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
     }
 
-    /// What `name` in `ns` still lacks of the end of its move to a StatefulSet: a StatefulSet
-    /// `name` that it controls with `size` replicas; its pods exactly `name-0 … name-(size-1)`,
-    /// each Ready and controlled by that StatefulSet; no Deployment `name`; `status.servers` the
-    /// members' stable addresses; Available.
-    async fn migration(&self, ns: &str, name: &str) -> Migration {
-        let mut missing = vec![];
+    /// What Memcached `name` in `ns` lacks of having every member updated as `update` says
+    /// (members::update_missing), its StatefulSet the one of uid `stateful_set_uid` when given,
+    /// the agent from the operator's RELATED_IMAGE_AGENT; and its pods' names.
+    async fn updated(
+        &self,
+        ns: &str,
+        name: &str,
+        stateful_set_uid: Option<&str>,
+        update: &Update<'_>,
+    ) -> (Vec<String>, Vec<String>) {
         let Ok(mc) = self.memcacheds(ns).get(name).await else {
-            return Migration {
-                missing: vec![format!("Memcached {ns}/{name} not found")],
-                pods: vec![],
-            };
+            return (vec![format!("Memcached {ns}/{name} not found")], vec![]);
         };
-        let (size, port) = (mc.spec.size, mc.spec.container_port);
-        let mc_uid = uid(&mc);
         let sts = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await
             .ok()
             .flatten();
-        let sts_uid = match &sts {
-            None => {
-                missing.push(format!("no StatefulSet {name}"));
-                None
-            }
-            Some(sts) => {
-                if controller_uid(sts) != Some(mc_uid.clone()) {
-                    missing.push(format!(
-                        "StatefulSet {name} not controlled by the Memcached"
-                    ));
-                }
-                let replicas = sts.spec.as_ref().and_then(|s| s.replicas);
-                if replicas != Some(size) {
-                    missing.push(format!(
-                        "StatefulSet {name} replicas {replicas:?}, not {size}"
-                    ));
-                }
-                sts.uid()
-            }
-        };
-        let selector = format!("{MEMCACHED_PODS},app.kubernetes.io/instance={name}");
+        let pods = self.pods_of(ns, name).await;
+        let (agent, _) = self.operator_env(ns, "RELATED_IMAGE_AGENT").await;
+        let missing =
+            members::update_missing(&mc, sts.as_ref(), &pods, stateful_set_uid, update, &agent);
+        let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        names.sort();
+        (missing, names)
+    }
+
+    /// The members the operator evicted of Memcached `name` in `ns` (its `Evicted` events, the
+    /// pod each names), by time; and how many it restarted in place (`Restarted`).
+    async fn evictions(&self, ns: &str, name: &str) -> (Vec<(String, Timestamp)>, usize) {
+        let events = harness::events_for(&self.client, ns, name).await;
+        let mut evicted: Vec<(String, Timestamp)> = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Evicted"))
+            .filter_map(|e: &Event| {
+                let pod = e.related.as_ref()?.name.clone()?;
+                let time = e
+                    .event_time
+                    .as_ref()
+                    .map(|t| t.0)
+                    .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+                Some((pod, time))
+            })
+            .collect();
+        evicted.sort_by_key(|(_, t)| *t);
+        let restarted = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Restarted"))
+            .count();
+        (evicted, restarted)
+    }
+
+    /// What in `ns` has lost its controller: a memcached pod whose StatefulSet is gone, a
+    /// StatefulSet or PodDisruptionBudget whose Memcached is gone (or that has none).
+    async fn orphans(&self, ns: &str) -> Vec<String> {
+        let memcacheds: Vec<String> = self.memcached_uids(ns).await.into_values().collect();
+        let stateful_sets: Vec<String> = self.stateful_set_uids(ns).await.into_values().collect();
         let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(&selector))
+            .list(&ListParams::default().labels(MEMCACHED_PODS))
             .await
             .map(|l| l.items)
             .unwrap_or_default();
-        let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-        names.sort();
-        missing.extend(members_missing(
-            &pods,
-            name,
-            size as usize,
-            sts_uid.as_deref(),
-        ));
-        for pod in pods
-            .iter()
-            .filter(|p| sts_uid.is_some() && controller_uid(*p) == sts_uid)
-        {
-            if !harness::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
-                missing.push(format!("pod {} not Ready", pod.name_any()));
+        let budgets = Api::<PodDisruptionBudget>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let sts = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let orphaned = |owner: Option<String>, owners: &[String]| {
+            owner.is_none_or(|uid| !owners.contains(&uid))
+        };
+        let mut orphans = vec![];
+        for pod in &pods {
+            if orphaned(controller_uid(pod), &stateful_sets) {
+                orphans.push(format!("pod {}", pod.name_any()));
             }
         }
-        let deployment = Api::<Deployment>::namespaced(self.client.clone(), ns)
-            .get_opt(name)
-            .await;
-        if !matches!(deployment, Ok(None)) {
-            missing.push(format!("Deployment {name} still there"));
+        for s in &sts {
+            if orphaned(controller_uid(s), &memcacheds) {
+                orphans.push(format!("StatefulSet {}", s.name_any()));
+            }
         }
-        let servers = mc
-            .status
-            .as_ref()
-            .map(|s| s.servers.clone())
-            .unwrap_or_default();
-        let want_servers: Vec<String> = (0..size)
-            .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{port}"))
-            .collect();
-        if servers != want_servers {
-            missing.push(format!(
-                "status.servers [{}], not [{}]",
-                servers.join(" "),
-                want_servers.join(" ")
-            ));
+        for b in &budgets {
+            if orphaned(controller_uid(b), &memcacheds) {
+                orphans.push(format!("PodDisruptionBudget {}", b.name_any()));
+            }
         }
-        let available = harness::condition(&mc, "Available");
-        if available.as_ref().map(|c| c.0.as_str()) != Some("True") {
-            missing.push(format!("Available {available:?}"));
-        }
-        Migration {
-            missing,
-            pods: names,
-        }
+        orphans
     }
 
     /// 2 Memcacheds of 3 + 2 pods, all Running.
@@ -773,7 +778,8 @@ impl Env {
 
     /// (Re)starts the operator for `ns` as its current pod would run: stops the previous
     /// process first (the old pod goes away), a fresh token of the ServiceAccount, the pod's
-    /// olm.targetNamespaces as WATCH_NAMESPACE, the Deployment's RELATED_IMAGE_MEMCACHED.
+    /// olm.targetNamespaces as WATCH_NAMESPACE, the Deployment's RELATED_IMAGE_* (memcached's,
+    /// the exporter's, the agent's).
     /// Whether it became ready, and its WATCH_NAMESPACE.
     async fn run_operator(&mut self, ns: &str, tag: &str, bin: &Path) -> (bool, String) {
         if let Some(mut old) = self.operators.remove(ns) {
@@ -793,8 +799,13 @@ impl Env {
             .await
             .expect("the operator's ServiceAccount kubeconfig");
         let watch_ns = self.pod_target_namespaces(ns).await;
-        let (related, _) = self.operator_env(ns, "RELATED_IMAGE_MEMCACHED").await;
-        let launch = Launch {
+        let related = self
+            .operator_envs(ns)
+            .await
+            .into_iter()
+            .filter(|(name, (value, _))| name.starts_with("RELATED_IMAGE_") && !value.is_empty())
+            .map(|(name, (value, _))| (name, value));
+        let mut launch = Launch {
             command: format!(
                 "{} --leader-elect --log-format=json --metrics-secure \
                  --metrics-bind-address=127.0.0.1:{{metrics}} \
@@ -808,9 +819,9 @@ impl Env {
                 ("POD_NAMESPACE".into(), ns.into()),
                 ("POD_NAME".into(), format!("olm-test-operator-{tag}")),
                 ("WATCH_NAMESPACE".into(), watch_ns.clone()),
-                ("RELATED_IMAGE_MEMCACHED".into(), related),
             ],
         };
+        launch.env.extend(related);
         let op = OperatorProcess::spawn(launch).expect("the operator starts");
         let ready = match op.wait_health("/readyz", Duration::from_secs(60)).await {
             Ok(()) => true,
@@ -1214,62 +1225,85 @@ async fn install_and_upgrade_through_olm() {
             ok,
         );
     }
-    let ok = Api::<Deployment>::namespaced(client.clone(), NS)
-        .get(&sample)
-        .await
-        .is_ok()
-        && Api::<Service>::namespaced(client.clone(), NS)
-            .get(&sample)
-            .await
-            .is_ok()
-        && Api::<StatefulSet>::namespaced(client.clone(), NS)
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.is_empty());
-    checks.check(
-        format!("their Deployments and Services exist, no StatefulSet ({prev_csv}'s workloads)"),
-        ok,
-    );
+    // The previous release runs them as StatefulSets that roll their own pods.
+    for ns in [NS, NS_MANUAL] {
+        let (e, first) = (&env, sample.as_str());
+        let ok = wait_until(timeout, || async move {
+            let sts = Api::<StatefulSet>::namespaced(e.client.clone(), ns);
+            let mut all = true;
+            for (name, size) in [(first, 3), (SECOND, 2)] {
+                let strategy = sts
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.spec?.update_strategy?.type_);
+                let pods = e.pods_of(ns, name).await;
+                let uid = sts.get_opt(name).await.ok().flatten().and_then(|s| s.uid());
+                all &= strategy.as_deref() == Some("RollingUpdate")
+                    && members_missing(&pods, name, size, uid.as_deref()).is_empty()
+                    && Api::<Service>::namespaced(e.client.clone(), ns)
+                        .get_opt(name)
+                        .await
+                        .is_ok_and(|s| s.is_some());
+            }
+            all && Api::<Deployment>::namespaced(e.client.clone(), ns)
+                .list(&ListParams::default().labels(MEMCACHED_PODS))
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        })
+        .await;
+        checks.check(
+            format!(
+                "{prev_csv} runs {sample} and {SECOND} in {ns} as StatefulSets (updateStrategy RollingUpdate) of pods <name>-N, with their Services, no Deployment"
+            ),
+            ok,
+        );
+    }
     let ok = env.not_reconciled_elsewhere().await;
     checks.check(
         format!("Memcached in {NS_OTHER} (outside the OperatorGroups) left alone"),
         ok,
     );
-    // The contrast for the least-privilege checks after the upgrade: the previous release's
-    // rules are for Deployments, in its own namespace.
-    let ok = env.can(&["create", "deployments.apps", "-n", NS]).await
-        && env.cannot(&["create", "statefulsets.apps", "-n", NS]).await;
+    // The contrast for the least-privilege checks after the upgrade: the previous release
+    // neither patches nor evicts pods, and its rules hold in its own namespace only.
+    let ok = env.can(&["list", "pods", "-n", NS]).await
+        && env.cannot(&["patch", "pods", "-n", NS]).await
+        && env
+            .cannot(&["create", "pods", "--subresource=eviction", "-n", NS])
+            .await;
     checks.check(
-        format!("under {prev_csv} {sa} can create Deployments in {NS}, not StatefulSets"),
+        format!("under {prev_csv} {sa} can list pods in {NS}, not patch or evict them"),
         ok,
     );
     let ok = env
-        .cannot(&["list", "deployments.apps", "-n", NS_OTHER])
+        .cannot(&["list", "statefulsets.apps", "-n", NS_OTHER])
         .await;
     checks.check(
-        format!("under {prev_csv} {sa} cannot list Deployments in {NS_OTHER} (permissions)"),
+        format!("under {prev_csv} {sa} cannot list StatefulSets in {NS_OTHER} (permissions)"),
         ok,
     );
 
-    // The state the upgrade starts from: what must stay (the Memcacheds) and what must go (the
-    // Deployments, their ReplicaSets and pods).
+    // The state the upgrade starts from: what must stay (the Memcacheds, their StatefulSets)
+    // and what must be replaced (each member's pod).
     let e = &env;
     let mut before = BTreeMap::new();
     for ns in [NS, NS_MANUAL] {
         let ok = wait_until(timeout, || async move { e.all_pods_ready(ns).await }).await;
         checks.check(format!("5 memcached pods Running in {ns}"), ok);
-        let deployments = env.deployment_uids(ns).await;
-        checks.check(
-            format!("{prev_csv} runs {sample} and {SECOND} in {ns} as Deployments"),
-            deployments.contains_key(&sample) && deployments.contains_key(SECOND),
-        );
+        let mut pods = BTreeMap::new();
+        for name in [sample.as_str(), SECOND] {
+            pods.insert(
+                name.to_string(),
+                members::before(&env.pods_of(ns, name).await),
+            );
+        }
         before.insert(
             ns,
             (
                 env.memcached_uids(ns).await,
-                env.pod_uids(ns).await,
-                deployments,
-                env.replica_set_uids(ns).await,
+                env.stateful_set_uids(ns).await,
+                pods,
             ),
         );
     }
@@ -1388,7 +1422,7 @@ async fn install_and_upgrade_through_olm() {
     }
     let e = &env;
 
-    // The new operators have started: a new Memcached gets a StatefulSet from the start.
+    // The new operators have started: a new Memcached is made from the new template at once.
     env.create_sample(NS, Some(AFTER_UPGRADE), Some(1)).await;
     let ok = env.wait_available(NS, &[AFTER_UPGRADE]).await;
     checks.check(
@@ -1396,9 +1430,10 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
 
-    // Each Memcached of the previous release moves to its StatefulSet: the StatefulSet beside
-    // the Deployment, then the Deployment deleted once the members are all available (kwok's
-    // pods are Ready at once, so this takes about minReadySeconds).
+    // Each Memcached of the previous release keeps its StatefulSet, now OnDelete with the new
+    // template: memcached's memory file, the agent, a volume, more than images, so the operator
+    // replaces each member (evicts it; the StatefulSet makes it anew under its name), one at a
+    // time. kwok's pods are Ready at once, so each takes about minReadySeconds.
     let memcacheds = [
         (
             NS,
@@ -1408,9 +1443,20 @@ async fn install_and_upgrade_through_olm() {
     ];
     for (ns, names) in &memcacheds {
         let (ns, names) = (*ns, names.as_slice());
+        let (_, sts_before, pods_before) = &before[ns];
+        let update = |name: &str| match pods_before.get(name) {
+            Some(pods) => Update::Replaced(pods),
+            None => Update::Created,
+        };
         let ok = wait_until(timeout, || async move {
             for name in names {
-                if !e.migration(ns, name).await.missing.is_empty() {
+                let sts_uid = sts_before.get(name).map(String::as_str);
+                if !e
+                    .updated(ns, name, sts_uid, &update(name))
+                    .await
+                    .0
+                    .is_empty()
+                {
                     return false;
                 }
             }
@@ -1419,62 +1465,85 @@ async fn install_and_upgrade_through_olm() {
         .await;
         if ok {
             checks.figure(format!(
-                "{ns}: operator ({csv_name}) started -> every Memcached on its StatefulSet, its Deployment deleted: {} s",
+                "{ns}: operator ({csv_name}) started -> every member of every Memcached replaced under its name: {} s",
                 secs(started[ns])
             ));
         }
         for name in names {
-            let m = env.migration(ns, name).await;
+            let sts_uid = sts_before.get(name).map(String::as_str);
+            let (missing, pods) = env.updated(ns, name, sts_uid, &update(name)).await;
             checks.check(
                 format!(
-                    "{ns}/{name}: StatefulSet {name} controlled by it, pods {}, Ready, no Deployment, status.servers by stable names{}",
-                    m.pods.join(" "),
-                    if m.missing.is_empty() {
+                    "{ns}/{name}: {} StatefulSet {name} (OnDelete), pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
+                    if sts_uid.is_some() { "the same" } else { "a" },
+                    pods.join(" "),
+                    if sts_uid.is_some() { "each replaced (a new uid)" } else { "made from it" },
+                    if missing.is_empty() {
                         String::new()
                     } else {
-                        format!(" (not: {})", m.missing.join("; "))
+                        format!(" (not: {})", missing.join("; "))
                     }
                 ),
-                m.missing.is_empty(),
+                missing.is_empty(),
             );
         }
-    }
-    // The Deployments' ReplicaSets and pods go with them (the garbage collector).
-    for ns in [NS, NS_MANUAL] {
-        let (_, pods_before, deployments_before, replica_sets_before) = &before[ns];
-        let ok = wait_until(timeout, || async move {
-            let pods = e.pod_uids(ns).await;
-            e.replica_set_uids(ns).await.is_empty()
-                && e.deployment_uids(ns).await.is_empty()
-                && pods.values().all(|u| !pods_before.values().any(|b| b == u))
-        })
-        .await;
+        // One member at a time: each evicted once, the next once its replacement has been Ready
+        // for minReadySeconds (kwok makes it Ready at once; a Ready time is kept to the second,
+        // hence a second less); none restarted in place.
+        for (name, pods) in pods_before {
+            let min_ready = env
+                .memcacheds(ns)
+                .get(name)
+                .await
+                .ok()
+                .and_then(|mc| mc.spec.rollout)
+                .map_or(5, |r| r.min_ready_seconds);
+            let (evicted, restarted) = env.evictions(ns, name).await;
+            let mut members: Vec<&String> = evicted.iter().map(|(pod, _)| pod).collect();
+            members.sort();
+            let gaps: Vec<f64> = evicted
+                .windows(2)
+                .map(|w| w[1].1.duration_since(w[0].1).as_secs_f64())
+                .collect();
+            let list = evicted
+                .iter()
+                .zip(std::iter::once(0.0).chain(gaps.iter().scan(0.0, |t, gap| {
+                    *t += gap;
+                    Some(*t)
+                })))
+                .map(|((pod, _), t)| format!("{pod} +{t:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            checks.check(
+                format!(
+                    "{ns}/{name}: each of its {} members evicted once ({list}), about minReadySeconds ({min_ready} s) or more apart; none restarted in place ({restarted})",
+                    pods.len()
+                ),
+                members.into_iter().eq(pods.keys())
+                    && gaps.iter().all(|gap| *gap >= f64::from(min_ready - 1))
+                    && restarted == 0,
+            );
+        }
+        let orphans = env.orphans(ns).await;
         checks.check(
             format!(
-                "{ns}: no Deployment left, none of its {} ReplicaSets and {} pods (garbage collected)",
-                replica_sets_before.len(),
-                pods_before.len()
+                "{ns}: nothing orphaned (every memcached pod its StatefulSet's, every StatefulSet and PodDisruptionBudget its Memcached's){}",
+                if orphans.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", orphans.join(", "))
+                }
             ),
-            ok,
+            orphans.is_empty(),
         );
-        if !ok {
-            eprintln!(
-                "{ns} before: Deployments {deployments_before:?} ReplicaSets {replica_sets_before:?} pods {pods_before:?}\n{ns} now: Deployments {:?} ReplicaSets {:?} pods {:?}",
-                env.deployment_uids(ns).await,
-                env.replica_set_uids(ns).await,
-                env.pod_uids(ns).await
-            );
-        }
     }
-    // A few more samples with the new operators in charge and nothing left to move.
+    // A few more samples with the new operators in charge and nothing left to update.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let samples = sampler.stop();
     for ns in [NS, NS_MANUAL] {
-        let (mcs_before, pods_before, _, _) = &before[ns];
+        let (mcs_before, _, pods_before) = &before[ns];
         let mut mcs_after = env.memcached_uids(ns).await;
         mcs_after.remove(AFTER_UPGRADE);
-        let mut pods_after = env.pod_uids(ns).await;
-        pods_after.retain(|name, _| !name.starts_with(&format!("{AFTER_UPGRADE}-")));
         checks.check(
             format!("no Memcached lost in {ns} (same names and UIDs)"),
             *mcs_before == mcs_after,
@@ -1482,13 +1551,19 @@ async fn install_and_upgrade_through_olm() {
         if *mcs_before != mcs_after {
             eprintln!("{ns} before: {mcs_before:?}\n{ns} after: {mcs_after:?}");
         }
-        let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<Vec<_>>().join(" ");
+        let mut pods_after = env.pod_uids(ns).await;
+        pods_after.retain(|name, _| !name.starts_with(&format!("{AFTER_UPGRADE}-")));
+        let line = |pods: &mut dyn Iterator<Item = (&String, &String)>| {
+            pods.map(|(name, uid)| format!("{name}={}", &uid[..uid.len().min(8)]))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         checks.figure(format!(
             "{ns}: Memcacheds before/after: {}/{}; memcached pods before: {}; after: {}",
             mcs_before.len(),
             mcs_after.len(),
-            names(pods_before),
-            names(&pods_after)
+            line(&mut pods_before.values().flatten().map(|(n, b)| (n, &b.uid))),
+            line(&mut pods_after.iter())
         ));
     }
     for sample in samples.unavailable() {
@@ -1496,25 +1571,32 @@ async fn install_and_upgrade_through_olm() {
     }
     checks.check(
         format!(
-            "every Memcached Available throughout the upgrade ({} samples, 1 s apart; {} with a condition Migrating)",
-            samples.len(),
-            samples.with_reason("Migrating")
+            "every Memcached Available throughout the upgrade ({} samples, 1 s apart)",
+            samples.len()
         ),
         samples.always_available(),
     );
-    // Both pod sets serve through the move: never fewer Ready pods than the sizes (3 + 2).
     checks.check(
         format!(
-            "never fewer than 5 Ready memcached pods in a namespace during the upgrade (fewest: {:?})",
-            samples.min_ready()
+            "within the rollout budget throughout: at most 1 member of a Memcached out of service, never a pod over its size ({})",
+            samples.summary("during the upgrades")
         ),
-        samples.min_ready() >= Some(5),
+        samples.within_budget(1),
+    );
+    checks.check(
+        format!(
+            "Progressing says ReplacingMembers during the update ({} samples), never RestartingInPlace ({})",
+            samples.with_reason("ReplacingMembers"),
+            samples.with_reason("RestartingInPlace")
+        ),
+        samples.with_reason("ReplacingMembers") > 0 && samples.with_reason("RestartingInPlace") == 0,
     );
     checks.figure(format!(
-        "{}, with a condition Migrating: {}, most pods in a namespace: {}",
+        "{}; with a condition ReplacingMembers: {}, Updating: {}, RolloutQueued: {}",
         samples.summary("during the upgrades"),
-        samples.with_reason("Migrating"),
-        samples.most_pods()
+        samples.with_reason("ReplacingMembers"),
+        samples.with_reason("Updating"),
+        samples.with_reason("RolloutQueued")
     ));
 
     // ------------------------------------------------------------ monitoring (the new bundle's objects)
@@ -1594,6 +1676,30 @@ async fn install_and_upgrade_through_olm() {
         format!("{sa} cannot create or patch Deployments in {NS} (never makes one)"),
         ok,
     );
+    let ok = env.can(&["patch", "pods", "-n", NS]).await
+        && env
+            .can(&["create", "pods", "--subresource=eviction", "-n", NS])
+            .await
+        && env
+            .can(&["get", "controllerrevisions.apps", "-n", NS])
+            .await;
+    checks.check(
+        format!(
+            "{sa} can patch and evict pods and read ControllerRevisions in {NS} (it updates the members)"
+        ),
+        ok,
+    );
+    let ok = env.cannot(&["delete", "pods", "-n", NS]).await
+        && env.cannot(&["create", "pods", "-n", NS]).await;
+    checks.check(
+        format!("{sa} cannot delete or create pods in {NS} (evicts, never deletes)"),
+        ok,
+    );
+    let ok = env.cannot(&["patch", "pods", "-n", NS_OTHER]).await
+        && env
+            .cannot(&["create", "pods", "--subresource=eviction", "-n", NS_OTHER])
+            .await;
+    checks.check(format!("{sa} cannot patch or evict pods in {NS_OTHER}"), ok);
     let ok = env.can(&["list", "events", "-n", NS]).await;
     checks.check(
         format!("{sa} can list events in {NS} (a StatefulSet's FailedCreate)"),

@@ -18,18 +18,23 @@
 //!   1. run bundle of the previous release (its bundle rebuilt from the release's rendered
 //!      catalog entry, images named in the local registry): CSV Succeeded, the operator a pod on
 //!      the real node from its image as pulled from the registry, the sample Memcached Available
-//!      with real memcached pods that answer; a key is stored in each;
+//!      with real memcached pods that answer, a StatefulSet that rolls its own pods
+//!      (`RollingUpdate`); a key is stored in each;
 //!   2. run bundle-upgrade to bundle/'s release (bundle.sh with the images in the local
-//!      registry, as a release is made): it Succeeds and replaces the previous one, and the
-//!      Memcached moves from the previous release's Deployment to a StatefulSet: the same
-//!      Memcached UID, a StatefulSet of its name that it controls, `size` Ready pods
-//!      `<name>-0 …` of it, the Deployment and its pods gone; Available and `size` pods serving in
-//!      every sample (the Deployment's pods serve until the members are all available); the new
-//!      members start empty (the move costs the cache once) and store and return a key;
-//!   3. run bundle-upgrade to a patch release pinned by digest (so the memcached pod template
-//!      changes): the StatefulSet replaces every member under its own name, one at a time:
-//!      Available in every sample, at most one member out (`size` - 1 serving) and never a pod
-//!      over `size`;
+//!      registry, as a release is made): it Succeeds and replaces the previous one, and its
+//!      operator, whose pod template cannot be taken in place (memcached's memory file, the agent
+//!      beside it), replaces each member under its name: the same Memcached UID and StatefulSet
+//!      (uid), now `OnDelete`, `size` new pods `<name>-0 …` of the update revision, Ready, with the
+//!      agent from the operator's image; evicted one at a time (`Evicted` events, about
+//!      `minReadySeconds` or more apart); Available, at most one member out and never a pod over `size`
+//!      in every sample; the new members start empty (the replacement costs the cache once) and
+//!      store and return a key;
+//!   3. run bundle-upgrade to a patch release pinned by digest (only the references of
+//!      memcached's image and the agent's change): the operator restarts each member in place,
+//!      one at a time: 10,000 keys written over the members before it, at least 99 % read back
+//!      after it; the same pods (uids, addresses), memcached restarted once more, a `Restarted`
+//!      event each; each member probed every 100 ms from the host, never more than one not
+//!      answering; Available, at most one member out and never a pod over `size` in every sample;
 //!   4. scorecard of bundle/ as committed (its config unmodified): the tests as pods;
 //!   5. the catalog image as a CatalogSource (OLM's registry pod, probed with
 //!      grpc_health_probe): READY, and a Subscription to it resolves to bundle/'s release;
@@ -46,6 +51,7 @@
 //! `logs/run-bundle-availability*.log`. TIMEOUT: seconds per wait (default 240).
 
 mod bundles;
+mod probe;
 mod scene;
 
 use std::collections::BTreeMap;
@@ -54,15 +60,17 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 use serde_json::{Value, json};
 
-use crate::availability::Samples;
 use crate::harness;
+use crate::members::{self, Update, members_missing};
 use crate::olm::{self, CatalogOptions, Olm, field, str_field};
 use crate::scripts::{run, tool};
+use probe::Prober;
 use scene::{Scene, secs, short, wait_until};
 
 const PACKAGE: &str = "memcached-operator";
@@ -271,11 +279,12 @@ async fn olm_runs_with_its_pods_on_the_real_node(scene: &Scene) -> Olm {
 
 // ---------------------------------------------------------------- 1. run bundle
 
-/// What the upgrade must keep (the Memcached) and what it must replace (the previous release's
-/// Deployment and its pods).
+/// What the upgrades must keep (the Memcached, its StatefulSet) and what they must change (each
+/// member's pod: replaced, then restarted in place).
 struct Before {
     memcached_uid: String,
-    pod_uids: BTreeMap<String, String>,
+    stateful_set_uid: String,
+    members: BTreeMap<String, members::Before>,
 }
 
 async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
@@ -397,26 +406,85 @@ async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
     if let Err(e) = scene.set_in_every_pod(PREFIX, &release.prev_version).await {
         panic!("every memcached pod stores a key (set over TCP from the host): {e}");
     }
+    let sts = scene
+        .stateful_set()
+        .await
+        .unwrap_or_else(|| panic!("{prev_csv} runs the Memcached as a StatefulSet"));
+    let strategy = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|s| s.type_.clone());
+    let pods = scene.memcached_pods().await;
+    let missing = members_missing(
+        &pods,
+        &release.sample,
+        release.sample_size,
+        sts.uid().as_deref(),
+    );
+    let deployments = scene
+        .deployments()
+        .list(&ListParams::default().labels(MEMCACHED_PODS))
+        .await
+        .map(|l| l.items.len())
+        .ok();
     assert!(
-        scene.deployment().await.is_some() && scene.stateful_set().await.is_none(),
-        "{prev_csv} runs the Memcached as a Deployment {}, no StatefulSet",
-        release.sample
+        strategy.as_deref() == Some("RollingUpdate")
+            && missing.is_empty()
+            && deployments == Some(0),
+        "{prev_csv} runs the Memcached as a StatefulSet {} (updateStrategy {strategy:?}, not RollingUpdate) of members {}-N ({}), no Deployment ({deployments:?})",
+        release.sample,
+        release.sample,
+        missing.join("; ")
     );
     Before {
         memcached_uid: scene.memcached_uid().await,
-        pod_uids: scene.pod_uids().await,
+        stateful_set_uid: sts.uid().unwrap_or_default(),
+        members: members::before(&pods),
     }
 }
 
 // ---------------------------------------------------------------- 2. run bundle-upgrade
 
-/// The pods the upgrade left: name -> uid of the StatefulSet's members.
-type After = BTreeMap<String, String>;
+/// The members an update evicted (`Evicted` events), one at a time: each of `members` once, the
+/// next once the one before has been replaced and Ready for `min_ready` seconds, so at least
+/// that long after it (less a second: a Ready time is kept to the second). For a figure: each
+/// with its time after the first.
+fn evicted_one_at_a_time(
+    evicted: &[(String, Timestamp)],
+    members: &BTreeMap<String, members::Before>,
+    min_ready: i32,
+) -> Result<String, String> {
+    let first = evicted.first().map(|(_, t)| *t);
+    let list = evicted
+        .iter()
+        .map(|(pod, t)| {
+            let after = first.map_or(0.0, |f| t.duration_since(f).as_secs_f64());
+            format!("{pod} +{after:.1} s")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut names: Vec<&String> = evicted.iter().map(|(pod, _)| pod).collect();
+    names.sort();
+    let apart = evicted
+        .windows(2)
+        .all(|w| w[1].1.duration_since(w[0].1).as_secs_f64() >= f64::from(min_ready - 1));
+    if names.into_iter().eq(members.keys()) && apart {
+        Ok(list)
+    } else {
+        Err(list)
+    }
+}
 
-async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
+/// bundle/'s release: its operator sets the StatefulSet `OnDelete` and a pod template memcached
+/// cannot take in place (its memory file, the agent beside it, a volume), so it replaces each
+/// member under its name, one at a time (evicts it; the StatefulSet makes it anew): the same
+/// StatefulSet, new pods, at most one member out, Available throughout; the cache is lost once.
+/// What the members are after it.
+async fn run_bundle_upgrade_replaces_each_member_one_at_a_time(
     scene: &Scene,
     before: &Before,
-) -> After {
+) -> BTreeMap<String, members::Before> {
     let (release, images, node) = (&scene.release, &scene.images, &scene.node);
     let (csv, prev_csv) = (&release.csv_name, &release.prev_csv);
     let size = release.sample_size;
@@ -467,13 +535,15 @@ async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
         || scene.operator_pod_runs(&images.operator),
     )
     .await;
-    // The move: the StatefulSet beside the Deployment, the Deployment deleted once the members
-    // are all available.
+    let t_operator = Instant::now();
+    let update = Update::Replaced(&before.members);
     let mut missing = vec![];
-    let moved = tokio::time::timeout(scene.timeout, async {
+    let done = tokio::time::timeout(scene.timeout, async {
         loop {
-            missing = scene.migration_missing().await;
-            if missing.is_empty() && scene.memcached_available().await {
+            missing = scene
+                .update_missing(&before.stateful_set_uid, &update, &images.operator)
+                .await;
+            if missing.is_empty() {
                 break;
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -481,18 +551,19 @@ async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
     })
     .await;
     assert!(
-        moved.is_ok(),
-        "within {:?} of its operator's start, Memcached {} on a StatefulSet of its name that it controls, {size} pods {}-N of it Ready on {node}, its Deployment gone, Available; still: {}",
+        done.is_ok(),
+        "within {:?} of its operator's start, Memcached {} on the same StatefulSet (OnDelete), its {size} members replaced under their names, Ready on {node}, the agent from {}; still: {}",
         scene.timeout,
         release.sample,
-        release.sample,
+        short(&images.operator),
         missing.join("; ")
     );
     scene.figures.print(format!(
-        "run bundle-upgrade started -> the Memcached on its StatefulSet, its Deployment gone: {} s",
-        secs(t)
+        "run bundle-upgrade started -> every member replaced: {} s ({} s after {csv}'s operator was Ready)",
+        secs(t),
+        secs(t_operator)
     ));
-    tokio::time::sleep(Duration::from_secs(5)).await; // a few more samples, the new operator in charge
+    tokio::time::sleep(Duration::from_secs(5)).await; // a few more samples, nothing left to do
     let samples = sampler.stop();
 
     let uid = scene.memcached_uid().await;
@@ -501,42 +572,59 @@ async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
         "the same Memcached (UID {}): no CR lost",
         before.memcached_uid
     );
-    let pod_uids = scene.pod_uids().await;
+    let min_ready = scene.min_ready_seconds().await;
+    let evicted = scene.member_events("Evicted").await;
+    let restarted = scene.member_events("Restarted").await;
+    match evicted_one_at_a_time(&evicted, &before.members, min_ready) {
+        Ok(list) => scene.figures.print(format!("members evicted: {list}")),
+        Err(list) => panic!(
+            "each of the {size} members evicted once, about minReadySeconds ({min_ready} s) or more apart: {list}"
+        ),
+    }
     assert!(
-        pod_uids
-            .values()
-            .all(|u| !before.pod_uids.values().any(|b| b == u)),
-        "none of the Deployment's pods left: {pod_uids:?}"
+        restarted.is_empty(),
+        "no member restarted in place (the template changes beyond images): {restarted:?}"
     );
-    let line = |m: &BTreeMap<String, String>| {
+    let after = members::before(&scene.memcached_pods().await);
+    let line = |m: &BTreeMap<String, members::Before>| {
         m.iter()
-            .map(|(n, u)| format!("{n}={u}"))
+            .map(|(n, b)| format!("{n}={}", b.uid))
             .collect::<Vec<_>>()
             .join(" ")
     };
     scene.figures.print(format!(
         "memcached pods before/after the upgrade: {} / {}",
-        line(&before.pod_uids),
-        line(&pod_uids)
+        line(&before.members),
+        line(&after)
     ));
+    for sample in samples.unavailable() {
+        eprintln!("availability: {}", sample.line);
+    }
     assert!(
-        samples.always_serving(size),
-        "Memcached Available and {size} pods serving in every sample during the upgrade ({})",
+        samples.within_budget(1),
+        "Memcached Available in every sample, at most 1 member out of service and never a pod over {size} ({})",
         samples.summary("during the upgrade")
     );
+    assert!(
+        samples.with_reason("ReplacingMembers") > 0
+            && samples.with_reason("RestartingInPlace") == 0,
+        "Progressing says ReplacingMembers during the update ({} samples), never RestartingInPlace ({})",
+        samples.with_reason("ReplacingMembers"),
+        samples.with_reason("RestartingInPlace")
+    );
     scene.figures.print(format!(
-        "{}, with a condition Migrating: {}, most pods: {}; Memcacheds lost: 0",
+        "{}; with a condition ReplacingMembers: {}, Updating: {}; Memcacheds lost: 0",
         samples.summary("during the upgrade"),
-        samples.with_reason("Migrating"),
-        samples.most_pods()
+        samples.with_reason("ReplacingMembers"),
+        samples.with_reason("Updating")
     ));
-    // The members start empty (the move costs the cache once), and serve.
+    // The members start empty (the replacement costs the cache once), and serve.
     let kept = scene
         .get_from_every_pod(PREFIX, &release.prev_version)
         .await
         .is_ok();
     scene.figures.print(format!(
-        "the key stored under {prev_csv} found in every new member: {kept}"
+        "the key stored under {prev_csv} found in every replaced member: {kept}"
     ));
     if let Err(e) = scene.set_in_every_pod(PREFIX, &release.version).await {
         panic!("every member stores a key (set over TCP from the host): {e}");
@@ -544,20 +632,24 @@ async fn run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(
     if let Err(e) = scene.get_from_every_pod(PREFIX, &release.version).await {
         panic!("every member reads its key back: {e}");
     }
-    pod_uids
+    after
 }
 
-// ---------------------------------------------------------------- 3. a release that changes the pod template
+// ---------------------------------------------------------------- 3. a release that changes only images
+
+/// Keys written before the update in place, spread over the members.
+const KEYS: usize = 10_000;
 
 /// A patch release made as releases are (hack/olm/README.md, "Releasing": images pinned by
-/// digest): the memcached image's reference changes from tag to digest, so every memcached pod
-/// template changes; the StatefulSet replaces each member under its own name, one at a time
-/// (maxUnavailable 1, minReadySeconds; a member cannot surge): the Memcached stays Available
-/// with at most one member out, and never has a pod over its size.
-async fn a_release_by_digest_rolls_every_pod_one_at_a_time(
+/// digest): the references of memcached's image and the agent's (the operator's) change from tag
+/// to digest and nothing else, so the operator restarts each member in place, one at a time: the
+/// same pods (uids, names, addresses), memcached restarted once more, the keys kept (saved by
+/// the agent on preStop into the memory-backed file memcached restores); at most one member not
+/// answering at any moment, the Memcached Available throughout.
+async fn a_release_by_digest_restarts_each_member_in_place_keeping_the_keys(
     scene: &Scene,
     before: &Before,
-    after: &After,
+    after: &BTreeMap<String, members::Before>,
 ) {
     let (release, images, node) = (&scene.release, &scene.images, &scene.node);
     let size = release.sample_size;
@@ -585,10 +677,35 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(
         )
         .env("USE_IMAGE_DIGESTS", "true"));
     let memcached_pinned = scene.registry.pinned(&images.memcached);
+    let operator_pinned = scene.registry.pinned(&operator_patch);
     let bundle_patch = format!("{host}/{PACKAGE}-bundle:v{patch_version}");
     scene.push_bundle_image(&patch_dir, &bundle_patch);
 
-    let sampler = scene.sampler("availability-roll");
+    // The cache the update must keep, and each member's address, which it keeps too.
+    let t = Instant::now();
+    let keys = scene
+        .write_keys("warm", KEYS)
+        .await
+        .unwrap_or_else(|e| panic!("{KEYS} keys stored over the members: {e}"));
+    let found = keys.read_back().await;
+    assert!(
+        found.values().all(|(hits, written)| hits == written),
+        "every key reads back before the upgrade: {found:?}"
+    );
+    scene.figures.print(format!(
+        "{} keys written over {} members (and read back) in {} s",
+        keys.len(),
+        found.len(),
+        secs(t)
+    ));
+    let addresses = scene
+        .memcached_addresses()
+        .await
+        .unwrap_or_else(|e| panic!("the members' addresses: {e}"));
+    let prober = Prober::start(addresses.clone());
+    let sampler = scene.sampler("availability-in-place");
+    let evicted_before = scene.member_events("Evicted").await.len();
+
     let t = Instant::now();
     scene
         .sdk(
@@ -612,7 +729,6 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(
         release.csv_name,
         secs(t)
     ));
-    let operator_pinned = scene.registry.pinned(&operator_patch);
     wait_until(
         &format!(
             "the operator pod Running and Ready on {node} from the patch release's image (by digest)"
@@ -621,58 +737,146 @@ async fn a_release_by_digest_rolls_every_pod_one_at_a_time(
         || scene.operator_pod_runs(&operator_pinned),
     )
     .await;
-    // Every member runs the pinned image, each replaced under its own name.
-    wait_until(
-        &format!(
-            "the memcached StatefulSet rolled to {}: its {size} members replaced, Ready, Available",
-            short(&memcached_pinned)
-        ),
-        scene.timeout,
-        || async {
-            scene.memcached_pods_ready(size).await
-                && scene.memcached_image().await == memcached_pinned
-                && scene
-                    .pod_uids()
-                    .await
-                    .iter()
-                    .all(|(name, uid)| after.contains_key(name) && after.get(name) != Some(uid))
-                && scene.memcached_available().await
-        },
-    )
+    let t_operator = Instant::now();
+    let update = Update::InPlace(after);
+    let mut missing = vec![];
+    let done = tokio::time::timeout(scene.timeout, async {
+        loop {
+            missing = scene
+                .update_missing(&before.stateful_set_uid, &update, &operator_pinned)
+                .await;
+            let images: Vec<Option<String>> = scene
+                .memcached_pods()
+                .await
+                .iter()
+                .map(|p| members::image(p, "memcached"))
+                .collect();
+            if images
+                .iter()
+                .any(|i| i.as_deref() != Some(&memcached_pinned))
+            {
+                missing.push(format!("memcached images {images:?}"));
+            }
+            if missing.is_empty() && scene.memcached_image().await == memcached_pinned {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
     .await;
-    scene.figures.print(format!(
-        "patch release: bundle-upgrade started to every memcached pod replaced: {} s",
-        secs(t)
-    ));
+    assert!(
+        done.is_ok(),
+        "within {:?} of its operator's start, every member of Memcached {} restarted in place on {} and the agent from {}: the same pods, memcached restarted once more, Ready; still: {}",
+        scene.timeout,
+        release.sample,
+        short(&memcached_pinned),
+        short(&operator_pinned),
+        missing.join("; ")
+    );
+    let took = secs(t);
+    let took_operator = secs(t_operator);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let samples: Samples = sampler.stop();
+    let samples = sampler.stop();
+    let probed = prober.stop().await;
+    let t = Instant::now();
+    let found = keys.read_back().await;
+    let read_in = secs(t);
+
+    let hits: usize = found.values().map(|(hits, _)| hits).sum();
+    let per_member: Vec<String> = found
+        .iter()
+        .map(|(pod, (hits, written))| format!("{pod} {hits}/{written}"))
+        .collect();
+    scene.figures.print(format!(
+        "update in place: {hits} of {} keys found after it ({:.2} %; {}; read back in {read_in} s)",
+        keys.len(),
+        100.0 * hits as f64 / keys.len() as f64,
+        per_member.join(", ")
+    ));
+    scene.figures.print(format!(
+        "patch release (images by digest): bundle-upgrade started -> every member restarted in place: {took} s ({took_operator} s after its operator was Ready)"
+    ));
+    scene.figures.print(format!(
+        "members probed every 100 ms ({} rounds): fewest answering at once {} of {size}; time without an answer: {}",
+        probed.rounds,
+        probed.fewest,
+        probed.windows()
+    ));
+    let restarts: Vec<String> = scene
+        .memcached_pods()
+        .await
+        .iter()
+        .map(|p| {
+            format!(
+                "{} memcached {} -> {}, agent {}",
+                p.name_any(),
+                after.get(&p.name_any()).map_or(-1, |b| b.restarts),
+                members::restarts(p, "memcached"),
+                members::restarts(p, "agent")
+            )
+        })
+        .collect();
+    scene
+        .figures
+        .print(format!("restart counts: {}", restarts.join("; ")));
+    let restarted = scene.member_events("Restarted").await;
+    let list = restarted
+        .iter()
+        .map(|(pod, _)| pod.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
+    scene.figures.print(format!(
+        "{}; with a condition RestartingInPlace: {}, Updating: {}",
+        samples.summary("during the update in place"),
+        samples.with_reason("RestartingInPlace"),
+        samples.with_reason("Updating")
+    ));
+
     assert_eq!(
         scene.memcached_uid().await,
         before.memcached_uid,
-        "the same Memcached (UID {}) after the roll",
+        "the same Memcached (UID {}) after the update",
         before.memcached_uid
     );
     assert!(
-        samples.always_serving(size.saturating_sub(1)),
-        "Memcached Available and at least {} pods serving in every sample during the roll (one member out at a time) ({})",
-        size.saturating_sub(1),
-        samples.summary("during the roll")
+        hits * 100 >= keys.len() * 99,
+        "at least 99 % of the {} keys written before the update in place read back after it: {hits} ({})",
+        keys.len(),
+        per_member.join(", ")
+    );
+    let mut names: Vec<&str> = restarted.iter().map(|(pod, _)| pod.as_str()).collect();
+    names.sort();
+    assert!(
+        names.into_iter().eq(after.keys().map(String::as_str))
+            && scene.member_events("Evicted").await.len() == evicted_before,
+        "each member restarted in place once (Restarted events: {list}), none evicted"
     );
     assert!(
-        samples.max_pods().is_some_and(|most| most <= size),
-        "never a pod over size (a member is replaced under its own name): most pods {}",
-        samples.most_pods()
+        probed.fewest + 1 >= size,
+        "at most one member not answering at any probe: fewest answering {} of {size} ({})",
+        probed.fewest,
+        probed.windows()
     );
-    scene.figures.print(format!(
-        "{}, most pods: {}",
-        samples.summary("during the roll"),
-        samples.most_pods()
-    ));
+    for sample in samples.unavailable() {
+        eprintln!("availability: {}", sample.line);
+    }
+    assert!(
+        samples.within_budget(1),
+        "Memcached Available in every sample, at most 1 member out of service and never a pod over {size} ({})",
+        samples.summary("during the update in place")
+    );
+    assert!(
+        samples.with_reason("RestartingInPlace") > 0
+            && samples.with_reason("ReplacingMembers") == 0,
+        "Progressing says RestartingInPlace during the update ({} samples), never ReplacingMembers ({})",
+        samples.with_reason("RestartingInPlace"),
+        samples.with_reason("ReplacingMembers")
+    );
     if let Err(e) = scene.set_in_every_pod(PREFIX, &patch_version).await {
-        panic!("every new memcached pod answers (a key set and read back): {e}");
+        panic!("every memcached pod answers (a key set and read back): {e}");
     }
     if let Err(e) = scene.get_from_every_pod(PREFIX, &patch_version).await {
-        panic!("every new memcached pod reads its key back: {e}");
+        panic!("every memcached pod reads its key back: {e}");
     }
 }
 
@@ -905,8 +1109,9 @@ async fn operator_sdk_runs_upgrades_scores_and_cleans_up_the_bundle_on_the_real_
     let t_images = t0.elapsed();
     let _olm = olm_runs_with_its_pods_on_the_real_node(&scene).await;
     let before = run_bundle_installs_the_previous_release_and_its_memcached_serves(&scene).await;
-    let after = run_bundle_upgrade_moves_the_memcached_to_its_stateful_set(&scene, &before).await;
-    a_release_by_digest_rolls_every_pod_one_at_a_time(&scene, &before, &after).await;
+    let after = run_bundle_upgrade_replaces_each_member_one_at_a_time(&scene, &before).await;
+    a_release_by_digest_restarts_each_member_in_place_keeping_the_keys(&scene, &before, &after)
+        .await;
     the_scorecard_passes_every_test_of_the_committed_config(&scene).await;
     a_subscription_to_the_catalog_image_resolves_to_the_release(&scene).await;
     cleanup_leaves_nothing_of_the_operator(&scene).await;

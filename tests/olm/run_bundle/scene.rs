@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -19,7 +20,7 @@ use serde_json::Value;
 use super::{MEMCACHED_PODS, NS, OPERATOR_POD, PACKAGE, PREFIX};
 use crate::availability::{Sampler, Watched};
 use crate::harness;
-use crate::members::{controller_uid, members_missing};
+use crate::members::{self, Update};
 use crate::olm::{resource, str_field};
 use crate::scripts::{Registry, env_lines, hack, olm_versions, run, stdout_of, tool};
 
@@ -160,6 +161,46 @@ where
         async move { holds.await.then_some(()) }
     })
     .await
+}
+
+// ---------------------------------------------------------------- keys in the members
+
+/// Keys written over the members (Scene::write_keys): each member's pod, its address and the
+/// indices of the keys it was given.
+pub struct Keys {
+    prefix: String,
+    members: Vec<(String, SocketAddr, Vec<usize>)>,
+}
+
+impl Keys {
+    pub fn len(&self) -> usize {
+        self.members.iter().map(|m| m.2.len()).sum()
+    }
+
+    /// Reads every key back from the member it was written to, at the same address (a member
+    /// restarted in place keeps its pod's address), on a new connection: pod -> (found, written).
+    /// A member that does not answer has none found; a value other than the one written is not
+    /// found either.
+    pub async fn read_back(&self) -> BTreeMap<String, (usize, usize)> {
+        let mut found = BTreeMap::new();
+        for (pod, addr, written) in &self.members {
+            let mut hits = 0;
+            if let Ok(mut conn) = Connection::connect(*addr).await {
+                for i in written {
+                    match conn.get(&format!("{}-{i}", self.prefix)).await {
+                        Ok(Some(value)) if value == format!("v{i}") => hits += 1,
+                        Ok(_) => {}
+                        Err(e) => {
+                            eprintln!("{pod} ({addr}): {e:#}");
+                            break;
+                        }
+                    }
+                }
+            }
+            found.insert(pod.clone(), (hits, written.len()));
+        }
+        found
+    }
 }
 
 // ---------------------------------------------------------------- the scene
@@ -396,22 +437,8 @@ impl Scene {
             })
     }
 
-    /// name -> uid of every memcached pod, those terminating included.
-    pub async fn pod_uids(&self) -> BTreeMap<String, String> {
-        self.memcached_pods()
-            .await
-            .iter()
-            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-            .collect()
-    }
-
     pub fn stateful_sets(&self) -> Api<StatefulSet> {
         Api::namespaced(self.client.clone(), NS)
-    }
-
-    /// The sample's Deployment (the previous release's workload), if there is one.
-    pub async fn deployment(&self) -> Option<Deployment> {
-        self.deployments().get(&self.release.sample).await.ok()
     }
 
     /// The sample's StatefulSet (today's workload), if there is one.
@@ -427,38 +454,65 @@ impl Scene {
             .unwrap_or_default()
     }
 
-    /// What the sample still lacks of having moved to its StatefulSet (empty: moved): a
-    /// StatefulSet of its name that it controls, exactly `size` pods `<name>-0 …` of that
-    /// StatefulSet, not terminating, Ready on the real node, and no Deployment.
-    pub async fn migration_missing(&self) -> Vec<String> {
+    /// What the sample still lacks of having every member updated to its StatefulSet's template
+    /// as `update` says (members::update_missing: the StatefulSet of uid `stateful_set_uid`,
+    /// OnDelete, its pods exactly the members, of the update revision, the agent from
+    /// `agent_image`, ...), all of them Ready on the real node. Empty: done.
+    pub async fn update_missing(
+        &self,
+        stateful_set_uid: &str,
+        update: &Update<'_>,
+        agent_image: &str,
+    ) -> Vec<String> {
         let (name, size) = (&self.release.sample, self.release.sample_size);
-        let mut missing = vec![];
         let Ok(mc) = self.memcacheds().get(name).await else {
             return vec![format!("Memcached {name} not found")];
         };
-        let sts_uid = match self.stateful_set().await {
-            None => {
-                missing.push(format!("no StatefulSet {name}"));
-                None
-            }
-            Some(sts) => {
-                if controller_uid(&sts) != mc.uid() {
-                    missing.push(format!(
-                        "StatefulSet {name} not controlled by the Memcached"
-                    ));
-                }
-                sts.uid()
-            }
-        };
+        let sts = self.stateful_set().await;
         let pods = self.memcached_pods().await;
-        missing.extend(members_missing(&pods, name, size, sts_uid.as_deref()));
+        let mut missing = members::update_missing(
+            &mc,
+            sts.as_ref(),
+            &pods,
+            Some(stateful_set_uid),
+            update,
+            agent_image,
+        );
         if !self.memcached_pods_ready(size).await {
             missing.push(format!("not {size} pods Ready on {}", self.node));
         }
-        if !matches!(self.deployments().get_opt(name).await, Ok(None)) {
-            missing.push(format!("Deployment {name} still there"));
-        }
         missing
+    }
+
+    /// The events regarding the sample: `reason` -> the pods they relate to, by time.
+    pub async fn member_events(&self, reason: &str) -> Vec<(String, Timestamp)> {
+        let mut events: Vec<(String, Timestamp)> =
+            harness::events_for(&self.client, NS, &self.release.sample)
+                .await
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter_map(|e| {
+                    let pod = e.related.as_ref()?.name.clone()?;
+                    let time = e
+                        .event_time
+                        .as_ref()
+                        .map(|t| t.0)
+                        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+                    Some((pod, time))
+                })
+                .collect();
+        events.sort_by_key(|(_, t)| *t);
+        events
+    }
+
+    /// The sample's `rollout.minReadySeconds` (5 unless set).
+    pub async fn min_ready_seconds(&self) -> i32 {
+        self.memcacheds()
+            .get(&self.release.sample)
+            .await
+            .ok()
+            .and_then(|mc| mc.spec.rollout)
+            .map_or(5, |r| r.min_ready_seconds)
     }
 
     /// memcached's text protocol from the host to each memcached pod not terminating: stores
@@ -490,6 +544,35 @@ impl Scene {
             }
         }
         Ok(())
+    }
+
+    /// Stores `n` small keys `<prefix>-<i>` (value `v<i>`) over the memcached pods not
+    /// terminating, key `i` in the `i % members`-th by name, each at its pod's address through
+    /// memcached's text protocol: what was written where.
+    pub async fn write_keys(&self, prefix: &str, n: usize) -> Result<Keys, String> {
+        let addresses = self.memcached_addresses().await?;
+        let mut keys = Keys {
+            prefix: prefix.into(),
+            members: vec![],
+        };
+        let mut connections = vec![];
+        for (pod, addr) in &addresses {
+            let conn = Connection::connect(*addr)
+                .await
+                .map_err(|e| format!("{pod} ({addr}): {e:#}"))?;
+            connections.push(conn);
+            keys.members.push((pod.clone(), *addr, vec![]));
+        }
+        let count = keys.members.len();
+        for i in 0..n {
+            let (pod, addr, written) = &mut keys.members[i % count];
+            connections[i % count]
+                .set(&format!("{prefix}-{i}"), format!("v{i}").as_bytes())
+                .await
+                .map_err(|e| format!("{pod} ({addr}): {e:#}"))?;
+            written.push(i);
+        }
+        Ok(keys)
     }
 
     pub async fn memcached_addresses(&self) -> Result<Vec<(String, SocketAddr)>, String> {
