@@ -1,6 +1,6 @@
 //! memcached as the operator deploys it, running for real.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
@@ -224,13 +224,21 @@ async fn scaling_and_an_image_change_keep_memcached_answering() {
         }
     }
 
-    // The same image under a second name: a change of spec.image rolls every pod.
+    // The same image under a second name: a change of spec.image restarts every member in its
+    // pod, one at a time.
     let rolled = format!("{}-rolled", node.memcached_image());
     node.ctr(&["images", "tag", "--force", node.memcached_image(), &rolled]);
-    let before: BTreeSet<String> = pods_of(&client, &ns, "cache")
+    let restarts = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|s| s.iter().find(|c| c.name == "memcached"))
+            .map_or(0, |c| c.restart_count)
+    };
+    let before: BTreeMap<String, i32> = pods_of(&client, &ns, "cache")
         .await
         .iter()
-        .map(|p| p.uid().unwrap())
+        .map(|p| (p.uid().unwrap(), restarts(p)))
         .collect();
     let prober = Prober::start(&client, &node, &ns, "cache");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -239,17 +247,23 @@ async fn scaling_and_an_image_change_keep_memcached_answering() {
         .patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    wait_for("every pod to run the new image", CONVERGE, || async {
-        let pods = pods_of(&client, &ns, "cache").await;
-        let rolled_all = pods.len() == 2
-            && pods.iter().all(|p| {
-                p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(rolled.as_str())
-                    && !before.contains(&p.uid().unwrap())
-            });
-        rolled_all.then_some(())
-    })
+    wait_for(
+        "every member restarted on the new image",
+        CONVERGE,
+        || async {
+            let pods = pods_of(&client, &ns, "cache").await;
+            let rolled_all = pods.len() == 2
+                && pods.iter().all(|p| {
+                    p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(rolled.as_str())
+                        && before
+                            .get(&p.uid().unwrap())
+                            .is_some_and(|was| restarts(p) > *was)
+                });
+            rolled_all.then_some(())
+        },
+    )
     .await;
-    // Replaced under their own names.
+    // The same pods, under their own names.
     assert_eq!(
         wait_converged(&client, &ns, "cache", 2).await,
         ["cache-0", "cache-1"]
@@ -260,11 +274,8 @@ async fn scaling_and_an_image_change_keep_memcached_answering() {
     );
     assert!(rounds >= 5, "the prober ran: {rounds} rounds");
     assert_eq!(unanswered, 0, "a round in which no memcached answered");
-    // The preStop delay outlasts DNS caching: no client is sent to a stopped pod.
-    assert_eq!(
-        refused, 0,
-        "addresses DNS gave out that refused connections"
-    );
+    // A member restarting in place keeps its address, which refuses for the second or so that
+    // memcached takes to save and restore (`refused`, printed above, is not asserted).
     // One member out at a time.
     assert!(
         min_ready >= 1,
