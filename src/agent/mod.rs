@@ -88,7 +88,7 @@ pub struct RunArgs {
     #[arg(long, requires = "save_token", requires = "memory_file")]
     pub save_listen: Option<std::net::SocketAddr>,
     /// What a save request's `X-Save-Token` header must hold.
-    #[arg(long, env = "AGENT_SAVE_TOKEN", hide_env_values = true)]
+    #[arg(long, env = crate::resources::warm_restart::TOKEN_ENV, hide_env_values = true)]
     pub save_token: Option<SaveToken>,
     /// memcached's memory file (its -e flag): memcached writes `<file>.meta` as it saves.
     #[arg(long)]

@@ -27,9 +27,8 @@ use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
 use super::{Signal, is_alive, processes_named, signal_processes};
-
-/// The request header carrying the token.
-pub const TOKEN_HEADER: &str = "x-save-token";
+// The header memcached's preStop sends (resources/warm_restart.rs).
+use crate::resources::warm_restart::TOKEN_HEADER;
 /// The longest `delay` honoured: the kubelet's grace period ends the pod well before anyway.
 const MAX_DELAY: Duration = Duration::from_secs(600);
 /// How long memcached may take to write its file's metadata and exit.

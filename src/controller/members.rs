@@ -88,16 +88,19 @@ impl Replacing {
             .insert(member.to_string(), Instant::now());
     }
 
-    /// These members serve: their replacement, if any, is over.
-    fn served(&self, namespace: &str, memcached: &str, available: &[&str]) {
+    /// These members serve: their replacement, if any, is over. The members still replacing.
+    fn served(&self, namespace: &str, memcached: &str, available: &[&str]) -> BTreeSet<String> {
         let mut all = lock(&self.0);
         let key = (namespace.to_string(), memcached.to_string());
-        if let Some(members) = all.get_mut(&key) {
-            members.retain(|name, _| !available.contains(&name.as_str()));
-            if members.is_empty() {
-                all.remove(&key);
-            }
+        let Some(members) = all.get_mut(&key) else {
+            return BTreeSet::new();
+        };
+        members.retain(|name, _| !available.contains(&name.as_str()));
+        let names = members.keys().cloned().collect();
+        if members.is_empty() {
+            all.remove(&key);
         }
+        names
     }
 }
 
@@ -149,18 +152,22 @@ pub async fn update(
         now: Timestamp::now(),
         replacing,
     };
-    let available = view.available(&listed.items);
-    ctx.replacing.served(&ns, &mc.name_any(), &available);
-    view.replacing
-        .retain(|name| !available.contains(&name.as_str()));
+    view.replacing = ctx
+        .replacing
+        .served(&ns, &mc.name_any(), &view.available(&listed.items));
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let new = template(&revisions, update_revision).await?;
     let pod = match view.next_step(&listed.items) {
         Step::Done => return Ok(None),
         Step::Wait(recheck) => {
             // The kind of the update still to do, for the status.
             let kind = match view.outdated(&listed.items).next() {
-                Some(pod) => kind_for(&revisions, pod, &new).await?,
+                Some(pod) => {
+                    let (old, new) = templates(&revisions, pod, update_revision).await?;
+                    match restart_patch(pod, &old, &new, update_revision) {
+                        Some(_) => Kind::InPlace,
+                        None => Kind::Replace,
+                    }
+                }
                 None if !view.replacing.is_empty() => Kind::Replace,
                 None => Kind::InPlace,
             };
@@ -168,18 +175,7 @@ pub async fn update(
         }
         Step::Finish(pod) => {
             let patch = json!({"metadata": {"labels": {REVISION_LABEL: update_revision}}});
-            match pods
-                .patch(
-                    &pod.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Strategic(patch),
-                )
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => return Err(apply_error(&pod.name_any(), source)),
-            }
+            patch_pod(&pods, pod, patch).await?;
             return Ok(Some(Updating {
                 kind: Kind::InPlace,
                 recheck: RECHECK,
@@ -187,17 +183,12 @@ pub async fn update(
         }
         Step::Update(pod) => pod,
     };
-    let old = template(&revisions, revision_of(pod).unwrap_or_default()).await?;
+    let (old, new) = templates(&revisions, pod, update_revision).await?;
     let name = pod.name_any();
     let kind = match restart_patch(pod, &old, &new, update_revision) {
         Some(patch) => {
-            match pods
-                .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
-                .await
-            {
-                Ok(patched) => ctx.events.applied(mc, &patched, &Change::Restarted),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => return Err(apply_error(&name, source)),
+            if let Some(patched) = patch_pod(&pods, pod, patch).await? {
+                ctx.events.applied(mc, &patched, &Change::Restarted);
             }
             Kind::InPlace
         }
@@ -372,12 +363,29 @@ async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Val
     Ok(template)
 }
 
-async fn kind_for(revisions: &Api<ControllerRevision>, pod: &Pod, new: &Value) -> Result<Kind> {
-    let old = template(revisions, revision_of(pod).unwrap_or_default()).await?;
-    Ok(match restart_patch(pod, &old, new, "") {
-        Some(_) => Kind::InPlace,
-        None => Kind::Replace,
-    })
+/// The pod templates of `pod`'s revision and of the update revision.
+async fn templates(
+    revisions: &Api<ControllerRevision>,
+    pod: &Pod,
+    update_revision: &str,
+) -> Result<(Value, Value)> {
+    tokio::try_join!(
+        template(revisions, revision_of(pod).unwrap_or_default()),
+        template(revisions, update_revision),
+    )
+}
+
+/// Patches `pod`; None if it is gone meanwhile.
+async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Pod>> {
+    let name = pod.name_any();
+    match pods
+        .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+    {
+        Ok(patched) => Ok(Some(patched)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(source) => Err(apply_error(&name, source)),
+    }
 }
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images

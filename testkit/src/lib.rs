@@ -1,6 +1,6 @@
 //! What the end-to-end suite (`tests/e2e`) and the benchmark (`bench/`) share: a local cluster
 //! started by `hack/cluster.sh`, the operator as a child process, free ports and plain HTTP, and
-//! for the real node: DNS lookups and a memcached client.
+//! for the real node: DNS lookups, a memcached client and a prober of each member's answers.
 
 pub mod cert_manager;
 pub mod cluster;
@@ -8,6 +8,7 @@ pub mod dns;
 pub mod memcached;
 pub mod net;
 pub mod operator;
+pub mod probe;
 pub mod process;
 pub mod promql;
 

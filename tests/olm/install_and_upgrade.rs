@@ -63,7 +63,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -667,26 +666,9 @@ impl Env {
     /// The members the operator evicted of Memcached `name` in `ns` (its `Evicted` events, the
     /// pod each names), by time; and how many it restarted in place (`Restarted`).
     async fn evictions(&self, ns: &str, name: &str) -> (Vec<(String, Timestamp)>, usize) {
-        let events = harness::events_for(&self.client, ns, name).await;
-        let mut evicted: Vec<(String, Timestamp)> = events
-            .iter()
-            .filter(|e| e.reason.as_deref() == Some("Evicted"))
-            .filter_map(|e: &Event| {
-                let pod = e.related.as_ref()?.name.clone()?;
-                let time = e
-                    .event_time
-                    .as_ref()
-                    .map(|t| t.0)
-                    .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
-                Some((pod, time))
-            })
-            .collect();
-        evicted.sort_by_key(|(_, t)| *t);
-        let restarted = events
-            .iter()
-            .filter(|e| e.reason.as_deref() == Some("Restarted"))
-            .count();
-        (evicted, restarted)
+        let evicted = members::member_events(&self.client, ns, name, "Evicted").await;
+        let restarted = members::member_events(&self.client, ns, name, "Restarted").await;
+        (evicted, restarted.len())
     }
 
     /// What in `ns` has lost its controller: a memcached pod whose StatefulSet is gone, a

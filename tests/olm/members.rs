@@ -11,6 +11,32 @@ use memcached_operator::api::Memcached;
 
 use crate::harness;
 
+/// The events regarding Memcached `name` for `reason` (`Evicted`, `Restarted`): the pods they
+/// relate to, by time.
+pub async fn member_events(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> Vec<(String, k8s_openapi::jiff::Timestamp)> {
+    let mut events: Vec<_> = harness::events_for(client, ns, name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| {
+            let pod = e.related.as_ref()?.name.clone()?;
+            let time = e
+                .event_time
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+            Some((pod, time))
+        })
+        .collect();
+    events.sort_by_key(|(_, t)| *t);
+    events
+}
+
 /// The StatefulSet controller's label naming the revision a pod was made from.
 const REVISION: &str = "controller-revision-hash";
 

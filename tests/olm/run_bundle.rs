@@ -51,7 +51,6 @@
 //! `logs/run-bundle-availability*.log`. TIMEOUT: seconds per wait (default 240).
 
 mod bundles;
-mod probe;
 mod scene;
 
 use std::collections::BTreeMap;
@@ -70,7 +69,7 @@ use crate::harness;
 use crate::members::{self, Update, members_missing};
 use crate::olm::{self, CatalogOptions, Olm, field, str_field};
 use crate::scripts::{run, tool};
-use probe::Prober;
+use memcached_operator_testkit::probe::Prober;
 use scene::{Scene, secs, short, wait_until};
 
 const PACKAGE: &str = "memcached-operator";

@@ -7,7 +7,7 @@
 //! 0 allowed, the first member was already back. The e2e drain test covers the budget.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -15,6 +15,7 @@ use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::dns::lookup_a;
+use memcached_operator_testkit::probe::Prober;
 use serde_json::{Value, json};
 
 use crate::harness::{CONVERGE, admin, create, memcached, set_size, wait_converged, wait_for};
@@ -200,53 +201,6 @@ fn memory_of(pod_uid: &str) -> String {
     )
 }
 
-/// Probes each member's memcached (`version`, 300 ms timeout) every 100 ms until `stop`: the
-/// fewest answering at once, and each member's longest stretch without an answer.
-async fn probe_members(
-    addresses: Vec<(String, std::net::SocketAddr)>,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> (usize, BTreeMap<String, Duration>) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    async fn answers(addr: std::net::SocketAddr) -> bool {
-        let attempt = async {
-            let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
-            conn.write_all(b"version\r\n").await.ok()?;
-            let mut line = String::new();
-            BufReader::new(conn).read_line(&mut line).await.ok()?;
-            line.starts_with("VERSION").then_some(())
-        };
-        tokio::time::timeout(Duration::from_millis(300), attempt)
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-    }
-    let mut fewest = addresses.len();
-    let mut down_since: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut longest: BTreeMap<String, Duration> = BTreeMap::new();
-    while !*stop.borrow() {
-        let tick = Instant::now();
-        let results =
-            futures::future::join_all(addresses.iter().map(|(_, addr)| answers(*addr))).await;
-        fewest = fewest.min(results.iter().filter(|up| **up).count());
-        for ((name, _), up) in addresses.iter().zip(results) {
-            if up {
-                if let Some(since) = down_since.remove(name) {
-                    let window = longest.entry(name.clone()).or_default();
-                    *window = (*window).max(since.elapsed());
-                }
-            } else {
-                down_since.entry(name.clone()).or_insert(tick);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for (name, since) in down_since {
-        longest.insert(name, since.elapsed());
-    }
-    (fewest, longest)
-}
-
 #[tokio::test]
 async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_keys() {
     let client = admin().await;
@@ -282,14 +236,12 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
                 (p.name_any(), (p.uid().unwrap(), addr, restarts))
             })
             .collect();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let prober = tokio::spawn(probe_members(
+    let prober = Prober::start(
         before
             .iter()
             .map(|(n, (_, a, _))| (n.clone(), *a))
             .collect(),
-        stopped,
-    ));
+    );
 
     // 1.6.18 (Debian trixie) to 1.6.45 (sid): another memcached, the same file format.
     let image = node.var("MEMCACHED_SID_IMAGE").to_string();
@@ -317,8 +269,8 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     .await;
     wait_converged(&client, &ns, "cache", 3).await;
     let took = started.elapsed();
-    stop.send_replace(true);
-    let (fewest, windows) = prober.await.unwrap();
+    let probed = prober.stop().await;
+    let (fewest, windows) = (probed.fewest, probed.windows());
 
     println!("cache-0 restarted: {}", memory_of(&cache_0));
 
@@ -344,7 +296,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     println!("cold-0 with {} keys: {}", KEYS / 3, memory_of(&cold_uid));
     let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
     println!(
-        "image change in place ({:.0} s): {found} of {KEYS} keys found; at least {fewest} of 3 members answered throughout; longest unavailable window per member: {windows:?}",
+        "image change in place ({:.0} s): {found} of {KEYS} keys found; at least {fewest} of 3 members answered throughout; each member without an answer: {windows}",
         took.as_secs_f64()
     );
     assert!(

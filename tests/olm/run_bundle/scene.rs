@@ -486,23 +486,7 @@ impl Scene {
 
     /// The events regarding the sample: `reason` -> the pods they relate to, by time.
     pub async fn member_events(&self, reason: &str) -> Vec<(String, Timestamp)> {
-        let mut events: Vec<(String, Timestamp)> =
-            harness::events_for(&self.client, NS, &self.release.sample)
-                .await
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some(reason))
-                .filter_map(|e| {
-                    let pod = e.related.as_ref()?.name.clone()?;
-                    let time = e
-                        .event_time
-                        .as_ref()
-                        .map(|t| t.0)
-                        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
-                    Some((pod, time))
-                })
-                .collect();
-        events.sort_by_key(|(_, t)| *t);
-        events
+        members::member_events(&self.client, NS, &self.release.sample, reason).await
     }
 
     /// The sample's `rollout.minReadySeconds` (5 unless set).

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use memcached_operator_testkit::memcached::Connection;
+use crate::memcached::Connection;
 
 const EVERY: Duration = Duration::from_millis(100);
 const WITHIN: Duration = Duration::from_millis(300);
