@@ -16,6 +16,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+mod autoscaling;
+pub use autoscaling::{AutoscalingSpec, AutoscalingStatus, LastScale, Signals};
+
 /// Largest `spec.size` accepted at admission.
 pub const MAX_SIZE: i32 = 1000;
 /// memcached's default item memory (`-m`), in MiB.
@@ -214,6 +217,11 @@ pub struct MemcachedSpec {
     /// `status.binding.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<BindingSpec>,
+
+    /// The operator sizes the Memcached from memcached's own signals (evictions against a full
+    /// memory), one pod at a time between minSize and maxSize, through `spec.size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
 }
 
 /// The binding Secret applications mount (servicebinding.io's Provisioned Service).
@@ -580,6 +588,10 @@ pub struct MemcachedStatus {
     /// spec.binding is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<BindingStatus>,
+
+    /// What the autoscaler last saw and decided, while spec.autoscaling is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingStatus>,
 }
 
 /// A Provisioned Service's `status.binding`.

@@ -327,6 +327,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 tls: None,
                 network_policy: None,
                 binding: None,
+                autoscaling: None,
             },
         )
         .prop_flat_map(with_tuning)

@@ -22,6 +22,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("setting the size of Memcached {name} through its scale subresource: {source}")]
+    Scale {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     /// An object of an owned object's name exists and this Memcached does not control it.
     #[error("{kind} of the Memcached's name belongs to someone else")]
     Foreign { kind: String },
@@ -46,6 +52,7 @@ impl Error {
             Error::Read { .. } => "read",
             Error::Apply { .. } => "apply",
             Error::Status { .. } => "status",
+            Error::Scale { .. } => "scale",
             Error::Foreign { .. } => "foreign",
         }
     }

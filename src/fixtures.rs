@@ -179,6 +179,7 @@ pub mod apiserver {
             own_writes: Default::default(),
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
             replacing: Default::default(),
+            autoscaler: Default::default(),
             events: Events::new(
                 client.clone(),
                 Reporter {

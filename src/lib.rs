@@ -4,6 +4,7 @@ pub mod agent;
 pub mod api;
 #[cfg(any(test, feature = "arbitrary"))]
 pub mod arbitrary;
+pub mod autoscaling;
 pub mod certificate;
 pub mod config;
 pub mod controller;

@@ -9,6 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 
+use super::autoscale::Autoscaler;
 use super::events::Events;
 use super::members::Replacing;
 use super::own_writes::OwnWrites;
@@ -43,6 +44,8 @@ pub struct Context {
     pub rollouts: Arc<Rollouts>,
     /// Members evicted for an update whose replacements do not serve yet.
     pub replacing: Replacing,
+    /// What the autoscaler remembers of each autoscaled Memcached.
+    pub autoscaler: Autoscaler,
     pub events: Events,
     pub images: Images,
     pub metrics: Arc<Metrics>,

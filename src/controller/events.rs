@@ -244,6 +244,12 @@ impl Events {
         );
     }
 
+    /// An event of the autoscaler: a Normal for its scale, a Warning for a size it put back.
+    pub fn autoscaled(&self, mc: &Memcached, type_: EventType, reason: &str, note: String) {
+        info!(reason, "{note}");
+        self.publish(mc, None, type_, reason, "Autoscale", note);
+    }
+
     /// `mc` is gone: nothing of it is kept.
     pub fn forget(&self, mc: &Memcached) {
         let key = ObjectRef::from_obj(mc);

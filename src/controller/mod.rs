@@ -1,6 +1,7 @@
 //! The Memcached controller: the reconcile (the tutorial's steps), the events it records, the
 //! trigger policy, and the watches that feed the runtime's queue and workers.
 
+mod autoscale;
 mod binding;
 mod context;
 mod creation;

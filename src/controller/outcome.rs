@@ -50,6 +50,8 @@ pub enum Outcome {
     /// Converged, with a binding that copies Secrets the operator does not watch: read again
     /// shortly, so that a rotated password or a renewed CA reaches the binding.
     CopyingSecrets,
+    /// Converged, with autoscaling on: the members are read again after the poll interval.
+    Autoscaling,
     /// Nothing was applied, for the reason the status and an event report.
     Blocked(Blocked),
 }
@@ -62,6 +64,7 @@ impl Outcome {
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
             Outcome::UpdatingMembers(recheck) => Next::After(*recheck),
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
+            Outcome::Autoscaling => Next::After(super::autoscale::POLL),
             Outcome::PodsMissing => Next::After(MISSING_RECHECK),
             Outcome::Blocked(Blocked::ResourceExists { .. }) => Next::After(CONFLICT_RECHECK),
             // A spec change queues the next reconcile.

@@ -5,6 +5,7 @@
 //! costs O(its pods).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -29,6 +30,7 @@ use operator_runtime::relisted::Relisted;
 pub struct PodMeta {
     pub metadata: ObjectMeta,
     pub trouble: Option<PodTrouble>,
+    pub ip: Option<IpAddr>,
 }
 
 impl<'de> Deserialize<'de> for PodMeta {
@@ -44,6 +46,7 @@ impl<'de> Deserialize<'de> for PodMeta {
         Ok(Self {
             metadata: wire.metadata.meta,
             trouble: wire.status.trouble(),
+            ip: wire.status.pod_ip,
         })
     }
 }
@@ -76,6 +79,7 @@ struct Index {
 struct PodEntry {
     name: String,
     trouble: Option<Box<PodTrouble>>,
+    ip: Option<IpAddr>,
 }
 
 /// The pods of one Memcached as the pod watch last reported them.
@@ -120,6 +124,7 @@ impl Index {
             let entry = PodEntry {
                 name: key.1.clone(),
                 trouble: pod.trouble.clone().map(Box::new),
+                ip: pod.ip,
             };
             names.insert(at, entry);
         }
@@ -157,6 +162,20 @@ impl PodIndex {
                 .collect(),
         }
     }
+
+    /// The address of each of Memcached `name`'s pods that has one, by pod name.
+    pub fn addresses_of(&self, namespace: &str, name: &str) -> HashMap<String, IpAddr> {
+        let index = lock(&self.0);
+        let entries = index
+            .live()
+            .pods
+            .get(&(namespace.to_string(), name.to_string()));
+        entries
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((p.name.clone(), p.ip?)))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +198,7 @@ mod tests {
                 ..Default::default()
             },
             trouble: None,
+            ip: None,
         }
     }
 

@@ -20,7 +20,7 @@ use super::ensure::{
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
-use super::{binding, creation, members, migration};
+use super::{autoscale, binding, creation, members, migration};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::error::{Error, Refusal, Result};
@@ -38,10 +38,15 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         ctx.metrics
             .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
         ctx.events.forget(mc);
+        ctx.autoscaler.forget(mc);
         return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
         return Ok(Outcome::CachesFilling);
+    }
+    // While autoscaling is on, a size set by hand is put back before anything is sized from it.
+    if autoscale::put_back(ctx, mc).await? {
+        return Ok(Outcome::Converged);
     }
     let ns = mc.namespace().unwrap_or_default();
     let stateful_sets: Api<OwnedObject<StatefulSet>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -216,7 +221,18 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         _ => None,
     };
 
-    // 5. Report status, unless the StatefulSet was just written: its watch event queues a
+    // 5. Size from the cache's own signals, while autoscaling is on; a blocked Memcached keeps
+    //    the last decision.
+    let autoscaling = match &blocked {
+        None if !stateful_set_written => autoscale::autoscale(ctx, mc).await?,
+        _ => mc
+            .status
+            .as_ref()
+            .and_then(|s| s.autoscaling.clone())
+            .filter(|_| autoscale::enabled(mc)),
+    };
+
+    // 6. Report status, unless the StatefulSet was just written: its watch event queues a
     //    status refresh, which sees the rollout the write started, and the queue serves it after
     //    the spec changes that users wait for.
     if stateful_set_written && blocked.is_none() {
@@ -242,6 +258,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         creation_refused: creation_refused.as_deref(),
         legacy_ready: legacy.as_deref().map(migration::legacy_ready),
         update: updating.map(|u| u.kind),
+        autoscaling,
         pods: pods.names,
         troubles: pods.troubles,
         blocked: blocked.clone(),
@@ -256,6 +273,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     {
         ctx.metrics.forget_memcached(&ns, &mc.name_any());
         ctx.events.forget(mc);
+        ctx.autoscaler.forget(mc);
         return Ok(Outcome::Gone);
     }
     ctx.metrics
@@ -270,6 +288,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             _ if stateful_set.as_deref().is_some_and(creation::pods_missing) => {
                 Outcome::PodsMissing
             }
+            _ if autoscale::enabled(mc) => Outcome::Autoscaling,
             _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
             _ => Outcome::Converged,
         });

@@ -304,6 +304,7 @@ mod tests {
     fn a_pod_is_a_status_refresh_of_the_memcached_its_instance_label_names() {
         let pod = |labels: &[(&str, &str)]| PodMeta {
             trouble: None,
+            ip: None,
             metadata: ObjectMeta {
                 name: Some("cache-0".into()),
                 namespace: Some("default".into()),

@@ -321,6 +321,7 @@ fn scope_watches(
         own_writes: shared.own_writes.clone(),
         rollouts: shared.rollouts.clone(),
         replacing: Default::default(),
+        autoscaler: Default::default(),
         events: shared.events.clone(),
         images: shared.images.clone(),
         metrics: shared.metrics.clone(),

@@ -49,6 +49,8 @@ pub struct Observed<'a> {
     pub legacy_ready: Option<i32>,
     /// How the members are being updated, while they are.
     pub update: Option<UpdateKind>,
+    /// What the autoscaler last saw and decided, while it is on.
+    pub autoscaling: Option<crate::api::AutoscalingStatus>,
 }
 
 /// How the members are being updated.
@@ -215,6 +217,7 @@ pub fn desired_status_and_trouble(
             .binding
             .clone()
             .map(|name| crate::api::BindingStatus { name }),
+        autoscaling: observed.autoscaling.clone(),
     };
     (status, trouble)
 }

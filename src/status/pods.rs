@@ -41,6 +41,9 @@ pub struct PodStatusSeen {
     pub conditions: Vec<PodConditionSeen>,
     #[serde(default)]
     pub container_statuses: Vec<ContainerStatusSeen>,
+    /// Where the autoscaler reads the member's `stats`.
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

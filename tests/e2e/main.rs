@@ -6,6 +6,7 @@
 mod harness;
 
 mod auth;
+mod autoscaling;
 mod binding;
 mod cluster;
 mod endpoints;

@@ -770,6 +770,7 @@ fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
             cause: crate::status::pods::Cause::ImagePullFailed,
             words: words.into(),
         }),
+        ip: None,
     }
 }
 

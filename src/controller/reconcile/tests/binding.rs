@@ -22,6 +22,7 @@ fn member(name: &str) -> PodMeta {
             ..Default::default()
         },
         trouble: None,
+        ip: None,
     }
 }
 

@@ -1,0 +1,254 @@
+//! The autoscaler's step of a reconcile: read every member's `stats`, decide (autoscaling/
+//! decide.rs), and set `spec.size` through the scale subresource. While autoscaling is on the
+//! size is the autoscaler's: one set by hand is put back, with a Warning.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tracing::debug;
+
+use super::context::Context;
+use crate::api::{AutoscalingSpec, AutoscalingStatus, LastScale, Memcached};
+use crate::autoscaling::{History, Reading, decide, stats};
+use crate::error::{Error, Result};
+use crate::resources::{MANAGER_NAME, auth, tls};
+use operator_runtime::lock;
+
+/// How often the members are read while autoscaling is on.
+pub const POLL: Duration = Duration::from_secs(10);
+/// Reconciles closer together than this (pod events) reuse the last decision: rates over a
+/// moment say little, and each reading costs every member a connection.
+const MIN_INTERVAL: SignedDuration = SignedDuration::from_secs(5);
+
+/// What the autoscaler remembers per Memcached, in this process: the readings' history and the
+/// size it set last (the status may not show it yet when the size's own watch event comes).
+#[derive(Default)]
+pub struct Autoscaler(Mutex<HashMap<ObjectRef<Memcached>, Remembered>>);
+
+#[derive(Default)]
+struct Remembered {
+    history: History,
+    size: Option<i32>,
+    /// The Memcached's generation after the autoscaler's last write of spec.size.
+    generation: Option<i64>,
+}
+
+/// The size the autoscaler keeps, as far as this process knows.
+enum Kept {
+    Size(i32),
+    Stale,
+    Unknown,
+}
+
+impl Autoscaler {
+    pub fn forget(&self, mc: &Memcached) {
+        lock(&self.0).remove(&ObjectRef::from_obj(mc));
+    }
+
+    fn kept(&self, mc: &Memcached) -> Kept {
+        let all = lock(&self.0);
+        let Some(r) = all.get(&ObjectRef::from_obj(mc)) else {
+            return Kept::Unknown;
+        };
+        match (r.size, r.generation) {
+            (_, Some(written)) if mc.metadata.generation < Some(written) => Kept::Stale,
+            (Some(size), _) => Kept::Size(size),
+            (None, _) => Kept::Unknown,
+        }
+    }
+
+    /// The autoscaler wrote `size` into spec.size.
+    fn wrote(&self, mc: &Memcached, size: i32) {
+        let mut all = lock(&self.0);
+        let r = all.entry(ObjectRef::from_obj(mc)).or_default();
+        r.size = Some(size);
+        r.generation = mc.metadata.generation.map(|g| g + 1);
+    }
+
+    fn take(&self, mc: &Memcached) -> Remembered {
+        lock(&self.0)
+            .remove(&ObjectRef::from_obj(mc))
+            .unwrap_or_default()
+    }
+
+    fn keep(&self, mc: &Memcached, remembered: Remembered) {
+        lock(&self.0).insert(ObjectRef::from_obj(mc), remembered);
+    }
+}
+
+/// While autoscaling is on, `spec.size` is the autoscaler's: one set by hand is put back, with a
+/// Warning, before anything is sized from it. True when it was: the write's watch event brings
+/// the next reconcile.
+pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
+    let Some(spec) = mc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
+        return Ok(false);
+    };
+    let kept = match ctx.autoscaler.kept(mc) {
+        Kept::Size(size) => Some(size),
+        // A Memcached read before the autoscaler's own write reached the cache: nothing to judge.
+        Kept::Stale => None,
+        // A new leader: what the last one reported.
+        Kept::Unknown => mc
+            .status
+            .as_ref()
+            .and_then(|s| s.autoscaling.as_ref())
+            .and_then(|a| a.size),
+    };
+    // Bounds changed since: the kept size within the new ones.
+    let Some(kept) = kept
+        .map(|k| k.clamp(spec.min_size, spec.max_size.max(spec.min_size)))
+        .filter(|k| *k != mc.spec.size)
+    else {
+        return Ok(false);
+    };
+    set_size(ctx, mc, kept).await?;
+    ctx.autoscaler.wrote(mc, kept);
+    let note = format!(
+        "spec.size was set to {} while autoscaling is on: put back to {kept}; change spec.autoscaling's minSize and maxSize, or turn it off, to size by hand",
+        mc.spec.size
+    );
+    ctx.events
+        .autoscaled(mc, EventType::Warning, "ManualScaleReverted", note);
+    Ok(true)
+}
+
+/// The autoscaler's step: its status, or None while autoscaling is off.
+pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<AutoscalingStatus>> {
+    let Some(spec) = mc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
+        ctx.autoscaler.forget(mc);
+        return Ok(None);
+    };
+    let previous = mc.status.as_ref().and_then(|s| s.autoscaling.clone());
+    let now = Timestamp::now();
+    let mut remembered = ctx.autoscaler.take(mc);
+    let recent = remembered
+        .history
+        .last_at()
+        .is_some_and(|at| now.duration_since(at) < MIN_INTERVAL);
+    // A Memcached read before the last scale reached the cache would be sized from the old size.
+    let stale = matches!(ctx.autoscaler.kept(mc), Kept::Stale);
+    if let Some(previous) = previous.as_ref()
+        && (recent || stale)
+    {
+        ctx.autoscaler.keep(mc, remembered);
+        return Ok(Some(previous.clone()));
+    }
+    let mut size = mc.spec.size;
+    let Ok(port) = stats_port(mc) else {
+        ctx.autoscaler.keep(mc, remembered);
+        return Ok(Some(AutoscalingStatus {
+            size: Some(size),
+            reason: "SignalsUnavailable".to_string(),
+            message: "the operator cannot read stats from members that require authentication, or speak only TLS: set tls.plaintextPort, or turn autoscaling off".to_string(),
+            ..previous.unwrap_or_default()
+        }));
+    };
+    let reading = read_members(ctx, mc, size, port).await;
+    let last_scale = previous
+        .as_ref()
+        .and_then(|p| p.last_scale.as_ref())
+        .map(|l| l.time.0);
+    let (decision, history) = decide(spec, size, last_scale, reading, remembered.history);
+    remembered.history = history;
+    let mut last_scale = previous.and_then(|p| p.last_scale);
+    if let Some(to) = decision.scale_to {
+        set_size(ctx, mc, to).await?;
+        // The write makes the next generation: a Memcached read before it is stale.
+        remembered.generation = mc.metadata.generation.map(|g| g + 1);
+        ctx.events.autoscaled(
+            mc,
+            EventType::Normal,
+            "Autoscaled",
+            decision.message.clone(),
+        );
+        last_scale = Some(LastScale {
+            time: Time(now),
+            from: size,
+            to,
+            reason: decision.reason.as_str().to_string(),
+        });
+        size = to;
+    }
+    remembered.size = Some(size);
+    ctx.autoscaler.keep(mc, remembered);
+    Ok(Some(AutoscalingStatus {
+        size: Some(size),
+        reason: decision.reason.as_str().to_string(),
+        message: decision.message,
+        signals: Some(decision.signals),
+        last_scale,
+        recommendations: decision.recommendations,
+    }))
+}
+
+/// memcached's plain-text port, where `stats` needs no login; none while authentication is on.
+fn stats_port(mc: &Memcached) -> std::result::Result<u16, ()> {
+    if auth::enabled(mc) {
+        return Err(());
+    }
+    let port = if tls::enabled(mc) {
+        tls::plaintext_port(mc).ok_or(())?
+    } else {
+        mc.spec.container_port
+    };
+    u16::try_from(port).map_err(|_| ())
+}
+
+/// Every member's `stats` at once, by ordinal; one without an address or an answer is None.
+async fn read_members(ctx: &Context, mc: &Memcached, size: i32, port: u16) -> Reading {
+    let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    let addresses = ctx.pods.addresses_of(&ns, &name);
+    let at = Timestamp::now();
+    let reads = (0..size).map(|i| {
+        let member = format!("{name}-{i}");
+        let address = addresses.get(&member).map(|ip| SocketAddr::new(*ip, port));
+        async move {
+            let address = address?;
+            stats::read(address)
+                .await
+                .inspect_err(|error| debug!(%member, %address, %error, "no stats"))
+                .ok()
+        }
+    });
+    Reading {
+        at,
+        members: futures::future::join_all(reads).await,
+    }
+}
+
+/// `spec.size` through the scale subresource: the autoscaler may change the size and nothing else.
+async fn set_size(ctx: &Context, mc: &Memcached, size: i32) -> Result<()> {
+    let api: Api<Memcached> =
+        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let patch = serde_json::json!({"spec": {"replicas": size}});
+    api.patch_scale(
+        &mc.name_any(),
+        &PatchParams {
+            field_manager: Some(MANAGER_NAME.to_string()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(drop)
+    .map_err(|source| Error::Scale {
+        name: mc.name_any(),
+        source,
+    })
+}
+
+/// Whether autoscaling is on for `mc`.
+pub fn enabled(mc: &Memcached) -> bool {
+    mc.spec
+        .autoscaling
+        .as_ref()
+        .is_some_and(|a: &AutoscalingSpec| a.enabled)
+}

@@ -1,0 +1,260 @@
+//! Autoscaling on the fake nodes, from scripted `stats`: kwok gives the pods of a node whose
+//! podCIDR is on the loopback network addresses this host answers on, so a scripted member
+//! listens where the operator reads the real one (`<pod IP>:<port>`). The bounds, one step at a
+//! time, the scale-in window, and a `kubectl scale` put back while autoscaling is on.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::{AutoscalingSpec, Memcached};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::harness::{
+    Operator, OperatorOptions, admin, create, events_for, memcached, namespace, set_size,
+    wait_converged, wait_for,
+};
+
+const NODE: &str = "kwok-loopback";
+const TAINT: &str = "memcached-operator.dev/loopback";
+const MAX_MEMORY_MIB: u64 = 32;
+
+/// A kwok node whose pods get addresses on 127.77.0.0/24, tainted so that only the pods that
+/// ask for it land there.
+async fn loopback_node(client: &Client) {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": NODE,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": NODE},
+        },
+        "spec": {
+            "podCIDR": "127.77.0.0/24", "podCIDRs": ["127.77.0.0/24"],
+            "taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "allocatable": {"cpu": "100", "memory": "1Ti", "pods": "200"},
+            "capacity": {"cpu": "100", "memory": "1Ti", "pods": "200"},
+        },
+    }))
+    .unwrap();
+    match Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating node {NODE}: {e}"),
+    }
+}
+
+/// What every scripted member says: evicting (at 100 items/s, 95 % full) or calm (10 % full).
+#[derive(Clone, Default)]
+struct Script(Arc<Mutex<bool>>);
+
+impl Script {
+    fn evict(&self, on: bool) {
+        *self.0.lock().unwrap() = on;
+    }
+
+    fn evicting(&self) -> bool {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// One scripted member: memcached's `stats` with counters that grow with time.
+async fn serve_member(listener: TcpListener, script: Script) {
+    let started = Instant::now();
+    let mut evictions = 0u64;
+    let mut last = Instant::now();
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let mut request = [0u8; 7];
+        if stream.read_exact(&mut request).await.is_err() || &request != b"stats\r\n" {
+            continue;
+        }
+        let evicting = script.evicting();
+        if evicting {
+            evictions += (last.elapsed().as_secs_f64() * 100.0) as u64;
+        }
+        last = Instant::now();
+        let limit = MAX_MEMORY_MIB * 1024 * 1024;
+        let bytes = (limit * if evicting { 95 } else { 10 }).div_ceil(100);
+        let answer = format!(
+            "STAT uptime {}\r\nSTAT curr_connections 10\r\nSTAT max_connections 1024\r\n\
+             STAT get_hits 0\r\nSTAT get_misses 0\r\nSTAT bytes {bytes}\r\n\
+             STAT limit_maxbytes {limit}\r\nSTAT evictions {evictions}\r\nEND\r\n",
+            started.elapsed().as_secs() + 1000
+        );
+        let _ = stream.write_all(answer.as_bytes()).await;
+    }
+}
+
+/// Starts a scripted member on each pod's address as pods get one, for as long as the test runs.
+fn scripted_members(pods: Api<Pod>, script: Script) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut serving: HashMap<String, IpAddr> = HashMap::new();
+        loop {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+                .await;
+            for pod in list.map(|l| l.items).unwrap_or_default() {
+                let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+                let Some(ip) = ip.and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                    continue;
+                };
+                if serving.get(&pod.name_any()) == Some(&ip) {
+                    continue;
+                }
+                if let Ok(listener) = TcpListener::bind((ip, 11211)).await {
+                    tokio::spawn(serve_member(listener, script.clone()));
+                    serving.insert(pod.name_any(), ip);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// Records every spec.size the Memcached has, in order.
+fn sizes_seen(mcs: Api<Memcached>) -> (Arc<Mutex<Vec<i32>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            if let Ok(mc) = mcs.get("cache").await {
+                let mut seen = record.lock().unwrap();
+                if seen.last() != Some(&mc.spec.size) {
+                    seen.push(mc.spec.size);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (seen, task)
+}
+
+fn autoscaled(mc: &Memcached) -> Option<(Option<i32>, String)> {
+    let a = mc.status.as_ref()?.autoscaling.as_ref()?;
+    Some((a.size, a.reason.clone()))
+}
+
+#[tokio::test]
+async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_after_the_window() {
+    let client = admin().await;
+    loopback_node(&client).await;
+    let ns = namespace(&client, "autoscaling").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let script = Script::default();
+    let members = scripted_members(Api::namespaced(client.clone(), &ns), script.clone());
+
+    let mut mc = memcached("cache", 1);
+    mc.spec.max_memory_mib = MAX_MEMORY_MIB as i32;
+    mc.spec.node_selector = Some([("kubernetes.io/hostname".to_string(), NODE.to_string())].into());
+    mc.spec.tolerations = Some(vec![
+        serde_json::from_value(
+            serde_json::json!({"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}),
+        )
+        .unwrap(),
+    ]);
+    mc.spec.autoscaling = Some(AutoscalingSpec {
+        enabled: true,
+        min_size: 1,
+        max_size: 3,
+        scale_out_stabilization_seconds: 0,
+        scale_in_stabilization_seconds: 20,
+        ..AutoscalingSpec::default()
+    });
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 1).await;
+    let (sizes, recorder) = sizes_seen(mcs.clone());
+
+    // Evicting with a full memory: one member more per decision, up to maxSize and no further.
+    script.evict(true);
+    let status = wait_for(
+        "scaled out to maxSize",
+        Duration::from_secs(120),
+        || async {
+            let mc = mcs.get("cache").await.ok()?;
+            (autoscaled(&mc)? == (Some(3), "AtMaxSize".to_string())).then_some(mc)
+        },
+    )
+    .await;
+    assert_eq!(*sizes.lock().unwrap(), [1, 2, 3], "one step at a time");
+    let a = status.status.unwrap().autoscaling.unwrap();
+    assert!(a.message.contains("raise maxSize"), "{}", a.message);
+    let signals = a.signals.unwrap();
+    assert_eq!((signals.members_answering, signals.memory_percent), (3, 95));
+    assert!(signals.evictions_per_second >= 100, "{signals:?}");
+    let last = a.last_scale.unwrap();
+    assert_eq!(
+        (last.from, last.to, last.reason.as_str()),
+        (2, 3, "Evicting")
+    );
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // A size set by hand is put back, with a Warning that says how to size by hand, before
+    // the StatefulSet is sized from it: no member goes.
+    let uids = |pods: Vec<Pod>| -> Vec<String> { pods.iter().filter_map(|p| p.uid()).collect() };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=cache");
+    let before = uids(pods.list(&selector).await.unwrap().items);
+    set_size(&client, &ns, "cache", 1).await;
+    wait_for("the size put back", Duration::from_secs(30), || async {
+        (mcs.get("cache").await.ok()?.spec.size == 3).then_some(())
+    })
+    .await;
+    let events = events_for(&client, &ns, "cache").await;
+    let reverted: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ManualScaleReverted"))
+        .collect();
+    assert_eq!(reverted.len(), 1, "{events:#?}");
+    assert_eq!(reverted[0].type_.as_deref(), Some("Warning"));
+    let note = reverted[0].note.as_deref().unwrap_or_default();
+    assert!(note.contains("put back to 3"), "{note}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(uids(pods.list(&selector).await.unwrap().items), before);
+
+    // Calm, with the items fitting one member fewer: one member less after each 20 s window,
+    // down to minSize.
+    script.evict(false);
+    let calm = Instant::now();
+    wait_for("scaled in to minSize", Duration::from_secs(150), || async {
+        (mcs.get("cache").await.ok()?.spec.size == 1).then_some(())
+    })
+    .await;
+    assert!(
+        calm.elapsed() >= Duration::from_secs(40),
+        "two windows of 20 s"
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    recorder.abort();
+    members.abort();
+    let seen: Vec<i32> = sizes.lock().unwrap().clone();
+    // The hand-set 1 shows between 3 and its put-back 3 if the recorder read it in between.
+    assert!(
+        seen == [1, 2, 3, 2, 1] || seen == [1, 2, 3, 1, 3, 2, 1],
+        "never below minSize, one step at a time: {seen:?}"
+    );
+    let events = events_for(&client, &ns, "cache").await;
+    let scaled: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Autoscaled"))
+        .filter_map(|e| e.note.clone())
+        .collect();
+    assert_eq!(scaled.len(), 4, "{scaled:#?}");
+    assert!(
+        scaled.iter().any(|n| n.starts_with("scaling 3 → 2")),
+        "{scaled:#?}"
+    );
+}
