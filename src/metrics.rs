@@ -12,6 +12,9 @@ use prometheus::proto::{Gauge as GaugeProto, LabelPair, Metric, MetricFamily, Me
 
 use crate::status::{CONDITION_TYPES, Reason};
 
+mod autoscaling;
+pub use autoscaling::AutoscalingMetrics;
+
 /// Value of the `controller` label.
 pub const CONTROLLER: &str = "memcached";
 
@@ -19,6 +22,7 @@ pub const CONTROLLER: &str = "memcached";
 pub struct Metrics {
     pub controller: Arc<ControllerMetrics>,
     pub invalid_objects: IntGauge,
+    pub autoscaling: AutoscalingMetrics,
     conditions: ConditionGauges,
 }
 
@@ -39,9 +43,14 @@ impl Metrics {
         let conditions = ConditionGauges::new();
         controller.register(Box::new(invalid_objects.clone()));
         controller.register(Box::new(conditions.clone()));
+        let autoscaling = AutoscalingMetrics::new();
+        for collector in autoscaling.collectors() {
+            controller.register(collector);
+        }
         Self {
             controller: Arc::new(controller),
             invalid_objects,
+            autoscaling,
             conditions,
         }
     }
@@ -54,6 +63,7 @@ impl Metrics {
     /// Drops the series of a Memcached that is gone.
     pub fn forget_memcached(&self, namespace: &str, name: &str) {
         self.conditions.forget(namespace, name);
+        self.autoscaling.forget(namespace, name);
     }
 
     /// Every metric name this process exports, for checking the names that dashboards and alerts

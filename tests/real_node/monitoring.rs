@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use memcached_operator::api::{Memcached, MonitoringSpec, NetworkPolicySpec};
+use memcached_operator::api::{AutoscalingSpec, Memcached, MonitoringSpec, NetworkPolicySpec};
 use memcached_operator::resources;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::promql::metric_names;
@@ -196,6 +196,14 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
             .unwrap(),
         ],
     });
+    // Autoscaled, so that the autoscaler's series exist: the evictions below add a member.
+    mc.spec.autoscaling = Some(AutoscalingSpec {
+        enabled: true,
+        min_size: 1,
+        max_size: 2,
+        scale_out_stabilization_seconds: 0,
+        ..AutoscalingSpec::default()
+    });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 1).await;
     println!(
@@ -373,6 +381,22 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     )
     .await;
     println!("MemcachedDegraded expression: {:?}", degraded.0);
+    // The autoscaler, reading the members' stats through the policy (the node's traffic is
+    // admitted), adds a member for the evictions.
+    let scaled = wait_for(
+        "Prometheus to see the autoscaler scale out on the evictions",
+        Duration::from_secs(90),
+        || async {
+            prometheus
+                .value(&format!(
+                    r#"sum(memcached_operator_autoscaling_scales_total{{namespace="{ns}",memcached="cache",direction="out",reason="Evicting"}})"#
+                ))
+                .await
+                .filter(|v| *v >= 1.0)
+        },
+    )
+    .await;
+    println!("autoscaler scales out: {scaled}");
 
     // Every name the alerts and the dashboard read exists in what Prometheus scraped.
     let mut missing = Vec::new();
