@@ -180,6 +180,7 @@ pub mod apiserver {
             rollouts: Arc::new(crate::controller::Rollouts::new(10)),
             replacing: Default::default(),
             autoscaler: Default::default(),
+            hpas: None,
             events: Events::new(
                 client.clone(),
                 Reporter {
@@ -188,6 +189,7 @@ pub mod apiserver {
                 },
             ),
             images: Default::default(),
+            operator_namespace: None,
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),
         };

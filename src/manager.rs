@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::FusedFuture;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use tokio::sync::watch;
@@ -80,10 +81,12 @@ async fn run(args: RunArgs) -> ExitCode {
         service_monitors: keep::<ServiceMonitor>(&client, &scopes, Origin::Crd).await,
         certificates: keep::<Certificate>(&client, &scopes, Origin::Crd).await,
         network_policies: keep::<NetworkPolicy>(&client, &scopes, Origin::Builtin).await,
+        autoscalers: keep::<HorizontalPodAutoscaler>(&client, &scopes, Origin::Builtin).await,
         initial_list: match scopes.first() {
             Some(scope) => InitialList::probe(&scope.api::<crate::api::Memcached>(&client)).await,
             None => InitialList::Paged,
         },
+        operator_namespace: in_cluster_namespace(),
         instance: identity.clone(),
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);

@@ -11,6 +11,7 @@ use kube::Client;
 
 use super::autoscale::Autoscaler;
 use super::events::Events;
+use super::hpa_index::HpaIndex;
 use super::members::Replacing;
 use super::own_writes::OwnWrites;
 use super::owned::OwnedObject;
@@ -46,8 +47,14 @@ pub struct Context {
     pub replacing: Replacing,
     /// What the autoscaler remembers of each autoscaled Memcached.
     pub autoscaler: Autoscaler,
+    /// HorizontalPodAutoscalers by the Memcached they target; None where this process may not
+    /// watch them.
+    pub hpas: Option<Arc<HpaIndex>>,
     pub events: Events,
     pub images: Images,
+    /// Where this operator runs, when in a cluster: its pods are let through a Memcached's
+    /// NetworkPolicy to read the members' `stats`.
+    pub operator_namespace: Option<String>,
     pub metrics: Arc<Metrics>,
     /// This scope's watch caches: reconciling before they are filled would report a wrong status
     /// (no pods yet) and correct it a moment later, two needless writes per object.

@@ -9,6 +9,7 @@ mod digest;
 mod ensure;
 mod events;
 mod feed;
+mod hpa_index;
 mod managed_fields;
 mod members;
 mod meta;
@@ -51,8 +52,13 @@ pub struct Settings {
     pub network_policies: bool,
     /// Whether the cluster serves cert-manager's Certificates: only then is `tls.issuerRef` kept.
     pub certificates: bool,
+    /// Whether this process may watch HorizontalPodAutoscalers: only then does an HPA of an
+    /// autoscaled Memcached stop the operator's autoscaler.
+    pub autoscalers: bool,
     /// How the watches fill their caches (streaming where the API server serves it).
     pub initial_list: InitialList,
+    /// Where this operator runs, when in a cluster.
+    pub operator_namespace: Option<String>,
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
 }

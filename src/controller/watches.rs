@@ -27,6 +27,7 @@ use super::Settings;
 use super::context::Context;
 use super::events::Events;
 use super::feed::{Feed, Key, queue_all_on_leading};
+use super::hpa_index::{HpaIndex, HpaSeen};
 use super::outcome;
 use super::own_writes::OwnWrites;
 use super::owned::{Owned, OwnedObject};
@@ -79,9 +80,11 @@ pub fn run(
         events: Events::new(client.clone(), reporter),
         client,
         images: settings.images.clone(),
+        operator_namespace: settings.operator_namespace.clone(),
         service_monitors: settings.service_monitors,
         network_policies: settings.network_policies,
         certificates: settings.certificates,
+        autoscalers: settings.autoscalers,
         initial_list: settings.initial_list,
         own_writes: Arc::new(OwnWrites::default()),
         // One budget for every scope: an operator upgrade rolls all of them.
@@ -149,9 +152,11 @@ struct Shared {
     client: Client,
     events: Events,
     images: crate::resources::Images,
+    operator_namespace: Option<String>,
     service_monitors: bool,
     network_policies: bool,
     certificates: bool,
+    autoscalers: bool,
     initial_list: InitialList,
     own_writes: Arc<OwnWrites>,
     rollouts: Arc<Rollouts>,
@@ -308,6 +313,39 @@ fn scope_watches(
         }
     });
 
+    // HorizontalPodAutoscalers, all of them (they are not ours), where this process may watch
+    // them: one that targets an autoscaled Memcached stops the operator's autoscaler.
+    let (hpas, hpa_watch) = shared
+        .autoscalers
+        .then(|| {
+            let hpas = Arc::new(HpaIndex::default());
+            let mut unsynced = Some(caches.watch());
+            let mut feed = feed();
+            let index = hpas.clone();
+            let watch = watcher(
+                scope.api::<HpaSeen>(client),
+                shared
+                    .initial_list
+                    .configure(watcher::Config::default().any_semantic()),
+            )
+            .default_backoff()
+            .for_each(move |event| {
+                if let Some(event) = watched(event, "HorizontalPodAutoscaler") {
+                    let triggers = index.observe(&event);
+                    released_on_first_list(&mut unsynced, &event);
+                    if triggers.is_empty() {
+                        feed.fire(&event, None);
+                    }
+                    for trigger in triggers {
+                        feed.fire(&event, Some(trigger));
+                    }
+                }
+                future::ready(())
+            });
+            (hpas, watch)
+        })
+        .unzip();
+
     let ctx = Arc::new(Context {
         client: client.clone(),
         stateful_sets,
@@ -322,8 +360,10 @@ fn scope_watches(
         rollouts: shared.rollouts.clone(),
         replacing: Default::default(),
         autoscaler: Default::default(),
+        hpas,
         events: shared.events.clone(),
         images: shared.images.clone(),
+        operator_namespace: shared.operator_namespace.clone(),
         metrics: shared.metrics.clone(),
         caches,
     });
@@ -338,6 +378,7 @@ fn scope_watches(
     tasks.extend(monitor_watch.map(tokio::spawn));
     tasks.extend(network_policy_watch.map(tokio::spawn));
     tasks.extend(certificate_watch.map(tokio::spawn));
+    tasks.extend(hpa_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
 }
 

@@ -180,8 +180,14 @@ pub fn desired_status_and_trouble(
                 );
                 cond(PROGRESSING, true, Reason::Reconciling, &message)
             };
-            let degraded = match &trouble {
-                Some(t) if t.lasting => cond(DEGRADED, true, t.reason, &t.message()),
+            // Two autoscalers of one size: the operator's waits until one of them goes.
+            let conflict = observed
+                .autoscaling
+                .as_ref()
+                .filter(|a| a.reason == crate::autoscaling::Reason::AutoscalerConflict.as_str());
+            let degraded = match (&trouble, conflict) {
+                (Some(t), _) if t.lasting => cond(DEGRADED, true, t.reason, &t.message()),
+                (_, Some(a)) => cond(DEGRADED, true, Reason::AutoscalerConflict, &a.message),
                 _ => cond(
                     DEGRADED,
                     false,

@@ -39,6 +39,7 @@ pub enum Reason {
     PodCreationRefused,
     /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
     CertificatePending,
+    AutoscalerConflict,
 }
 
 impl Reason {
@@ -65,10 +66,11 @@ impl Reason {
             Self::OOMKilled => "OOMKilled",
             Self::PodCreationRefused => "PodCreationRefused",
             Self::CertificatePending => "CertificatePending",
+            Self::AutoscalerConflict => "AutoscalerConflict",
         }
     }
 
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -90,6 +92,7 @@ impl Reason {
         Self::OOMKilled,
         Self::PodCreationRefused,
         Self::CertificatePending,
+        Self::AutoscalerConflict,
     ];
 
     /// The reason a condition's string names, if it is one of ours.
