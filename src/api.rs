@@ -218,8 +218,8 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<BindingSpec>,
 
-    /// The operator sizes the Memcached from memcached's own signals (evictions against a full
-    /// memory), one pod at a time between minSize and maxSize, through `spec.size`.
+    /// The operator sizes the Memcached from memcached's own signals (evictions of live items),
+    /// one pod at a time between minSize and maxSize, through `spec.size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
 }

@@ -1,5 +1,6 @@
 //! The agent's connections to memcached's plain listener on the pod's loopback: `refresh_certs`,
-//! and the login proxy through which the exporter reads `stats`.
+//! `stats` for the operator's autoscaler, and the login proxy through which the exporter reads
+//! `stats`.
 
 use std::io;
 use std::time::Duration;
@@ -18,6 +19,22 @@ pub(super) async fn refresh_certs(
 ) -> io::Result<()> {
     let mut conn = connect(memcached, logins).await?;
     expect(&mut conn, "refresh_certs\r\n", "OK").await
+}
+
+/// memcached's `stats` answer, up to and with its `END` line.
+pub(super) async fn stats(
+    memcached: std::net::SocketAddr,
+    logins: &[Credentials],
+) -> io::Result<String> {
+    let mut conn = connect(memcached, logins).await?;
+    conn.get_mut().write_all(b"stats\r\n").await?;
+    let mut answer = String::new();
+    while !answer.ends_with("END\r\n") {
+        if conn.read_line(&mut answer).await? == 0 || answer.len() > 64 * 1024 {
+            return Err(io::Error::other("stats did not end with END"));
+        }
+    }
+    Ok(answer)
 }
 
 /// A connection to memcached's loopback listener, logged in with the first of `logins` it takes

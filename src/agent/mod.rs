@@ -84,7 +84,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub memcached: std::net::SocketAddr,
     /// With a memory file: where memcached's preStop hook asks the agent to save memcached's
-    /// items (`GET /save`) before the kubelet stops it.
+    /// items (`GET /save`) before the kubelet stops it, and the operator reads `stats` (`GET /stats`).
     #[arg(long, requires = "save_token", requires = "memory_file")]
     pub save_listen: Option<std::net::SocketAddr>,
     /// What a save request's `X-Save-Token` header must hold.
@@ -281,7 +281,9 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
         &agent.args.memory_file,
     ) {
         (Some(addr), Some(token), Some(memory_file)) => {
-            let saver = Arc::new(Saver::new(token.clone(), memory_file, MEMCACHED));
+            let saver = Saver::new(token.clone(), memory_file, MEMCACHED)
+                .with_stats(agent.args.memcached, agent.login.subscribe());
+            let saver = Arc::new(saver);
             let listener = TcpListener::bind(addr).await?;
             info!(address = %listener.local_addr()?, "serving saves");
             tokio::spawn(save::serve(listener, saver.clone()));

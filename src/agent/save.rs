@@ -7,8 +7,12 @@
 //! memcached's preStop hook asks the agent to save: the agent signals memcached, waits for it to
 //! exit and for the clock to pass `stop_time`, and only then answers, since the kubelet starts
 //! the next container as soon as the hook returns.
+//!
+//! The same endpoint, with the same token, answers the operator's autoscaler with memcached's
+//! `stats` (`GET /stats`), read over the pod's loopback and logged in where memcached wants it.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -22,10 +26,12 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
+use super::loopback;
+use super::passwords::Credentials;
 use super::{Signal, is_alive, processes_named, signal_processes};
 // The header memcached's preStop sends (resources/warm_restart.rs).
 use crate::resources::warm_restart::TOKEN_HEADER;
@@ -100,6 +106,8 @@ pub(super) struct Saver {
     turn: Mutex<()>,
     /// Saves asked for and not yet answered, which the agent outlives.
     in_flight: AtomicUsize,
+    /// memcached's loopback listener and the logins it takes, for `GET /stats`.
+    stats: Option<(SocketAddr, watch::Receiver<Vec<Credentials>>)>,
 }
 
 impl Saver {
@@ -113,6 +121,28 @@ impl Saver {
             exit_timeout: EXIT_TIMEOUT,
             turn: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
+            stats: None,
+        }
+    }
+
+    /// Answers `GET /stats` from memcached at `memcached`, logged in with `login`'s current.
+    pub(super) fn with_stats(
+        mut self,
+        memcached: SocketAddr,
+        login: watch::Receiver<Vec<Credentials>>,
+    ) -> Saver {
+        self.stats = Some((memcached, login));
+        self
+    }
+
+    async fn stats(&self) -> (StatusCode, String) {
+        let Some((memcached, login)) = &self.stats else {
+            return (StatusCode::NOT_FOUND, "not found\n".to_string());
+        };
+        let logins = login.borrow().clone();
+        match loopback::stats(*memcached, &logins).await {
+            Ok(answer) => (StatusCode::OK, answer),
+            Err(error) => (StatusCode::BAD_GATEWAY, format!("memcached: {error}\n")),
         }
     }
 
@@ -294,7 +324,8 @@ async fn handle(
     req: Request<Incoming>,
     saver: Arc<Saver>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() != "/save" {
+    let path = req.uri().path();
+    if path != "/save" && path != "/stats" {
         return Ok(text(StatusCode::NOT_FOUND, "not found\n".to_string()));
     }
     let authorised = req
@@ -302,7 +333,10 @@ async fn handle(
         .get(TOKEN_HEADER)
         .is_some_and(|value| saver.token.matches(value.as_bytes()));
     if !authorised {
-        warn!("a save without the right token: refused");
+        warn!(
+            path = req.uri().path(),
+            "a request without the right token: refused"
+        );
         return Ok(text(StatusCode::FORBIDDEN, "forbidden\n".to_string()));
     }
     if req.method() != Method::GET {
@@ -310,6 +344,10 @@ async fn handle(
             StatusCode::METHOD_NOT_ALLOWED,
             "GET only\n".to_string(),
         ));
+    }
+    if req.uri().path() == "/stats" {
+        let (status, body) = saver.stats().await;
+        return Ok(text(status, body));
     }
     let delay = match parse_delay(req.uri().query()) {
         Ok(delay) => delay,
@@ -565,6 +603,59 @@ mod tests {
         assert_eq!(parse_delay(Some("delay=100000")), Ok(MAX_DELAY));
         assert!(parse_delay(Some("delay=1.5")).is_err());
         assert!(parse_delay(Some("delay=-1")).is_err());
+    }
+
+    /// A memcached that wants a login first, then answers `stats`.
+    async fn memcached_wanting_a_login() -> SocketAddr {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let mut conn = BufReader::new(stream);
+                let (mut set, mut data, mut command) =
+                    (String::new(), String::new(), String::new());
+                conn.read_line(&mut set).await.unwrap();
+                conn.read_line(&mut data).await.unwrap();
+                let ok = set.starts_with("set ") && data.trim_end() == "user pass";
+                conn.get_mut()
+                    .write_all(if ok {
+                        b"STORED\r\n"
+                    } else {
+                        b"CLIENT_ERROR\r\n"
+                    })
+                    .await
+                    .unwrap();
+                conn.read_line(&mut command).await.unwrap();
+                if ok && command == "stats\r\n" {
+                    let answer = b"STAT uptime 5\r\nSTAT evictions 3\r\nEND\r\n";
+                    conn.get_mut().write_all(answer).await.unwrap();
+                }
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn stats_are_read_logged_in_for_the_token_only() {
+        let memcached = memcached_wanting_a_login().await;
+        let login = Credentials {
+            username: "user".into(),
+            password: "pass".into(),
+        };
+        let (_keep, logins) = tokio::sync::watch::channel(vec![login]);
+        let saver = Saver::new(
+            TOKEN.parse().unwrap(),
+            Path::new("/nonexistent/file"),
+            "none",
+        )
+        .with_stats(memcached, logins);
+        let (addr, _) = serving(saver).await;
+        let (status, body) = get(addr, "/stats", Some(TOKEN)).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, "STAT uptime 5\r\nSTAT evictions 3\r\nEND\r\n");
+        assert_eq!(get(addr, "/stats", Some("wrong")).await.0, 403);
+        assert_eq!(get(addr, "/stats", None).await.0, 403);
     }
 
     #[test]

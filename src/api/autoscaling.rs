@@ -28,14 +28,16 @@ pub struct AutoscalingSpec {
     #[schemars(range(min = 1, max = 1000))]
     pub max_size: i32,
 
-    /// A member is under pressure while it evicts at least this many items a second (items
-    /// still live, pushed out for room) with its memory at least memoryPercent full.
+    /// A member is under pressure while it evicts at least this many items a second: items
+    /// still live, pushed out for room, which memcached does only once its whole memory is
+    /// taken.
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 1000000))]
     pub evictions_per_second: i32,
 
-    /// How full a member's memory (`bytes` against `limit_maxbytes`) must be for its
-    /// evictions to count; and, for a scale-in, how full the members left must stay below.
+    /// How full, in item bytes (`bytes` against `limit_maxbytes`), the members left after a
+    /// scale-in may be. Below 100 because items take more room in memcached's slabs than
+    /// their bytes (up to a quarter with the default growth factor).
     #[serde(default = "default_memory_percent")]
     #[schemars(range(min = 10, max = 100))]
     pub memory_percent: i32,
@@ -76,7 +78,7 @@ fn default_max_size() -> i32 {
 }
 
 fn default_memory_percent() -> i32 {
-    90
+    75
 }
 
 fn default_scale_out_seconds() -> i32 {

@@ -46,7 +46,7 @@ impl History {
 pub enum Reason {
     /// A first reading: rates need two.
     Measuring,
-    /// A member evicts live items with its memory full.
+    /// A member evicts live items.
     Evicting,
     /// Under pressure, for less than the scale-out window so far.
     PressureStabilizing,
@@ -65,6 +65,10 @@ pub enum Reason {
     BelowMinSize,
     /// spec.size was above maxSize.
     AboveMaxSize,
+    /// The operator cannot read the members' `stats` (authentication, TLS only): no decision.
+    SignalsUnavailable,
+    /// A HorizontalPodAutoscaler scales the same Memcached: no decision while it does.
+    AutoscalerConflict,
 }
 
 impl Reason {
@@ -80,8 +84,25 @@ impl Reason {
             Reason::MembersNotAnswering => "MembersNotAnswering",
             Reason::BelowMinSize => "BelowMinSize",
             Reason::AboveMaxSize => "AboveMaxSize",
+            Reason::SignalsUnavailable => "SignalsUnavailable",
+            Reason::AutoscalerConflict => "AutoscalerConflict",
         }
     }
+
+    pub const ALL: [Reason; 12] = [
+        Reason::Measuring,
+        Reason::Evicting,
+        Reason::PressureStabilizing,
+        Reason::AtMaxSize,
+        Reason::Calm,
+        Reason::CalmStabilizing,
+        Reason::Steady,
+        Reason::MembersNotAnswering,
+        Reason::BelowMinSize,
+        Reason::AboveMaxSize,
+        Reason::SignalsUnavailable,
+        Reason::AutoscalerConflict,
+    ];
 }
 
 /// The decision of one round.
@@ -113,7 +134,7 @@ pub fn decide(
     let recommendations = recommendations(history.last.as_ref(), &reading);
     let answering = reading.members.iter().flatten().count();
     let all_answer = answering == usize::try_from(size).unwrap_or(0);
-    let pressure = rates.pressure(spec, &reading);
+    let pressure = rates.pressure(spec);
     let calm = all_answer && rates.complete && rates.calm(spec, &reading);
     let pressure_since = pressure.then(|| history.pressure_since.unwrap_or(now));
     let calm_since = calm.then(|| history.calm_since.unwrap_or(now));
@@ -207,17 +228,14 @@ impl Rates {
         rates
     }
 
-    fn pressure(&self, spec: &AutoscalingSpec, reading: &Reading) -> bool {
+    /// Some member evicts at the threshold's rate. memcached evicts only once its memory is all
+    /// handed out, so no memory figure is needed (and `bytes` would not say: it counts items,
+    /// not the slab chunks they fill).
+    fn pressure(&self, spec: &AutoscalingSpec) -> bool {
         self.evictions
             .iter()
-            .zip(&reading.members)
-            .any(|(rate, member)| match (rate, member) {
-                (Some(rate), Some(m)) => {
-                    *rate >= f64::from(spec.evictions_per_second)
-                        && percent(m.bytes, m.limit_maxbytes) >= spec.memory_percent
-                }
-                _ => false,
-            })
+            .flatten()
+            .any(|rate| *rate >= f64::from(spec.evictions_per_second))
     }
 
     /// No evictions anywhere, and every item would fit one member fewer below memoryPercent.

@@ -1,4 +1,5 @@
-//! memcached's `stats`, read from a member over its ASCII protocol.
+//! memcached's `stats`, read from a member over its ASCII protocol, or through the agent beside
+//! it where memcached wants a login or speaks only TLS.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,6 +20,52 @@ pub async fn read(addr: SocketAddr) -> io::Result<MemberStats> {
     tokio::time::timeout(TIMEOUT, exchange(addr))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to stats in time"))?
+}
+
+/// One member's `stats` through its agent's `GET /stats`, within `TIMEOUT`.
+pub async fn read_through_agent(
+    addr: SocketAddr,
+    header: &str,
+    token: &str,
+) -> io::Result<MemberStats> {
+    tokio::time::timeout(TIMEOUT, ask_agent(addr, header, token))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to stats in time"))?
+}
+
+async fn ask_agent(addr: SocketAddr, header: &str, token: &str) -> io::Result<MemberStats> {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    let stream = TcpStream::connect(addr).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(io::Error::other)?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/stats")
+        .header(hyper::header::HOST, addr.to_string())
+        .header(header, token)
+        .body(Empty::<Bytes>::new())
+        .map_err(io::Error::other)?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(io::Error::other)?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(io::Error::other)?
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    if !status.is_success() {
+        return Err(io::Error::other(format!(
+            "the agent answered {status}: {}",
+            body.trim()
+        )));
+    }
+    parse(&body)
 }
 
 async fn exchange(addr: SocketAddr) -> io::Result<MemberStats> {
@@ -139,6 +186,41 @@ mod tests {
             }
         });
         assert_eq!(read(addr).await.unwrap().evictions, 7);
+    }
+
+    /// An agent's endpoint: the stats for the token, 403 otherwise.
+    #[tokio::test]
+    async fn a_member_is_read_through_its_agent_with_the_token() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut request = vec![0u8; 4096];
+                let n = stream.read(&mut request).await.unwrap();
+                let request = String::from_utf8_lossy(&request[..n]).to_lowercase();
+                let (status, body) = if request.starts_with("get /stats ")
+                    && request.contains("x-save-token: uid-1\r\n")
+                {
+                    ("200 OK", ANSWER)
+                } else {
+                    ("403 Forbidden", "forbidden\n")
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(response.as_bytes()).await.unwrap();
+            }
+        });
+        let stats = read_through_agent(addr, "X-Save-Token", "uid-1")
+            .await
+            .unwrap();
+        assert_eq!(stats.evictions, 7);
+        let refused = read_through_agent(addr, "X-Save-Token", "other")
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("403"), "{refused}");
     }
 
     #[tokio::test]

@@ -17,9 +17,9 @@ use tracing::debug;
 
 use super::context::Context;
 use crate::api::{AutoscalingSpec, AutoscalingStatus, LastScale, Memcached};
-use crate::autoscaling::{History, Reading, decide, stats};
+use crate::autoscaling::{History, Reading, Reason, decide, stats};
 use crate::error::{Error, Result};
-use crate::resources::{MANAGER_NAME, auth, tls};
+use crate::resources::{MANAGER_NAME, agent, warm_restart};
 use operator_runtime::lock;
 
 /// How often the members are read while autoscaling is on.
@@ -91,6 +91,9 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
     let Some(spec) = mc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
         return Ok(false);
     };
+    if conflict(ctx, mc).is_some() {
+        return Ok(false);
+    }
     let kept = match ctx.autoscaler.kept(mc) {
         Kept::Size(size) => Some(size),
         // A Memcached read before the autoscaler's own write reached the cache: nothing to judge.
@@ -127,6 +130,26 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         return Ok(None);
     };
     let previous = mc.status.as_ref().and_then(|s| s.autoscaling.clone());
+    if let Some(hpa) = conflict(ctx, mc) {
+        // The HPA's size is the one to keep once it goes: nothing of ours is remembered.
+        ctx.autoscaler.forget(mc);
+        let message = format!(
+            "HorizontalPodAutoscaler {hpa} also scales this Memcached: the operator decides nothing while it does; delete it, or turn spec.autoscaling off"
+        );
+        let reason = Reason::AutoscalerConflict.as_str();
+        if previous.as_ref().is_none_or(|p| p.reason != reason) {
+            ctx.events
+                .autoscaled(mc, EventType::Warning, reason, message.clone());
+        }
+        return Ok(Some(AutoscalingStatus {
+            size: None,
+            reason: reason.to_string(),
+            message,
+            signals: None,
+            recommendations: Vec::new(),
+            last_scale: previous.and_then(|p| p.last_scale),
+        }));
+    }
     let now = Timestamp::now();
     let mut remembered = ctx.autoscaler.take(mc);
     let recent = remembered
@@ -142,16 +165,19 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         return Ok(Some(previous.clone()));
     }
     let mut size = mc.spec.size;
-    let Ok(port) = stats_port(mc) else {
+    let Some(source) = Source::of(mc) else {
         ctx.autoscaler.keep(mc, remembered);
         return Ok(Some(AutoscalingStatus {
             size: Some(size),
-            reason: "SignalsUnavailable".to_string(),
-            message: "the operator cannot read stats from members that require authentication, or speak only TLS: set tls.plaintextPort, or turn autoscaling off".to_string(),
+            reason: Reason::SignalsUnavailable.as_str().to_string(),
+            message: format!(
+                "with authentication or TLS the operator reads stats through the agent that keeps the cache through restarts, which runs only with maxMemoryMiB of {} or more: raise it, or turn autoscaling off",
+                warm_restart::MIN_MEMORY_MIB
+            ),
             ..previous.unwrap_or_default()
         }));
     };
-    let reading = read_members(ctx, mc, size, port).await;
+    let reading = read_members(ctx, mc, size, &source).await;
     let last_scale = previous
         .as_ref()
         .and_then(|p| p.last_scale.as_ref())
@@ -189,32 +215,54 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
     }))
 }
 
-/// memcached's plain-text port, where `stats` needs no login; none while authentication is on.
-fn stats_port(mc: &Memcached) -> std::result::Result<u16, ()> {
-    if auth::enabled(mc) {
-        return Err(());
+/// Where a member's `stats` are read.
+enum Source {
+    /// memcached's own port: no login, no TLS.
+    Port(u16),
+    /// The agent's endpoint (`GET /stats`), which logs in over the pod's loopback.
+    Agent { port: u16, token: String },
+}
+
+impl Source {
+    /// None where memcached wants a login or speaks only TLS and no agent serves its stats.
+    fn of(mc: &Memcached) -> Option<Source> {
+        let (port, plain) = agent::stats_port(mc)?;
+        let port = u16::try_from(port).ok()?;
+        Some(if plain {
+            Source::Port(port)
+        } else {
+            Source::Agent {
+                port,
+                token: warm_restart::token(mc),
+            }
+        })
     }
-    let port = if tls::enabled(mc) {
-        tls::plaintext_port(mc).ok_or(())?
-    } else {
-        mc.spec.container_port
-    };
-    u16::try_from(port).map_err(|_| ())
+
+    async fn read(&self, ip: std::net::IpAddr) -> std::io::Result<crate::autoscaling::MemberStats> {
+        match self {
+            Source::Port(port) => stats::read(SocketAddr::new(ip, *port)).await,
+            Source::Agent { port, token } => {
+                let addr = SocketAddr::new(ip, *port);
+                stats::read_through_agent(addr, warm_restart::TOKEN_HEADER, token).await
+            }
+        }
+    }
 }
 
 /// Every member's `stats` at once, by ordinal; one without an address or an answer is None.
-async fn read_members(ctx: &Context, mc: &Memcached, size: i32, port: u16) -> Reading {
+async fn read_members(ctx: &Context, mc: &Memcached, size: i32, source: &Source) -> Reading {
     let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
     let addresses = ctx.pods.addresses_of(&ns, &name);
     let at = Timestamp::now();
     let reads = (0..size).map(|i| {
         let member = format!("{name}-{i}");
-        let address = addresses.get(&member).map(|ip| SocketAddr::new(*ip, port));
+        let ip = addresses.get(&member).copied();
         async move {
-            let address = address?;
-            stats::read(address)
+            let ip = ip?;
+            source
+                .read(ip)
                 .await
-                .inspect_err(|error| debug!(%member, %address, %error, "no stats"))
+                .inspect_err(|error| debug!(%member, %ip, %error, "no stats"))
                 .ok()
         }
     });
@@ -243,6 +291,12 @@ async fn set_size(ctx: &Context, mc: &Memcached, size: i32) -> Result<()> {
         name: mc.name_any(),
         source,
     })
+}
+
+/// The HorizontalPodAutoscaler that also scales `mc`, if any.
+fn conflict(ctx: &Context, mc: &Memcached) -> Option<String> {
+    let hpas = ctx.hpas.as_ref()?;
+    hpas.targeting(&mc.namespace().unwrap_or_default(), &mc.name_any())
 }
 
 /// Whether autoscaling is on for `mc`.

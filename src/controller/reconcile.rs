@@ -58,7 +58,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let desired_budget = resources::pod_disruption_budget(mc);
     // Only where this process may watch them.
     let policies: Option<Kept<NetworkPolicy>> = kept(ctx, &ns, ctx.network_policies.as_ref());
-    let desired_policy = resources::network_policy(mc);
+    let desired_policy = resources::network_policy(mc, ctx.operator_namespace.as_deref());
     // Only where the cluster serves them (and so they are watched).
     let monitors: Option<Kept<ServiceMonitor>> = kept(ctx, &ns, ctx.service_monitors.as_ref());
     let desired_monitor = resources::service_monitor(mc);
@@ -278,6 +278,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     }
     ctx.metrics
         .set_conditions(&ns, &mc.name_any(), &new_status.conditions);
+    ctx.metrics.autoscaling.set(
+        &ns,
+        &mc.name_any(),
+        mc.spec.autoscaling.as_ref(),
+        new_status.autoscaling.as_ref(),
+    );
     ctx.events.troubled(mc, trouble.as_ref());
     let Some(blocked) = blocked else {
         ctx.events.unblocked(mc);

@@ -65,6 +65,19 @@ pub fn exporter_target(mc: &Memcached) -> i32 {
     }
 }
 
+/// Where the operator's autoscaler reads a member's `stats`: memcached's port where it wants no
+/// login and speaks plain text (true), else the agent's endpoint (false), which listens on the
+/// pod's address only with warm restart; None without either.
+pub fn stats_port(mc: &Memcached) -> Option<(i32, bool)> {
+    if !auth::enabled(mc) && !tls::enabled(mc) {
+        Some((mc.spec.container_port, true))
+    } else if warm_restart::enabled(mc) {
+        Some((LocalPorts::of(mc).save, false))
+    } else {
+        None
+    }
+}
+
 /// Adds the agent (and, with authentication, the init container writing the first password
 /// file) to `pod`. The pod shares its process namespace when the agent signals memcached: it runs
 /// as memcached's user, so it needs no capability for that.

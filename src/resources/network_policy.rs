@@ -1,5 +1,6 @@
 //! The NetworkPolicy of `spec.networkPolicy`: memcached's ports open to the peers the user lists,
-//! the exporter's to the monitoring peers, nothing else of the pods open to other pods.
+//! the exporter's to the monitoring peers, the port where the autoscaler reads `stats` to the
+//! operator's pods, nothing else of the pods open to other pods.
 
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -8,11 +9,19 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{monitored, owned_metadata, selector_labels, tls};
+use super::{agent, monitored, owned_metadata, selector_labels, tls};
 use crate::api::{EXPORTER_PORT, Memcached};
 
+/// The operator's pods, as config/manager labels them.
+const OPERATOR_LABELS: [(&str, &str); 2] = [
+    ("app.kubernetes.io/name", "memcached-operator"),
+    ("control-plane", "controller-manager"),
+];
+
 /// The NetworkPolicy a Memcached should have; None unless `spec.networkPolicy.enabled`.
-pub fn network_policy(mc: &Memcached) -> Option<NetworkPolicy> {
+/// `operator_namespace`: where the operator runs, when in a cluster (its autoscaler reads the
+/// members' `stats`).
+pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Option<NetworkPolicy> {
     let wanted = mc.spec.network_policy.as_ref().filter(|p| p.enabled)?;
     let memcached_ports = std::iter::once(mc.spec.container_port)
         .chain(tls::plaintext_port(mc))
@@ -26,6 +35,15 @@ pub fn network_policy(mc: &Memcached) -> Option<NetworkPolicy> {
         ingress.push(NetworkPolicyIngressRule {
             ports: Some(vec![tcp(EXPORTER_PORT)]),
             from: Some(or_default(&wanted.metrics_from, every_namespace)),
+        });
+    }
+    let autoscaled = mc.spec.autoscaling.as_ref().is_some_and(|a| a.enabled);
+    if let (true, Some(namespace), Some((port, _))) =
+        (autoscaled, operator_namespace, agent::stats_port(mc))
+    {
+        ingress.push(NetworkPolicyIngressRule {
+            ports: Some(vec![tcp(port)]),
+            from: Some(vec![operator_pods(namespace)]),
         });
     }
     Some(NetworkPolicy {
@@ -70,6 +88,22 @@ fn own_namespace() -> NetworkPolicyPeer {
     }
 }
 
+/// The operator's pods in its namespace.
+fn operator_pods(namespace: &str) -> NetworkPolicyPeer {
+    let labels = |pairs: &[(&str, &str)]| {
+        let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Some(LabelSelector {
+            match_labels: Some(map.collect()),
+            ..LabelSelector::default()
+        })
+    };
+    NetworkPolicyPeer {
+        namespace_selector: labels(&[("kubernetes.io/metadata.name", namespace)]),
+        pod_selector: labels(&OPERATOR_LABELS),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
 /// Every pod of every namespace.
 fn every_namespace() -> NetworkPolicyPeer {
     NetworkPolicyPeer {
@@ -85,7 +119,7 @@ mod tests {
     use crate::resources::is_controlled_by;
 
     fn rules(mc: &Memcached) -> Vec<(Vec<i32>, serde_json::Value)> {
-        let policy = network_policy(mc).expect("enabled");
+        let policy = network_policy(mc, None).expect("enabled");
         let spec = policy.spec.unwrap();
         assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
         assert_eq!(
@@ -109,17 +143,50 @@ mod tests {
     }
 
     #[test]
+    fn an_autoscaled_memcached_lets_the_operators_pods_read_its_stats() {
+        let operator = serde_json::json!([{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": {
+                "app.kubernetes.io/name": "memcached-operator", "control-plane": "controller-manager"
+            }},
+        }]);
+        let stats_rule = |spec: serde_json::Value| {
+            let mc = memcached_with_spec(spec);
+            let policy = network_policy(&mc, Some("ops")).unwrap();
+            let rules = policy.spec.unwrap().ingress.unwrap();
+            let rule = rules.get(1).cloned()?;
+            let port = rule.ports.unwrap()[0].port.clone();
+            Some((port, serde_json::to_value(rule.from).unwrap()))
+        };
+        let plain = serde_json::json!({"networkPolicy": {"enabled": true},
+                                       "autoscaling": {"enabled": true}});
+        assert_eq!(
+            stats_rule(plain),
+            Some((Some(IntOrString::Int(11211)), operator.clone()))
+        );
+        // With a login, through the agent's endpoint.
+        let auth = serde_json::json!({"networkPolicy": {"enabled": true},
+                                      "autoscaling": {"enabled": true}, "auth": {"enabled": true}});
+        assert_eq!(
+            stats_rule(auth),
+            Some((Some(IntOrString::Int(11297)), operator))
+        );
+        let off = serde_json::json!({"networkPolicy": {"enabled": true}});
+        assert_eq!(stats_rule(off), None);
+    }
+
+    #[test]
     fn none_unless_enabled() {
-        assert_eq!(network_policy(&memcached("cache", 3)), None);
+        assert_eq!(network_policy(&memcached("cache", 3), None), None);
         let off = memcached_with_spec(serde_json::json!({"networkPolicy": {"enabled": false}}));
-        assert_eq!(network_policy(&off), None);
+        assert_eq!(network_policy(&off, None), None);
     }
 
     #[test]
     fn by_default_memcached_is_open_to_its_own_namespace_only() {
         let mc = memcached_with_spec(serde_json::json!({"networkPolicy": {"enabled": true}}));
         assert!(is_controlled_by(
-            &network_policy(&mc).unwrap().metadata,
+            &network_policy(&mc, None).unwrap().metadata,
             &mc
         ));
         assert_eq!(

@@ -60,7 +60,7 @@ pub fn agent_mount() -> VolumeMount {
 
 /// Not a secret from whoever may read the pod, but nobody else can make memcached stop:
 /// the endpoint listens on the pod's address, where the kubelet calls it.
-fn token(mc: &Memcached) -> String {
+pub fn token(mc: &Memcached) -> String {
     mc.metadata.uid.clone().unwrap_or_default()
 }
 

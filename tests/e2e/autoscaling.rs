@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -257,4 +258,82 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         scaled.iter().any(|n| n.starts_with("scaling 3 → 2")),
         "{scaled:#?}"
     );
+}
+
+fn degraded(mc: &Memcached) -> Option<(String, String)> {
+    super::harness::condition(mc, "Degraded")
+}
+
+#[tokio::test]
+async fn a_horizontal_pod_autoscaler_of_the_same_memcached_stops_the_operators_own() {
+    let client = admin().await;
+    let ns = namespace(&client, "autoscaling-hpa").await;
+    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let mut mc = memcached("cache", 2);
+    mc.spec.autoscaling = Some(AutoscalingSpec {
+        enabled: true,
+        min_size: 1,
+        max_size: 3,
+        ..AutoscalingSpec::default()
+    });
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 2).await;
+    // Its members do not answer (fake nodes): the autoscaler holds, and keeps the size.
+    wait_for(
+        "the autoscaler to hold",
+        Duration::from_secs(30),
+        || async {
+            let (size, reason) = autoscaled(&mcs.get("cache").await.ok()?)?;
+            (size == Some(2) && reason == "MembersNotAnswering").then_some(())
+        },
+    )
+    .await;
+
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cache-cpu", "namespace": ns},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache"},
+            "minReplicas": 1, "maxReplicas": 5,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}],
+        },
+    }))
+    .unwrap();
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns);
+    hpas.create(&PostParams::default(), &hpa).await.unwrap();
+    let message = wait_for("Degraded for the HPA", Duration::from_secs(30), || async {
+        let mc = mcs.get("cache").await.ok()?;
+        let (status, reason) = degraded(&mc)?;
+        let a = mc.status?.autoscaling?;
+        (status == "True" && reason == "AutoscalerConflict" && a.reason == "AutoscalerConflict")
+            .then_some(a.message)
+    })
+    .await;
+    assert!(
+        message.contains("HorizontalPodAutoscaler cache-cpu"),
+        "{message}"
+    );
+    let events = events_for(&client, &ns, "cache").await;
+    let warned = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("AutoscalerConflict"))
+        .count();
+    assert_eq!(warned, 1, "one Warning: {events:#?}");
+
+    // The size is the HPA's (or anyone's) now: one set by hand stays.
+    set_size(&client, &ns, "cache", 3).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(mcs.get("cache").await.unwrap().spec.size, 3, "not put back");
+
+    // The HPA goes: the operator decides again, from the size it finds.
+    hpas.delete("cache-cpu", &Default::default()).await.unwrap();
+    wait_for("Degraded no more", Duration::from_secs(30), || async {
+        let mc = mcs.get("cache").await.ok()?;
+        let (status, _) = degraded(&mc)?;
+        let (size, reason) = autoscaled(&mc)?;
+        (status == "False" && size == Some(3) && reason != "AutoscalerConflict").then_some(())
+    })
+    .await;
+    assert_eq!(mcs.get("cache").await.unwrap().spec.size, 3);
 }

@@ -1193,7 +1193,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
                 .await
                 .unwrap_or_else(|e| panic!("the API server refused the budget for {spec:?}: {e}"));
         }
-        if let Some(p) = resources::network_policy(&mc) {
+        if let Some(p) = resources::network_policy(&mc, None) {
             policies
                 .patch(&p.name_any(), &apply, &kube::api::Patch::Apply(&p))
                 .await

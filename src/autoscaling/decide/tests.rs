@@ -129,11 +129,10 @@ fn pressure_that_comes_and_goes_never_lasts_the_window() {
 }
 
 #[test]
-fn evictions_below_the_memory_threshold_are_no_pressure() {
-    // A member evicting from one slab class while most memory is free: more members would
-    // not help that class.
+fn evictions_below_the_threshold_are_no_pressure() {
     let mut run = Run::of(2);
-    let d = run.steady(5, 50, 100);
+    run.spec.evictions_per_second = 10;
+    let d = run.steady(5, 99, 100);
     assert_eq!((d.scale_to, d.reason), (None, Reason::Steady));
 }
 
@@ -188,7 +187,7 @@ fn a_restarted_member_counts_neither_as_evicting_nor_as_calm() {
 fn calm_members_lose_one_member_after_the_long_window_and_never_go_below_min_size() {
     let mut run = Run::of(3);
     run.spec.min_size = 2;
-    // 3 members at 30 %: 90 % of one member's worth, which fits 2 members at 45 %.
+    // 3 members at 30 %: 90 % of one member's worth, which fits 2 members at 45 % (< 75 %).
     let d = run.steady(0, 30, 300).clone();
     assert_eq!(d.reason, Reason::CalmStabilizing);
     let d = run.steady(0, 30, 320);
@@ -200,9 +199,9 @@ fn calm_members_lose_one_member_after_the_long_window_and_never_go_below_min_siz
 
 #[test]
 fn no_scale_in_when_the_items_would_not_fit_one_member_fewer() {
-    // 2 members at 60 %: one alone would be 120 % full.
+    // 2 members at 40 %: one alone would be 80 % full (> 75 %).
     let mut run = Run::of(2);
-    let d = run.steady(0, 60, 1000);
+    let d = run.steady(0, 40, 1000);
     assert_eq!((d.scale_to, d.reason), (None, Reason::Steady));
 }
 
