@@ -107,6 +107,11 @@ pub struct AutoscalingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signals: Option<Signals>,
 
+    /// While pressure or calm waits out its window: when the window ends, and one pod is added
+    /// or removed if it lasts until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scale_time: Option<Time>,
+
     /// The last scale: when, from and to which size, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale: Option<LastScale>,

@@ -110,6 +110,9 @@ impl Reason {
 pub struct Decision {
     /// The size to set, when it differs from the current one.
     pub scale_to: Option<i32>,
+    /// While a window runs: when it ends, and the size changes if the pressure (or the calm)
+    /// lasts until then.
+    pub next_scale: Option<Timestamp>,
     pub reason: Reason,
     pub message: String,
     pub signals: Signals,
@@ -170,9 +173,20 @@ pub fn decide(
     } else {
         (None, Reason::Steady)
     };
+    // When the window now running ends, if what fills it lasts.
+    let ends = |since: Option<Timestamp>, window: i32| {
+        let start = since.map(|s| last_scale.map_or(s, |l| l.max(s)))?;
+        start.checked_add(seconds(window)).ok()
+    };
+    let next_scale = match reason {
+        Reason::PressureStabilizing => ends(pressure_since, spec.scale_out_stabilization_seconds),
+        Reason::CalmStabilizing => ends(calm_since, spec.scale_in_stabilization_seconds),
+        _ => None,
+    };
     let message = message(spec, size, scale_to, reason, &signals);
     let decision = Decision {
         scale_to,
+        next_scale,
         reason,
         message,
         signals,

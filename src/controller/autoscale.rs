@@ -146,6 +146,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
             reason: reason.to_string(),
             message,
             signals: None,
+            next_scale_time: None,
             recommendations: Vec::new(),
             last_scale: previous.and_then(|p| p.last_scale),
         }));
@@ -210,6 +211,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         reason: decision.reason.as_str().to_string(),
         message: decision.message,
         signals: Some(decision.signals),
+        next_scale_time: decision.next_scale.map(Time),
         last_scale,
         recommendations: decision.recommendations,
     }))

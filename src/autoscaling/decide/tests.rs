@@ -99,6 +99,11 @@ fn evictions_with_a_full_memory_add_one_member_once_they_last_the_window() {
     // default window is 30 s.
     let d = run.steady(5, 95, 40).clone();
     assert_eq!(d.reason, Reason::PressureStabilizing, "{}", d.message);
+    assert_eq!(
+        d.next_scale,
+        Some(Timestamp::from_second(40).unwrap()),
+        "10 s + 30 s"
+    );
     let d = run.steady(5, 95, 50);
     assert_eq!((d.scale_to, d.reason), (Some(3), Reason::Evicting));
     assert!(d.message.contains("scaling 2 → 3"), "{}", d.message);
@@ -190,6 +195,11 @@ fn calm_members_lose_one_member_after_the_long_window_and_never_go_below_min_siz
     // 3 members at 30 %: 90 % of one member's worth, which fits 2 members at 45 % (< 75 %).
     let d = run.steady(0, 30, 300).clone();
     assert_eq!(d.reason, Reason::CalmStabilizing);
+    assert_eq!(
+        d.next_scale,
+        Some(Timestamp::from_second(310).unwrap()),
+        "10 s + 300 s"
+    );
     let d = run.steady(0, 30, 320);
     assert_eq!((d.scale_to, d.reason), (Some(2), Reason::Calm));
     let d = run.steady(0, 30, 1000);
