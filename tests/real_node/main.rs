@@ -4,6 +4,7 @@
 //! DNS, the memcached protocol.
 
 mod auth;
+mod autoscaling;
 mod binding;
 mod data_path;
 #[allow(dead_code)]

@@ -27,7 +27,7 @@ const KEYS: u64 = 10_000;
 
 /// `status.servers`, and the address each member's name has in the cluster's DNS, once every
 /// member resolves to a pod that answers.
-async fn ring(client: &Client, node: &RealNode, ns: &str, size: usize) -> (Vec<String>, Value) {
+pub async fn ring(client: &Client, node: &RealNode, ns: &str, size: usize) -> (Vec<String>, Value) {
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
     wait_for(&format!("{size} members to resolve"), CONVERGE, || async {
         let servers = mcs.get("cache").await.ok()?.status?.servers;

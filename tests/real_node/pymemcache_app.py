@@ -8,18 +8,25 @@ Reads a request on stdin, prints the answer on stdout, both JSON:
             "login": ["user", "password"] | null,
             "keys": n,                        written (unless "write": false), then read back
             "write": true | false,            false: only read
-            "flush": true | false}            flush every server first
+            "flush": true | false,            flush every server first
+            "cache_aside": {"keys": n, "value_bytes": n, "ttl": seconds}}
+                                              instead of the above: one pass over the keys in
+                                              a random order as an application with a database
+                                              behind the cache does: get, and set what missed
   answer:  {"stored": n, "found": n, "per_server": {"host:port": n}} or {"error": "..."}
-           (per_server: where the client puts each key, stored or not)
+           (per_server: where the client puts each key, stored or not);
+           with cache_aside {"hits": n, "misses": n, "refused_batches": n}
 """
 
 import json
+import random
 import socket
 import ssl
 import sys
 
 from pymemcache.client.base import Client
 from pymemcache.client.hash import HashClient
+from pymemcache.exceptions import MemcacheServerError
 
 request = json.load(sys.stdin)
 
@@ -64,6 +71,8 @@ def main():
         # No retries and no dead servers: a failure is the answer.
         client = App(servers, retry_attempts=1, dead_timeout=0, **options)
         server_of = lambda key: "%s:%d" % client._get_client(key).server
+    if request.get("cache_aside"):
+        return cache_aside(client, **request["cache_aside"])
     if request.get("flush"):
         client.flush_all(noreply=False)
     keys = {f"app-{i}": f"value-{i}" for i in range(request["keys"])}
@@ -77,6 +86,26 @@ def main():
     got = client.get_many(list(keys))
     found = sum(1 for key, value in keys.items() if got.get(key) == value.encode())
     return {"stored": stored, "found": found, "per_server": per_server}
+
+
+def cache_aside(client, keys, value_bytes, ttl):
+    order = [f"aside-{i}" for i in range(keys)]
+    random.shuffle(order)
+    hits = misses = refused = 0
+    for start in range(0, len(order), 100):
+        batch = order[start:start + 100]
+        got = client.get_many(batch)
+        hits += len(got)
+        missed = {key: key.encode().ljust(value_bytes, b"v") for key in batch if key not in got}
+        misses += len(missed)
+        if missed:
+            # A cache that refuses a set ("out of memory storing object": memcached found no
+            # item to evict in time) is a miss next time, as for any application.
+            try:
+                client.set_many(missed, expire=ttl, noreply=False)
+            except MemcacheServerError:
+                refused += 1
+    return {"hits": hits, "misses": misses, "refused_batches": refused}
 
 
 try:
