@@ -75,6 +75,12 @@ bench: ## Benchmarks of the image's binary (the Dockerfile's static build) on th
 	bin="$$(hack/images.sh operator-binary)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets $(BENCH_ARGS)
 
+.PHONY: bench-autoscaling
+bench-autoscaling: ## The autoscaler's own CPU: 100 Memcacheds of 3 members against scripted stats on loopback, 120 s with autoscaling on, then off. Results in bench/results/autoscaling-100x3.json.
+	bin="$$(hack/images.sh operator-binary)" && \
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets \
+		--scenarios autoscaling --crs 100 --idle-seconds 120 --out 'bench/results/autoscaling-{crs}x3.json' $(BENCH_ARGS)
+
 .PHONY: bench-data-path
 bench-data-path: ## memcached's operations per second and latency with TLS and auth on and off, on the real node (root). Results in bench/results/data-path.json.
 	REAL_NODE=1 E2E_PROFILE=bench-client hack/e2e.sh --ignored data_path --nocapture

@@ -1,11 +1,14 @@
 //! `make bench`: measures an operator for Memcached on its own embedded control plane.
 //!
 //! Scenarios: converge (N CRs of size 1), steady (idle RSS/CPU, then size-change latency),
-//! restart (time to ready and writes made), failover (SIGKILL and SIGTERM of the leader).
+//! restart (time to ready and writes made), failover (SIGKILL and SIGTERM of the leader); and,
+//! only when asked for, autoscaling (the autoscaler's own CPU against scripted `stats`
+//! responders, `make bench-autoscaling`).
 //! Operator figures come from /proc; API figures from the API server's audit log, filtered to the
 //! operator's ServiceAccount, never from the operator's own metrics.
 
 mod audit;
+mod autoscaling;
 mod cluster;
 mod control_plane;
 mod operator;
@@ -69,10 +72,11 @@ struct Args {
     /// benchmark waits on and times (this operator: statefulsets; the reference: deployments).
     #[arg(long, value_enum, default_value = "statefulsets")]
     workload: workload::Kind,
-    /// Seconds of idle for the steady-state figures.
+    /// Seconds of idle for the steady-state figures (and of each of autoscaling's two windows).
     #[arg(long, default_value_t = 60)]
     idle_seconds: u64,
-    /// Scenarios to run, comma-separated.
+    /// Scenarios to run, comma-separated; also `autoscaling` (--crs Memcacheds of 3 members,
+    /// autoscaled, on a loopback node).
     #[arg(long, default_value = "converge,steady,restart,failover")]
     scenarios: String,
     /// Where the JSON results go; {crs} is filled in.
@@ -293,6 +297,14 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             "rss_peak_mib": op.peak_rss_mib(),
             "cpu_seconds_total": op.cpu_seconds(),
         });
+    }
+
+    if scenarios.contains(&"autoscaling") {
+        if kind != workload::Kind::StatefulSets {
+            bail!("the autoscaling scenario measures this operator's autoscaler");
+        }
+        results["autoscaling"] =
+            autoscaling::run(args, &client, cluster, &op, &memcacheds, &namespaces).await?;
     }
 
     if scenarios.contains(&"restart") {
@@ -760,6 +772,65 @@ fn print_table(results: &Value) {
         ),
         ("steady: loaded RSS (MiB)", "/steady/loaded_rss_mib"),
         ("steady: CPU total (s)", "/steady/cpu_seconds_total"),
+        (
+            "autoscaling: all Steady after (s)",
+            "/autoscaling/steady_after_seconds",
+        ),
+        ("autoscaling: window (s)", "/autoscaling/window_seconds"),
+        ("autoscaling on: CPU (s)", "/autoscaling/on/cpu_seconds"),
+        (
+            "autoscaling on: % of a core",
+            "/autoscaling/cpu_percent_of_a_core_on",
+        ),
+        ("autoscaling off: CPU (s)", "/autoscaling/off/cpu_seconds"),
+        (
+            "autoscaling off: % of a core",
+            "/autoscaling/cpu_percent_of_a_core_off",
+        ),
+        (
+            "autoscaling: CPU difference (s)",
+            "/autoscaling/cpu_seconds_difference",
+        ),
+        (
+            "autoscaling: difference, % of a core",
+            "/autoscaling/cpu_percent_of_a_core_difference",
+        ),
+        (
+            "autoscaling on: stats reads/s",
+            "/autoscaling/on/stats_reads_per_second",
+        ),
+        (
+            "autoscaling off: stats reads/s",
+            "/autoscaling/off/stats_reads_per_second",
+        ),
+        (
+            "autoscaling on: status writes",
+            "/autoscaling/on/status_writes",
+        ),
+        ("autoscaling on: writes", "/autoscaling/on/writes"),
+        (
+            "autoscaling off: status writes",
+            "/autoscaling/off/status_writes",
+        ),
+        ("autoscaling off: writes", "/autoscaling/off/writes"),
+        ("autoscaling on: RSS (MiB)", "/autoscaling/on/rss_mib"),
+        ("autoscaling off: RSS (MiB)", "/autoscaling/off/rss_mib"),
+        (
+            "autoscaling: peak RSS (MiB)",
+            "/autoscaling/off/rss_peak_mib",
+        ),
+        (
+            "autoscaling: Steady at end of window",
+            "/autoscaling/steady_at_end_of_window",
+        ),
+        (
+            "autoscaling: writes until Steady",
+            "/autoscaling/until_steady_writes",
+        ),
+        (
+            "autoscaling: one status message",
+            "/autoscaling/status_autoscaling_sample/message",
+        ),
         (
             "restart: control plane quiet after (s)",
             "/restart/quiet_after_seconds",

@@ -5,6 +5,7 @@
 pub mod cert_manager;
 pub mod cluster;
 pub mod dns;
+pub mod kwok;
 pub mod memcached;
 pub mod net;
 pub mod operator;

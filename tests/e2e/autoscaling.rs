@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use memcached_operator::api::{AutoscalingSpec, Memcached};
+use memcached_operator_testkit::kwok::{loopback_node, on_loopback_node};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -22,38 +23,7 @@ use super::harness::{
 };
 
 const NODE: &str = "kwok-loopback";
-const TAINT: &str = "memcached-operator.dev/loopback";
 const MAX_MEMORY_MIB: u64 = 32;
-
-/// A kwok node whose pods get addresses on 127.77.0.0/24, tainted so that only the pods that
-/// ask for it land there.
-async fn loopback_node(client: &Client) {
-    let node: Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": NODE,
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
-            "labels": {"type": "kwok", "kubernetes.io/hostname": NODE},
-        },
-        "spec": {
-            "podCIDR": "127.77.0.0/24", "podCIDRs": ["127.77.0.0/24"],
-            "taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
-        },
-        "status": {
-            "allocatable": {"cpu": "100", "memory": "1Ti", "pods": "200"},
-            "capacity": {"cpu": "100", "memory": "1Ti", "pods": "200"},
-        },
-    }))
-    .unwrap();
-    match Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("creating node {NODE}: {e}"),
-    }
-}
 
 /// What every scripted member says: evicting (at 100 items/s, 95 % full) or calm (10 % full).
 #[derive(Clone, Default)]
@@ -151,7 +121,9 @@ fn autoscaled(mc: &Memcached) -> Option<(Option<i32>, String)> {
 #[tokio::test]
 async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_after_the_window() {
     let client = admin().await;
-    loopback_node(&client).await;
+    loopback_node(&client, NODE, "127.77.0.0/24", 200)
+        .await
+        .unwrap();
     let ns = namespace(&client, "autoscaling").await;
     let _op = Operator::start(&client, OperatorOptions::default()).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
@@ -160,13 +132,9 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
 
     let mut mc = memcached("cache", 1);
     mc.spec.max_memory_mib = MAX_MEMORY_MIB as i32;
-    mc.spec.node_selector = Some([("kubernetes.io/hostname".to_string(), NODE.to_string())].into());
-    mc.spec.tolerations = Some(vec![
-        serde_json::from_value(
-            serde_json::json!({"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}),
-        )
-        .unwrap(),
-    ]);
+    let placed = on_loopback_node(NODE);
+    mc.spec.node_selector = serde_json::from_value(placed["nodeSelector"].clone()).unwrap();
+    mc.spec.tolerations = serde_json::from_value(placed["tolerations"].clone()).unwrap();
     mc.spec.autoscaling = Some(AutoscalingSpec {
         enabled: true,
         min_size: 1,

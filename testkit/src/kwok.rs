@@ -1,0 +1,53 @@
+//! A kwok node whose pods answer on this host: kwok gives pods addresses from their node's
+//! `podCIDR`, and on a loopback network (127.0.0.0/8) a scripted server bound to a pod's address
+//! answers where the operator connects to the real one (the autoscaler's `stats`).
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+/// Kept off the node by a taint: only pods that tolerate it land there.
+pub const LOOPBACK_TAINT: &str = "memcached-operator.dev/loopback";
+
+/// Creates (or keeps) kwok node `name` with pods on `pod_cidr` (under 127.0.0.0/8), room for
+/// `pods`, tainted with `LOOPBACK_TAINT`.
+pub async fn loopback_node(
+    client: &Client,
+    name: &str,
+    pod_cidr: &str,
+    pods: u32,
+) -> kube::Result<()> {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name},
+        },
+        "spec": {
+            "podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
+            "taints": [{"key": LOOPBACK_TAINT, "value": "true", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": pods.to_string()},
+            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": pods.to_string()},
+        },
+    }))
+    .expect("a Node");
+    match Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The spec fields that put a Memcached's pods on node `name`: its nodeSelector and toleration.
+pub fn on_loopback_node(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "nodeSelector": {"kubernetes.io/hostname": name},
+        "tolerations": [{"key": LOOPBACK_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    })
+}
