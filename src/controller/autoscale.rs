@@ -152,13 +152,13 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         }));
     }
     let now = Timestamp::now();
+    // A Memcached read before the last scale reached the cache would be sized from the old size.
+    let stale = matches!(ctx.autoscaler.kept(mc), Kept::Stale);
     let mut remembered = ctx.autoscaler.take(mc);
     let recent = remembered
         .history
         .last_at()
         .is_some_and(|at| now.duration_since(at) < MIN_INTERVAL);
-    // A Memcached read before the last scale reached the cache would be sized from the old size.
-    let stale = matches!(ctx.autoscaler.kept(mc), Kept::Stale);
     if let Some(previous) = previous.as_ref()
         && (recent || stale)
     {
@@ -196,6 +196,9 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
             "Autoscaled",
             decision.message.clone(),
         );
+        let ns = mc.namespace().unwrap_or_default();
+        let scaled = &ctx.metrics.autoscaling;
+        scaled.scaled(&ns, &mc.name_any(), size, to, decision.reason);
         last_scale = Some(LastScale {
             time: Time(now),
             from: size,
