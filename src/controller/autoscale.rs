@@ -41,10 +41,14 @@ struct Remembered {
     generation: Option<i64>,
 }
 
-/// The size the autoscaler keeps, as far as this process knows.
+/// What this process knows of the size to keep, against the Memcached read.
 enum Kept {
-    Size(i32),
+    /// Its own write of spec.size is the Memcached's latest spec change: that size (its status
+    /// may not say so yet).
+    Latest(i32),
+    /// The Memcached was read before that write reached the cache: nothing to judge.
     Stale,
+    /// Someone changed the spec since (or nothing was written here): the status says.
     Unknown,
 }
 
@@ -60,8 +64,10 @@ impl Autoscaler {
         };
         match (r.size, r.generation) {
             (_, Some(written)) if mc.metadata.generation < Some(written) => Kept::Stale,
-            (Some(size), _) => Kept::Size(size),
-            (None, _) => Kept::Unknown,
+            (Some(size), Some(written)) if mc.metadata.generation == Some(written) => {
+                Kept::Latest(size)
+            }
+            _ => Kept::Unknown,
         }
     }
 
@@ -95,10 +101,10 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
         return Ok(false);
     }
     let kept = match ctx.autoscaler.kept(mc) {
-        Kept::Size(size) => Some(size),
-        // A Memcached read before the autoscaler's own write reached the cache: nothing to judge.
+        Kept::Latest(size) => Some(size),
         Kept::Stale => None,
-        // A new leader: what the last one reported.
+        // The size the autoscaler last reported (this process's, or a previous leader's): a
+        // spec change since that did not keep it was made by hand.
         Kept::Unknown => mc
             .status
             .as_ref()

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::{AutoscalingSpec, Memcached};
@@ -113,6 +114,27 @@ fn sizes_seen(mcs: Api<Memcached>) -> (Arc<Mutex<Vec<i32>>>, tokio::task::JoinHa
     (seen, task)
 }
 
+/// The events of `reason` regarding Memcached `cache`, after checking that no operator recorded
+/// it more than once: operators of the suite's other tests, watching every namespace, may run
+/// meanwhile and record their own.
+async fn events_once_each(client: &kube::Client, ns: &str, reason: &str) -> Vec<Event> {
+    let events: Vec<Event> = events_for(client, ns, "cache")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect();
+    let reporters: BTreeSet<_> = events
+        .iter()
+        .map(|e| e.reporting_instance.clone())
+        .collect();
+    assert_eq!(
+        reporters.len(),
+        events.len(),
+        "one {reason} per operator: {events:#?}"
+    );
+    events
+}
+
 fn autoscaled(mc: &Memcached) -> Option<(Option<i32>, String)> {
     let a = mc.status.as_ref()?.autoscaling.as_ref()?;
     Some((a.size, a.reason.clone()))
@@ -125,7 +147,7 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         .await
         .unwrap();
     let ns = namespace(&client, "autoscaling").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::default()).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let script = Script::default();
     let members = scripted_members(Api::namespaced(client.clone(), &ns), script.clone());
@@ -169,6 +191,22 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         (last.from, last.to, last.reason.as_str()),
         (2, 3, "Evicting")
     );
+    let metrics = op.metrics_text().await;
+    let scales = format!(
+        r#"memcached_operator_autoscaling_scales_total{{direction="out",memcached="cache",namespace="{ns}",reason="Evicting"}}"#
+    );
+    let decision = format!(
+        r#"memcached_operator_autoscaling_decision{{memcached="cache",namespace="{ns}",reason="AtMaxSize"}} 1"#
+    );
+    // Other operators of the suite may have made one of the two scales: this one made one at least.
+    assert!(
+        metrics.contains(&scales),
+        "{scales} missing from:\n{metrics}"
+    );
+    assert!(
+        metrics.contains(&decision),
+        "{decision} missing from:\n{metrics}"
+    );
     wait_converged(&client, &ns, "cache", 3).await;
 
     // A size set by hand is put back, with a Warning that says how to size by hand, before
@@ -182,15 +220,16 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         (mcs.get("cache").await.ok()?.spec.size == 3).then_some(())
     })
     .await;
-    let events = events_for(&client, &ns, "cache").await;
-    let reverted: Vec<_> = events
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("ManualScaleReverted"))
-        .collect();
-    assert_eq!(reverted.len(), 1, "{events:#?}");
-    assert_eq!(reverted[0].type_.as_deref(), Some("Warning"));
-    let note = reverted[0].note.as_deref().unwrap_or_default();
-    assert!(note.contains("put back to 3"), "{note}");
+    let reverted = events_once_each(&client, &ns, "ManualScaleReverted").await;
+    assert!(!reverted.is_empty(), "a Warning that the size was put back");
+    for event in &reverted {
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        let note = event.note.as_deref().unwrap_or_default();
+        assert!(
+            note.contains("set to 1") && note.contains("put back to 3"),
+            "{note}"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(uids(pods.list(&selector).await.unwrap().items), before);
 
@@ -215,17 +254,20 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         seen == [1, 2, 3, 2, 1] || seen == [1, 2, 3, 1, 3, 2, 1],
         "never below minSize, one step at a time: {seen:?}"
     );
-    let events = events_for(&client, &ns, "cache").await;
-    let scaled: BTreeSet<String> = events
-        .iter()
+    // Each scale an event (of whichever operator of the suite made it).
+    let scales: BTreeSet<String> = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
         .filter(|e| e.reason.as_deref() == Some("Autoscaled"))
-        .filter_map(|e| e.note.clone())
+        .filter_map(|e| Some(e.note?.split(" (").next()?.to_string()))
         .collect();
-    assert_eq!(scaled.len(), 4, "{scaled:#?}");
-    assert!(
-        scaled.iter().any(|n| n.starts_with("scaling 3 → 2")),
-        "{scaled:#?}"
-    );
+    let expected = [
+        "scaling 1 → 2",
+        "scaling 2 → 3",
+        "scaling 3 → 2",
+        "scaling 2 → 1",
+    ];
+    assert_eq!(scales, BTreeSet::from(expected.map(String::from)));
 }
 
 fn degraded(mc: &Memcached) -> Option<(String, String)> {
@@ -281,12 +323,11 @@ async fn a_horizontal_pod_autoscaler_of_the_same_memcached_stops_the_operators_o
         message.contains("HorizontalPodAutoscaler cache-cpu"),
         "{message}"
     );
-    let events = events_for(&client, &ns, "cache").await;
-    let warned = events
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("AutoscalerConflict"))
-        .count();
-    assert_eq!(warned, 1, "one Warning: {events:#?}");
+    let warned = events_once_each(&client, &ns, "AutoscalerConflict").await;
+    assert!(
+        !warned.is_empty(),
+        "a Warning that the HPA stops the autoscaler"
+    );
 
     // The size is the HPA's (or anyone's) now: one set by hand stays.
     set_size(&client, &ns, "cache", 3).await;
