@@ -17,22 +17,26 @@
 //! InstallPlan, the CSV phase and the objects OLM creates; runs the previous release's own
 //! operator binary (`PREV_OPERATOR_BIN`, else built from its commit by its own hack/images.sh:
 //! previous_release.rs) as each CSV's Deployment would (below) and creates Memcacheds, which it
-//! runs as StatefulSets that roll their own pods (`updateStrategy: RollingUpdate`), plus one in
-//! NS_OTHER that no OperatorGroup targets.
+//! runs as StatefulSets (`updateStrategy: OnDelete`, the operator updating the members itself)
+//! of members with memcached's memory file and the agent from its own image (its CSV's
+//! `RELATED_IMAGE_AGENT`), plus one in NS_OTHER that no OperatorGroup targets.
 //! Phase 2, the upgrade: catalog/ (all releases) is served in its place on the same address. NS
 //! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
 //! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
 //! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
-//! updates the members itself: each Memcached keeps its StatefulSet (the same uid), now
-//! `updateStrategy: OnDelete`, and its pod template changes (memcached's memory file, the agent
-//! beside it), which cannot be taken in place, so each member is replaced under its name (a new
-//! pod uid), evicted one at a time, about `minReadySeconds` or more apart (its `Evicted` events);
+//! updates the members itself: each Memcached keeps its StatefulSet (the same uid), `OnDelete`,
+//! whose pod template changes in the agent's image only (the operator's own, the new CSV's
+//! `RELATED_IMAGE_AGENT`), so each member is updated in place: the same pod (name and uid), its
+//! agent restarted once on the new image, memcached not restarted (its restart count unchanged),
+//! one at a time, about `minReadySeconds` or more apart (its `Restarted` events), none evicted;
 //! every Memcached stays Available throughout (polled every second; its Progressing reason says
-//! `ReplacingMembers`) with at most one member out of service and never a pod over its size; no
-//! Memcached is lost (same UIDs); it ends with `size` Ready pods `<name>-0 … <name>-N-1` of the
-//! update revision, `status.servers` lists `<name>-N.<name>.<ns>.svc:<port>`, and nothing in the
-//! namespace is orphaned. Then least privilege: the new CSV's `permissions` (StatefulSets; pods
-//! patched and evicted, never deleted; Deployments only list, watch and delete) apply in NS only
+//! `RestartingInPlace`, never `ReplacingMembers`) with at most one member out of service and
+//! never a pod over its size; no Memcached is lost (same UIDs); it ends with `size` Ready pods
+//! `<name>-0 … <name>-N-1` of the update revision, `status.servers` lists
+//! `<name>-N.<name>.<ns>.svc:<port>`, and nothing in the namespace is orphaned. Then least
+//! privilege: the new CSV's `permissions` (StatefulSets; pods patched and evicted, never deleted;
+//! Deployments only list, watch and delete; the scale of Memcacheds patched and
+//! HorizontalPodAutoscalers listed and watched, new in it, for autoscaling) apply in NS only
 //! (`kubectl auth can-i` as the operator's ServiceAccount), and the operator reconciles a new
 //! Memcached in NS.
 //! Phase 3: a fresh Subscription to the default channel installs the new release directly.
@@ -44,9 +48,9 @@
 //! the pod, as the ServiceAccount OLM created, with the environment the pod gets
 //! (WATCH_NAMESPACE from the pod's olm.targetNamespaces annotation, the Deployment's
 //! RELATED_IMAGE_* values); when OLM rolls the Deployment to the new CSV, the process is replaced
-//! by the new release's, like the pod. kwok makes the operator's evicted members anew at once
-//! (their StatefulSet recreates them) and would restart a container whose image is patched
-//! (hack/templates/kwok-in-place-restart.yaml), as a kubelet does.
+//! by the new release's, like the pod. kwok restarts a container whose image is patched, counting
+//! the restart and making the pod Ready anew (hack/templates/kwok-in-place-restart.yaml), as a
+//! kubelet does, and would make an evicted member anew at once (its StatefulSet recreates it).
 //!
 //! Checks print `PASS`/`FAIL` lines and are reported together at the end ("N passed, N failed");
 //! a check the rest depends on ends the test at once. Figures (upgrade and update durations, pods)
@@ -76,7 +80,7 @@ use serde_json::{Value, json};
 
 use crate::availability::{Sampler, Watched};
 use crate::harness;
-use crate::members::{self, Update, controller_uid, members_missing};
+use crate::members::{self, Update, controller_uid};
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
 use crate::scripts::{olm_versions, path_env, tool};
 
@@ -663,12 +667,42 @@ impl Env {
         (missing, names)
     }
 
-    /// The members the operator evicted of Memcached `name` in `ns` (its `Evicted` events, the
-    /// pod each names), by time; and how many it restarted in place (`Restarted`).
-    async fn evictions(&self, ns: &str, name: &str) -> (Vec<(String, Timestamp)>, usize) {
-        let evicted = members::member_events(&self.client, ns, name, "Evicted").await;
+    /// What Memcacheds `names` in `ns` lack of running as the operator makes them since 0.4.0
+    /// (members::update_missing of members made from the current template: a StatefulSet,
+    /// OnDelete, its Ready pods of its update revision, the agent from the operator's
+    /// RELATED_IMAGE_AGENT, ...), each with its Service; and of no memcached Deployment in `ns`.
+    async fn created_missing(&self, ns: &str, names: &[&str]) -> Vec<String> {
+        let mut missing = vec![];
+        for name in names {
+            let (not, _) = self.updated(ns, name, None, &Update::Created).await;
+            missing.extend(not.into_iter().map(|m| format!("{name}: {m}")));
+            let service = Api::<Service>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await;
+            if !service.is_ok_and(|s| s.is_some()) {
+                missing.push(format!("no Service {name}"));
+            }
+        }
+        let deployments = Api::<Deployment>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(MEMCACHED_PODS))
+            .await
+            .map(|l| l.items.len());
+        if deployments.as_ref().ok() != Some(&0) {
+            missing.push(format!("memcached Deployments: {deployments:?}"));
+        }
+        missing
+    }
+
+    /// The members the operator updated in place of Memcached `name` in `ns` (its `Restarted`
+    /// events, the pod each names), by time; and those it evicted (`Evicted`).
+    async fn member_updates(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> (Vec<(String, Timestamp)>, Vec<(String, Timestamp)>) {
         let restarted = members::member_events(&self.client, ns, name, "Restarted").await;
-        (evicted, restarted.len())
+        let evicted = members::member_events(&self.client, ns, name, "Evicted").await;
+        (restarted, evicted)
     }
 
     /// What in `ns` has lost its controller: a memcached pod whose StatefulSet is gone, a
@@ -1207,37 +1241,31 @@ async fn install_and_upgrade_through_olm() {
             ok,
         );
     }
-    // The previous release runs them as StatefulSets that roll their own pods.
+    // The previous release runs them as StatefulSets whose members it updates itself
+    // (OnDelete), each member with memcached's memory file and the agent from its own image.
+    let (prev_agent, _) = env.operator_env(NS, "RELATED_IMAGE_AGENT").await;
+    let prev_related: BTreeMap<String, String> = env
+        .operator_envs(NS)
+        .await
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("RELATED_IMAGE_"))
+        .map(|(name, (value, _))| (name, value))
+        .collect();
     for ns in [NS, NS_MANUAL] {
-        let (e, first) = (&env, sample.as_str());
+        let (e, names) = (&env, [sample.as_str(), SECOND]);
         let ok = wait_until(timeout, || async move {
-            let sts = Api::<StatefulSet>::namespaced(e.client.clone(), ns);
-            let mut all = true;
-            for (name, size) in [(first, 3), (SECOND, 2)] {
-                let strategy = sts
-                    .get_opt(name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|s| s.spec?.update_strategy?.type_);
-                let pods = e.pods_of(ns, name).await;
-                let uid = sts.get_opt(name).await.ok().flatten().and_then(|s| s.uid());
-                all &= strategy.as_deref() == Some("RollingUpdate")
-                    && members_missing(&pods, name, size, uid.as_deref()).is_empty()
-                    && Api::<Service>::namespaced(e.client.clone(), ns)
-                        .get_opt(name)
-                        .await
-                        .is_ok_and(|s| s.is_some());
-            }
-            all && Api::<Deployment>::namespaced(e.client.clone(), ns)
-                .list(&ListParams::default().labels(MEMCACHED_PODS))
-                .await
-                .is_ok_and(|l| l.items.is_empty())
+            e.created_missing(ns, &names).await.is_empty()
         })
         .await;
+        let missing = env.created_missing(ns, &names).await;
         checks.check(
             format!(
-                "{prev_csv} runs {sample} and {SECOND} in {ns} as StatefulSets (updateStrategy RollingUpdate) of pods <name>-N, with their Services, no Deployment"
+                "{prev_csv} runs {sample} and {SECOND} in {ns} as StatefulSets (updateStrategy OnDelete) of Ready pods <name>-N of their update revision, memcached with its memory file (-e), the agent from {prev_agent}, with their Services, no Deployment{}",
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (not: {})", missing.join("; "))
+                }
             ),
             ok,
         );
@@ -1248,14 +1276,29 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
     // The contrast for the least-privilege checks after the upgrade: the previous release
-    // neither patches nor evicts pods, and its rules hold in its own namespace only.
-    let ok = env.can(&["list", "pods", "-n", NS]).await
-        && env.cannot(&["patch", "pods", "-n", NS]).await
+    // updates the members itself (it patches and evicts pods) but neither scales Memcacheds nor
+    // reads HorizontalPodAutoscalers (autoscaling came after it), and its rules hold in its own
+    // namespace only.
+    let ok = env.can(&["patch", "pods", "-n", NS]).await
         && env
-            .cannot(&["create", "pods", "--subresource=eviction", "-n", NS])
+            .can(&["create", "pods", "--subresource=eviction", "-n", NS])
+            .await
+        && env
+            .cannot(&[
+                "patch",
+                "memcacheds.cache.example.com",
+                "--subresource=scale",
+                "-n",
+                NS,
+            ])
+            .await
+        && env
+            .cannot(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
             .await;
     checks.check(
-        format!("under {prev_csv} {sa} can list pods in {NS}, not patch or evict them"),
+        format!(
+            "under {prev_csv} {sa} can patch and evict pods in {NS}, not patch the scale of Memcacheds or list HorizontalPodAutoscalers"
+        ),
         ok,
     );
     let ok = env
@@ -1266,8 +1309,9 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
 
-    // The state the upgrade starts from: what must stay (the Memcacheds, their StatefulSets)
-    // and what must be replaced (each member's pod).
+    // The state the upgrade starts from: what must stay (the Memcacheds, their StatefulSets,
+    // each member's pod) and each container's restart count (the agent's is to move by one,
+    // memcached's not at all).
     let e = &env;
     let mut before = BTreeMap::new();
     for ns in [NS, NS_MANUAL] {
@@ -1412,10 +1456,39 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
 
-    // Each Memcached of the previous release keeps its StatefulSet, now OnDelete with the new
-    // template: memcached's memory file, the agent, a volume, more than images, so the operator
-    // replaces each member (evicts it; the StatefulSet makes it anew under its name), one at a
-    // time. kwok's pods are Ready at once, so each takes about minReadySeconds.
+    // What the new release changes in the members: the agent's image (the operator's own) and
+    // no other, so that each member is to be updated in place, its agent alone restarted.
+    for ns in [NS, NS_MANUAL] {
+        let related = env
+            .operator_envs(ns)
+            .await
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("RELATED_IMAGE_"))
+            .map(|(name, (value, _))| (name, value))
+            .collect::<BTreeMap<_, _>>();
+        let changed: Vec<String> = related
+            .iter()
+            .filter(|(name, value)| prev_related.get(*name) != Some(*value))
+            .map(|(name, value)| {
+                let was = prev_related.get(name).map_or("none", String::as_str);
+                format!("{name} {was} -> {value}")
+            })
+            .collect();
+        checks.check(
+            format!(
+                "{csv_name}'s operator in {ns} differs from {prev_csv}'s in the agent's image only ({})",
+                changed.join(", ")
+            ),
+            changed.len() == 1
+                && changed[0].starts_with("RELATED_IMAGE_AGENT ")
+                && related.len() == prev_related.len(),
+        );
+    }
+
+    // Each Memcached of the previous release keeps its StatefulSet (OnDelete), whose template
+    // now differs in the agent's image only, so the operator updates each member in place (it
+    // patches the agent's image; kwok restarts that container and makes the pod Ready anew),
+    // one at a time, about minReadySeconds apart: the same pods, memcached not restarted.
     let memcacheds = [
         (
             NS,
@@ -1427,7 +1500,10 @@ async fn install_and_upgrade_through_olm() {
         let (ns, names) = (*ns, names.as_slice());
         let (_, sts_before, pods_before) = &before[ns];
         let update = |name: &str| match pods_before.get(name) {
-            Some(pods) => Update::Replaced(pods),
+            Some(pods) => Update::InPlace {
+                before: pods,
+                restarted: &["agent"],
+            },
             None => Update::Created,
         };
         let ok = wait_until(timeout, || async move {
@@ -1447,7 +1523,7 @@ async fn install_and_upgrade_through_olm() {
         .await;
         if ok {
             checks.figure(format!(
-                "{ns}: operator ({csv_name}) started -> every member of every Memcached replaced under its name: {} s",
+                "{ns}: operator ({csv_name}) started -> every member of every Memcached updated in place: {} s",
                 secs(started[ns])
             ));
         }
@@ -1459,7 +1535,11 @@ async fn install_and_upgrade_through_olm() {
                     "{ns}/{name}: {} StatefulSet {name} (OnDelete), pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
                     if sts_uid.is_some() { "the same" } else { "a" },
                     pods.join(" "),
-                    if sts_uid.is_some() { "each replaced (a new uid)" } else { "made from it" },
+                    if sts_uid.is_some() {
+                        "each the same pod (uid), its agent restarted once, memcached not restarted"
+                    } else {
+                        "made from it"
+                    },
                     if missing.is_empty() {
                         String::new()
                     } else {
@@ -1469,10 +1549,10 @@ async fn install_and_upgrade_through_olm() {
                 missing.is_empty(),
             );
         }
-        // One member at a time: each evicted once, the next once its replacement has been Ready
-        // for minReadySeconds (kwok makes it Ready at once; a Ready time is kept to the second,
-        // hence a second less); none restarted in place.
-        for (name, pods) in pods_before {
+        // One member at a time: each patched once (a `Restarted` event), the next once the one
+        // before has restarted and been Ready for minReadySeconds (kwok makes it Ready anew at
+        // once); none evicted.
+        for name in names {
             let min_ready = env
                 .memcacheds(ns)
                 .get(name)
@@ -1480,31 +1560,37 @@ async fn install_and_upgrade_through_olm() {
                 .ok()
                 .and_then(|mc| mc.spec.rollout)
                 .map_or(5, |r| r.min_ready_seconds);
-            let (evicted, restarted) = env.evictions(ns, name).await;
-            let mut members: Vec<&String> = evicted.iter().map(|(pod, _)| pod).collect();
-            members.sort();
-            let gaps: Vec<f64> = evicted
-                .windows(2)
-                .map(|w| w[1].1.duration_since(w[0].1).as_secs_f64())
-                .collect();
-            let list = evicted
-                .iter()
-                .zip(std::iter::once(0.0).chain(gaps.iter().scan(0.0, |t, gap| {
-                    *t += gap;
-                    Some(*t)
-                })))
-                .map(|((pod, _), t)| format!("{pod} +{t:.1} s"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            checks.check(
-                format!(
-                    "{ns}/{name}: each of its {} members evicted once ({list}), about minReadySeconds ({min_ready} s) or more apart; none restarted in place ({restarted})",
-                    pods.len()
-                ),
-                members.into_iter().eq(pods.keys())
-                    && gaps.iter().all(|gap| *gap >= f64::from(min_ready - 1))
-                    && restarted == 0,
-            );
+            let (restarted, evicted) = env.member_updates(ns, name).await;
+            match pods_before.get(name) {
+                Some(pods) => {
+                    let (ok, list) = match members::one_at_a_time(&restarted, pods, min_ready) {
+                        Ok(list) => (true, list),
+                        Err(list) => (false, list),
+                    };
+                    checks.check(
+                        format!(
+                            "{ns}/{name}: each of its {} members restarted in place once ({list}), about minReadySeconds ({min_ready} s) or more apart; none evicted ({})",
+                            pods.len(),
+                            evicted.len()
+                        ),
+                        ok && evicted.is_empty(),
+                    );
+                    checks.figure(format!(
+                        "{ns}/{name}: restart counts {}",
+                        members::restart_counts(pods, &env.pods_of(ns, name).await)
+                    ));
+                }
+                None => {
+                    checks.check(
+                        format!(
+                            "{ns}/{name} (made by {csv_name}): no member restarted ({}) or evicted ({})",
+                            restarted.len(),
+                            evicted.len()
+                        ),
+                        restarted.is_empty() && evicted.is_empty(),
+                    );
+                }
+            }
         }
         let orphans = env.orphans(ns).await;
         checks.check(
@@ -1535,6 +1621,18 @@ async fn install_and_upgrade_through_olm() {
         }
         let mut pods_after = env.pod_uids(ns).await;
         pods_after.retain(|name, _| !name.starts_with(&format!("{AFTER_UPGRADE}-")));
+        let uids_before: BTreeMap<String, String> = pods_before
+            .values()
+            .flatten()
+            .map(|(name, b)| (name.clone(), b.uid.clone()))
+            .collect();
+        checks.check(
+            format!(
+                "the same {} memcached pods in {ns} after the upgrade (names and UIDs): none replaced",
+                uids_before.len()
+            ),
+            !uids_before.is_empty() && uids_before == pods_after,
+        );
         let line = |pods: &mut dyn Iterator<Item = (&String, &String)>| {
             pods.map(|(name, uid)| format!("{name}={}", &uid[..uid.len().min(8)]))
                 .collect::<Vec<_>>()
@@ -1567,16 +1665,16 @@ async fn install_and_upgrade_through_olm() {
     );
     checks.check(
         format!(
-            "Progressing says ReplacingMembers during the update ({} samples), never RestartingInPlace ({})",
-            samples.with_reason("ReplacingMembers"),
-            samples.with_reason("RestartingInPlace")
+            "Progressing says RestartingInPlace during the update ({} samples), never ReplacingMembers ({})",
+            samples.with_reason("RestartingInPlace"),
+            samples.with_reason("ReplacingMembers")
         ),
-        samples.with_reason("ReplacingMembers") > 0 && samples.with_reason("RestartingInPlace") == 0,
+        samples.with_reason("RestartingInPlace") > 0 && samples.with_reason("ReplacingMembers") == 0,
     );
     checks.figure(format!(
-        "{}; with a condition ReplacingMembers: {}, Updating: {}, RolloutQueued: {}",
+        "{}; with a condition RestartingInPlace: {}, Updating: {}, RolloutQueued: {}",
         samples.summary("during the upgrades"),
-        samples.with_reason("ReplacingMembers"),
+        samples.with_reason("RestartingInPlace"),
         samples.with_reason("Updating"),
         samples.with_reason("RolloutQueued")
     ));
@@ -1682,6 +1780,46 @@ async fn install_and_upgrade_through_olm() {
             .cannot(&["create", "pods", "--subresource=eviction", "-n", NS_OTHER])
             .await;
     checks.check(format!("{sa} cannot patch or evict pods in {NS_OTHER}"), ok);
+    let scale = |ns: &'static str| {
+        [
+            "patch",
+            "memcacheds.cache.example.com",
+            "--subresource=scale",
+            "-n",
+            ns,
+        ]
+    };
+    let ok = env.can(&scale(NS)).await
+        && env
+            .can(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
+            .await
+        && env
+            .can(&["watch", "horizontalpodautoscalers.autoscaling", "-n", NS])
+            .await;
+    checks.check(
+        format!(
+            "{sa} can patch the scale of Memcacheds and list and watch HorizontalPodAutoscalers in {NS} (autoscaling, new in {csv_name})"
+        ),
+        ok,
+    );
+    let ok = env.cannot(&scale(NS_OTHER)).await
+        && env
+            .cannot(&[
+                "list",
+                "horizontalpodautoscalers.autoscaling",
+                "-n",
+                NS_OTHER,
+            ])
+            .await
+        && env
+            .cannot(&["create", "horizontalpodautoscalers.autoscaling", "-n", NS])
+            .await;
+    checks.check(
+        format!(
+            "{sa} cannot patch the scale of Memcacheds or list HorizontalPodAutoscalers in {NS_OTHER}, nor create HorizontalPodAutoscalers in {NS}"
+        ),
+        ok,
+    );
     let ok = env.can(&["list", "events", "-n", NS]).await;
     checks.check(
         format!("{sa} can list events in {NS} (a StatefulSet's FailedCreate)"),

@@ -1,11 +1,14 @@
 //! What a Memcached whose members the operator has updated has (since 0.4.0 its StatefulSet is
-//! `OnDelete` and the operator updates each member, in place or by replacing it), as both upgrade
-//! tests check it.
+//! `OnDelete` and the operator updates each member itself: in place when only images change, by
+//! replacing it otherwise), as both upgrade tests check it. From 0.4.0 to 0.5.0 only the agent's
+//! image changes (the operator's own), so each member is updated in place: the same pod, its
+//! agent restarted, memcached running on.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use memcached_operator::api::Memcached;
 
@@ -18,7 +21,7 @@ pub async fn member_events(
     ns: &str,
     name: &str,
     reason: &str,
-) -> Vec<(String, k8s_openapi::jiff::Timestamp)> {
+) -> Vec<(String, Timestamp)> {
     let mut events: Vec<_> = harness::events_for(client, ns, name)
         .await
         .into_iter()
@@ -35,6 +38,37 @@ pub async fn member_events(
         .collect();
     events.sort_by_key(|(_, t)| *t);
     events
+}
+
+/// Whether `events` (member_events of one Memcached: `Restarted` or `Evicted`) name each of
+/// `members` once and are about `min_ready` seconds or more apart, as the operator updates one
+/// member at a time: the next once the one before has been back and Ready for minReadySeconds
+/// (less a second: a Ready time is kept to the second). For a figure, either way: each member
+/// with its time after the first.
+pub fn one_at_a_time(
+    events: &[(String, Timestamp)],
+    members: &BTreeMap<String, Before>,
+    min_ready: i32,
+) -> Result<String, String> {
+    let first = events.first().map(|(_, t)| *t);
+    let list = events
+        .iter()
+        .map(|(pod, t)| {
+            let after = first.map_or(0.0, |f| t.duration_since(f).as_secs_f64());
+            format!("{pod} +{after:.1} s")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut names: Vec<&String> = events.iter().map(|(pod, _)| pod).collect();
+    names.sort();
+    let apart = events
+        .windows(2)
+        .all(|w| w[1].1.duration_since(w[0].1).as_secs_f64() >= f64::from(min_ready - 1));
+    if names.into_iter().eq(members.keys()) && apart {
+        Ok(list)
+    } else {
+        Err(list)
+    }
 }
 
 /// The StatefulSet controller's label naming the revision a pod was made from.
@@ -98,11 +132,20 @@ pub fn image(pod: &Pod, container: &str) -> Option<String> {
         .clone()
 }
 
-/// A member before an update: its pod's uid and memcached's restart count.
+/// The names of a pod's containers (not its init containers), in its spec's order.
+fn containers(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
+        .collect()
+}
+
+/// A member before an update: its pod's uid and each container's restart count.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Before {
     pub uid: String,
-    pub restarts: i32,
+    /// container -> its restart count.
+    pub restarts: BTreeMap<String, i32>,
 }
 
 /// name -> what an update must change or keep of each pod.
@@ -111,23 +154,52 @@ pub fn before(pods: &[Pod]) -> BTreeMap<String, Before> {
         .map(|p| {
             let before = Before {
                 uid: p.uid().unwrap_or_default(),
-                restarts: restarts(p, "memcached"),
+                restarts: containers(p)
+                    .into_iter()
+                    .map(|c| {
+                        let count = restarts(p, &c);
+                        (c, count)
+                    })
+                    .collect(),
             };
             (p.name_any(), before)
         })
         .collect()
 }
 
+/// For a figure: each pod's containers' restart counts before (from `before`) and now
+/// (`<pod> memcached 0 -> 0, agent 0 -> 1; ...`).
+pub fn restart_counts(before: &BTreeMap<String, Before>, pods: &[Pod]) -> String {
+    pods.iter()
+        .map(|p| {
+            let was = before.get(&p.name_any());
+            let counts: Vec<String> = containers(p)
+                .iter()
+                .map(|c| {
+                    let was = was
+                        .and_then(|b| b.restarts.get(c))
+                        .map_or("?".to_string(), i32::to_string);
+                    format!("{c} {was} -> {}", restarts(p, c))
+                })
+                .collect();
+            format!("{} {}", p.name_any(), counts.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// How the members came to the StatefulSet's current template.
 pub enum Update<'a> {
-    /// Made from it (a Memcached created under the new release).
+    /// Made from it (a Memcached created under the new release, or the previous release's own
+    /// members before the upgrade).
     Created,
-    /// Each of these replaced under its name: a new pod (uid).
-    Replaced(&'a BTreeMap<String, Before>),
-    /// Each of these restarted in place: the same pod (uid), memcached restarted once more
-    /// (run_bundle, which only the real-node feature builds).
-    #[cfg_attr(not(feature = "real-node"), allow(dead_code))]
-    InPlace(&'a BTreeMap<String, Before>),
+    /// Each of `before` updated in place: the same pod (uid), with the same containers, each
+    /// container of `restarted` restarted once more and every other one not restarted at all
+    /// (an operator upgrade from 0.4.0: the agent, not memcached; a release by digest: both).
+    InPlace {
+        before: &'a BTreeMap<String, Before>,
+        restarted: &'a [&'a str],
+    },
 }
 
 /// What the Memcached `mc` lacks of having every member updated to its StatefulSet's current
@@ -219,28 +291,40 @@ pub fn update_missing(
                 "pod {pod_name}: memcached without its memory file (-e): {args:?}"
             ));
         }
-        let (uid, count) = (pod.uid().unwrap_or_default(), restarts(pod, "memcached"));
-        match update {
-            Update::Created => {}
-            Update::Replaced(before) => match before.get(&pod_name) {
-                None => missing.push(format!("pod {pod_name} was not a member before")),
-                Some(b) if b.uid == uid => {
-                    missing.push(format!("pod {pod_name} not replaced (uid {uid})"))
-                }
-                Some(_) => {}
-            },
-            Update::InPlace(before) => match before.get(&pod_name) {
-                None => missing.push(format!("pod {pod_name} was not a member before")),
-                Some(b) if b.uid != uid => missing.push(format!(
-                    "pod {pod_name} replaced (uid {uid}, not {}), not restarted in place",
-                    b.uid
-                )),
-                Some(b) if count != b.restarts + 1 => missing.push(format!(
-                    "pod {pod_name}: memcached restarted {count} times, not {} + 1",
-                    b.restarts
-                )),
-                Some(_) => {}
-            },
+        let Update::InPlace { before, restarted } = update else {
+            continue;
+        };
+        let Some(b) = before.get(&pod_name) else {
+            missing.push(format!("pod {pod_name} was not a member before"));
+            continue;
+        };
+        let uid = pod.uid().unwrap_or_default();
+        if b.uid != uid {
+            missing.push(format!(
+                "pod {pod_name} replaced (uid {uid}, not {}), not updated in place",
+                b.uid
+            ));
+            continue;
+        }
+        let mut now = containers(pod);
+        now.sort();
+        if now.iter().ne(b.restarts.keys()) {
+            missing.push(format!(
+                "pod {pod_name}: containers [{}], not those before [{}]",
+                now.join(" "),
+                b.restarts.keys().cloned().collect::<Vec<_>>().join(" ")
+            ));
+        }
+        for (container, was) in &b.restarts {
+            let count = restarts(pod, container);
+            let once_more = restarted.contains(&container.as_str());
+            let want = if once_more { was + 1 } else { *was };
+            if count != want {
+                missing.push(format!(
+                    "pod {pod_name}: {container} restarted {count} times, not {was}{}",
+                    if once_more { " + 1" } else { " (never)" }
+                ));
+            }
         }
     }
     let servers = mc

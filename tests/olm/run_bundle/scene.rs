@@ -595,9 +595,12 @@ impl Scene {
     }
 
     /// On a failure: what OLM and the test namespace hold.
+    /// Also the namespace's Warning events (a failed preStop hook, say) and the last lines of
+    /// each member's previous containers (memcached's and the agent's, before their last
+    /// restart: how a save went).
     pub fn diagnostics(&self) {
         eprintln!("diagnostics:");
-        for args in [
+        let mut all: Vec<Vec<String>> = [
             &["get", "catalogsource,subscription,installplan,csv", "-A"][..],
             &[
                 "get",
@@ -607,7 +610,39 @@ impl Scene {
                 "-o",
                 "wide",
             ][..],
-        ] {
+            &[
+                "get",
+                "events",
+                "-n",
+                NS,
+                "--field-selector=type=Warning",
+                "--sort-by=.lastTimestamp",
+            ][..],
+        ]
+        .iter()
+        .map(|args| args.iter().map(|a| a.to_string()).collect())
+        .collect();
+        for i in 0..self.release.sample_size {
+            for container in ["memcached", "agent"] {
+                all.push(
+                    [
+                        "logs",
+                        "-n",
+                        NS,
+                        &format!("{}-{i}", self.release.sample),
+                        "-c",
+                        container,
+                        "--previous",
+                        "--timestamps",
+                        "--tail=25",
+                    ]
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+                );
+            }
+        }
+        for args in &all {
             let out = std::process::Command::new("kubectl")
                 .args(["--request-timeout=20s"])
                 .args(args)
