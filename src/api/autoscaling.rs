@@ -69,6 +69,13 @@ impl Default for AutoscalingSpec {
     }
 }
 
+impl crate::api::MemcachedSpec {
+    /// `spec.autoscaling`, while it is on.
+    pub fn autoscaling_on(&self) -> Option<&AutoscalingSpec> {
+        self.autoscaling.as_ref().filter(|a| a.enabled)
+    }
+}
+
 fn one() -> i32 {
     1
 }

@@ -16,7 +16,7 @@ use kube::{Api, ResourceExt};
 use tracing::debug;
 
 use super::context::Context;
-use crate::api::{AutoscalingSpec, AutoscalingStatus, LastScale, Memcached};
+use crate::api::{AutoscalingStatus, LastScale, Memcached};
 use crate::autoscaling::{History, Reading, Reason, decide, stats};
 use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, agent, warm_restart};
@@ -94,7 +94,7 @@ impl Autoscaler {
 /// Warning, before anything is sized from it. True when it was: the write's watch event brings
 /// the next reconcile.
 pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
-    let Some(spec) = mc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
+    let Some(spec) = mc.spec.autoscaling_on() else {
         return Ok(false);
     };
     if conflict(ctx, mc).is_some() {
@@ -131,7 +131,7 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
 
 /// The autoscaler's step: its status, or None while autoscaling is off.
 pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<AutoscalingStatus>> {
-    let Some(spec) = mc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
+    let Some(spec) = mc.spec.autoscaling_on() else {
         ctx.autoscaler.forget(mc);
         return Ok(None);
     };
@@ -312,8 +312,5 @@ fn conflict(ctx: &Context, mc: &Memcached) -> Option<String> {
 
 /// Whether autoscaling is on for `mc`.
 pub fn enabled(mc: &Memcached) -> bool {
-    mc.spec
-        .autoscaling
-        .as_ref()
-        .is_some_and(|a: &AutoscalingSpec| a.enabled)
+    mc.spec.autoscaling_on().is_some()
 }

@@ -281,7 +281,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     ctx.metrics.autoscaling.set(
         &ns,
         &mc.name_any(),
-        mc.spec.autoscaling.as_ref(),
+        mc.spec.autoscaling_on(),
         new_status.autoscaling.as_ref(),
     );
     ctx.events.troubled(mc, trouble.as_ref());

@@ -101,7 +101,8 @@ impl AutoscalingMetrics {
         ]
     }
 
-    /// The series of one Memcached from its autoscaling status; none while autoscaling is off.
+    /// The series of one Memcached from its autoscaling status; none while autoscaling is off
+    /// (`spec` None).
     pub fn set(
         &self,
         namespace: &str,
@@ -109,7 +110,7 @@ impl AutoscalingMetrics {
         spec: Option<&AutoscalingSpec>,
         status: Option<&AutoscalingStatus>,
     ) {
-        let (Some(spec), Some(status)) = (spec.filter(|s| s.enabled), status) else {
+        let (Some(spec), Some(status)) = (spec, status) else {
             self.forget(namespace, name);
             return;
         };

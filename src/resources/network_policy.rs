@@ -37,7 +37,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
             from: Some(or_default(&wanted.metrics_from, every_namespace)),
         });
     }
-    let autoscaled = mc.spec.autoscaling.as_ref().is_some_and(|a| a.enabled);
+    let autoscaled = mc.spec.autoscaling_on().is_some();
     if let (true, Some(namespace), Some((port, _))) =
         (autoscaled, operator_namespace, agent::stats_port(mc))
     {
