@@ -319,11 +319,12 @@ async fn drain(
         info!("stopping before the caches synced: nothing to drain");
         return;
     }
-    if tokio::time::timeout(args.graceful_shutdown_timeout, controller)
-        .await
-        .is_err()
-    {
-        warn!(timeout = ?args.graceful_shutdown_timeout, "reconciles still running at shutdown timeout");
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(args.graceful_shutdown_timeout, controller).await {
+        Ok(()) => info!(took = ?started.elapsed(), "reconciles in flight drained"),
+        Err(_) => {
+            warn!(timeout = ?args.graceful_shutdown_timeout, "reconciles still running at shutdown timeout")
+        }
     }
 }
 

@@ -4,13 +4,34 @@ use std::net::TcpListener;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range: a
+/// port the kernel handed out (bind to port 0) goes back to that range once released, where any
+/// outgoing connection of the busy suite can take it before the process meant to listen on it.
 pub fn free_port() -> u16 {
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let below = ephemeral_from.saturating_sub(FIRST_PORT);
+    for _ in 0..1000 {
+        if below == 0 {
+            break;
+        }
+        // RandomState's keys are random per instance: a random number without a dependency.
+        let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), ());
+        let port = FIRST_PORT + (random % u64::from(below)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port on 127.0.0.1")
 }
+
+/// Ports chosen start above the well-known and the commonly configured ones.
+const FIRST_PORT: u16 = 20000;
 
 /// GET `path` from 127.0.0.1:`port`: the status code and body, or None if nothing answered.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {

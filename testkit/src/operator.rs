@@ -204,7 +204,7 @@ impl OperatorProcess {
     }
 
     /// The last `n` lines of the log.
-    fn log_tail(&self, n: usize) -> String {
+    pub fn log_tail(&self, n: usize) -> String {
         let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
