@@ -300,9 +300,10 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
         }
     }
     // A deleted pod's containers are all stopped at once, while memcached's preStop hook may be
-    // asking this agent to save: it stays (serving) until memcached is gone.
+    // asking this agent to save: it stays (serving) until memcached is gone. Stopped alone (its
+    // own image changed in place), it is asked nothing and leaves memcached running.
     if let Some(saver) = saver {
-        save::outlive(&saver, OUTLIVE_MEMCACHED).await;
+        save::outlive(&saver, save::SAVE_EXPECTED_WITHIN, OUTLIVE_MEMCACHED).await;
     }
     Ok(())
 }

@@ -55,6 +55,11 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 32;
 /// How often the agent, terminating, looks whether memcached is gone.
 const OUTLIVE_POLL: Duration = Duration::from_millis(100);
+/// The kubelet stops a deleted pod's containers at once, memcached's through its preStop hook,
+/// which asks for a save within this of the agent's SIGTERM. With none asked by then and
+/// memcached running, only the agent is stopping (its image changed in place): it has nothing
+/// to outlive, and waiting would only hold its restart until the grace period's SIGKILL.
+pub(super) const SAVE_EXPECTED_WITHIN: Duration = Duration::from_secs(5);
 
 /// The shared secret of the save endpoint: anyone reaching the pod's IP could otherwise stop
 /// memcached.
@@ -106,6 +111,8 @@ pub(super) struct Saver {
     turn: Mutex<()>,
     /// Saves asked for and not yet answered, which the agent outlives.
     in_flight: AtomicUsize,
+    /// When the last save was asked for.
+    last_asked: std::sync::Mutex<Option<Instant>>,
     /// memcached's loopback listener and the logins it takes, for `GET /stats`.
     stats: Option<(SocketAddr, watch::Receiver<Vec<Credentials>>)>,
 }
@@ -121,6 +128,7 @@ impl Saver {
             exit_timeout: EXIT_TIMEOUT,
             turn: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
+            last_asked: std::sync::Mutex::new(None),
             stats: None,
         }
     }
@@ -227,8 +235,17 @@ impl Saver {
 
     /// Counts a save until it is answered.
     fn enter(&self) -> InFlight<'_> {
+        *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)
+    }
+
+    /// Whether a save was asked for at or after `since`.
+    fn asked_since(&self, since: Instant) -> bool {
+        self.last_asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|asked| asked >= since)
     }
 }
 
@@ -369,9 +386,13 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
-/// After SIGTERM: returns once no memcached is left and no save is unanswered, or after `bound`.
-pub(super) async fn outlive(saver: &Saver, bound: Duration) {
+/// After SIGTERM: returns once no memcached is left and no save is unanswered, or after `bound`;
+/// or after `save_expected_within` if no save was asked for around the SIGTERM and memcached
+/// runs on.
+pub(super) async fn outlive(saver: &Saver, save_expected_within: Duration, bound: Duration) {
     let started = Instant::now();
+    // The hook may have asked just before the SIGTERM was sent.
+    let around = started.checked_sub(save_expected_within).unwrap_or(started);
     let mut said = false;
     loop {
         let running = match processes_named(&saver.process) {
@@ -385,6 +406,14 @@ pub(super) async fn outlive(saver: &Saver, bound: Duration) {
         // The last answer is written in the same turn of the connection's task that ends the
         // save, so none is cut off here.
         if !running && !saving {
+            return;
+        }
+        if running
+            && !saving
+            && started.elapsed() >= save_expected_within
+            && !saver.asked_since(around)
+        {
+            info!("no save asked for: memcached runs on, only the agent stops");
             return;
         }
         if started.elapsed() >= bound {
@@ -784,7 +813,9 @@ mod tests {
     async fn the_terminating_agent_outlives_memcached() {
         let mut fake = FakeMemcached::start();
         let saver = fake.saver();
-        let outlived = tokio::spawn(async move { outlive(&saver, Duration::from_secs(10)).await });
+        let outlived = tokio::spawn(async move {
+            outlive(&saver, Duration::from_secs(10), Duration::from_secs(10)).await
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!outlived.is_finished());
         fake.child.kill().unwrap();
@@ -799,9 +830,55 @@ mod tests {
     async fn the_terminating_agent_waits_for_memcached_no_longer_than_its_bound() {
         let fake = FakeMemcached::start();
         let started = Instant::now();
-        outlive(&fake.saver(), Duration::from_millis(300)).await;
+        outlive(
+            &fake.saver(),
+            Duration::from_secs(10),
+            Duration::from_millis(300),
+        )
+        .await;
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert!(fake.running());
+    }
+
+    #[tokio::test]
+    async fn an_agent_stopped_alone_exits_once_no_save_is_asked_for_and_leaves_memcached_running() {
+        let fake = FakeMemcached::start();
+        let started = Instant::now();
+        outlive(
+            &fake.saver(),
+            Duration::from_millis(300),
+            Duration::from_secs(10),
+        )
+        .await;
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        assert!(
+            waited < Duration::from_secs(5),
+            "waited for its bound: {waited:?}"
+        );
+        assert!(fake.running(), "memcached was stopped");
+    }
+
+    #[tokio::test]
+    async fn an_agent_asked_to_save_outlives_memcached_past_the_wait_for_a_save() {
+        let mut fake = FakeMemcached::start_deaf();
+        let (addr, saver) = serving(fake.saver()).await;
+        // The preStop hook's save, then the SIGTERM: memcached ignores the save's signal here,
+        // so only the kubelet's SIGKILL of it will end the save.
+        let save = tokio::spawn(async move { get(addr, "/save", Some(TOKEN)).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let outlived = tokio::spawn(async move {
+            outlive(&saver, Duration::from_millis(200), Duration::from_secs(10)).await
+        });
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!outlived.is_finished(), "left while a save was unanswered");
+        fake.child.kill().unwrap();
+        fake.child.wait().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), outlived)
+            .await
+            .expect("done once memcached is gone and the save answered")
+            .unwrap();
+        save.await.unwrap();
     }
 
     #[derive(Parser, Debug)]
