@@ -8,6 +8,11 @@
 //! One member at a time, or `rollout.maxUnavailable`: the next waits until every member is Ready
 //! for `minReadySeconds`. A patched member counts as out until its containers have restarted: the
 //! pod keeps its Ready condition while the kubelet runs the `preStop`.
+//!
+//! memcached's `preStop` asks the agent beside it to save, and the kubelet stops the containers
+//! of one patch one after another in no set order: a patch of both could stop the agent first,
+//! leaving the save nobody to ask. So a member whose agent and memcached both change is patched
+//! twice: the agent, then, once the member is back and available, memcached.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -39,6 +44,9 @@ pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
 const RECHECK: Duration = Duration::from_secs(5);
 /// How long an evicted member's replacement counts as part of the update at most.
 const REPLACEMENT_COUNTS: Duration = Duration::from_secs(600);
+/// The container that serves memcached's save, and memcached's.
+const SAVER: &str = "agent";
+const MEMCACHED: &str = "memcached";
 
 /// An update in progress: its kind, and when to look again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +117,9 @@ impl Replacing {
 struct InPlace {
     revision: String,
     restarts: BTreeMap<String, i32>,
+    /// memcached's image is still to patch, after the agent's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    memcached_next: bool,
 }
 
 impl InPlace {
@@ -187,7 +198,11 @@ pub async fn update(
     let name = pod.name_any();
     let kind = match restart_patch(pod, &old, &new, update_revision) {
         Some(patch) => {
-            if let Some(patched) = patch_pod(&pods, pod, patch).await? {
+            // A member's second patch (memcached after its agent) is the same update: one event.
+            let first = InPlace::of(pod).is_none_or(|i| i.revision != update_revision);
+            if let Some(patched) = patch_pod(&pods, pod, patch).await?
+                && first
+            {
                 ctx.events.applied(mc, &patched, &Change::Restarted);
             }
             Kind::InPlace
@@ -233,7 +248,10 @@ impl View<'_> {
             .iter()
             .find(|p| self.available_in(p) == Some(SignedDuration::ZERO))
         {
-            return Step::Finish(back);
+            return match InPlace::of(back).is_some_and(|i| i.memcached_next) {
+                true => Step::Update(back),
+                false => Step::Finish(back),
+            };
         }
         if outdated.is_empty() {
             // The StatefulSet counts a replaced member updated as soon as it exists; the update
@@ -390,7 +408,8 @@ async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Po
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images
 /// (and the pod's labels and annotations) differ between them; it records the `revision` it moves
-/// to and the restart counts of the containers it restarts.
+/// to and the restart counts of the containers it restarts. Images the pod already runs are left
+/// out, and memcached's waits for a patch of its own while the agent's changes.
 fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
     if without_images(&old["spec"]) != without_images(&new["spec"]) {
         return None;
@@ -408,17 +427,24 @@ fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<
             .flatten()
             .zip(new["spec"][list].as_array().into_iter().flatten());
         for (before, after) in pairs {
-            if before["image"] == after["image"] {
+            let name = after["name"].as_str().unwrap_or_default();
+            if before["image"] == after["image"]
+                || after["image"].as_str() == running_image(pod, list, name)
+            {
                 continue;
             }
-            patched.push(json!({"name": after["name"], "image": after["image"]}));
-            let name = after["name"].as_str().unwrap_or_default();
+            patched.push(json!({"name": name, "image": after["image"]}));
             // An init container's new image takes effect only in a new pod: nothing restarts.
             if list == "containers" {
                 let count = container_restarts(pod, name);
                 restarts.insert(name.to_string(), count);
             }
         }
+    }
+    let memcached_next = restarts.contains_key(SAVER) && restarts.contains_key(MEMCACHED);
+    if memcached_next {
+        restarts.remove(MEMCACHED);
+        containers.retain(|c| c["name"] != MEMCACHED);
     }
     let labels = changed_map(&old["metadata"]["labels"], &new["metadata"]["labels"]);
     let mut annotations = changed_map(
@@ -428,6 +454,7 @@ fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<
     let record = InPlace {
         revision: revision.to_string(),
         restarts,
+        memcached_next,
     };
     annotations.insert(
         IN_PLACE_ANNOTATION.to_string(),
@@ -473,6 +500,16 @@ fn changed_map(old: &Value, new: &Value) -> serde_json::Map<String, Value> {
         patch.insert(key.clone(), Value::Null);
     }
     patch
+}
+
+/// The image `pod`'s container `name` (of `list`, as a template names it) runs.
+fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
+    let spec = pod.spec.as_ref()?;
+    let containers = match list {
+        "containers" => &spec.containers,
+        _ => spec.init_containers.as_ref()?,
+    };
+    containers.iter().find(|c| c.name == name)?.image.as_deref()
 }
 
 fn container_restarts(pod: &Pod, name: &str) -> i32 {

@@ -160,3 +160,107 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
     let names: Vec<_> = members(&pods).await.into_keys().collect();
     assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);
 }
+
+/// For each pod: (memcached's image in its spec, the agent's image as its status says it runs).
+async fn images_of(pods: &Api<Pod>) -> BTreeMap<String, (String, String)> {
+    let listed = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    listed
+        .into_iter()
+        .map(|p| {
+            let spec_image = |name: &str| {
+                p.spec.as_ref().and_then(|s| {
+                    s.containers
+                        .iter()
+                        .find(|c| c.name == name)
+                        .and_then(|c| c.image.clone())
+                })
+            };
+            let running = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|s| s.iter().find(|c| c.name == "agent"))
+                .map(|c| c.image.clone());
+            (
+                p.name_any(),
+                (
+                    spec_image("memcached").unwrap_or_default(),
+                    running.unwrap_or_default(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_upgrade_of_the_agent_and_memcached_restarts_each_members_agent_before_its_memcached() {
+    let client = admin().await;
+    let ns = namespace(&client, "agentfirst").await;
+    let with_agent = |image: &str| OperatorOptions {
+        env: vec![("RELATED_IMAGE_AGENT".into(), image.into())],
+        ..OperatorOptions::watching(&ns)
+    };
+    let mut old = Operator::start(&client, with_agent("operator:old")).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create(&client, &ns, &memcached("cache", 3)).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let before = members(&pods).await;
+    old.stop("TERM").await;
+
+    // An operator upgrade that brings a new memcached too: both containers of every member change.
+    let patch = serde_json::json!({"spec": {"image": "memcached:next"}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let _new = Operator::start(&client, with_agent("operator:new")).await;
+    let start = Instant::now();
+    let mut early = vec![];
+    loop {
+        assert!(start.elapsed() < CONVERGE, "update not done");
+        for (name, (memcached, agent)) in images_of(&pods).await {
+            // memcached's preStop asks the agent to save: its patch waits for the new agent.
+            if memcached == "memcached:next" && agent != "operator:new" {
+                early.push(name);
+            }
+        }
+        let now = members(&pods).await;
+        let done = now.len() == 3
+            && now.values().all(|(_, image, _)| image == "memcached:next")
+            && condition(&mcs.get("cache").await.unwrap(), "Progressing")
+                .is_some_and(|(_, reason)| reason == "Converged");
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        early.is_empty(),
+        "memcached patched while its agent still ran the old image: {early:?}"
+    );
+    let after = members(&pods).await;
+    for (name, (uid, _, restarts)) in &after {
+        let (old_uid, _, old_restarts) = &before[name];
+        assert_eq!(uid, old_uid, "{name} is the same pod");
+        assert_eq!(
+            *restarts,
+            old_restarts + 1,
+            "{name}'s memcached restarted once"
+        );
+    }
+    let restarted = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Restarted"))
+        .map(|e| e.related.and_then(|r| r.name).unwrap_or_default())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        restarted.len(),
+        3,
+        "one Restarted event per member, its two patches one update: {restarted:?}"
+    );
+}

@@ -39,8 +39,9 @@
 //!      memcached's image and the agent's change): the operator restarts each member in place,
 //!      memcached too, one at a time: 10,000 keys written over the members before it, at least
 //!      99 % read back after it; the same pods (uids, addresses), memcached and the agent
-//!      restarted once more, a `Restarted` event each, about `minReadySeconds` or more apart,
-//!      none `Evicted`; probed and sampled as in 2;
+//!      restarted once more, the agent first (exit 0, running again before memcached stopped:
+//!      memcached's preStop asks it to save), a `Restarted` event each, about `minReadySeconds`
+//!      or more apart, none `Evicted`; probed and sampled as in 2;
 //!   4. scorecard of bundle/ as committed (its config unmodified): the tests as pods;
 //!   5. the catalog image as a CatalogSource (OLM's registry pod, probed with
 //!      grpc_health_probe): READY, and a Subscription to it resolves to bundle/'s release;
@@ -652,6 +653,53 @@ fn stops(
     stops.join("; ")
 }
 
+/// Whether in every pod the agent, last stopped with exit 0, runs since before memcached last
+/// stopped: a member whose agent and memcached both change is patched agent first, and the agent
+/// stopped alone leaves without waiting out the grace period. Err lists the members where not.
+fn agents_first(pods: &[Pod]) -> Result<(), String> {
+    let mut wrong = vec![];
+    for pod in pods {
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        let of = |name: &str| statuses.iter().find(|s| s.name == name);
+        let (Some(agent), Some(memcached)) = (of("agent"), of("memcached")) else {
+            wrong.push(format!("{}: no agent or memcached status", pod.name_any()));
+            continue;
+        };
+        let agent_exit = agent
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code);
+        let agent_since = agent
+            .state
+            .as_ref()
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.as_ref())
+            .map(|t| t.0);
+        let memcached_stopped = memcached
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.as_ref())
+            .map(|t| t.0);
+        let first = matches!((agent_since, memcached_stopped), (Some(a), Some(m)) if a <= m);
+        if agent_exit != Some(0) || !first {
+            wrong.push(format!(
+                "{}: agent exit {agent_exit:?}, running since {agent_since:?}; memcached stopped at {memcached_stopped:?}",
+                pod.name_any()
+            ));
+        }
+    }
+    match wrong.is_empty() {
+        true => Ok(()),
+        false => Err(wrong.join("; ")),
+    }
+}
+
 impl Watched {
     /// What holds of every update in place here: each of `members` restarted in place once
     /// (`Restarted` events), about minReadySeconds or more apart, none evicted; at most one member
@@ -883,7 +931,7 @@ async fn run_bundle_upgrade_restarts_each_members_agent_in_place_keeping_the_key
 /// A patch release made as releases are (hack/olm/README.md, "Releasing": images pinned by
 /// digest): the references of memcached's image and the agent's (the operator's) change from tag
 /// to digest and nothing else, so the operator restarts each member in place, one at a time, both
-/// memcached and the agent: the same pods (uids, names, addresses), memcached restarted once
+/// memcached and the agent, the agent first: the same pods (uids, names, addresses), memcached restarted once
 /// more, the keys kept (saved by the agent on preStop into the memory-backed file memcached
 /// restores); at most one member not answering at any moment, the Memcached Available
 /// throughout.
@@ -999,6 +1047,11 @@ async fn a_release_by_digest_restarts_each_member_in_place_keeping_the_keys(
         watched.per_member
     );
     watched.assert_in_place_one_at_a_time(&what, after, min_ready);
+    if let Err(e) = agents_first(&scene.memcached_pods().await) {
+        panic!(
+            "{what}: each member's agent restarted by itself (exit 0) and was running again before memcached stopped, so that memcached's preStop found it to save: {e}"
+        );
+    }
     if let Err(e) = scene.set_in_every_pod(PREFIX, &patch_version).await {
         panic!("every memcached pod answers (a key set and read back): {e}");
     }

@@ -260,3 +260,78 @@ fn the_update_lasts_until_the_last_replaced_member_serves() {
         ["cache-0", "cache-1", "cache-2"]
     );
 }
+
+#[test]
+fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_memcached() {
+    // The kubelet stops a patch's containers in no set order: the agent that saves memcached on
+    // its preStop must not be the one stopping meanwhile.
+    let old = template("memcached:1", &[]);
+    let mut new = template("memcached:2", &[]);
+    new["spec"]["containers"][1]["image"] = json!("operator:2");
+    let mut pod = member(2, "old", LONG_AGO, 3);
+    pod.spec = Some(serde_json::from_value(old["spec"].clone()).unwrap());
+    pod.status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()
+        .push(ContainerStatus {
+            name: "agent".into(),
+            restart_count: 0,
+            ..ContainerStatus::default()
+        });
+
+    let first = restart_patch(&pod, &old, &new, "new").unwrap();
+    assert_eq!(
+        first["spec"]["containers"],
+        json!([{"name": "agent", "image": "operator:2"}])
+    );
+    assert_eq!(
+        first["metadata"]["annotations"][IN_PLACE_ANNOTATION],
+        json!(r#"{"revision":"new","restarts":{"agent":0},"memcached_next":true}"#)
+    );
+
+    // The agent patched and restarted, the member available again: the same member goes on,
+    // with memcached's image alone.
+    let annotation = first["metadata"]["annotations"][IN_PLACE_ANNOTATION].clone();
+    pod.metadata.annotations = Some(
+        [(
+            IN_PLACE_ANNOTATION.to_string(),
+            annotation.as_str().unwrap().to_string(),
+        )]
+        .into(),
+    );
+    pod.spec.as_mut().unwrap().containers[1].image = Some("operator:2".into());
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        pod.clone(),
+    ];
+    assert!(restart_pending(&pods[2]), "the agent has not restarted yet");
+    pod.status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[1]
+        .restart_count = 1;
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        pod.clone(),
+    ];
+    assert_eq!(
+        updated_name(view(1).next_step(&pods)).as_deref(),
+        Some("cache-2")
+    );
+    let second = restart_patch(&pod, &old, &new, "new").unwrap();
+    assert_eq!(
+        second["spec"],
+        json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
+    );
+    assert_eq!(
+        second["metadata"]["annotations"][IN_PLACE_ANNOTATION],
+        json!(r#"{"revision":"new","restarts":{"memcached":3}}"#)
+    );
+}
