@@ -595,13 +595,19 @@ impl Scene {
     }
 
     /// On a failure: what OLM and the test namespace hold.
-    /// Also the namespace's Warning events (a failed preStop hook, say) and the last lines of
-    /// each member's previous containers (memcached's and the agent's, before their last
-    /// restart: how a save went).
+    /// Also the nodes' taints (a pod left Pending), the namespace's Warning events (a failed
+    /// preStop hook, say) and the last lines of each member's previous containers (memcached's
+    /// and the agent's, before their last restart: how a save went).
     pub fn diagnostics(&self) {
         eprintln!("diagnostics:");
         let mut all: Vec<Vec<String>> = [
             &["get", "catalogsource,subscription,installplan,csv", "-A"][..],
+            &[
+                "get",
+                "nodes",
+                "-o",
+                "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints",
+            ][..],
             &[
                 "get",
                 "deployment,replicaset,statefulset,pods,jobs",
