@@ -65,6 +65,8 @@ pub struct Counts {
     pub writes: u64,
     /// "verb resource code" -> count, reads included.
     pub by_key: BTreeMap<String, u64>,
+    /// "verb resource" -> each request's time in the API server (received to answered), in ms.
+    pub latency_ms: BTreeMap<String, Vec<f64>>,
 }
 
 impl Counts {
@@ -141,6 +143,17 @@ pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
             .by_key
             .entry(format!("{verb} {resource} {code}"))
             .or_default() += 1;
+        if let Some(received) = event["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+        {
+            let ms = at.duration_since(received).as_secs_f64() * 1000.0;
+            counts
+                .latency_ms
+                .entry(format!("{verb} {resource}"))
+                .or_default()
+                .push(ms);
+        }
         if matches!(
             verb,
             "create" | "update" | "patch" | "delete" | "deletecollection"

@@ -27,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::{Memcached, MemcachedSpec};
 use memcached_operator_testkit::OperatorProcess;
 use serde_json::{Value, json};
@@ -165,10 +165,16 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     if scenarios.contains(&"converge") {
         let t_audit = audit::now();
         let started = Instant::now();
-        stream::iter(names.iter())
-            .map(|(ns, name)| create(&client, ns, name))
+        let created_at: BTreeMap<(String, String), Timestamp> = stream::iter(names.iter())
+            .map(|(ns, name)| {
+                let client = &client;
+                async move {
+                    create(client, ns, name).await?;
+                    anyhow::Ok(((ns.clone(), name.clone()), Timestamp::now()))
+                }
+            })
             .buffer_unordered(32)
-            .try_collect::<Vec<_>>()
+            .try_collect()
             .await?;
         let created = started.elapsed();
         wait_count(
@@ -200,6 +206,31 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let available_at = started.elapsed();
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
+        let workload_writes = cluster.first_writes(audit::By::Operator, kind.plural(), t_audit);
+        let (controller, controller_writes) = kind.controller();
+        let controller_writes =
+            workload::by_workload(cluster.first_writes(controller, controller_writes, t_audit));
+        let available: BTreeMap<(String, String), Timestamp> = memcacheds
+            .state()
+            .iter()
+            .filter_map(|m| Some(((m.namespace()?, m.name_any()), available_since(m)?)))
+            .collect();
+        let parts = converge_breakdown(
+            &created_at,
+            &workload_writes,
+            &controller_writes,
+            &available,
+        );
+        let request_ms: BTreeMap<&String, Value> = writes
+            .latency_ms
+            .iter()
+            .map(|(key, ms)| {
+                (
+                    key,
+                    json!({"count": ms.len(), "p50": percentile(ms, 0.50), "p99": percentile(ms, 0.99)}),
+                )
+            })
+            .collect();
         results["converge"] = json!({
             "create_seconds": created.as_secs_f64(),
             "workloads_seconds": workloads_at.as_secs_f64(),
@@ -210,6 +241,8 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             "conflicts_409": writes.code(409),
             "throttled_429": writes.code(429),
             "requests": writes.by_key,
+            "request_ms": request_ms,
+            "parts_ms": parts,
             "rss_peak_mib": op.peak_rss_mib(),
         });
     }
@@ -588,6 +621,52 @@ fn breakdown(
     })
 }
 
+/// Where a new Memcached's time to Available goes, per CR (p50 and p99): from its create answered
+/// until the operator's first write of its workload was received, that write's answer, from
+/// it until the workload's controller first wrote (its pod, or its ReplicaSet), and from that
+/// until the Memcached's Available condition (whole seconds: a condition's time has no more).
+fn converge_breakdown(
+    created: &BTreeMap<(String, String), Timestamp>,
+    workloads: &BTreeMap<(String, String), audit::Write>,
+    controller: &BTreeMap<(String, String), audit::Write>,
+    available: &BTreeMap<(String, String), Timestamp>,
+) -> Value {
+    let (mut reacted, mut answered, mut controlled, mut until_available) =
+        (vec![], vec![], vec![], vec![]);
+    for (key, created) in created {
+        let Some(write) = workloads.get(key) else {
+            continue;
+        };
+        reacted.push(millis(*created, write.received));
+        answered.push(millis(write.received, write.answered));
+        if let Some(first) = controller.get(key) {
+            controlled.push(millis(write.answered, first.received));
+            if let Some(available) = available.get(key) {
+                until_available.push(millis(first.received, *available));
+            }
+        }
+    }
+    let part = |v: &[f64]| json!({"p50": percentile(v, 0.50), "p99": percentile(v, 0.99)});
+    json!({
+        "matched": reacted.len(),
+        "until_operator_wrote_workload": part(&reacted),
+        "api_server_answering": part(&answered),
+        "until_workload_controller_wrote": part(&controlled),
+        "then_until_available": part(&until_available),
+    })
+}
+
+/// When the Memcached's Available condition last became True.
+fn available_since(mc: &Memcached) -> Option<Timestamp> {
+    let available = mc
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Available" && c.status == "True")?;
+    Some(available.last_transition_time.0)
+}
+
 /// Waits until the control plane (API server, controller manager, scheduler, etcd, kwok) uses
 /// under a tenth of a core over two seconds, or `timeout`; returns the cores it used last.
 async fn wait_quiet_control_plane(timeout: Duration) -> f64 {
@@ -742,6 +821,34 @@ fn print_table(results: &Value) {
             "converge: all CRs Available (s)",
             "/converge/available_seconds",
         ),
+        (
+            "  created until operator wrote workload, p50 (ms)",
+            "/converge/parts_ms/until_operator_wrote_workload/p50",
+        ),
+        (
+            "  created until operator wrote workload, p99 (ms)",
+            "/converge/parts_ms/until_operator_wrote_workload/p99",
+        ),
+        (
+            "  the API server answering it, p99 (ms)",
+            "/converge/parts_ms/api_server_answering/p99",
+        ),
+        (
+            "  then until its controller wrote, p50 (ms)",
+            "/converge/parts_ms/until_workload_controller_wrote/p50",
+        ),
+        (
+            "  then until its controller wrote, p99 (ms)",
+            "/converge/parts_ms/until_workload_controller_wrote/p99",
+        ),
+        (
+            "  then until Available, p50 (ms)",
+            "/converge/parts_ms/then_until_available/p50",
+        ),
+        (
+            "  then until Available, p99 (ms)",
+            "/converge/parts_ms/then_until_available/p99",
+        ),
         ("converge: writes per CR", "/converge/writes_per_cr"),
         ("converge: 409 conflicts", "/converge/conflicts_409"),
         ("converge: peak RSS (MiB)", "/converge/rss_peak_mib"),
@@ -872,6 +979,36 @@ mod tests {
         .unwrap();
         assert_eq!(args.workload, workload::Kind::StatefulSets, "the last wins");
         assert!(Args::try_parse_from(["bench", "--workload", "replicasets"]).is_err());
+    }
+
+    #[test]
+    fn a_new_memcacheds_way_to_available_is_split_at_each_first_write() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let key = |name: &str| ("bench-0".to_string(), name.to_string());
+        let write = |received: &str, answered: &str| audit::Write {
+            received: at(received),
+            answered: at(answered),
+        };
+        let created = BTreeMap::from([
+            (key("mc-00000"), at("2026-01-01T00:00:00Z")),
+            // Never written: not counted.
+            (key("mc-00001"), at("2026-01-01T00:00:00Z")),
+        ]);
+        let workloads = BTreeMap::from([(
+            key("mc-00000"),
+            write("2026-01-01T00:00:00.400Z", "2026-01-01T00:00:00.450Z"),
+        )]);
+        let controller = BTreeMap::from([(
+            key("mc-00000"),
+            write("2026-01-01T00:00:00.650Z", "2026-01-01T00:00:00.700Z"),
+        )]);
+        let available = BTreeMap::from([(key("mc-00000"), at("2026-01-01T00:00:02Z"))]);
+        let parts = converge_breakdown(&created, &workloads, &controller, &available);
+        assert_eq!(parts["matched"], 1);
+        assert_eq!(parts["until_operator_wrote_workload"]["p50"], 400.0);
+        assert_eq!(parts["api_server_answering"]["p50"], 50.0);
+        assert_eq!(parts["until_workload_controller_wrote"]["p50"], 200.0);
+        assert_eq!(parts["then_until_available"]["p99"], 1350.0);
     }
 
     #[test]
