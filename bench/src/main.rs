@@ -225,10 +225,9 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .latency_ms
             .iter()
             .map(|(key, ms)| {
-                (
-                    key,
-                    json!({"count": ms.len(), "p50": percentile(ms, 0.50), "p99": percentile(ms, 0.99)}),
-                )
+                let mut figures = p50_p99(ms);
+                figures["count"] = json!(ms.len());
+                (key, figures)
             })
             .collect();
         results["converge"] = json!({
@@ -610,14 +609,13 @@ fn breakdown(
             }
         }
     }
-    let part = |v: &[f64]| json!({"p50": percentile(v, 0.50), "p99": percentile(v, 0.99)});
     json!({
         "matched": reacted.len(),
-        "until_operator_wrote": part(&reacted),
-        "api_server_answering": part(&answered),
-        "until_benchmark_saw": part(&delivered),
-        "until_updated": part(&updated),
-        "until_workload_controller_wrote": part(&controller),
+        "until_operator_wrote": p50_p99(&reacted),
+        "api_server_answering": p50_p99(&answered),
+        "until_benchmark_saw": p50_p99(&delivered),
+        "until_updated": p50_p99(&updated),
+        "until_workload_controller_wrote": p50_p99(&controller),
     })
 }
 
@@ -646,13 +644,12 @@ fn converge_breakdown(
             }
         }
     }
-    let part = |v: &[f64]| json!({"p50": percentile(v, 0.50), "p99": percentile(v, 0.99)});
     json!({
         "matched": reacted.len(),
-        "until_operator_wrote_workload": part(&reacted),
-        "api_server_answering": part(&answered),
-        "until_workload_controller_wrote": part(&controlled),
-        "then_until_available": part(&until_available),
+        "until_operator_wrote_workload": p50_p99(&reacted),
+        "api_server_answering": p50_p99(&answered),
+        "until_workload_controller_wrote": p50_p99(&controlled),
+        "then_until_available": p50_p99(&until_available),
     })
 }
 
@@ -714,6 +711,11 @@ fn top_cpu(used: &[(String, f64)]) -> Value {
 }
 
 /// Nearest-rank percentile. Latencies include up to 5 ms of polling the local cache.
+/// `{"p50": …, "p99": …}` of `values`.
+fn p50_p99(values: &[f64]) -> Value {
+    json!({"p50": percentile(values, 0.50), "p99": percentile(values, 0.99)})
+}
+
 fn percentile(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
         return f64::NAN;

@@ -111,8 +111,6 @@ pub(super) struct Saver {
     turn: Mutex<()>,
     /// Saves asked for and not yet answered, which the agent outlives.
     in_flight: AtomicUsize,
-    /// When the last save was asked for.
-    last_asked: std::sync::Mutex<Option<Instant>>,
     /// memcached's loopback listener and the logins it takes, for `GET /stats`.
     stats: Option<(SocketAddr, watch::Receiver<Vec<Credentials>>)>,
 }
@@ -128,7 +126,6 @@ impl Saver {
             exit_timeout: EXIT_TIMEOUT,
             turn: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
-            last_asked: std::sync::Mutex::new(None),
             stats: None,
         }
     }
@@ -235,17 +232,8 @@ impl Saver {
 
     /// Counts a save until it is answered.
     fn enter(&self) -> InFlight<'_> {
-        *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)
-    }
-
-    /// Whether a save was asked for at or after `since`.
-    fn asked_since(&self, since: Instant) -> bool {
-        self.last_asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|asked| asked >= since)
     }
 }
 
@@ -387,12 +375,10 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 }
 
 /// After SIGTERM: returns once no memcached is left and no save is unanswered, or after `bound`;
-/// or after `save_expected_within` if no save was asked for around the SIGTERM and memcached
-/// runs on.
+/// or after `save_expected_within` with memcached running and no save unanswered (a save asked
+/// for stays unanswered until memcached has exited).
 pub(super) async fn outlive(saver: &Saver, save_expected_within: Duration, bound: Duration) {
     let started = Instant::now();
-    // The hook may have asked just before the SIGTERM was sent.
-    let around = started.checked_sub(save_expected_within).unwrap_or(started);
     let mut said = false;
     loop {
         let running = match processes_named(&saver.process) {
@@ -408,11 +394,7 @@ pub(super) async fn outlive(saver: &Saver, save_expected_within: Duration, bound
         if !running && !saving {
             return;
         }
-        if running
-            && !saving
-            && started.elapsed() >= save_expected_within
-            && !saver.asked_since(around)
-        {
+        if running && !saving && started.elapsed() >= save_expected_within {
             info!("no save asked for: memcached runs on, only the agent stops");
             return;
         }

@@ -44,9 +44,6 @@ pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
 const RECHECK: Duration = Duration::from_secs(5);
 /// How long an evicted member's replacement counts as part of the update at most.
 const REPLACEMENT_COUNTS: Duration = Duration::from_secs(600);
-/// The container that serves memcached's save, and memcached's.
-const SAVER: &str = "agent";
-const MEMCACHED: &str = "memcached";
 
 /// An update in progress: its kind, and when to look again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -441,10 +438,12 @@ fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<
             }
         }
     }
-    let memcached_next = restarts.contains_key(SAVER) && restarts.contains_key(MEMCACHED);
+    // The agent serves memcached's save.
+    let memcached_next = restarts.contains_key(resources::agent::CONTAINER)
+        && restarts.contains_key(resources::MEMCACHED_CONTAINER);
     if memcached_next {
-        restarts.remove(MEMCACHED);
-        containers.retain(|c| c["name"] != MEMCACHED);
+        restarts.remove(resources::MEMCACHED_CONTAINER);
+        containers.retain(|c| c["name"] != resources::MEMCACHED_CONTAINER);
     }
     let labels = changed_map(&old["metadata"]["labels"], &new["metadata"]["labels"]);
     let mut annotations = changed_map(

@@ -15,6 +15,8 @@ use super::{MEMCACHED_UID, auth, stateful_set::restricted, tls, warm_restart};
 
 /// The operator's binary in its image, which is also the agent's.
 const BINARY: &str = "/memcached-operator";
+/// The agent container's name in a member's pod.
+pub const CONTAINER: &str = "agent";
 
 /// Ports in the pod: the agent's login proxy for the exporter and memcached's plain listener
 /// when TLS is on (both on the loopback), and the agent's save endpoint. Moved off the ports the
@@ -146,7 +148,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         ..ResourceRequirements::default()
     };
     pod.containers
-        .push(container("agent", args, Some(resources)));
+        .push(container(CONTAINER, args, Some(resources)));
 }
 
 #[cfg(test)]

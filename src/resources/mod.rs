@@ -40,6 +40,8 @@ pub const MANAGER_NAME: &str = "memcached-operator";
 /// uid of the `memcache` user in the official memcached image. Set explicitly because the image
 /// names its user rather than numbering it, and the kubelet refuses runAsNonRoot for named users.
 pub const MEMCACHED_UID: i64 = 11211;
+/// The memcached container's name in a member's pod.
+pub const MEMCACHED_CONTAINER: &str = "memcached";
 
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";

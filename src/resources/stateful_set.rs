@@ -104,7 +104,7 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
         ..Probe::default()
     };
     let container = Container {
-        name: "memcached".to_string(),
+        name: MEMCACHED_CONTAINER.to_string(),
         image: Some(image(mc, default_image).to_string()),
         command: Some(vec!["memcached".to_string()]),
         args: Some(memcached_args(mc)),

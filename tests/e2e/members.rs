@@ -16,12 +16,18 @@ use super::harness::{
     namespace, wait_converged,
 };
 
-/// name → (uid, memcached's image, its restart count), of the pods not going away.
-async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
+/// The pods of Memcached `cache`.
+async fn cache_pods(pods: &Api<Pod>) -> Vec<Pod> {
     pods.list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
         .await
         .map(|l| l.items)
         .unwrap_or_default()
+}
+
+/// name → (uid, memcached's image, its restart count), of the pods not going away.
+async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
+    cache_pods(pods)
+        .await
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(|p| {
@@ -84,11 +90,8 @@ async fn watch_update(
             watched.order
         );
         let now = members(pods).await;
-        let ready = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+        let ready = cache_pods(pods)
             .await
-            .unwrap()
-            .items
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none() && super::harness::pod_is_ready(p))
             .count();
@@ -163,12 +166,8 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
 
 /// For each pod: (memcached's image in its spec, the agent's image as its status says it runs).
 async fn images_of(pods: &Api<Pod>) -> BTreeMap<String, (String, String)> {
-    let listed = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=cache"))
+    cache_pods(pods)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    listed
         .into_iter()
         .map(|p| {
             let spec_image = |name: &str| {

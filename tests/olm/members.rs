@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use memcached_operator::api::Memcached;
@@ -114,11 +114,17 @@ pub fn members_missing(
 
 /// A container's restart count in a pod's status (0 when it has none yet).
 pub fn restarts(pod: &Pod, container: &str) -> i32 {
+    container_status(pod, container).map_or(0, |c| c.restart_count)
+}
+
+/// A container's status in a pod.
+pub fn container_status<'p>(pod: &'p Pod, container: &str) -> Option<&'p ContainerStatus> {
     pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|s| s.iter().find(|c| c.name == container))
-        .map_or(0, |c| c.restart_count)
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == container)
 }
 
 /// A container's image in a pod's spec.

@@ -659,12 +659,7 @@ fn stops(
 fn agents_first(pods: &[Pod]) -> Result<(), String> {
     let mut wrong = vec![];
     for pod in pods {
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.clone())
-            .unwrap_or_default();
-        let of = |name: &str| statuses.iter().find(|s| s.name == name);
+        let of = |name| members::container_status(pod, name);
         let (Some(agent), Some(memcached)) = (of("agent"), of("memcached")) else {
             wrong.push(format!("{}: no agent or memcached status", pod.name_any()));
             continue;
