@@ -1283,15 +1283,7 @@ async fn install_and_upgrade_through_olm() {
         && env
             .can(&["create", "pods", "--subresource=eviction", "-n", NS])
             .await
-        && env
-            .cannot(&[
-                "patch",
-                "memcacheds.cache.example.com",
-                "--subresource=scale",
-                "-n",
-                NS,
-            ])
-            .await
+        && env.cannot(&patch_scale(NS)).await
         && env
             .cannot(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
             .await;
@@ -1780,16 +1772,7 @@ async fn install_and_upgrade_through_olm() {
             .cannot(&["create", "pods", "--subresource=eviction", "-n", NS_OTHER])
             .await;
     checks.check(format!("{sa} cannot patch or evict pods in {NS_OTHER}"), ok);
-    let scale = |ns: &'static str| {
-        [
-            "patch",
-            "memcacheds.cache.example.com",
-            "--subresource=scale",
-            "-n",
-            ns,
-        ]
-    };
-    let ok = env.can(&scale(NS)).await
+    let ok = env.can(&patch_scale(NS)).await
         && env
             .can(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
             .await
@@ -1802,7 +1785,7 @@ async fn install_and_upgrade_through_olm() {
         ),
         ok,
     );
-    let ok = env.cannot(&scale(NS_OTHER)).await
+    let ok = env.cannot(&patch_scale(NS_OTHER)).await
         && env
             .cannot(&[
                 "list",
@@ -2004,4 +1987,15 @@ async fn install_and_upgrade_through_olm() {
     let summary = checks.summary();
     println!("{summary}");
     assert!(checks.failed.is_empty(), "{summary}");
+}
+
+/// `kubectl auth can-i` arguments: patch the scale of Memcacheds in `ns` (the autoscaler's write).
+fn patch_scale(ns: &str) -> [&str; 5] {
+    [
+        "patch",
+        "memcacheds.cache.example.com",
+        "--subresource=scale",
+        "-n",
+        ns,
+    ]
 }
