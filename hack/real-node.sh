@@ -56,8 +56,14 @@ real_node_preflight() {
 	local owner
 	if [[ -f "${REAL_NODE_LOCK}" ]]; then
 		owner="$(cat "${REAL_NODE_LOCK}")"
-		if [[ "${owner}" != "${CLUSTER_DIR}" && -d "${owner}/real-node" ]] && real_node_running "${owner}"; then
-			die "a real node already runs on this host (cluster ${owner}); one at a time: kube-proxy's iptables chains and the kubepods cgroups are host-wide"
+		if [[ "${owner}" != "${CLUSTER_DIR}" && -d "${owner}/real-node" ]]; then
+			if real_node_running "${owner}"; then
+				die "a real node already runs on this host (cluster ${owner}); one at a time: kube-proxy's iptables chains and the kubepods cgroups are host-wide"
+			fi
+			# Its processes were killed without a `down` (a killed run): take down what they left
+			# (bridge, iptables chains, mounts, network namespaces) rather than refuse to start.
+			log "the real node of ${owner} is not running but left its state; taking it down"
+			real_node_down "${owner}"
 		fi
 	fi
 	if ip link show "${REAL_NODE_BRIDGE}" >/dev/null 2>&1; then
