@@ -9,10 +9,7 @@
 //! for `minReadySeconds`. A patched member counts as out until its containers have restarted: the
 //! pod keeps its Ready condition while the kubelet runs the `preStop`.
 //!
-//! memcached's `preStop` asks the agent beside it to save, and the kubelet stops the containers
-//! of one patch one after another in no set order: a patch of both could stop the agent first,
-//! leaving the save nobody to ask. So a member whose agent and memcached both change is patched
-//! twice: the agent, then, once the member is back and available, memcached.
+//! The patch, and why memcached waits for the agent beside it: in_place.rs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -33,6 +30,9 @@ use crate::error::{Error, Result};
 use crate::resources;
 use crate::status::UpdateKind as Kind;
 use operator_runtime::lock;
+
+mod in_place;
+use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 
 /// The StatefulSet controller's label naming the revision a pod was made from.
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -109,22 +109,6 @@ impl Replacing {
     }
 }
 
-/// What a member patched in place records (`IN_PLACE_ANNOTATION`).
-#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-struct InPlace {
-    revision: String,
-    restarts: BTreeMap<String, i32>,
-    /// memcached's image is still to patch, after the agent's.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    memcached_next: bool,
-}
-
-impl InPlace {
-    fn of(pod: &Pod) -> Option<InPlace> {
-        serde_json::from_str(pod.annotations().get(IN_PLACE_ANNOTATION)?).ok()
-    }
-}
-
 /// Moves the members one step towards the StatefulSet's current template; None when there is
 /// nothing to do (or the StatefulSet controller has not seen its spec yet: its status event
 /// comes).
@@ -193,8 +177,9 @@ pub async fn update(
     };
     let (old, new) = templates(&revisions, pod, update_revision).await?;
     let name = pod.name_any();
-    let kind = match restart_patch(pod, &old, &new, update_revision) {
-        Some(patch) => {
+    let kind = match next_move(pod, &old, &new, update_revision) {
+        Move::AwaitAgent => Kind::InPlace,
+        Move::Patch(patch) => {
             // A member's second patch (memcached after its agent) is the same update: one event.
             let first = InPlace::of(pod).is_none_or(|i| i.revision != update_revision);
             if let Some(patched) = patch_pod(&pods, pod, patch).await?
@@ -204,7 +189,7 @@ pub async fn update(
             }
             Kind::InPlace
         }
-        None => {
+        Move::Evict => {
             match pods.evict(&name, &EvictParams::default()).await {
                 Ok(_) => {
                     ctx.replacing.evicted(&ns, &mc.name_any(), &name);
@@ -340,27 +325,6 @@ fn ordinal(pod: &Pod) -> i64 {
         .unwrap_or(-1)
 }
 
-/// Whether a container patched in place has not restarted yet.
-fn restart_pending(pod: &Pod) -> bool {
-    let Some(InPlace {
-        restarts: before, ..
-    }) = InPlace::of(pod)
-    else {
-        return false;
-    };
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    before.iter().any(|(name, count)| {
-        statuses
-            .iter()
-            .find(|s| &s.name == name)
-            .is_none_or(|s| s.restart_count <= *count)
-    })
-}
-
 /// The pod template a revision records (its data is a patch replacing the StatefulSet's).
 async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Value> {
     let revision = revisions
@@ -401,124 +365,6 @@ async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Po
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(source) => Err(apply_error(&name, source)),
     }
-}
-
-/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images
-/// (and the pod's labels and annotations) differ between them; it records the `revision` it moves
-/// to and the restart counts of the containers it restarts. Images the pod already runs are left
-/// out, and memcached's waits for a patch of its own while the agent's changes.
-fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
-    if without_images(&old["spec"]) != without_images(&new["spec"]) {
-        return None;
-    }
-    let mut restarts = BTreeMap::new();
-    let mut containers = Vec::new();
-    let mut init_containers = Vec::new();
-    for (list, patched) in [
-        ("containers", &mut containers),
-        ("initContainers", &mut init_containers),
-    ] {
-        let pairs = old["spec"][list]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .zip(new["spec"][list].as_array().into_iter().flatten());
-        for (before, after) in pairs {
-            let name = after["name"].as_str().unwrap_or_default();
-            if before["image"] == after["image"]
-                || after["image"].as_str() == running_image(pod, list, name)
-            {
-                continue;
-            }
-            patched.push(json!({"name": name, "image": after["image"]}));
-            // An init container's new image takes effect only in a new pod: nothing restarts.
-            if list == "containers" {
-                let count = container_restarts(pod, name);
-                restarts.insert(name.to_string(), count);
-            }
-        }
-    }
-    // The agent serves memcached's save.
-    let memcached_next = restarts.contains_key(resources::agent::CONTAINER)
-        && restarts.contains_key(resources::MEMCACHED_CONTAINER);
-    if memcached_next {
-        restarts.remove(resources::MEMCACHED_CONTAINER);
-        containers.retain(|c| c["name"] != resources::MEMCACHED_CONTAINER);
-    }
-    let labels = changed_map(&old["metadata"]["labels"], &new["metadata"]["labels"]);
-    let mut annotations = changed_map(
-        &old["metadata"]["annotations"],
-        &new["metadata"]["annotations"],
-    );
-    let record = InPlace {
-        revision: revision.to_string(),
-        restarts,
-        memcached_next,
-    };
-    annotations.insert(
-        IN_PLACE_ANNOTATION.to_string(),
-        json!(serde_json::to_string(&record).ok()?),
-    );
-    let mut spec = serde_json::Map::new();
-    if !containers.is_empty() {
-        spec.insert("containers".into(), Value::Array(containers));
-    }
-    if !init_containers.is_empty() {
-        spec.insert("initContainers".into(), Value::Array(init_containers));
-    }
-    Some(json!({
-        "metadata": {"labels": labels, "annotations": annotations},
-        "spec": spec,
-    }))
-}
-
-/// A pod spec with its containers' images left out.
-fn without_images(spec: &Value) -> Value {
-    let mut spec = spec.clone();
-    for list in ["containers", "initContainers"] {
-        for container in spec[list].as_array_mut().into_iter().flatten() {
-            if let Some(c) = container.as_object_mut() {
-                c.remove("image");
-            }
-        }
-    }
-    spec
-}
-
-/// The merge patch of a string map from `old` to `new`: changed and added keys, removed as null.
-fn changed_map(old: &Value, new: &Value) -> serde_json::Map<String, Value> {
-    let empty = serde_json::Map::new();
-    let old = old.as_object().unwrap_or(&empty);
-    let new = new.as_object().unwrap_or(&empty);
-    let mut patch: serde_json::Map<String, Value> = new
-        .iter()
-        .filter(|(k, v)| old.get(*k) != Some(v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    for key in old.keys().filter(|k| !new.contains_key(*k)) {
-        patch.insert(key.clone(), Value::Null);
-    }
-    patch
-}
-
-/// The image `pod`'s container `name` (of `list`, as a template names it) runs.
-fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
-    let spec = pod.spec.as_ref()?;
-    let containers = match list {
-        "containers" => &spec.containers,
-        _ => spec.init_containers.as_ref()?,
-    };
-    containers.iter().find(|c| c.name == name)?.image.as_deref()
-}
-
-fn container_restarts(pod: &Pod, name: &str) -> i32 {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .find(|s| s.name == name)
-        .map_or(0, |s| s.restart_count)
 }
 
 fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {

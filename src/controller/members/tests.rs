@@ -1,3 +1,4 @@
+use super::in_place::agent_can_save;
 use super::*;
 use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -334,4 +335,61 @@ fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_
         second["metadata"]["annotations"][IN_PLACE_ANNOTATION],
         json!(r#"{"revision":"new","restarts":{"memcached":3}}"#)
     );
+}
+
+#[test]
+fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
+    // Revision "new" brought a new agent: the member's agent is patched and restarting when
+    // revision "newer" brings a new memcached too. memcached's preStop would ask an agent that is
+    // stopping or not yet back, and memcached would go unsaved.
+    let old = template("memcached:1", &[]);
+    let mut newer = template("memcached:2", &[]);
+    newer["spec"]["containers"][1]["image"] = json!("operator:2");
+    let mut pod = member(2, "old", None, 3);
+    pod.spec = Some(serde_json::from_value(old["spec"].clone()).unwrap());
+    pod.spec.as_mut().unwrap().containers[1].image = Some("operator:2".into());
+    pod.metadata.annotations = Some(
+        [(
+            IN_PLACE_ANNOTATION.to_string(),
+            r#"{"revision":"new","restarts":{"agent":0}}"#.to_string(),
+        )]
+        .into(),
+    );
+    let agent = |restart_count, ready| ContainerStatus {
+        name: "agent".into(),
+        restart_count,
+        ready,
+        ..ContainerStatus::default()
+    };
+    fn statuses(pod: &mut Pod) -> &mut Vec<ContainerStatus> {
+        let status = pod.status.as_mut().unwrap();
+        status.container_statuses.as_mut().unwrap()
+    }
+
+    statuses(&mut pod).push(agent(0, true));
+    assert_eq!(
+        next_move(&pod, &old, &newer, "newer"),
+        Move::AwaitAgent,
+        "patched, the old agent still running: it is about to stop"
+    );
+    statuses(&mut pod)[1] = agent(1, false);
+    assert_eq!(
+        next_move(&pod, &old, &newer, "newer"),
+        Move::AwaitAgent,
+        "restarted, not running yet"
+    );
+    statuses(&mut pod)[1] = agent(1, true);
+    let Move::Patch(patch) = next_move(&pod, &old, &newer, "newer") else {
+        panic!("the agent is back: memcached goes");
+    };
+    assert_eq!(
+        patch["spec"],
+        json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
+    );
+
+    // Without warm restart there is no agent and no save to wait for.
+    let mut bare = member(2, "old", LONG_AGO, 0);
+    bare.spec =
+        Some(serde_json::from_value(json!({"containers": [{"name": "memcached"}]})).unwrap());
+    assert!(agent_can_save(&bare));
 }

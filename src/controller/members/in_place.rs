@@ -1,0 +1,225 @@
+//! An update in place: the patch of a member's images, what it records on the pod, and when
+//! memcached may go.
+//!
+//! memcached's `preStop` asks the agent beside it to save, and the kubelet stops the containers
+//! of one patch one after another in no set order: a patch of both could stop the agent first,
+//! leaving the save nobody to ask. So a member whose agent and memcached both change is patched
+//! twice: the agent, then, once the member is back and available, memcached.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use super::IN_PLACE_ANNOTATION;
+use crate::resources;
+
+/// What a member patched in place records (`IN_PLACE_ANNOTATION`).
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct InPlace {
+    pub(super) revision: String,
+    pub(super) restarts: BTreeMap<String, i32>,
+    /// memcached's image is still to patch, after the agent's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) memcached_next: bool,
+}
+
+impl InPlace {
+    pub(super) fn of(pod: &Pod) -> Option<InPlace> {
+        serde_json::from_str(pod.annotations().get(IN_PLACE_ANNOTATION)?).ok()
+    }
+}
+
+/// How a member takes the update now.
+#[derive(Debug, PartialEq)]
+pub(super) enum Move {
+    /// In place, by this patch of its images.
+    Patch(Value),
+    /// In place, once its agent is back from a restart (a spec change that came meanwhile):
+    /// memcached's save needs it.
+    AwaitAgent,
+    /// By a new pod: more than images changed.
+    Evict,
+}
+
+/// How `pod` moves from the `old` template to the `new` one (of `revision`) now.
+pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Move {
+    match restart_patch(pod, old, new, revision) {
+        Some(patch) if restarts_memcached(&patch) && !agent_can_save(pod) => Move::AwaitAgent,
+        Some(patch) => Move::Patch(patch),
+        None => Move::Evict,
+    }
+}
+
+/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images
+/// (and the pod's labels and annotations) differ between them; it records the `revision` it moves
+/// to and the restart counts of the containers it restarts. Images the pod already runs are left
+/// out, and memcached's waits for a patch of its own while the agent's changes.
+pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
+    if without_images(&old["spec"]) != without_images(&new["spec"]) {
+        return None;
+    }
+    let mut restarts = BTreeMap::new();
+    let mut containers = Vec::new();
+    let mut init_containers = Vec::new();
+    for (list, patched) in [
+        ("containers", &mut containers),
+        ("initContainers", &mut init_containers),
+    ] {
+        let pairs = old["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(new["spec"][list].as_array().into_iter().flatten());
+        for (before, after) in pairs {
+            let name = after["name"].as_str().unwrap_or_default();
+            if before["image"] == after["image"]
+                || after["image"].as_str() == running_image(pod, list, name)
+            {
+                continue;
+            }
+            patched.push(json!({"name": name, "image": after["image"]}));
+            // An init container's new image takes effect only in a new pod: nothing restarts.
+            if list == "containers" {
+                let count = container_restarts(pod, name);
+                restarts.insert(name.to_string(), count);
+            }
+        }
+    }
+    // The agent serves memcached's save.
+    let memcached_next = restarts.contains_key(resources::agent::CONTAINER)
+        && restarts.contains_key(resources::MEMCACHED_CONTAINER);
+    if memcached_next {
+        restarts.remove(resources::MEMCACHED_CONTAINER);
+        containers.retain(|c| c["name"] != resources::MEMCACHED_CONTAINER);
+    }
+    let labels = changed_map(&old["metadata"]["labels"], &new["metadata"]["labels"]);
+    let mut annotations = changed_map(
+        &old["metadata"]["annotations"],
+        &new["metadata"]["annotations"],
+    );
+    let record = InPlace {
+        revision: revision.to_string(),
+        restarts,
+        memcached_next,
+    };
+    annotations.insert(
+        IN_PLACE_ANNOTATION.to_string(),
+        json!(serde_json::to_string(&record).ok()?),
+    );
+    let mut spec = serde_json::Map::new();
+    if !containers.is_empty() {
+        spec.insert("containers".into(), Value::Array(containers));
+    }
+    if !init_containers.is_empty() {
+        spec.insert("initContainers".into(), Value::Array(init_containers));
+    }
+    Some(json!({
+        "metadata": {"labels": labels, "annotations": annotations},
+        "spec": spec,
+    }))
+}
+
+/// A pod spec with its containers' images left out.
+fn without_images(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    for list in ["containers", "initContainers"] {
+        for container in spec[list].as_array_mut().into_iter().flatten() {
+            if let Some(c) = container.as_object_mut() {
+                c.remove("image");
+            }
+        }
+    }
+    spec
+}
+
+/// The merge patch of a string map from `old` to `new`: changed and added keys, removed as null.
+fn changed_map(old: &Value, new: &Value) -> serde_json::Map<String, Value> {
+    let empty = serde_json::Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    let new = new.as_object().unwrap_or(&empty);
+    let mut patch: serde_json::Map<String, Value> = new
+        .iter()
+        .filter(|(k, v)| old.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        patch.insert(key.clone(), Value::Null);
+    }
+    patch
+}
+
+/// The image `pod`'s container `name` (of `list`, as a template names it) runs.
+fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
+    let spec = pod.spec.as_ref()?;
+    let containers = match list {
+        "containers" => &spec.containers,
+        _ => spec.init_containers.as_ref()?,
+    };
+    containers.iter().find(|c| c.name == name)?.image.as_deref()
+}
+
+/// Whether `patch` (of `restart_patch`) restarts memcached.
+fn restarts_memcached(patch: &Value) -> bool {
+    patch["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == resources::MEMCACHED_CONTAINER)
+}
+
+/// Whether the pod's agent, which memcached's `preStop` asks to save, would answer now: it runs
+/// and is not about to restart for an image patched in place. True in a pod without an agent.
+pub(super) fn agent_can_save(pod: &Pod) -> bool {
+    let name = resources::agent::CONTAINER;
+    let has_agent = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| c.name == name));
+    if !has_agent {
+        return true;
+    }
+    let status = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|s| s.name == name);
+    let restarting = InPlace::of(pod)
+        .and_then(|i| i.restarts.get(name).copied())
+        .is_some_and(|before| status.is_none_or(|s| s.restart_count <= before));
+    status.is_some_and(|s| s.ready) && !restarting
+}
+
+fn container_restarts(pod: &Pod, name: &str) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(0, |s| s.restart_count)
+}
+
+/// Whether a container patched in place has not restarted yet.
+pub(super) fn restart_pending(pod: &Pod) -> bool {
+    let Some(InPlace {
+        restarts: before, ..
+    }) = InPlace::of(pod)
+    else {
+        return false;
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    before.iter().any(|(name, count)| {
+        statuses
+            .iter()
+            .find(|s| &s.name == name)
+            .is_none_or(|s| s.restart_count <= *count)
+    })
+}
