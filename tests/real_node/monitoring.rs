@@ -397,6 +397,25 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     )
     .await;
     println!("autoscaler scales out: {scaled}");
+    // The hit ratio is of the gets between two of the autoscaler's readings (every 10 s), and
+    // the gets above may all precede its first: keep some flowing until Prometheus has it.
+    let hit_percent = wait_for(
+        "Prometheus to see the autoscaler's hit ratio",
+        Duration::from_secs(90),
+        || async {
+            let mut conn = Connection::connect(address).await.ok()?;
+            for _ in 0..10 {
+                conn.get("greeting").await.ok()?;
+            }
+            prometheus
+                .value(&format!(
+                    r#"memcached_operator_autoscaling_hit_percent{{namespace="{ns}",memcached="cache"}}"#
+                ))
+                .await
+        },
+    )
+    .await;
+    println!("autoscaler's hit ratio: {hit_percent} %");
 
     // Every name the alerts and the dashboard read exists in what Prometheus scraped.
     let mut missing = Vec::new();
