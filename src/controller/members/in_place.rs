@@ -169,28 +169,22 @@ fn restarts_memcached(patch: &Value) -> bool {
         .any(|c| c["name"] == resources::MEMCACHED_CONTAINER)
 }
 
-/// Whether the pod's agent, which memcached's `preStop` asks to save, would answer now: it runs
-/// and is not about to restart for an image patched in place. True in a pod without an agent.
-pub(super) fn agent_can_save(pod: &Pod) -> bool {
+/// Whether an agent patched in place (the first of two patches) is back, so that memcached's
+/// `preStop` finds it to save: it has restarted and runs. A pod whose agent is not restarting for
+/// a patch of ours goes as before: a member out for another cause is updated at once, and an
+/// agent down for another cause could hold its member's update for ever.
+fn agent_can_save(pod: &Pod) -> bool {
     let name = resources::agent::CONTAINER;
-    let has_agent = pod
-        .spec
-        .as_ref()
-        .is_some_and(|s| s.containers.iter().any(|c| c.name == name));
-    if !has_agent {
+    let Some(before) = InPlace::of(pod).and_then(|i| i.restarts.get(name).copied()) else {
         return true;
-    }
-    let status = pod
-        .status
+    };
+    pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default()
         .iter()
-        .find(|s| s.name == name);
-    let restarting = InPlace::of(pod)
-        .and_then(|i| i.restarts.get(name).copied())
-        .is_some_and(|before| status.is_none_or(|s| s.restart_count <= before));
-    status.is_some_and(|s| s.ready) && !restarting
+        .find(|s| s.name == name)
+        .is_some_and(|s| s.restart_count > before && s.ready)
 }
 
 fn container_restarts(pod: &Pod, name: &str) -> i32 {
