@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -178,23 +178,20 @@ fn agent_can_save(pod: &Pod) -> bool {
     let Some(before) = InPlace::of(pod).and_then(|i| i.restarts.get(name).copied()) else {
         return true;
     };
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .find(|s| s.name == name)
-        .is_some_and(|s| s.restart_count > before && s.ready)
+    container_status(pod, name).is_some_and(|s| s.restart_count > before && s.ready)
 }
 
 fn container_restarts(pod: &Pod, name: &str) -> i32 {
+    container_status(pod, name).map_or(0, |s| s.restart_count)
+}
+
+fn container_status<'p>(pod: &'p Pod, name: &str) -> Option<&'p ContainerStatus> {
     pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default()
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
         .iter()
         .find(|s| s.name == name)
-        .map_or(0, |s| s.restart_count)
 }
 
 /// Whether a container patched in place has not restarted yet.
@@ -205,15 +202,7 @@ pub(super) fn restart_pending(pod: &Pod) -> bool {
     else {
         return false;
     };
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    before.iter().any(|(name, count)| {
-        statuses
-            .iter()
-            .find(|s| &s.name == name)
-            .is_none_or(|s| s.restart_count <= *count)
-    })
+    before
+        .iter()
+        .any(|(name, count)| container_status(pod, name).is_none_or(|s| s.restart_count <= *count))
 }
