@@ -188,12 +188,22 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
 
     // By the Service's name, through the cluster's DNS, verified against the CA.
     let ips: BTreeSet<Ipv4Addr> = pods.iter().map(pod_ip).collect();
-    let resolved: BTreeSet<Ipv4Addr> = lookup_a(node.dns(), &format!("{host}.cluster.local"))
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(resolved, ips);
+    // CoreDNS follows the EndpointSlices through its own watch: a pod just Ready may be a moment
+    // late in its answer.
+    wait_for(
+        "the Service's name to resolve to every member",
+        CONVERGE,
+        || async {
+            let resolved: BTreeSet<Ipv4Addr> =
+                lookup_a(node.dns(), &format!("{host}.cluster.local"))
+                    .await
+                    .ok()?
+                    .into_iter()
+                    .collect();
+            (resolved == ips).then_some(())
+        },
+    )
+    .await;
     // A real client library connects by that name and verifies the certificate; one trusting
     // another CA refuses the server.
     let one = pod_ip(&pods[0]).to_string();
