@@ -710,12 +710,12 @@ fn top_cpu(used: &[(String, f64)]) -> Value {
     )
 }
 
-/// Nearest-rank percentile. Latencies include up to 5 ms of polling the local cache.
 /// `{"p50": …, "p99": …}` of `values`.
 fn p50_p99(values: &[f64]) -> Value {
     json!({"p50": percentile(values, 0.50), "p99": percentile(values, 0.99)})
 }
 
+/// Nearest-rank percentile. Latencies include up to 5 ms of polling the local cache.
 fn percentile(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
         return f64::NAN;

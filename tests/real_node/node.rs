@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -240,16 +240,16 @@ async fn pods_on_the_real_node_get_its_network_cluster_dns_services_and_the_api(
     // late in its answer.
     let want = ips.clone();
     let resolved = in_network_of(process.pid, move || async move {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = lookup_a(dns, &name).await.map(BTreeSet::from_iter);
-            if got.as_ref().is_ok_and(|g| g == &want) || Instant::now() > deadline {
-                return got;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .expect("cluster DNS from inside the pod");
+        wait_for(
+            "cluster DNS from inside the pod to answer every member",
+            Duration::from_secs(30),
+            || async {
+                let got: BTreeSet<_> = lookup_a(dns, &name).await.ok()?.into_iter().collect();
+                (got == want).then_some(got)
+            },
+        )
+        .await
+    });
     assert_eq!(resolved, ips, "the headless Service from inside a pod");
     let config = pod_config(process.pid).await;
     let version = in_network_of(process.pid, move || async move {

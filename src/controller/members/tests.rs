@@ -177,6 +177,26 @@ fn template(memcached_image: &str, args: &[&str]) -> Value {
     })
 }
 
+/// `pod` running `template`'s spec, its containers memcached and the agent.
+fn with_agent(mut pod: Pod, template: &Value) -> Pod {
+    pod.spec = Some(serde_json::from_value(template["spec"].clone()).unwrap());
+    pod
+}
+
+fn agent_status(restart_count: i32, ready: bool) -> ContainerStatus {
+    ContainerStatus {
+        name: "agent".into(),
+        restart_count,
+        ready,
+        ..ContainerStatus::default()
+    }
+}
+
+fn statuses(pod: &mut Pod) -> &mut Vec<ContainerStatus> {
+    let status = pod.status.as_mut().unwrap();
+    status.container_statuses.as_mut().unwrap()
+}
+
 #[test]
 fn a_new_image_is_patched_in_place_recording_the_restart_count() {
     let pod = member(1, "old", LONG_AGO, 2);
@@ -268,19 +288,8 @@ fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_
     let old = template("memcached:1", &[]);
     let mut new = template("memcached:2", &[]);
     new["spec"]["containers"][1]["image"] = json!("operator:2");
-    let mut pod = member(2, "old", LONG_AGO, 3);
-    pod.spec = Some(serde_json::from_value(old["spec"].clone()).unwrap());
-    pod.status
-        .as_mut()
-        .unwrap()
-        .container_statuses
-        .as_mut()
-        .unwrap()
-        .push(ContainerStatus {
-            name: "agent".into(),
-            restart_count: 0,
-            ..ContainerStatus::default()
-        });
+    let mut pod = with_agent(member(2, "old", LONG_AGO, 3), &old);
+    statuses(&mut pod).push(agent_status(0, false));
 
     let first = restart_patch(&pod, &old, &new, "new").unwrap();
     assert_eq!(
@@ -309,13 +318,7 @@ fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_
         pod.clone(),
     ];
     assert!(restart_pending(&pods[2]), "the agent has not restarted yet");
-    pod.status
-        .as_mut()
-        .unwrap()
-        .container_statuses
-        .as_mut()
-        .unwrap()[1]
-        .restart_count = 1;
+    statuses(&mut pod)[1].restart_count = 1;
     let pods = [
         member(0, "old", LONG_AGO, 0),
         member(1, "old", LONG_AGO, 0),
@@ -344,8 +347,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     let old = template("memcached:1", &[]);
     let mut newer = template("memcached:2", &[]);
     newer["spec"]["containers"][1]["image"] = json!("operator:2");
-    let mut pod = member(2, "old", None, 3);
-    pod.spec = Some(serde_json::from_value(old["spec"].clone()).unwrap());
+    let mut pod = with_agent(member(2, "old", None, 3), &old);
     pod.spec.as_mut().unwrap().containers[1].image = Some("operator:2".into());
     pod.metadata.annotations = Some(
         [(
@@ -354,30 +356,20 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
         )]
         .into(),
     );
-    let agent = |restart_count, ready| ContainerStatus {
-        name: "agent".into(),
-        restart_count,
-        ready,
-        ..ContainerStatus::default()
-    };
-    fn statuses(pod: &mut Pod) -> &mut Vec<ContainerStatus> {
-        let status = pod.status.as_mut().unwrap();
-        status.container_statuses.as_mut().unwrap()
-    }
 
-    statuses(&mut pod).push(agent(0, true));
+    statuses(&mut pod).push(agent_status(0, true));
     assert_eq!(
         next_move(&pod, &old, &newer, "newer"),
         Move::AwaitAgent,
         "patched, the old agent still running: it is about to stop"
     );
-    statuses(&mut pod)[1] = agent(1, false);
+    statuses(&mut pod)[1] = agent_status(1, false);
     assert_eq!(
         next_move(&pod, &old, &newer, "newer"),
         Move::AwaitAgent,
         "restarted, not running yet"
     );
-    statuses(&mut pod)[1] = agent(1, true);
+    statuses(&mut pod)[1] = agent_status(1, true);
     let Move::Patch(patch) = next_move(&pod, &old, &newer, "newer") else {
         panic!("the agent is back: memcached goes");
     };
@@ -388,7 +380,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
 
     // An agent down for another cause, not for a patch of ours, does not hold memcached's.
     pod.metadata.annotations = None;
-    statuses(&mut pod)[1] = agent(4, false);
+    statuses(&mut pod)[1] = agent_status(4, false);
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
         Move::Patch(_)
