@@ -164,6 +164,8 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
 
     if scenarios.contains(&"converge") {
         let t_audit = audit::now();
+        let cpu_before = procs::snapshot();
+        let counters_before = control_plane::Counters::read(&client).await?;
         let started = Instant::now();
         let created_at: BTreeMap<(String, String), Timestamp> = stream::iter(names.iter())
             .map(|(ns, name)| {
@@ -204,6 +206,10 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         )
         .await?;
         let available_at = started.elapsed();
+        let cpu_used = cpu_since(&cpu_before, &op);
+        let control_plane = control_plane::Counters::read(&client)
+            .await?
+            .since(&counters_before);
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
         let workload_writes = cluster.first_writes(audit::By::Operator, kind.plural(), t_audit);
@@ -243,6 +249,10 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             "request_ms": request_ms,
             "parts_ms": parts,
             "rss_peak_mib": op.peak_rss_mib(),
+            // Until all Available: where the machine's cores went, and what the whole control
+            // plane wrote and sent its watchers.
+            "cpu_seconds": top_cpu(&cpu_used),
+            "control_plane": control_plane,
         });
     }
 
