@@ -87,13 +87,19 @@ bench-data-path: ## memcached's operations per second and latency with TLS and a
 
 # The tutorial's operator as the harness drives ours: plain-HTTP metrics, a named Lease holder, and
 # the same worker count (its scaffold default is 1).
+REFERENCE_OUT ?= bench/results/reference-go-{crs}.json
 REFERENCE_OPERATOR_ARGS ?= --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --metrics-secure=false --max-concurrent-reconciles=8
 
 .PHONY: bench-reference
 bench-reference: ## The same benchmarks for a controller-runtime operator written as the operator-sdk tutorial's (bench/reference-go).
 	bin="$$(bench/reference-go/build.sh)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator "$$bin $(REFERENCE_OPERATOR_ARGS)" \
-		--rbac bench/reference-go/config --workload deployments --out 'bench/results/reference-go-{crs}.json' $(BENCH_ARGS)
+		--rbac bench/reference-go/config --workload deployments --out '$(REFERENCE_OUT)' $(BENCH_ARGS)
+
+.PHONY: bench-reference-service
+bench-reference-service: ## The reference with a headless Service per Memcached, as ours has: the control plane's work for one, priced apart.
+	$(MAKE) bench-reference REFERENCE_OPERATOR_ARGS="$(REFERENCE_OPERATOR_ARGS) --with-service" \
+		REFERENCE_OUT='bench/results/reference-go-service-{crs}.json'
 
 ##@ Build
 

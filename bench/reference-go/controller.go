@@ -29,6 +29,10 @@ type reconciler struct {
 	client.Client
 	scheme   *runtime.Scheme
 	recorder record.EventRecorder
+	// withService: a headless Service per Memcached as well, created after the Deployment as the
+	// tutorial creates that, so that the benchmark can price the control plane's work for one
+	// (the Service and its EndpointSlices) apart from the operators' own.
+	withService bool
 }
 
 func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -70,6 +74,23 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: time.Minute}, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
+	}
+
+	if r.withService {
+		svc := &corev1.Service{}
+		err := r.Get(ctx, req.NamespacedName, svc)
+		if apierrors.IsNotFound(err) {
+			svc = r.serviceFor(mc)
+			if err := ctrl.SetControllerReference(mc, svc, r.scheme); err != nil {
+				return ctrl.Result{}, err
+			}
+			if err := r.Create(ctx, svc); err != nil {
+				return ctrl.Result{}, err
+			}
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		} else if err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	size := mc.Spec.Size
@@ -124,20 +145,40 @@ func setCondition(mc *Memcached, kind string, status metav1.ConditionStatus, rea
 	meta.SetStatusCondition(&mc.Status.Conditions, metav1.Condition{Type: kind, Status: status, Reason: reason, Message: message})
 }
 
-func (r *reconciler) deploymentFor(mc *Memcached) *appsv1.Deployment {
-	labels := map[string]string{
+func labelsFor(mc *Memcached) map[string]string {
+	return map[string]string{
 		"app.kubernetes.io/name":       "memcached",
 		"app.kubernetes.io/instance":   mc.Name,
 		"app.kubernetes.io/managed-by": "MemcachedController",
 	}
+}
+
+func containerPort(mc *Memcached) int32 {
+	if mc.Spec.ContainerPort == 0 {
+		return 11211
+	}
+	return mc.Spec.ContainerPort
+}
+
+// serviceFor: headless, as ours is, so that clients reach each pod by name.
+func (r *reconciler) serviceFor(mc *Memcached) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: mc.Name, Namespace: mc.Namespace},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  labelsFor(mc),
+			Ports:     []corev1.ServicePort{{Name: "memcached", Port: containerPort(mc)}},
+		},
+	}
+}
+
+func (r *reconciler) deploymentFor(mc *Memcached) *appsv1.Deployment {
+	labels := labelsFor(mc)
 	image := os.Getenv("MEMCACHED_IMAGE")
 	if image == "" {
 		image = "memcached:1.6.45-alpine"
 	}
-	port := mc.Spec.ContainerPort
-	if port == 0 {
-		port = 11211
-	}
+	port := containerPort(mc)
 	yes, no, uid := true, false, int64(1001)
 	replicas := mc.Spec.Size
 	return &appsv1.Deployment{
@@ -172,10 +213,12 @@ func (r *reconciler) deploymentFor(mc *Memcached) *appsv1.Deployment {
 }
 
 func (r *reconciler) setup(mgr ctrl.Manager, workers int) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&Memcached{}).
 		Named("memcached").
-		Owns(&appsv1.Deployment{}).
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
-		Complete(r)
+		Owns(&appsv1.Deployment{})
+	if r.withService {
+		b = b.Owns(&corev1.Service{})
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: workers}).Complete(r)
 }

@@ -2,7 +2,8 @@
 // tutorial's controller (controller.go) behind the kubebuilder go/v4 scaffold's manager, with its
 // defaults: one worker, leader election that does not release on shutdown, readiness by ping.
 // Three flags are added so the harness can drive it like our operator: --identity (the Lease
-// holder name), --leader-election-namespace and --max-concurrent-reconciles.
+// holder name), --leader-election-namespace and --max-concurrent-reconciles; and --with-service,
+// a headless Service per Memcached as ours has (off by default, as in the tutorial).
 package main
 
 import (
@@ -24,7 +25,7 @@ const leaseName = "memcached-operator-lock"
 
 func main() {
 	var metricsAddr, probeAddr, identity, leaseNamespace string
-	var leaderElect, secureMetrics bool
+	var leaderElect, secureMetrics, withService bool
 	var workers int
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "The address the metrics endpoint binds to; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
@@ -32,6 +33,7 @@ func main() {
 	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS with authn/authz.")
 	flag.StringVar(&leaseNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the in-cluster namespace).")
 	flag.StringVar(&identity, "identity", "", "Lease holder identity (default: host name plus a UUID).")
+	flag.BoolVar(&withService, "with-service", false, "Also create a headless Service per Memcached.")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 1, "Concurrent reconciles.")
 	opts := zap.Options{Development: true}
 	opts.BindFlags(flag.CommandLine)
@@ -66,7 +68,7 @@ func main() {
 		log.Error(err, "unable to start manager")
 		os.Exit(1)
 	}
-	r := &reconciler{Client: mgr.GetClient(), scheme: mgr.GetScheme(), recorder: mgr.GetEventRecorderFor("memcached-controller")}
+	r := &reconciler{Client: mgr.GetClient(), scheme: mgr.GetScheme(), recorder: mgr.GetEventRecorderFor("memcached-controller"), withService: withService}
 	if err := r.setup(mgr, workers); err != nil {
 		log.Error(err, "unable to create controller")
 		os.Exit(1)
