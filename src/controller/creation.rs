@@ -16,18 +16,29 @@ use crate::error::{Error, Result};
 const RECENT: SignedDuration = SignedDuration::from_mins(10);
 
 /// Whether the StatefulSet controller, having seen the current spec, still runs fewer pods than
-/// it wants: in parallel pod management every sync creates all missing pods at once, so after
-/// a sync this means a creation failed (or a pod is gone and not yet replaced).
-pub fn pods_missing(sts: &OwnedObject<StatefulSet>) -> bool {
-    sts.status.as_ref().is_some_and(|status| {
-        status.observed_generation >= sts.metadata.generation
-            && status.replicas < sts.replicas.unwrap_or(0)
-    })
+/// it wants, and the pod watch has not seen them either: in parallel pod management every sync
+/// creates all missing pods at once, so after a sync this means a creation failed (or a pod is
+/// gone and not yet replaced). The pod watch tells a failure from a status written before the
+/// controller saw its own creations, as it does under a burst of new StatefulSets, where
+/// reading events for each cost the API server more than the rest of their reconciles.
+pub fn pods_missing(sts: &OwnedObject<StatefulSet>, pods: &[String]) -> bool {
+    let wanted = sts.replicas.unwrap_or(0);
+    let reported_missing = sts.status.as_ref().is_some_and(|status| {
+        status.observed_generation >= sts.metadata.generation && status.replicas < wanted
+    });
+    let name = sts.name_any();
+    reported_missing
+        && (0..wanted).any(|ordinal| pods.binary_search(&format!("{name}-{ordinal}")).is_err())
 }
 
-/// The words of the StatefulSet's latest recent `FailedCreate` event, if its pods are missing.
-pub async fn refused(ctx: &Context, sts: &OwnedObject<StatefulSet>) -> Result<Option<String>> {
-    if !pods_missing(sts) {
+/// The words of the StatefulSet's latest recent `FailedCreate` event, if its pods are missing
+/// (`pods`: the sorted names of the Memcached's pods).
+pub async fn refused(
+    ctx: &Context,
+    sts: &OwnedObject<StatefulSet>,
+    pods: &[String],
+) -> Result<Option<String>> {
+    if !pods_missing(sts, pods) {
         return Ok(None);
     }
     let name = sts.name_any();

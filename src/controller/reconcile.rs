@@ -250,9 +250,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     }
     // Pods the StatefulSet wants and does not run: its events may say why.
     let creation_refused = match (&blocked, stateful_set.as_deref()) {
-        (None, Some(sts)) => creation::refused(ctx, sts).await?,
+        (None, Some(sts)) => creation::refused(ctx, sts, &pods.names).await?,
         _ => None,
     };
+    let pods_missing = stateful_set
+        .as_deref()
+        .is_some_and(|sts| creation::pods_missing(sts, &pods.names));
     let observed = Observed {
         stateful_set: stateful_set.as_deref().map(OwnedObject::seen),
         creation_refused: creation_refused.as_deref(),
@@ -291,9 +294,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             (Some(_), _) => Outcome::WaitingForRolloutSlot,
             (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
             // Its controller retries with no change to watch: look again.
-            _ if stateful_set.as_deref().is_some_and(creation::pods_missing) => {
-                Outcome::PodsMissing
-            }
+            _ if pods_missing => Outcome::PodsMissing,
             _ if autoscale::enabled(mc) => Outcome::Autoscaling,
             _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
             _ => Outcome::Converged,

@@ -100,3 +100,35 @@ async fn an_old_refusal_is_not_reported() {
     .await;
     assert_eq!(outcome.unwrap(), Outcome::PodsMissing);
 }
+
+#[tokio::test]
+async fn a_status_behind_the_controllers_own_creations_reads_no_events() {
+    // Under a burst of new StatefulSets their controller writes a status before it has seen the
+    // pods it created; the pod watch has them, so nothing failed and no events are read.
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = one_of_three(&mut caches);
+    for name in ["cache-0", "cache-1", "cache-2"] {
+        let labels = [(crate::resources::LABEL_INSTANCE.to_string(), mc.name_any())];
+        let pod = PodMeta {
+            metadata: ObjectMeta {
+                namespace: mc.namespace(),
+                name: Some(name.into()),
+                labels: Some(labels.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ctx.pods.observe(&watcher::Event::Apply(pod));
+    }
+    let reported = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let status = api.echo_status(STATUS, &reported).await;
+        assert_eq!(
+            condition(&status.body, AVAILABLE),
+            ("False".into(), "PodsNotReady".into())
+        );
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::Converged, "no recheck either");
+}
