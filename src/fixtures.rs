@@ -308,23 +308,6 @@ pub mod apiserver {
             seen
         }
 
-        /// Answers the next `n` requests in whatever order they come, each with what `reply`
-        /// gives for it (requests a reconcile sends together); returns them in arrival order.
-        pub async fn answer_any_order(
-            &mut self,
-            n: usize,
-            mut reply: impl FnMut(&Seen) -> (StatusCode, Value),
-        ) -> Vec<Seen> {
-            let mut seen = Vec::new();
-            for _ in 0..n {
-                let (request, send) = self.receive(&format!("{n} requests")).await;
-                let (status, body) = reply(&request);
-                send.send(status, &body);
-                seen.push(request);
-            }
-            seen
-        }
-
         /// Answers with 200 and the request body, as an apply or create of a new object would.
         pub async fn echo(&mut self, method: &str, path: &str) -> Seen {
             self.expect(method, path, StatusCode::OK, echoed).await

@@ -39,8 +39,6 @@ pub enum Change {
     Updated,
     /// No longer wanted (a disruption budget below two pods).
     Deleted,
-    /// Created beside a StatefulSet name someone else holds, and so taken back.
-    TakenBack,
     /// A Deployment of before, once the StatefulSet serves in its place (migration.rs).
     Replaced,
     /// A member's images patched in place (members.rs).
@@ -76,7 +74,7 @@ impl Change {
             Change::Scaled { .. } => "Scaled",
             Change::DriftRestored { .. } => "DriftRestored",
             Change::Updated => "Updated",
-            Change::Deleted | Change::TakenBack => "Deleted",
+            Change::Deleted => "Deleted",
             Change::Replaced => "Replaced",
             Change::Restarted => "Restarted",
             Change::Evicted => "Evicted",
@@ -94,9 +92,6 @@ impl Change {
             }
             Change::Updated => format!("Updated {kind} {name} to match the Memcached spec"),
             Change::Deleted => format!("Deleted {kind} {name}: no longer wanted by the spec"),
-            Change::TakenBack => {
-                format!("Deleted {kind} {name}: the StatefulSet's name is someone else's")
-            }
             Change::Replaced => {
                 format!("Deleted {kind} {name}: its StatefulSet's members serve in its place")
             }

@@ -14,10 +14,9 @@ use tracing::debug;
 
 use super::context::Context;
 use super::ensure::{
-    Announce, Ensured, Kept, StatusPatch, delete, ensure, ensure_optional, kept, lookup,
-    lookup_optional, patch_status,
+    Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
+    patch_status,
 };
-use super::events::Change;
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
@@ -127,19 +126,19 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         Some(_) => existing_stateful_set,
         None => {
             // 2. Ensure the StatefulSet, and with it 3. its size: replicas = spec.size.
-            // 4. Ensure the headless Service, the disruption budget and the network policy
-            //    (with the StatefulSet: independent requests go out together).
+            // 4. Ensure the headless Service, the disruption budget and the network policy.
             let new = existing_stateful_set.is_none() && existing_service.is_none();
-            let service = ensure(
-                ctx,
-                mc,
-                &services,
-                existing_service,
-                resources::service(mc),
-                Announce::Always,
-            );
-            let optional = async {
+            let service = resources::service(mc);
+            let others = async {
                 tokio::try_join!(
+                    ensure(
+                        ctx,
+                        mc,
+                        &services,
+                        existing_service,
+                        service,
+                        Announce::Always
+                    ),
                     ensure_optional(ctx, mc, Some(&budgets.0), existing_budget, desired_budget),
                     ensure_optional(
                         ctx,
@@ -172,10 +171,16 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                 legacy.is_some(),
             );
             let applied = if new {
-                created_together(ctx, mc, &services, stateful_set, service, optional).await
+                // A new Memcached (or one whose objects someone else holds): the StatefulSet
+                // first, so that nothing is created while its name is someone else's.
+                async {
+                    let stateful_set = stateful_set.await?;
+                    others.await?;
+                    Ok(stateful_set)
+                }
+                .await
             } else {
-                tokio::try_join!(stateful_set, service, optional)
-                    .map(|(stateful_set, _, _)| stateful_set)
+                tokio::try_join!(stateful_set, others).map(|(stateful_set, _)| stateful_set)
             };
             match applied {
                 Ok((stateful_set, queued)) => {
@@ -336,32 +341,6 @@ async fn ensure_stateful_set(
     }
     let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
     Ok((Some(applied), false))
-}
-
-/// A new Memcached's (or one whose objects someone else holds): its StatefulSet and Service
-/// together, one round trip instead of two; the rest once the StatefulSet's name is known to be
-/// ours. A Service created beside a StatefulSet someone else holds is taken back, so that nothing
-/// of ours stays while the name is theirs.
-async fn created_together<S, R>(
-    ctx: &Context,
-    mc: &Memcached,
-    services: &Api<OwnedObject<Service>>,
-    stateful_set: impl Future<Output = Result<S>>,
-    service: impl Future<Output = Result<Ensured<Service>>>,
-    rest: impl Future<Output = Result<R>>,
-) -> Result<S> {
-    let (stateful_set, service) = tokio::join!(stateful_set, service);
-    match (&stateful_set, service) {
-        (Err(Error::Foreign { .. }), Ok(created)) => {
-            delete(ctx, mc, services, &created.object, &Change::TakenBack).await?;
-        }
-        (_, service) => {
-            service?;
-        }
-    }
-    let stateful_set = stateful_set?;
-    rest.await?;
-    Ok(stateful_set)
 }
 
 /// Whether a rollout for a reason the Memcached's spec did not give (an operator upgrade) must

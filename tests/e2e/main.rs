@@ -327,7 +327,7 @@ async fn foreign_stateful_set_is_left_alone() {
             .await
             .unwrap()
             .is_none(),
-        "nothing else stays: the Service created alongside is taken back"
+        "nothing else is created"
     );
 
     // Once the obstacle is gone the Memcached converges.

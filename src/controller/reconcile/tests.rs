@@ -65,13 +65,6 @@ fn events_only(seen: Vec<apiserver::Seen>) -> Vec<apiserver::Seen> {
     seen
 }
 
-/// The requests' methods and paths, sorted: requests sent together arrive in any order.
-fn sorted_paths(seen: &[apiserver::Seen]) -> Vec<(&str, &str)> {
-    let mut paths: Vec<_> = seen.iter().map(|r| (r.method.as_str(), r.path())).collect();
-    paths.sort();
-    paths
-}
-
 /// Splits requests answered in any order into event creations and the one status apply.
 fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apiserver::Seen) {
     let (mut status, events): (Vec<_>, Vec<_>) = seen.into_iter().partition(|r| r.path() == STATUS);
@@ -253,19 +246,15 @@ async fn a_namespace_being_deleted_is_no_failure() {
         "message": "statefulsets.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
         "details": {"name": "cache", "group": "apps", "kind": "statefulsets",
                     "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}});
-    // A new Memcached's StatefulSet and Service go out together; both are refused.
-    let outcome = scenario(mc, ctx, api, move |mut api| async move {
-        let seen = api
-            .answer_any_order(2, |_| (StatusCode::FORBIDDEN, terminating.clone()))
-            .await;
-        assert_eq!(
-            sorted_paths(&seen),
-            [("PATCH", SERVICE), ("PATCH", STATEFUL_SET)]
-        );
-        api
-    })
-    .await
-    .unwrap();
+    let action = one_request(
+        mc,
+        &ctx,
+        api,
+        ("PATCH", STATEFUL_SET),
+        StatusCode::FORBIDDEN,
+        terminating,
+    );
+    let outcome = action.await.unwrap();
     assert_eq!(outcome, Outcome::Gone);
     assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
 }
@@ -330,67 +319,24 @@ async fn foreign_stateful_set_is_left_untouched_with_a_warning() {
     let mc = memcached("cache", 1);
     let foreign = foreign_stateful_set(&mc);
     let action = scenario(mc.clone(), ctx, api, |mut api| async move {
-        // The create-only apply fails on the existing object, without changing it; the
-        // Service, created alongside, is taken back.
-        let sent = api
-            .answer_any_order(2, |r| match r.path() {
-                STATEFUL_SET => (StatusCode::CONFLICT, conflict(&r.body)),
-                _ => {
-                    let mut created = apiserver::echoed(&r.body);
-                    created["metadata"]["uid"] = json!("uid-service");
-                    (StatusCode::OK, created)
-                }
-            })
+        // The create-only apply fails on the existing object, without changing it.
+        let create = api
+            .expect("PATCH", STATEFUL_SET, StatusCode::CONFLICT, conflict)
             .await;
-        assert_eq!(
-            sorted_paths(&sent),
-            [("PATCH", SERVICE), ("PATCH", STATEFUL_SET)]
-        );
-        assert!(
-            sent.iter()
-                .all(|r| r.body["metadata"]["resourceVersion"] == "1"),
-            "creates only"
-        );
+        assert_eq!(create.body["metadata"]["resourceVersion"], "1");
         api.expect("GET", STATEFUL_SET, StatusCode::OK, move |_| foreign)
             .await;
-        // The Service's creation and deletion are announced as they happen, in the background.
-        let mut announced = Vec::new();
-        let delete = loop {
-            let (seen, reply) = api.receive_any().await;
-            if seen.path() == EVENTS {
-                reply.send(StatusCode::OK, &apiserver::echoed(&seen.body));
-                announced.push(seen.body);
-                continue;
-            }
-            reply.send(
-                StatusCode::OK,
-                &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            );
-            break seen;
-        };
-        assert_eq!((delete.method.as_str(), delete.path()), ("DELETE", SERVICE));
-        assert_eq!(
-            delete.body["preconditions"]["uid"], "uid-service",
-            "only the Service it created"
-        );
-        // Nothing else is created: the status says why, with a warning; with the two
-        // announcements, four requests.
-        let rest = api.echo_any_order(4 - announced.len(), &mc).await;
-        let (events, status) = events_and_status(rest);
+        // Nothing else is created.
+        let status = api.echo_status(STATUS, &mc).await;
         assert_eq!(
             condition(&status.body, DEGRADED),
             ("True".into(), "ResourceExists".into())
         );
-        announced.extend(events.into_iter().map(|e| e.body));
-        let reasons: Vec<_> = announced
-            .iter()
-            .map(|e| (e["type"].as_str().unwrap(), e["reason"].as_str().unwrap()))
-            .collect();
-        assert!(
-            reasons.contains(&("Warning", "ResourceExists")),
-            "{reasons:?}"
+        let event = api.echo("POST", EVENTS).await;
+        assert_eq!(
+            (event.body["type"].as_str(), event.body["reason"].as_str()),
+            (Some("Warning"), Some("ResourceExists"))
         );
-        assert!(reasons.contains(&("Normal", "Deleted")), "{reasons:?}");
         api
     })
     .await
@@ -527,11 +473,12 @@ async fn an_api_error_is_retried_with_the_backoff() {
     let mc = memcached("cache", 1);
     let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
     let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
-        // The StatefulSet's apply fails; the Service's, sent with it, is created.
-        api.answer_any_order(2, |r| match r.path() {
-            STATEFUL_SET => (StatusCode::INTERNAL_SERVER_ERROR, server_error(&r.body)),
-            _ => (StatusCode::OK, apiserver::echoed(&r.body)),
-        })
+        api.expect(
+            "PATCH",
+            STATEFUL_SET,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            server_error,
+        )
         .await;
         api
     })
