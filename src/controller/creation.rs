@@ -21,6 +21,7 @@ const RECENT: SignedDuration = SignedDuration::from_mins(10);
 /// gone and not yet replaced). The pod watch tells a failure from a status written before the
 /// controller saw its own creations, as it does under a burst of new StatefulSets, where
 /// reading events for each cost the API server more than the rest of their reconciles.
+/// `pods`: the sorted names of the Memcached's pods.
 pub fn pods_missing(sts: &OwnedObject<StatefulSet>, pods: &[String]) -> bool {
     let wanted = sts.replicas.unwrap_or(0);
     let reported_missing = sts.status.as_ref().is_some_and(|status| {
@@ -31,16 +32,9 @@ pub fn pods_missing(sts: &OwnedObject<StatefulSet>, pods: &[String]) -> bool {
         && (0..wanted).any(|ordinal| pods.binary_search(&format!("{name}-{ordinal}")).is_err())
 }
 
-/// The words of the StatefulSet's latest recent `FailedCreate` event, if its pods are missing
-/// (`pods`: the sorted names of the Memcached's pods).
-pub async fn refused(
-    ctx: &Context,
-    sts: &OwnedObject<StatefulSet>,
-    pods: &[String],
-) -> Result<Option<String>> {
-    if !pods_missing(sts, pods) {
-        return Ok(None);
-    }
+/// The words of the StatefulSet's latest recent `FailedCreate` event; read only while its pods
+/// are missing (`pods_missing`).
+pub async fn refused(ctx: &Context, sts: &OwnedObject<StatefulSet>) -> Result<Option<String>> {
     let name = sts.name_any();
     let events: Api<Event> =
         Api::namespaced(ctx.client.clone(), &sts.namespace().unwrap_or_default());

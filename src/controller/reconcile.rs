@@ -249,13 +249,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         }
     }
     // Pods the StatefulSet wants and does not run: its events may say why.
-    let creation_refused = match (&blocked, stateful_set.as_deref()) {
-        (None, Some(sts)) => creation::refused(ctx, sts, &pods.names).await?,
-        _ => None,
-    };
     let pods_missing = stateful_set
         .as_deref()
         .is_some_and(|sts| creation::pods_missing(sts, &pods.names));
+    let creation_refused = match (&blocked, stateful_set.as_deref()) {
+        (None, Some(sts)) if pods_missing => creation::refused(ctx, sts).await?,
+        _ => None,
+    };
     let observed = Observed {
         stateful_set: stateful_set.as_deref().map(OwnedObject::seen),
         creation_refused: creation_refused.as_deref(),

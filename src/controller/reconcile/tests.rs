@@ -756,8 +756,8 @@ async fn an_upgrade_rolls_only_as_many_stateful_sets_as_the_budget_allows() {
     .unwrap();
 }
 
-/// A pod of `mc` as the pod watch reports it, not Ready because it cannot pull its image.
-fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
+/// A pod `name` of `mc` as the pod watch reports it, with nothing wrong.
+fn pod_of(mc: &Memcached, name: &str) -> PodMeta {
     let labels = [(crate::resources::LABEL_INSTANCE.to_string(), mc.name_any())];
     PodMeta {
         metadata: ObjectMeta {
@@ -766,11 +766,18 @@ fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
             labels: Some(labels.into()),
             ..Default::default()
         },
+        ..Default::default()
+    }
+}
+
+/// A pod of `mc` as the pod watch reports it, not Ready because it cannot pull its image.
+fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
+    PodMeta {
         trouble: Some(crate::status::pods::PodTrouble {
             cause: crate::status::pods::Cause::ImagePullFailed,
             words: words.into(),
         }),
-        ip: None,
+        ..pod_of(mc, name)
     }
 }
 

@@ -108,17 +108,7 @@ async fn a_status_behind_the_controllers_own_creations_reads_no_events() {
     let (ctx, api, mut caches) = apiserver::context();
     let mc = one_of_three(&mut caches);
     for name in ["cache-0", "cache-1", "cache-2"] {
-        let labels = [(crate::resources::LABEL_INSTANCE.to_string(), mc.name_any())];
-        let pod = PodMeta {
-            metadata: ObjectMeta {
-                namespace: mc.namespace(),
-                name: Some(name.into()),
-                labels: Some(labels.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        ctx.pods.observe(&watcher::Event::Apply(pod));
+        ctx.pods.observe(&watcher::Event::Apply(pod_of(&mc, name)));
     }
     let reported = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
