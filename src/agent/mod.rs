@@ -303,6 +303,7 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
     // asking this agent to save: it stays (serving) until memcached is gone. Stopped alone (its
     // own image changed in place), it is asked nothing and leaves memcached running.
     if let Some(saver) = saver {
+        saver.stop();
         save::outlive(&saver, save::SAVE_EXPECTED_WITHIN, OUTLIVE_MEMCACHED).await;
     }
     Ok(())

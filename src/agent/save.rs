@@ -60,6 +60,10 @@ const OUTLIVE_POLL: Duration = Duration::from_millis(100);
 /// memcached running, only the agent is stopping (its image changed in place): it has nothing
 /// to outlive, and waiting would only hold its restart until the grace period's SIGKILL.
 pub(super) const SAVE_EXPECTED_WITHIN: Duration = Duration::from_secs(5);
+/// The same the other way: a deleted pod's agent gets its SIGTERM along with memcached's preStop.
+/// Without one by then, only memcached is restarting, in place (its image changed, or a probe
+/// failed), and keeps its address: no client has it cached to drain, so the delay is skipped.
+const STOP_SEEN_WITHIN: Duration = Duration::from_secs(2);
 
 /// The shared secret of the save endpoint: anyone reaching the pod's IP could otherwise stop
 /// memcached.
@@ -113,6 +117,9 @@ pub(super) struct Saver {
     in_flight: AtomicUsize,
     /// memcached's loopback listener and the logins it takes, for `GET /stats`.
     stats: Option<(SocketAddr, watch::Receiver<Vec<Credentials>>)>,
+    /// Set once the agent has its SIGTERM: the pod is going away.
+    stopping: watch::Sender<bool>,
+    stop_seen_within: Duration,
 }
 
 impl Saver {
@@ -127,6 +134,38 @@ impl Saver {
             turn: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
             stats: None,
+            stopping: watch::Sender::new(false),
+            stop_seen_within: STOP_SEEN_WITHIN,
+        }
+    }
+
+    /// The agent is stopping, and with it the pod.
+    pub(super) fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Waits out a preStop's `delay` if the pod is going away (see `STOP_SEEN_WITHIN`).
+    async fn drain(&self, delay: Duration) {
+        let asked = Instant::now();
+        let mut stopping = self.stopping.subscribe();
+        let seen = tokio::time::timeout(
+            self.stop_seen_within.min(delay),
+            stopping.wait_for(|stopping| *stopping),
+        )
+        .await
+        .is_ok_and(|seen| seen.is_ok());
+        if seen {
+            // memcached keeps serving the clients that still have its address meanwhile.
+            info!(
+                ?delay,
+                "save asked for by a stopping pod: serving out the delay first"
+            );
+            tokio::time::sleep_until(asked + delay).await;
+        } else {
+            info!(
+                ?delay,
+                "save asked for by memcached's restart in place: no delay"
+            );
         }
     }
 
@@ -360,9 +399,7 @@ async fn handle(
     };
     let _in_flight = saver.enter();
     if !delay.is_zero() {
-        // memcached keeps serving the clients that still have its address meanwhile.
-        info!(?delay, "save asked for: waiting first");
-        sleep(delay).await;
+        saver.drain(delay).await;
     }
     let (status, body) = saver.save().await;
     Ok(text(status, body))
@@ -753,14 +790,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_save_waits_for_its_delay_first() {
+    async fn a_stopping_pods_save_serves_out_its_delay_first() {
         let fake = FakeMemcached::start();
         let mut saver = fake.saver();
         saver.process = absent_name();
+        saver.stop_seen_within = Duration::from_millis(500);
+        let (addr, saver) = serving(saver).await;
+        let started = Instant::now();
+        // The agent's SIGTERM a little after memcached's preStop.
+        tokio::spawn(async move {
+            sleep(Duration::from_millis(100)).await;
+            saver.stop();
+        });
+        assert_eq!(get(addr, "/save?delay=2", Some(TOKEN)).await.0, 200);
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        assert!(fake.running());
+    }
+
+    #[tokio::test]
+    async fn a_restart_in_place_saves_without_the_delay() {
+        let fake = FakeMemcached::start();
+        fake.write_stop_time(now_secs());
+        let mut saver = fake.saver();
+        saver.stop_seen_within = Duration::from_millis(500);
         let (addr, _) = serving(saver).await;
         let started = Instant::now();
-        assert_eq!(get(addr, "/save?delay=1", Some(TOKEN)).await.0, 200);
-        assert!(started.elapsed() >= Duration::from_secs(1));
+        let (status, body) = get(addr, "/save?delay=60", Some(TOKEN)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with("saved; stop_time="), "{body}");
+        assert!(!fake.running());
+        // The wait for a stop, then the clock's (under 2 s): not the minute asked for.
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     #[tokio::test]
