@@ -38,9 +38,10 @@ SHELLCHECK_DIR := $(or $(MEMCACHED_OPERATOR_CACHE),$(HOME)/.cache/memcached-oper
 SHELLCHECK ?= $(or $(shell command -v shellcheck),$(SHELLCHECK_DIR)/bin/shellcheck)
 
 .PHONY: lint
-lint: $(SHELLCHECK) ## cargo fmt --check, clippy -D warnings, shellcheck.
+lint: $(SHELLCHECK) ## cargo fmt --check, clippy -D warnings, shellcheck, the layout's limits (lines per file, shell in hack/).
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features --locked -- -D warnings
+	$(CARGO) test --locked --test layout
 	$(SHELLCHECK) hack/*.sh hack/olm/*.sh bench/reference-go/build.sh
 
 $(SHELLCHECK_DIR)/bin/shellcheck:

@@ -53,18 +53,14 @@ rn_gateway() {
 
 real_node_preflight() {
 	[[ "$(id -u)" -eq 0 ]] || die "REAL_NODE=1 needs root (containerd, runc, bridges, iptables)"
-	local owner
-	if [[ -f "${REAL_NODE_LOCK}" ]]; then
-		owner="$(cat "${REAL_NODE_LOCK}")"
-		if [[ "${owner}" != "${CLUSTER_DIR}" && -d "${owner}/real-node" ]]; then
-			if real_node_running "${owner}"; then
-				die "a real node already runs on this host (cluster ${owner}); one at a time: kube-proxy's iptables chains and the kubepods cgroups are host-wide"
-			fi
-			# Its processes were killed without a `down` (a killed run): take down what they left
-			# (bridge, iptables chains, mounts, network namespaces) rather than refuse to start.
-			log "the real node of ${owner} is not running but left its state; taking it down"
-			real_node_down "${owner}"
-		fi
+	local owner=""
+	[[ -f "${REAL_NODE_LOCK}" ]] && owner="$(cat "${REAL_NODE_LOCK}")"
+	if [[ -n "${owner}" && "${owner}" != "${CLUSTER_DIR}" && -d "${owner}/real-node" ]]; then
+		real_node_running "${owner}" &&
+			die "a real node already runs on this host (cluster ${owner}); one at a time: kube-proxy's iptables chains and the kubepods cgroups are host-wide"
+		# Killed without a `down` (a killed run): take down what it left (bridge, iptables, mounts).
+		log "the real node of ${owner} is not running but left its state; taking it down"
+		real_node_down "${owner}"
 	fi
 	if ip link show "${REAL_NODE_BRIDGE}" >/dev/null 2>&1; then
 		die "network interface ${REAL_NODE_BRIDGE} exists already (a cluster not taken down? run: $0 down DIR)"

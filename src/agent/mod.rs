@@ -25,13 +25,15 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+mod endpoint;
 mod loopback;
 mod passwords;
 mod save;
 
+use endpoint::SaveToken;
 use loopback::{proxy, refresh_certs};
 use passwords::{Credentials, PasswordFile, write_file};
-use save::{SaveToken, Saver};
+use save::Saver;
 
 /// How long memcached may take to act on SIGHUP: it does so at its next clock tick, once a second.
 const RELOAD_TICK: Duration = Duration::from_secs(2);
@@ -286,7 +288,7 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
             let saver = Arc::new(saver);
             let listener = TcpListener::bind(addr).await?;
             info!(address = %listener.local_addr()?, "serving saves");
-            tokio::spawn(save::serve(listener, saver.clone()));
+            tokio::spawn(endpoint::serve(listener, saver.clone()));
             Some(saver)
         }
         _ => None,

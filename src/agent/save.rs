@@ -8,35 +8,24 @@
 //! exit and for the clock to pass `stop_time`, and only then answers, since the kubelet starts
 //! the next container as soon as the hook returns.
 //!
-//! The same endpoint, with the same token, answers the operator's autoscaler with memcached's
-//! `stats` (`GET /stats`), read over the pod's loopback and logged in where memcached wants it.
+//! The same endpoint (endpoint.rs), with the same token, answers the operator's autoscaler with
+//! memcached's `stats` (`GET /stats`), read over the pod's loopback and logged in where memcached
+//! wants it.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::{Mutex, Semaphore, watch};
+use hyper::StatusCode;
+use tokio::sync::{Mutex, watch};
 use tokio::time::{Instant, sleep};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+use super::endpoint::SaveToken;
 use super::loopback;
 use super::passwords::Credentials;
 use super::{Signal, is_alive, processes_named, signal_processes};
-// The header memcached's preStop sends (resources/warm_restart.rs).
-use crate::resources::warm_restart::TOKEN_HEADER;
-/// The longest `delay` honoured: the kubelet's grace period ends the pod well before anyway.
-const MAX_DELAY: Duration = Duration::from_secs(600);
 /// How long memcached may take to write its file's metadata and exit.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_POLL: Duration = Duration::from_millis(50);
@@ -49,10 +38,6 @@ const NO_META_WAIT: Duration = Duration::from_secs(2);
 /// A `stop_time` further ahead than this means the clock was stepped back: waiting would hold
 /// the kubelet for as long, so the save is reported failed instead.
 const MAX_CLOCK_WAIT: Duration = Duration::from_secs(10);
-/// A client has this long to send its request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once (the kubelet makes one per stop); more are closed at once.
-const MAX_CONNECTIONS: usize = 32;
 /// How often the agent, terminating, looks whether memcached is gone.
 const OUTLIVE_POLL: Duration = Duration::from_millis(100);
 /// The kubelet stops a deleted pod's containers at once, memcached's through its preStop hook,
@@ -65,46 +50,9 @@ pub(super) const SAVE_EXPECTED_WITHIN: Duration = Duration::from_secs(5);
 /// failed), and keeps its address: no client has it cached to drain, so the delay is skipped.
 const STOP_SEEN_WITHIN: Duration = Duration::from_secs(2);
 
-/// The shared secret of the save endpoint: anyone reaching the pod's IP could otherwise stop
-/// memcached.
-#[derive(Clone)]
-pub struct SaveToken(String);
-
-impl FromStr for SaveToken {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.is_empty() {
-            return Err("the save token is empty".to_string());
-        }
-        Ok(SaveToken(s.to_string()))
-    }
-}
-
-// Kept out of logs (the agent's arguments are Debug).
-impl std::fmt::Debug for SaveToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SaveToken(..)")
-    }
-}
-
-impl SaveToken {
-    /// Every byte is compared whatever the first difference, so the time taken tells nothing of
-    /// how much of `given` was right.
-    fn matches(&self, given: &[u8]) -> bool {
-        let want = self.0.as_bytes();
-        want.len() == given.len()
-            && std::hint::black_box(
-                want.iter()
-                    .zip(given)
-                    .fold(0u8, |diff, (a, b)| diff | (a ^ b)),
-            ) == 0
-    }
-}
-
 /// Saves memcached's items, one save at a time.
 pub(super) struct Saver {
-    token: SaveToken,
+    pub(super) token: SaveToken,
     /// memcached's `<memory file>.meta`.
     meta: PathBuf,
     /// The name of the processes signalled: memcached (another in tests).
@@ -145,7 +93,7 @@ impl Saver {
     }
 
     /// Waits out a preStop's `delay` if the pod is going away (see `STOP_SEEN_WITHIN`).
-    async fn drain(&self, delay: Duration) {
+    pub(super) async fn drain(&self, delay: Duration) {
         let asked = Instant::now();
         let mut stopping = self.stopping.subscribe();
         let seen = tokio::time::timeout(
@@ -179,7 +127,7 @@ impl Saver {
         self
     }
 
-    async fn stats(&self) -> (StatusCode, String) {
+    pub(super) async fn stats(&self) -> (StatusCode, String) {
         let Some((memcached, login)) = &self.stats else {
             return (StatusCode::NOT_FOUND, "not found\n".to_string());
         };
@@ -192,7 +140,7 @@ impl Saver {
 
     /// SIGUSR1 to memcached, then the answer once it has exited and the clock is past its
     /// `stop_time`.
-    async fn save(&self) -> (StatusCode, String) {
+    pub(super) async fn save(&self) -> (StatusCode, String) {
         let _turn = self.turn.lock().await;
         let asked = SystemTime::now();
         let signalled = match signal_processes(&self.process, Signal::USR1) {
@@ -270,13 +218,13 @@ impl Saver {
     }
 
     /// Counts a save until it is answered.
-    fn enter(&self) -> InFlight<'_> {
+    pub(super) fn enter(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)
     }
 }
 
-struct InFlight<'a>(&'a AtomicUsize);
+pub(super) struct InFlight<'a>(&'a AtomicUsize);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -316,99 +264,6 @@ async fn wait_for_clock(stop_time: u64) -> Result<(), Duration> {
         sleep(wait).await;
         waited += wait;
     }
-}
-
-/// The `delay` of a save's query, in whole seconds (none: 0), at most `MAX_DELAY`.
-fn parse_delay(query: Option<&str>) -> Result<Duration, String> {
-    let Some(value) = query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| pair.strip_prefix("delay="))
-    else {
-        return Ok(Duration::ZERO);
-    };
-    let seconds: u64 = value
-        .parse()
-        .map_err(|_| format!("delay must be whole seconds, not {value:?}"))?;
-    Ok(Duration::from_secs(seconds).min(MAX_DELAY))
-}
-
-/// Serves `GET /save` on `listener` (HTTP/1 only, as the runtime's admin endpoints).
-pub(super) async fn serve(listener: TcpListener, saver: Arc<Saver>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                // E.g. at the open-file limit: retried without spinning.
-                warn!(%error, "accept");
-                sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!("save connection limit reached; closing a new connection");
-            continue;
-        };
-        let saver = saver.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = service_fn(move |req| handle(req, saver.clone()));
-            let mut http = http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            if let Err(error) = http.serve_connection(TokioIo::new(stream), service).await {
-                debug!(%error, "save connection ended");
-            }
-        });
-    }
-}
-
-async fn handle(
-    req: Request<Incoming>,
-    saver: Arc<Saver>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let path = req.uri().path();
-    if path != "/save" && path != "/stats" {
-        return Ok(text(StatusCode::NOT_FOUND, "not found\n".to_string()));
-    }
-    let authorised = req
-        .headers()
-        .get(TOKEN_HEADER)
-        .is_some_and(|value| saver.token.matches(value.as_bytes()));
-    if !authorised {
-        warn!(
-            path = req.uri().path(),
-            "a request without the right token: refused"
-        );
-        return Ok(text(StatusCode::FORBIDDEN, "forbidden\n".to_string()));
-    }
-    if req.method() != Method::GET {
-        return Ok(text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "GET only\n".to_string(),
-        ));
-    }
-    if req.uri().path() == "/stats" {
-        let (status, body) = saver.stats().await;
-        return Ok(text(status, body));
-    }
-    let delay = match parse_delay(req.uri().query()) {
-        Ok(delay) => delay,
-        Err(message) => return Ok(text(StatusCode::BAD_REQUEST, message + "\n")),
-    };
-    let _in_flight = saver.enter();
-    if !delay.is_zero() {
-        saver.drain(delay).await;
-    }
-    let (status, body) = saver.save().await;
-    Ok(text(status, body))
-}
-
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
 }
 
 /// After SIGTERM: returns once no memcached is left and no save is unanswered, or after `bound`;
@@ -457,12 +312,14 @@ mod tests {
     use std::net::SocketAddr;
     use std::os::unix::process::ExitStatusExt;
     use std::process::{Child, Command};
+    use std::sync::Arc;
 
     use clap::Parser;
     use rustix::process::Pid;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
+    use tokio::net::{TcpListener, TcpStream};
 
+    use super::super::endpoint::serve;
     use super::*;
 
     const TOKEN: &str = "s3cret-token";
@@ -640,17 +497,6 @@ mod tests {
             Duration::ZERO
         );
         assert_eq!(wait_past(stop_time, at(stop + 5.0)), Duration::ZERO);
-    }
-
-    #[test]
-    fn the_delay_is_read_in_seconds_and_capped() {
-        assert_eq!(parse_delay(None), Ok(Duration::ZERO));
-        assert_eq!(parse_delay(Some("other=1")), Ok(Duration::ZERO));
-        assert_eq!(parse_delay(Some("delay=5")), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_delay(Some("x=1&delay=7")), Ok(Duration::from_secs(7)));
-        assert_eq!(parse_delay(Some("delay=100000")), Ok(MAX_DELAY));
-        assert!(parse_delay(Some("delay=1.5")).is_err());
-        assert!(parse_delay(Some("delay=-1")).is_err());
     }
 
     /// A memcached that wants a login first, then answers `stats`.

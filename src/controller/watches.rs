@@ -14,14 +14,14 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info};
+use tracing::{Instrument, info};
 
 use super::Settings;
 use super::context::Context;
@@ -30,7 +30,6 @@ use super::feed::{Feed, Key, queue_all_on_leading};
 use super::hpa_index::{HpaIndex, HpaSeen};
 use super::outcome;
 use super::own_writes::OwnWrites;
-use super::owned::{Owned, OwnedObject};
 use super::pod_index::{PodIndex, PodMeta};
 use super::reconcile::reconcile;
 use super::rollouts::Rollouts;
@@ -39,17 +38,23 @@ use super::watched_memcached::{WatchedMemcached, parse_event};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::metrics::Metrics;
-use crate::resources::{self, MANAGER_NAME};
+use crate::resources::MANAGER_NAME;
 use crate::service_monitor::ServiceMonitor;
 use operator_runtime::backoff::Backoff;
 use operator_runtime::cache::{self, Cache};
 use operator_runtime::initial_list::InitialList;
 use operator_runtime::queue::Queue;
-use operator_runtime::readiness::{SyncGate, Unsynced};
+use operator_runtime::readiness::SyncGate;
 use operator_runtime::watch_namespace::Scope;
 use operator_runtime::workers::{Next, Workers};
 
 /// How often the in-flight work gauges are refreshed (client-go's interval).
+mod owned_watch;
+use owned_watch::{
+    cached_before, optional_owned_watch, owned_watch, owned_watch_config, released_on_first_list,
+    watched,
+};
+
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The controller, one watch set per scope, sharing the metrics, backoff, queue and workers.
@@ -380,114 +385,4 @@ fn scope_watches(
     tasks.extend(certificate_watch.map(tokio::spawn));
     tasks.extend(hpa_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
-}
-
-/// What the cache held of the object an event brings, before the event is applied to it.
-fn cached_before<K: Resource>(cache: &Cache<K>, event: &watcher::Event<K>) -> Option<Arc<K>> {
-    match event {
-        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => cache.get_for(obj),
-        _ => None,
-    }
-}
-
-/// The event, or `None` after logging a watch error (the watcher retries with backoff).
-fn watched<K>(
-    event: Result<watcher::Event<K>, watcher::Error>,
-    kind: &str,
-) -> Option<watcher::Event<K>> {
-    match event {
-        Ok(event) => Some(event),
-        Err(error) => {
-            debug!(kind, %error, "watch failed; retrying");
-            None
-        }
-    }
-}
-
-/// Releases a watch's readiness handle on its first complete list, once the list is in the
-/// cache.
-///
-/// Not `Store::wait_until_ready`: in kube 5 it is one shared oneshot receiver that keeps only the
-/// last waiter's waker.
-fn released_on_first_list<K>(handle: &mut Option<Unsynced>, event: &watcher::Event<K>) {
-    if matches!(event, watcher::Event::InitDone)
-        && let Some(handle) = handle.take()
-    {
-        handle.release();
-    }
-}
-
-/// What we own carries our label; the watch cache serves it.
-fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
-    initial_list.configure(
-        watcher::Config::default()
-            .labels(&resources::managed_by_selector())
-            .any_semantic(),
-    )
-}
-
-/// `owned_watch` of a kind the operator keeps only where `kept` (served, and watchable by it).
-fn optional_owned_watch<K: Owned>(
-    kept: bool,
-    shared: &Shared,
-    scope: &Scope,
-    caches: &SyncGate,
-    feed: Feed,
-    owned: OwnedTriggers<K>,
-) -> (
-    Option<Cache<OwnedObject<K>>>,
-    Option<impl Future<Output = ()> + Send + 'static>,
-) {
-    kept.then(|| owned_watch::<K>(shared, scope, caches, feed, owned, |_| {}))
-        .unzip()
-}
-
-/// Watches owned objects by our label into a cache, shows each event (as cached) to `observe`,
-/// and queues their Memcached: at high priority when someone else changed what we set or deleted
-/// the object, else (an object just created, our own write, or its status if `on_status`) at low.
-fn owned_watch<K>(
-    shared: &Shared,
-    scope: &Scope,
-    caches: &SyncGate,
-    mut feed: Feed,
-    owned: OwnedTriggers<K>,
-    observe: impl Fn(&watcher::Event<OwnedObject<K>>) + Send + 'static,
-) -> (
-    Cache<OwnedObject<K>>,
-    impl Future<Output = ()> + Send + 'static,
-)
-where
-    K: Owned,
-{
-    let (reader, mut writer) = cache::new();
-    let cache = reader.clone();
-    let mut unsynced = Some(caches.watch());
-    let own_writes = shared.own_writes.clone();
-    let watch = watcher(
-        scope.api::<OwnedObject<K>>(&shared.client),
-        owned_watch_config(shared.initial_list),
-    )
-    .default_backoff()
-    .for_each(move |event| {
-        if let Some(mut event) = watched(event, &K::kind(&())) {
-            let old = cached_before(&cache, &event);
-            let mut ours = false;
-            match &mut event {
-                watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                    let echo = own_writes.echo_of(&*obj);
-                    ours = echo.is_some();
-                    obj.observe(old.as_deref(), echo);
-                }
-                watcher::Event::Init => own_writes.forget(),
-                watcher::Event::Delete(_) | watcher::Event::InitDone => {}
-            }
-            let trigger = owned.trigger(old.as_deref(), &event, ours);
-            observe(&event);
-            writer.apply_watcher_event(&event);
-            released_on_first_list(&mut unsynced, &event);
-            feed.fire(&event, trigger);
-        }
-        future::ready(())
-    });
-    (reader, watch)
 }
