@@ -13,6 +13,7 @@ mod cluster;
 mod control_plane;
 mod operator;
 mod procs;
+mod speed;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -166,6 +167,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let t_audit = audit::now();
         let cpu_before = procs::snapshot();
         let counters_before = control_plane::Counters::read(&client).await?;
+        let probe = speed::Probe::start();
         let started = Instant::now();
         let created_at: BTreeMap<(String, String), Timestamp> = stream::iter(names.iter())
             .map(|(ns, name)| {
@@ -206,6 +208,11 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         )
         .await?;
         let available_at = started.elapsed();
+        let speed = probe.finish(
+            results["machine"]["calibration_seconds"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        );
         let cpu_used = cpu_since(&cpu_before, &op);
         let control_plane = control_plane::Counters::read(&client)
             .await?
@@ -253,6 +260,8 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             // plane wrote and sent its watchers.
             "cpu_seconds": top_cpu(&cpu_used),
             "control_plane": control_plane,
+            // How much slower a core was over the window than before the run.
+            "speed": speed,
         });
     }
 
@@ -769,44 +778,9 @@ fn machine_facts() -> Value {
     json!({
         "cores": cores,
         "memory_gib": mem_kib as f64 / 1024.0 / 1024.0,
-        "calibration_seconds": calibration_seconds(),
+        "calibration_seconds": speed::calibration_seconds(),
         "control_plane": versions.lines().filter(|l| l.contains("_VERSION=")).collect::<Vec<_>>(),
     })
-}
-
-/// How fast one core of this machine is now: the best of five runs of a fixed JSON workload
-/// (what the operator and the API server spend most of their time on), taken before the cluster
-/// starts. Runs on different days compare only after scaling by it: the same machine has been
-/// half again slower from one day to the next. Back-to-back runs differ by up to a fifth.
-fn calibration_seconds() -> f64 {
-    let object = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "mc-00000", "namespace": "bench-0", "generation": 3,
-            "labels": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "mc-00000"},
-        },
-        "spec": {
-            "replicas": 3,
-            "template": {"spec": {"containers": [{
-                "name": "memcached", "image": "memcached:1.6",
-                "args": ["-m", "64", "-c", "1024", "-t", "4", "-I", "1m"],
-                "ports": [{"containerPort": 11211, "name": "memcached", "protocol": "TCP"}],
-            }]}},
-        },
-        "status": {"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "observedGeneration": 3},
-    });
-    (0..5)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..100_000 {
-                let text = serde_json::to_string(std::hint::black_box(&object)).unwrap_or_default();
-                let parsed: Value = serde_json::from_str(&text).unwrap_or_default();
-                std::hint::black_box(parsed);
-            }
-            started.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
 }
 
 fn print_table(results: &Value) {
@@ -864,6 +838,10 @@ fn print_table(results: &Value) {
         ("converge: writes per CR", "/converge/writes_per_cr"),
         ("converge: 409 conflicts", "/converge/conflicts_409"),
         ("converge: peak RSS (MiB)", "/converge/rss_peak_mib"),
+        (
+            "converge: a core's slowdown against the calibration",
+            "/converge/speed/slowdown_p50",
+        ),
         ("steady: idle RSS (MiB)", "/steady/idle_rss_mib"),
         ("steady: idle CPU (s)", "/steady/idle_cpu_seconds"),
         ("steady: idle writes", "/steady/idle_writes"),
