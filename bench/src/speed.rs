@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use rustix::time::{ClockId, clock_gettime};
 use serde_json::{Value, json};
 
+use crate::percentile;
+
 /// Rounds in the calibration's unit of work.
 const UNIT: u32 = 100_000;
 /// Rounds the probe runs each `PROBE_EVERY`: about 5 ms of one core, 0.5 % of it.
@@ -98,20 +100,14 @@ impl Probe {
     }
 }
 
+/// Without samples the figures are null (JSON has no NaN).
 fn summary(samples: &[f64], calibration: f64) -> Value {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let at = |p: f64| {
-        sorted
-            .get(((p * sorted.len() as f64).ceil() as usize).saturating_sub(1))
-            .copied()
-    };
-    let p50 = at(0.5);
+    let p50 = percentile(samples, 0.5);
     json!({
-        "samples": sorted.len(),
+        "samples": samples.len(),
         "seconds_per_unit_p50": p50,
-        "seconds_per_unit_p90": at(0.9),
-        "slowdown_p50": p50.map(|p| p / calibration),
+        "seconds_per_unit_p90": percentile(samples, 0.9),
+        "slowdown_p50": p50 / calibration,
     })
 }
 

@@ -81,7 +81,8 @@ fn parse_delay(query: Option<&str>) -> Result<Duration, String> {
 }
 
 /// Serves `GET /save` on `listener` (HTTP/1 only, as the runtime's admin endpoints).
-pub(super) async fn serve(listener: TcpListener, saver: Arc<Saver>) {
+pub(super) async fn serve(listener: TcpListener, token: SaveToken, saver: Arc<Saver>) {
+    let token = Arc::new(token);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -97,10 +98,10 @@ pub(super) async fn serve(listener: TcpListener, saver: Arc<Saver>) {
             debug!("save connection limit reached; closing a new connection");
             continue;
         };
-        let saver = saver.clone();
+        let (token, saver) = (token.clone(), saver.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let service = service_fn(move |req| handle(req, saver.clone()));
+            let service = service_fn(move |req| handle(req, token.clone(), saver.clone()));
             let mut http = http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT);
@@ -113,6 +114,7 @@ pub(super) async fn serve(listener: TcpListener, saver: Arc<Saver>) {
 
 async fn handle(
     req: Request<Incoming>,
+    token: Arc<SaveToken>,
     saver: Arc<Saver>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
@@ -122,7 +124,7 @@ async fn handle(
     let authorised = req
         .headers()
         .get(TOKEN_HEADER)
-        .is_some_and(|value| saver.token.matches(value.as_bytes()));
+        .is_some_and(|value| token.matches(value.as_bytes()));
     if !authorised {
         warn!(
             path = req.uri().path(),
@@ -144,11 +146,7 @@ async fn handle(
         Ok(delay) => delay,
         Err(message) => return Ok(text(StatusCode::BAD_REQUEST, message + "\n")),
     };
-    let _in_flight = saver.enter();
-    if !delay.is_zero() {
-        saver.drain(delay).await;
-    }
-    let (status, body) = saver.save().await;
+    let (status, body) = saver.save_after(delay).await;
     Ok(text(status, body))
 }
 
@@ -162,6 +160,8 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
 
+    const TOKEN: &str = "s3cret-token";
+
     #[test]
     fn the_delay_is_read_in_seconds_and_capped() {
         assert_eq!(parse_delay(None), Ok(Duration::ZERO));
@@ -171,5 +171,16 @@ mod tests {
         assert_eq!(parse_delay(Some("delay=100000")), Ok(MAX_DELAY));
         assert!(parse_delay(Some("delay=1.5")).is_err());
         assert!(parse_delay(Some("delay=-1")).is_err());
+    }
+
+    #[test]
+    fn the_token_matches_itself_only() {
+        let token: SaveToken = TOKEN.parse().unwrap();
+        assert!(token.matches(TOKEN.as_bytes()));
+        assert!(!token.matches(b"s3cret-tokeN"));
+        assert!(!token.matches(b"s3cret"));
+        assert!(!token.matches(b""));
+        assert!("".parse::<SaveToken>().is_err());
+        assert_eq!(format!("{token:?}"), "SaveToken(..)");
     }
 }

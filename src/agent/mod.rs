@@ -283,12 +283,12 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
         &agent.args.memory_file,
     ) {
         (Some(addr), Some(token), Some(memory_file)) => {
-            let saver = Saver::new(token.clone(), memory_file, MEMCACHED)
+            let saver = Saver::new(memory_file, MEMCACHED)
                 .with_stats(agent.args.memcached, agent.login.subscribe());
             let saver = Arc::new(saver);
             let listener = TcpListener::bind(addr).await?;
             info!(address = %listener.local_addr()?, "serving saves");
-            tokio::spawn(endpoint::serve(listener, saver.clone()));
+            tokio::spawn(endpoint::serve(listener, token.clone(), saver.clone()));
             Some(saver)
         }
         _ => None,

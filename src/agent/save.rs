@@ -22,7 +22,6 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::{Instant, sleep};
 use tracing::{info, warn};
 
-use super::endpoint::SaveToken;
 use super::loopback;
 use super::passwords::Credentials;
 use super::{Signal, is_alive, processes_named, signal_processes};
@@ -52,7 +51,6 @@ const STOP_SEEN_WITHIN: Duration = Duration::from_secs(2);
 
 /// Saves memcached's items, one save at a time.
 pub(super) struct Saver {
-    pub(super) token: SaveToken,
     /// memcached's `<memory file>.meta`.
     meta: PathBuf,
     /// The name of the processes signalled: memcached (another in tests).
@@ -71,11 +69,10 @@ pub(super) struct Saver {
 }
 
 impl Saver {
-    pub(super) fn new(token: SaveToken, memory_file: &Path, process: &str) -> Saver {
+    pub(super) fn new(memory_file: &Path, process: &str) -> Saver {
         let mut meta = memory_file.as_os_str().to_owned();
         meta.push(".meta");
         Saver {
-            token,
             meta: meta.into(),
             process: process.to_string(),
             exit_timeout: EXIT_TIMEOUT,
@@ -92,8 +89,18 @@ impl Saver {
         self.stopping.send_replace(true);
     }
 
+    /// A preStop's save: counted until answered (the agent outlives it), after the `delay` if
+    /// the pod is going away.
+    pub(super) async fn save_after(&self, delay: Duration) -> (StatusCode, String) {
+        let _in_flight = self.enter();
+        if !delay.is_zero() {
+            self.drain(delay).await;
+        }
+        self.save().await
+    }
+
     /// Waits out a preStop's `delay` if the pod is going away (see `STOP_SEEN_WITHIN`).
-    pub(super) async fn drain(&self, delay: Duration) {
+    async fn drain(&self, delay: Duration) {
         let asked = Instant::now();
         let mut stopping = self.stopping.subscribe();
         let seen = tokio::time::timeout(
@@ -140,7 +147,7 @@ impl Saver {
 
     /// SIGUSR1 to memcached, then the answer once it has exited and the clock is past its
     /// `stop_time`.
-    pub(super) async fn save(&self) -> (StatusCode, String) {
+    async fn save(&self) -> (StatusCode, String) {
         let _turn = self.turn.lock().await;
         let asked = SystemTime::now();
         let signalled = match signal_processes(&self.process, Signal::USR1) {
@@ -218,13 +225,13 @@ impl Saver {
     }
 
     /// Counts a save until it is answered.
-    pub(super) fn enter(&self) -> InFlight<'_> {
+    fn enter(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)
     }
 }
 
-pub(super) struct InFlight<'a>(&'a AtomicUsize);
+struct InFlight<'a>(&'a AtomicUsize);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -401,7 +408,7 @@ mod tests {
         }
 
         fn saver(&self) -> Saver {
-            Saver::new(TOKEN.parse().unwrap(), &self.memory_file(), &self.name)
+            Saver::new(&self.memory_file(), &self.name)
         }
     }
 
@@ -417,7 +424,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let saver = Arc::new(saver);
-        tokio::spawn(serve(listener, saver.clone()));
+        tokio::spawn(serve(listener, TOKEN.parse().unwrap(), saver.clone()));
         (addr, saver)
     }
 
@@ -538,29 +545,14 @@ mod tests {
             password: "pass".into(),
         };
         let (_keep, logins) = tokio::sync::watch::channel(vec![login]);
-        let saver = Saver::new(
-            TOKEN.parse().unwrap(),
-            Path::new("/nonexistent/file"),
-            "none",
-        )
-        .with_stats(memcached, logins);
+        let saver =
+            Saver::new(Path::new("/nonexistent/file"), "none").with_stats(memcached, logins);
         let (addr, _) = serving(saver).await;
         let (status, body) = get(addr, "/stats", Some(TOKEN)).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body, "STAT uptime 5\r\nSTAT evictions 3\r\nEND\r\n");
         assert_eq!(get(addr, "/stats", Some("wrong")).await.0, 403);
         assert_eq!(get(addr, "/stats", None).await.0, 403);
-    }
-
-    #[test]
-    fn the_token_matches_itself_only() {
-        let token: SaveToken = TOKEN.parse().unwrap();
-        assert!(token.matches(TOKEN.as_bytes()));
-        assert!(!token.matches(b"s3cret-tokeN"));
-        assert!(!token.matches(b"s3cret"));
-        assert!(!token.matches(b""));
-        assert!("".parse::<SaveToken>().is_err());
-        assert_eq!(format!("{token:?}"), "SaveToken(..)");
     }
 
     #[tokio::test]

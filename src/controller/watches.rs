@@ -48,13 +48,13 @@ use operator_runtime::readiness::SyncGate;
 use operator_runtime::watch_namespace::Scope;
 use operator_runtime::workers::{Next, Workers};
 
-/// How often the in-flight work gauges are refreshed (client-go's interval).
 mod owned_watch;
 use owned_watch::{
     cached_before, optional_owned_watch, owned_watch, owned_watch_config, released_on_first_list,
     watched,
 };
 
+/// How often the in-flight work gauges are refreshed (client-go's interval).
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The controller, one watch set per scope, sharing the metrics, backoff, queue and workers.
