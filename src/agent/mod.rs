@@ -11,7 +11,8 @@
 //! so it reads `stats` through the agent's port on the pod's loopback.
 //!
 //! With a memory file (`-e`), it saves memcached's items when the kubelet is about to stop
-//! memcached (`save`), so that the next memcached restores them.
+//! memcached (`save`), so that the next memcached restores them, and restarts memcached with its
+//! items when the pod asks for a larger cache (`grow`).
 
 use std::io;
 use std::path::PathBuf;
@@ -26,6 +27,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 mod endpoint;
+mod grow;
 mod loopback;
 mod passwords;
 mod save;
@@ -95,6 +97,10 @@ pub struct RunArgs {
     /// memcached's memory file (its -e flag): memcached writes `<file>.meta` as it saves.
     #[arg(long)]
     pub memory_file: Option<PathBuf>,
+    /// With a memory file: the file of the pod annotation memcached takes its `-m` from; when it
+    /// says more, memcached is restarted with its items (grow.rs).
+    #[arg(long, requires = "save_listen")]
+    pub max_memory_file: Option<PathBuf>,
 }
 
 /// Sends SIGHUP to every memcached in the pod (the shared process namespace shows them), so it
@@ -289,6 +295,9 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
             let listener = TcpListener::bind(addr).await?;
             info!(address = %listener.local_addr()?, "serving saves");
             tokio::spawn(endpoint::serve(listener, token.clone(), saver.clone()));
+            if let Some(file) = &agent.args.max_memory_file {
+                tokio::spawn(grow::watch(saver.clone(), file.clone()));
+            }
             Some(saver)
         }
         _ => None,

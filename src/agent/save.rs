@@ -52,13 +52,13 @@ const STOP_SEEN_WITHIN: Duration = Duration::from_secs(2);
 /// Saves memcached's items, one save at a time.
 pub(super) struct Saver {
     /// memcached's `<memory file>.meta`.
-    meta: PathBuf,
+    pub(super) meta: PathBuf,
     /// The name of the processes signalled: memcached (another in tests).
-    process: String,
+    pub(super) process: String,
     exit_timeout: Duration,
     /// Held through a save: a second caller then finds memcached gone (or a new one, which it
     /// saves in turn) rather than signalling one that is still saving.
-    turn: Mutex<()>,
+    pub(super) turn: Mutex<()>,
     /// Saves asked for and not yet answered, which the agent outlives.
     in_flight: AtomicUsize,
     /// memcached's loopback listener and the logins it takes, for `GET /stats`.
@@ -150,42 +150,11 @@ impl Saver {
     async fn save(&self) -> (StatusCode, String) {
         let _turn = self.turn.lock().await;
         let asked = SystemTime::now();
-        let signalled = match signal_processes(&self.process, Signal::USR1) {
-            Ok(signalled) => signalled,
-            Err(error) => {
-                warn!(%error, "cannot list the pod's processes; nothing saved");
-                return failed(format!("cannot list processes: {error}"));
-            }
+        let exited_after = match self.stop_saving(EXIT_POLL).await {
+            Stopped::Exited(after) => after,
+            Stopped::NoneRunning => return (StatusCode::OK, "nothing to save\n".to_string()),
+            Stopped::Failed(message) => return failed(message),
         };
-        if signalled.pids.is_empty() {
-            if signalled.failed > 0 {
-                return failed(format!("cannot signal {}", self.process));
-            }
-            info!(process = %self.process, "save asked for, but none is running");
-            return (StatusCode::OK, "nothing to save\n".to_string());
-        }
-        let pids: Vec<i32> = signalled
-            .pids
-            .iter()
-            .map(|pid| pid.as_raw_nonzero().get())
-            .collect();
-        info!(process = %self.process, ?pids, "saving: signalled to save and stop");
-        let signalled_at = Instant::now();
-        while signalled
-            .pids
-            .iter()
-            .any(|&pid| is_alive(pid, &self.process))
-        {
-            if signalled_at.elapsed() >= self.exit_timeout {
-                warn!(process = %self.process, ?pids, timeout = ?self.exit_timeout, "did not exit after the save signal");
-                return failed(format!(
-                    "{} did not exit within {:?}",
-                    self.process, self.exit_timeout
-                ));
-            }
-            sleep(EXIT_POLL).await;
-        }
-        let exited_after = signalled_at.elapsed();
         let clock_started = Instant::now();
         let stop_time = match self.read_stop_time() {
             Ok(stop_time) => stop_time,
@@ -219,6 +188,47 @@ impl Saver {
         (StatusCode::OK, format!("saved; stop_time={stop_time}\n"))
     }
 
+    /// SIGUSR1 to every memcached, and the wait (looking every `poll`) until they have exited.
+    /// The caller holds the turn.
+    pub(super) async fn stop_saving(&self, poll: Duration) -> Stopped {
+        let signalled = match signal_processes(&self.process, Signal::USR1) {
+            Ok(signalled) => signalled,
+            Err(error) => {
+                warn!(%error, "cannot list the pod's processes; nothing saved");
+                return Stopped::Failed(format!("cannot list processes: {error}"));
+            }
+        };
+        if signalled.pids.is_empty() {
+            if signalled.failed > 0 {
+                return Stopped::Failed(format!("cannot signal {}", self.process));
+            }
+            info!(process = %self.process, "save asked for, but none is running");
+            return Stopped::NoneRunning;
+        }
+        let pids: Vec<i32> = signalled
+            .pids
+            .iter()
+            .map(|pid| pid.as_raw_nonzero().get())
+            .collect();
+        info!(process = %self.process, ?pids, "saving: signalled to save and stop");
+        let signalled_at = Instant::now();
+        while signalled
+            .pids
+            .iter()
+            .any(|&pid| is_alive(pid, &self.process))
+        {
+            if signalled_at.elapsed() >= self.exit_timeout {
+                warn!(process = %self.process, ?pids, timeout = ?self.exit_timeout, "did not exit after the save signal");
+                return Stopped::Failed(format!(
+                    "{} did not exit within {:?}",
+                    self.process, self.exit_timeout
+                ));
+            }
+            sleep(poll).await;
+        }
+        Stopped::Exited(signalled_at.elapsed())
+    }
+
     fn read_stop_time(&self) -> Result<u64, String> {
         let text = std::fs::read_to_string(&self.meta).map_err(|e| e.to_string())?;
         parse_stop_time(&text).ok_or_else(|| "no stop_time line".to_string())
@@ -229,6 +239,14 @@ impl Saver {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)
     }
+}
+
+/// What SIGUSR1 to memcached came to.
+pub(super) enum Stopped {
+    /// Every memcached saved and exited, after this.
+    Exited(Duration),
+    NoneRunning,
+    Failed(String),
 }
 
 struct InFlight<'a>(&'a AtomicUsize);
