@@ -32,6 +32,7 @@ use crate::status::UpdateKind as Kind;
 use operator_runtime::lock;
 
 mod in_place;
+mod memory;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 
 /// The StatefulSet controller's label naming the revision a pod was made from.

@@ -404,10 +404,17 @@ mod tests {
                 items
                     .iter()
                     .map(|item| {
-                        let key = ["uid", "name", "containerPort", "port", "topologyKey"]
-                            .into_iter()
-                            .find_map(|k| item.get(k).map(|v| json!({ k: v })))
-                            .unwrap();
+                        let key = [
+                            "uid",
+                            "name",
+                            "containerPort",
+                            "port",
+                            "topologyKey",
+                            "path",
+                        ]
+                        .into_iter()
+                        .find_map(|k| item.get(k).map(|v| json!({ k: v })))
+                        .unwrap();
                         (format!("k:{key}"), fields_of(item))
                     })
                     .collect(),

@@ -101,7 +101,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
     let mut env = Vec::new();
     if warm_restart::enabled(mc) {
         args.extend(warm_restart::agent_args(mc));
-        mounts.push(warm_restart::agent_mount());
+        mounts.extend(warm_restart::agent_mounts());
         env.push(warm_restart::agent_env(mc));
     }
     if auth::enabled(mc) {

@@ -380,10 +380,11 @@ mod tests {
             }
             let d_spec = d.spec.unwrap();
             proptest::prop_assert_eq!(d_spec.replicas, Some(spec.size));
+            let template = d_spec.template.clone();
             let pod = d_spec.template.spec.unwrap();
             let c = &pod.containers[0];
             proptest::prop_assert_eq!(c.image.as_deref(), Some(spec.image.as_deref().unwrap_or(FALLBACK_MEMCACHED_IMAGE)));
-            let args = c.args.clone().unwrap();
+            let args = stateful_set::tests::args_as_started(&template);
             let memory = spec.max_memory_mib.to_string();
             proptest::prop_assert!(args.windows(2).any(|w| w[0] == "-m" && w[1] == memory));
             proptest::prop_assert_eq!(c.ports.as_ref().unwrap()[0].container_port, spec.container_port);

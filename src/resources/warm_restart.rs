@@ -6,10 +6,10 @@
 //! clock has passed the stop time it wrote (a restart in the same second starts empty).
 
 use k8s_openapi::api::core::v1::{
-    EmptyDirVolumeSource, EnvVar, HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, Volume,
+    DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Volume,
     VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::Memcached;
@@ -20,7 +20,7 @@ use super::mount;
 /// memcached preallocates its whole memory with `-e`, a page per slab class at least: below this
 /// it refuses to start.
 pub const MIN_MEMORY_MIB: i32 = 39;
-const VOLUME: &str = "cache";
+pub const VOLUME: &str = "cache";
 const DIR: &str = "/cache";
 pub const MEMORY_FILE: &str = "/cache/memory_file";
 /// The header the agent's save endpoint wants, with the value in the agent's environment.
@@ -36,14 +36,62 @@ pub fn memcached_args() -> [String; 2] {
     ["-e".to_string(), MEMORY_FILE.to_string()]
 }
 
+/// The pod annotation holding memcached's `-m`. A container's args cannot change in a running
+/// pod, an annotation can: memcached reads it through `MEMORY_ENV`, which the kubelet evaluates
+/// at each start, so a larger cache is a restart in the same pod, with the items kept (the
+/// agent, which sees the annotation through its own volume, restarts memcached for it).
+pub const MEMORY_ANNOTATION: &str = "cache.example.com/max-memory-mib";
+pub const MEMORY_ENV: &str = "MEMCACHED_MAX_MEMORY_MIB";
+/// memcached's `-m` value, expanded by the kubelet from `MEMORY_ENV`.
+pub const MEMORY_ARG: &str = "$(MEMCACHED_MAX_MEMORY_MIB)";
+pub const MEMORY_VOLUME: &str = "max-memory";
+const MEMORY_DIR: &str = "/etc/memcached-agent/max-memory";
+const MEMORY_FILE_NAME: &str = "mib";
+
+pub fn memory_env() -> EnvVar {
+    EnvVar {
+        name: MEMORY_ENV.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(annotation_field()),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn annotation_field() -> ObjectFieldSelector {
+    ObjectFieldSelector {
+        field_path: format!("metadata.annotations['{MEMORY_ANNOTATION}']"),
+        ..ObjectFieldSelector::default()
+    }
+}
+
 /// The memory-backed `emptyDir` of the file: charged to the pod's memory as memcached touches
-/// it, never written to a disk. Room for the file (`-m`) and its metadata.
-pub fn volume(mc: &Memcached) -> Volume {
+/// it, never written to a disk. No `sizeLimit`: a volume's cannot change in a running pod, and
+/// the file grows with `-m`.
+pub fn volume() -> Volume {
     Volume {
         name: VOLUME.to_string(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: Some("Memory".to_string()),
-            size_limit: Some(Quantity(format!("{}Mi", mc.spec.max_memory_mib + 1))),
+            size_limit: None,
+        }),
+        ..Volume::default()
+    }
+}
+
+/// The annotation `MEMORY_ANNOTATION` as a file for the agent, refreshed by the kubelet when it
+/// changes (so once the kubelet has it, which memcached's next start then reads too).
+pub fn memory_volume() -> Volume {
+    Volume {
+        name: MEMORY_VOLUME.to_string(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: MEMORY_FILE_NAME.to_string(),
+                field_ref: Some(annotation_field()),
+                ..DownwardAPIVolumeFile::default()
+            }]),
+            ..DownwardAPIVolumeSource::default()
         }),
         ..Volume::default()
     }
@@ -53,9 +101,13 @@ pub fn memcached_mount() -> VolumeMount {
     mount(VOLUME, DIR, false)
 }
 
-/// The agent reads the stop time memcached saved beside the file.
-pub fn agent_mount() -> VolumeMount {
-    mount(VOLUME, DIR, true)
+/// The agent reads the stop time memcached saved beside the file, and for a larger cache
+/// rewrites the size recorded there.
+pub fn agent_mounts() -> [VolumeMount; 2] {
+    [
+        mount(VOLUME, DIR, false),
+        mount(MEMORY_VOLUME, MEMORY_DIR, true),
+    ]
 }
 
 /// Not a secret from whoever may read the pod, but nobody else can make memcached stop:
@@ -64,10 +116,14 @@ pub fn token(mc: &Memcached) -> String {
     mc.metadata.uid.clone().unwrap_or_default()
 }
 
+/// The agent's flag naming the file of `MEMORY_ANNOTATION`.
+pub const MEMORY_FILE_FLAG: &str = "--max-memory-file=";
+
 pub fn agent_args(mc: &Memcached) -> Vec<String> {
     vec![
         format!("--save-listen=0.0.0.0:{}", LocalPorts::of(mc).save),
         format!("--memory-file={MEMORY_FILE}"),
+        format!("{MEMORY_FILE_FLAG}{MEMORY_DIR}/{MEMORY_FILE_NAME}"),
     ]
 }
 

@@ -71,11 +71,21 @@ impl Watched {
     }
 }
 
+/// How a member takes an update.
+enum By<'a> {
+    /// memcached restarted on this image.
+    Image(&'a str),
+    /// memcached restarted, in the same pod.
+    Restart,
+    /// A new pod.
+    Replacement,
+}
+
 async fn watch_update(
     pods: &Api<Pod>,
     mcs: &Api<Memcached>,
     before: &BTreeMap<String, (String, String, i32)>,
-    image: Option<&str>,
+    by: By<'_>,
 ) -> Watched {
     let mut watched = Watched {
         order: Vec::new(),
@@ -96,10 +106,11 @@ async fn watch_update(
             .filter(|p| p.metadata.deletion_timestamp.is_none() && super::harness::pod_is_ready(p))
             .count();
         watched.most_out = watched.most_out.max(3usize.saturating_sub(ready));
-        for (name, (uid, current, _)) in &now {
-            let changed = match image {
-                Some(image) => current == image,
-                None => before.get(name).is_some_and(|(old, _, _)| old != uid),
+        for (name, (uid, current, restarts)) in &now {
+            let changed = match by {
+                By::Image(image) => current == image,
+                By::Restart => before.get(name).is_some_and(|(_, _, old)| old < restarts),
+                By::Replacement => before.get(name).is_some_and(|(old, _, _)| old != uid),
             };
             if changed && !watched.order.contains(name) {
                 watched.order.push(name.clone());
@@ -137,7 +148,7 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
     mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let watched = watch_update(&pods, &mcs, &before, Some("memcached:another-build")).await;
+    let watched = watch_update(&pods, &mcs, &before, By::Image("memcached:another-build")).await;
     watched.went_one_at_a_time_from_the_top_saying("RestartingInPlace");
     let after = members(&pods).await;
     for (name, (uid, _, restarts)) in &after {
@@ -152,13 +163,39 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
         .count();
     assert_eq!(restarted, 3, "an event per member restarted");
 
+    // A larger memory: memcached restarted in the same pods (by the agent, which kwok plays),
+    // one at a time, each told its new size through the pod's annotation.
+    let patch = serde_json::json!({"spec": {"maxMemoryMiB": 128}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let watched = watch_update(&pods, &mcs, &after, By::Restart).await;
+    watched.went_one_at_a_time_from_the_top_saying("RestartingInPlace");
+    let grown = members(&pods).await;
+    for (name, (uid, _, restarts)) in &grown {
+        let (old_uid, _, old_restarts) = &after[name];
+        assert_eq!(uid, old_uid, "{name} is the same pod");
+        assert_eq!(*restarts, old_restarts + 1, "{name} restarted once");
+    }
+    for pod in cache_pods(&pods).await {
+        assert_eq!(
+            pod.annotations()
+                .get("cache.example.com/max-memory-mib")
+                .map(String::as_str),
+            Some("128"),
+            "{}",
+            pod.name_any()
+        );
+    }
+    let after = grown;
+
     // A new item size: memcached cannot restore its file with it, so each member is replaced
     // (evicted, made anew under its name), from cache-2 down, one at a time.
     let patch = serde_json::json!({"spec": {"maxItemSizeMiB": 2}});
     mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let watched = watch_update(&pods, &mcs, &after, None).await;
+    let watched = watch_update(&pods, &mcs, &after, By::Replacement).await;
     watched.went_one_at_a_time_from_the_top_saying("ReplacingMembers");
     let names: Vec<_> = members(&pods).await.into_keys().collect();
     assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);

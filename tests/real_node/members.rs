@@ -327,4 +327,66 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
             Some(&*image)
         );
     }
+
+    // A larger cache: the agent restarts memcached with its items and the new -m.
+    let prober = Prober::start(
+        before
+            .iter()
+            .map(|(n, (_, a, _))| (n.clone(), *a))
+            .collect(),
+    );
+    let started = Instant::now();
+    let patch = json!({"spec": {"maxMemoryMiB": 128}});
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .patch(
+            "cache",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    wait_for("every member restarted with 128 MiB", CONVERGE, || async {
+        for (_, addr, _) in before.values() {
+            let mut conn = memcached_operator_testkit::memcached::Connection::connect(*addr)
+                .await
+                .ok()?;
+            let limit = conn.stat("settings", "maxbytes").await.ok()?;
+            (limit == "134217728").then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let took = started.elapsed();
+    let probed = prober.stop().await;
+    let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
+    println!(
+        "maxMemoryMiB 64 -> 128 in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
+        took.as_secs_f64(),
+        probed.fewest,
+        probed.windows()
+    );
+    assert_eq!(found, KEYS, "every key kept through a larger memory");
+    assert!(
+        probed.fewest >= 2,
+        "at least 2 of 3 members answer at every moment"
+    );
+    for (name, (uid, _, restarts)) in &before {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
+        let memcached = pod
+            .status
+            .unwrap()
+            .container_statuses
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "memcached")
+            .unwrap();
+        // memcached cannot grow a memory file at run time: one restart, in the same pod.
+        assert_eq!(
+            memcached.restart_count,
+            restarts + 2,
+            "{name} restarted once more"
+        );
+    }
 }

@@ -13,14 +13,16 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::IN_PLACE_ANNOTATION;
-use crate::resources;
+use super::memory::{annotated, without_memory};
+use crate::resources::{self, warm_restart};
 
 /// What a member patched in place records (`IN_PLACE_ANNOTATION`).
 #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(super) struct InPlace {
     pub(super) revision: String,
     pub(super) restarts: BTreeMap<String, i32>,
-    /// memcached's image is still to patch, after the agent's.
+    /// memcached has a change still to take, after this restart: its image after the agent's,
+    /// or a larger memory after an image.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) memcached_next: bool,
 }
@@ -52,14 +54,24 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
     }
 }
 
-/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images
-/// (and the pod's labels and annotations) differ between them; it records the `revision` it moves
-/// to and the restart counts of the containers it restarts. Images the pod already runs are left
-/// out, and memcached's waits for a patch of its own while the agent's changes.
+/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
+/// a larger memory (which the pod takes from its annotation) and the pod's labels and
+/// annotations differ between them; it records the `revision` it moves to and the restart counts
+/// of the containers it restarts. What the pod already has is left out; memcached's image waits
+/// for a patch of its own while the agent's changes, and a larger memory for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
-    if without_images(&old["spec"]) != without_images(&new["spec"]) {
+    let (old_spec, old_memory) = without_memory(old);
+    let (new_spec, new_memory) = without_memory(new);
+    if without_images(&old_spec) != without_images(&new_spec) {
         return None;
     }
+    // The memory the agent has memcached restart with: a larger one, of the annotation.
+    let grow = match (annotated(pod), new_memory) {
+        _ if old_memory == new_memory => None,
+        (Some(now), Some(wanted)) if wanted > now => Some(wanted),
+        (Some(now), Some(wanted)) if wanted == now => None,
+        _ => return None,
+    };
     let mut restarts = BTreeMap::new();
     let mut containers = Vec::new();
     let mut init_containers = Vec::new();
@@ -88,7 +100,7 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
         }
     }
     // The agent serves memcached's save.
-    let memcached_next = restarts.contains_key(resources::agent::CONTAINER)
+    let mut memcached_next = restarts.contains_key(resources::agent::CONTAINER)
         && restarts.contains_key(resources::MEMCACHED_CONTAINER);
     if memcached_next {
         restarts.remove(resources::MEMCACHED_CONTAINER);
@@ -99,6 +111,20 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
         &old["metadata"]["annotations"],
         &new["metadata"]["annotations"],
     );
+    // The pod's own annotation, not its revision's: a deferred change is still to make.
+    annotations.remove(warm_restart::MEMORY_ANNOTATION);
+    if let Some(wanted) = grow {
+        if restarts.is_empty() {
+            annotations.insert(
+                warm_restart::MEMORY_ANNOTATION.to_string(),
+                json!(wanted.to_string()),
+            );
+            let memcached = resources::MEMCACHED_CONTAINER;
+            restarts.insert(memcached.to_string(), container_restarts(pod, memcached));
+        } else {
+            memcached_next = true;
+        }
+    }
     let record = InPlace {
         revision: revision.to_string(),
         restarts,
@@ -160,13 +186,13 @@ fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
     containers.iter().find(|c| c.name == name)?.image.as_deref()
 }
 
-/// Whether `patch` (of `restart_patch`) restarts memcached.
+/// Whether `patch` (of `restart_patch`) restarts memcached: by its image, or by the agent for a
+/// larger memory.
 fn restarts_memcached(patch: &Value) -> bool {
-    patch["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["name"] == resources::MEMCACHED_CONTAINER)
+    patch["metadata"]["annotations"][IN_PLACE_ANNOTATION]
+        .as_str()
+        .and_then(|record| serde_json::from_str::<InPlace>(record).ok())
+        .is_some_and(|record| record.restarts.contains_key(resources::MEMCACHED_CONTAINER))
 }
 
 /// Whether an agent patched in place (the first of two patches) is back, so that memcached's

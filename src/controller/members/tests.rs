@@ -386,3 +386,142 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
         Move::Patch(_)
     ));
 }
+
+/// A member's pod template as `resources::stateful_set` builds it for a 3-member Memcached of
+/// `memory` MiB.
+fn built(memory: i32, image: &str) -> Value {
+    let mut mc = crate::fixtures::memcached("cache", 3);
+    mc.spec.max_memory_mib = memory;
+    mc.spec.image = Some(image.to_string());
+    let sts = resources::stateful_set(&mc, &resources::Images::new("unused"));
+    serde_json::to_value(sts.spec.unwrap().template).unwrap()
+}
+
+/// The same template as 0.5.0 built it: `-m` a literal argument, the cache's `emptyDir` limited
+/// to it, the agent's view of the file read-only and no annotation for it to read.
+fn as_before_0_6(template: &Value) -> Value {
+    let mut t = template.clone();
+    let memory = t["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(resources::warm_restart::MEMORY_ANNOTATION)
+        .unwrap();
+    let memcached = &mut t["spec"]["containers"][0];
+    memcached["args"][1] = memory.clone();
+    memcached.as_object_mut().unwrap().remove("env");
+    let agent = &mut t["spec"]["containers"][1];
+    agent["args"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|a| !a.as_str().unwrap().starts_with("--max-memory-file"));
+    agent["volumeMounts"] = json!([{"name": "cache", "mountPath": "/cache", "readOnly": true}]);
+    let limit = format!("{}Mi", memory.as_str().unwrap().parse::<i32>().unwrap() + 1);
+    t["spec"]["volumes"] =
+        json!([{"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": limit}}]);
+    t
+}
+
+/// A running member of `template`, its agent ready.
+fn running(template: &Value) -> Pod {
+    let mut pod = member(1, "old", LONG_AGO, 2);
+    pod.metadata.annotations =
+        serde_json::from_value(template["metadata"]["annotations"].clone()).unwrap();
+    pod.spec = serde_json::from_value(template["spec"].clone()).unwrap();
+    statuses(&mut pod).push(agent_status(0, true));
+    pod
+}
+
+fn record(patch: &Value) -> InPlace {
+    serde_json::from_str(
+        patch["metadata"]["annotations"][IN_PLACE_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_member_made_before_memory_came_from_an_annotation_is_kept_by_the_upgrade() {
+    let new = built(64, "memcached:2");
+    let old = as_before_0_6(&built(64, "memcached:1"));
+    let pod = running(&old);
+    let patch = restart_patch(&pod, &old, &new, "new").expect("the same member in another form");
+    assert_eq!(
+        patch["spec"],
+        json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
+    );
+    assert_eq!(
+        patch["metadata"]["annotations"].get(resources::warm_restart::MEMORY_ANNOTATION),
+        None,
+        "its memcached does not read it"
+    );
+}
+
+#[test]
+fn a_larger_memory_is_a_restart_by_the_agent_in_the_same_pod() {
+    let old = built(64, "memcached:1");
+    let new = built(128, "memcached:1");
+    let pod = running(&old);
+    let Move::Patch(patch) = next_move(&pod, &old, &new, "new") else {
+        panic!("kept in place");
+    };
+    assert_eq!(
+        patch["metadata"]["annotations"][resources::warm_restart::MEMORY_ANNOTATION],
+        json!("128")
+    );
+    assert_eq!(patch["spec"], json!({}), "no image changes");
+    assert_eq!(
+        record(&patch).restarts,
+        [("memcached".to_string(), 2)].into()
+    );
+}
+
+#[test]
+fn a_memory_the_member_cannot_take_in_place_replaces_it() {
+    let old = built(128, "memcached:1");
+    // memcached refuses a file saved larger.
+    let smaller = built(64, "memcached:1");
+    assert_eq!(
+        next_move(&running(&old), &old, &smaller, "new"),
+        Move::Evict
+    );
+    // A member of 0.5.0 runs its -m as a literal argument.
+    let before = as_before_0_6(&old);
+    let larger = built(256, "memcached:1");
+    assert_eq!(
+        next_move(&running(&before), &before, &larger, "new"),
+        Move::Evict
+    );
+}
+
+#[test]
+fn a_larger_memory_with_a_new_image_restarts_for_the_image_first() {
+    let old = built(64, "memcached:1");
+    let new = built(128, "memcached:2");
+    let mut pod = running(&old);
+    let first = restart_patch(&pod, &old, &new, "new").unwrap();
+    assert_eq!(
+        first["spec"],
+        json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
+    );
+    assert_eq!(
+        first["metadata"]["annotations"].get(resources::warm_restart::MEMORY_ANNOTATION),
+        None,
+        "memcached's save and restart for the image keeps its size"
+    );
+    assert!(record(&first).memcached_next);
+
+    // Restarted with the new image: now the memory.
+    pod.spec.as_mut().unwrap().containers[0].image = Some("memcached:2".into());
+    statuses(&mut pod)[0].restart_count = 3;
+    let second = restart_patch(&pod, &old, &new, "new").unwrap();
+    assert_eq!(second["spec"], json!({}));
+    assert_eq!(
+        second["metadata"]["annotations"][resources::warm_restart::MEMORY_ANNOTATION],
+        json!("128")
+    );
+    assert_eq!(
+        record(&second).restarts,
+        [("memcached".to_string(), 3)].into()
+    );
+}
