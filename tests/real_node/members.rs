@@ -65,6 +65,18 @@ async fn hash_client(
     (answer["found"].as_u64().unwrap(), per_server)
 }
 
+/// Merges `spec` into Memcached `cache`'s.
+async fn change_spec(client: &Client, ns: &str, spec: Value) {
+    Api::<Memcached>::namespaced(client.clone(), ns)
+        .patch(
+            "cache",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
 fn percent(part: u64) -> f64 {
     100.0 * part as f64 / KEYS as f64
 }
@@ -246,15 +258,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     // 1.6.18 (Debian trixie) to 1.6.45 (sid): another memcached, the same file format.
     let image = node.var("MEMCACHED_SID_IMAGE").to_string();
     let started = Instant::now();
-    let patch = json!({"spec": {"image": image}});
-    Api::<Memcached>::namespaced(client.clone(), &ns)
-        .patch(
-            "cache",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    change_spec(&client, &ns, json!({"image": image})).await;
     wait_for("every member on the new image", CONVERGE, || async {
         let all = crate::pods_of(&client, &ns, "cache").await;
         let restarted = all.iter().filter(|p| {
@@ -336,15 +340,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
             .collect(),
     );
     let started = Instant::now();
-    let patch = json!({"spec": {"maxMemoryMiB": 128}});
-    Api::<Memcached>::namespaced(client.clone(), &ns)
-        .patch(
-            "cache",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    change_spec(&client, &ns, json!({"maxMemoryMiB": 128})).await;
     wait_for("every member restarted with 128 MiB", CONVERGE, || async {
         for (_, addr, _) in before.values() {
             let mut conn = memcached_operator_testkit::memcached::Connection::connect(*addr)
