@@ -27,10 +27,13 @@ const POLL: Duration = Duration::from_secs(1);
 const EXIT_POLL: Duration = Duration::from_millis(2);
 const MIB: u64 = 1024 * 1024;
 
-/// Restarts memcached with its items whenever `file` asks for more memory than it runs with;
-/// once for each size, so that a restart that did not take it is not repeated.
+/// Tries for one size at most: a memcached that came back smaller all the same (its start did
+/// not read the annotation) would otherwise be restarted for ever.
+const TRIES: u32 = 3;
+
+/// Restarts memcached with its items whenever `file` asks for more memory than it runs with.
 pub(super) async fn watch(saver: Arc<Saver>, file: PathBuf) {
-    let mut tried = None;
+    let mut tried = (0, 0);
     loop {
         tokio::time::sleep(POLL).await;
         let Some(wanted) = read_mib(&file) else {
@@ -39,10 +42,13 @@ pub(super) async fn watch(saver: Arc<Saver>, file: PathBuf) {
         let Some(running) = running_mib(&saver.process) else {
             continue;
         };
-        if wanted <= running || tried == Some(wanted) {
+        if tried.0 != wanted {
+            tried = (wanted, 0);
+        }
+        if wanted <= running || tried.1 >= TRIES {
             continue;
         }
-        tried = Some(wanted);
+        tried.1 += 1;
         info!(
             running,
             wanted, "a larger cache asked for: restarting memcached with its items"
@@ -61,6 +67,14 @@ impl Saver {
             Stopped::Exited(after) => {
                 let text = std::fs::read_to_string(&self.meta).map_err(|e| e.to_string())?;
                 let grown = grown_meta(&text, mib * MIB).ok_or("no maxbytes or stop_time")?;
+                // One started meanwhile has read (and removed) the file, at the old size: its
+                // memory file is new, and the metadata must not come back for it.
+                if !processes_named(&self.process)
+                    .map_err(|e| e.to_string())?
+                    .is_empty()
+                {
+                    return Err("memcached started again before its metadata was rewritten".into());
+                }
                 write_atomically(&self.meta, &grown).map_err(|e| e.to_string())?;
                 info!(mib, exited_after = ?after, "saved and rewritten for the larger cache");
                 Ok(())

@@ -25,6 +25,9 @@ pub(super) struct InPlace {
     /// or a larger memory after an image.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) memcached_next: bool,
+    /// memcached restarts for a larger memory: the agent makes that restart, not the kubelet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) grows: bool,
 }
 
 impl InPlace {
@@ -48,7 +51,9 @@ pub(super) enum Move {
 /// How `pod` moves from the `old` template to the `new` one (of `revision`) now.
 pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Move {
     match restart_patch(pod, old, new, revision) {
-        Some(patch) if restarts_memcached(&patch) && !agent_can_save(pod) => Move::AwaitAgent,
+        Some(patch) if restarts_memcached(&patch) && (!agent_can_save(pod) || growing(pod)) => {
+            Move::AwaitAgent
+        }
         Some(patch) => Move::Patch(patch),
         None => Move::Evict,
     }
@@ -65,9 +70,10 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
     if without_images(&old_spec) != without_images(&new_spec) {
         return None;
     }
-    // The memory the agent has memcached restart with: a larger one, of the annotation.
+    // The memory the agent has memcached restart with: a larger one than the pod's own (which
+    // an earlier update may have raised past its revision's), of the annotation.
     let grow = match (annotated(pod), new_memory) {
-        _ if old_memory == new_memory => None,
+        (None, _) if old_memory == new_memory => None,
         (Some(now), Some(wanted)) if wanted > now => Some(wanted),
         (Some(now), Some(wanted)) if wanted == now => None,
         _ => return None,
@@ -127,6 +133,7 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
     }
     let record = InPlace {
         revision: revision.to_string(),
+        grows: grow.is_some() && !memcached_next,
         restarts,
         memcached_next,
     };
@@ -205,6 +212,21 @@ fn agent_can_save(pod: &Pod) -> bool {
         return true;
     };
     container_status(pod, name).is_some_and(|s| s.restart_count > before && s.ready)
+}
+
+/// Whether the agent is about to restart memcached for a larger memory: until then, another
+/// restart of memcached (a new image's `preStop` save) would race it, and the file saved at the
+/// old size could be started at the new one, empty. Not with the agent down: it cannot.
+fn growing(pod: &Pod) -> bool {
+    let memcached = resources::MEMCACHED_CONTAINER;
+    let Some(record) = InPlace::of(pod).filter(|r| r.grows) else {
+        return false;
+    };
+    let pending = record.restarts.get(memcached).is_some_and(|before| {
+        container_status(pod, memcached).is_some_and(|s| s.restart_count <= *before)
+    });
+    let agent_up = container_status(pod, resources::agent::CONTAINER).is_some_and(|s| s.ready);
+    pending && agent_up
 }
 
 fn container_restarts(pod: &Pod, name: &str) -> i32 {

@@ -525,3 +525,50 @@ fn a_larger_memory_with_a_new_image_restarts_for_the_image_first() {
         [("memcached".to_string(), 3)].into()
     );
 }
+
+#[test]
+fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
+    let old = built(64, "memcached:1");
+    let larger = built(128, "memcached:1");
+    let mut pod = running(&old);
+    let Move::Patch(grow) = next_move(&pod, &old, &larger, "larger") else {
+        panic!("kept in place");
+    };
+    assert!(record(&grow).grows);
+    // Patched, the agent about to restart memcached when a new image comes: memcached's save for
+    // it would race the agent's, and could start the file saved at 64 MiB at 128, empty.
+    let annotations = pod.metadata.annotations.as_mut().unwrap();
+    annotations.insert(
+        resources::warm_restart::MEMORY_ANNOTATION.into(),
+        "128".into(),
+    );
+    annotations.insert(
+        IN_PLACE_ANNOTATION.into(),
+        grow["metadata"]["annotations"][IN_PLACE_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .into(),
+    );
+    let newer = built(128, "memcached:2");
+    assert_eq!(next_move(&pod, &old, &newer, "newer"), Move::AwaitAgent);
+    // Restarted larger: the image goes.
+    statuses(&mut pod)[0].restart_count = 3;
+    assert!(matches!(
+        next_move(&pod, &old, &newer, "newer"),
+        Move::Patch(_)
+    ));
+}
+
+#[test]
+fn a_member_raised_past_its_revision_is_replaced_for_a_smaller_memory() {
+    // Raised to 128 by an update that a change back to 64 (with a new image) overtook: its
+    // revision's template and the new one agree on 64, but memcached runs at 128.
+    let old = built(64, "memcached:1");
+    let mut pod = running(&old);
+    pod.metadata.annotations.as_mut().unwrap().insert(
+        resources::warm_restart::MEMORY_ANNOTATION.into(),
+        "128".into(),
+    );
+    let new = built(64, "memcached:2");
+    assert_eq!(next_move(&pod, &old, &new, "new"), Move::Evict);
+}
