@@ -682,7 +682,10 @@ fn agents_first(pods: &[Pod]) -> Result<(), String> {
             .and_then(|t| t.finished_at.as_ref())
             .map(|t| t.0);
         let first = matches!((agent_since, memcached_stopped), (Some(a), Some(m)) if a <= m);
-        if agent_exit != Some(0) || !first {
+        // The kubelet reports no last state when it no longer has the stopped container (seen
+        // once in a clean run, 2026-11-28, for one member of three): the order still tells.
+        let exit_ok = agent_exit.is_none_or(|code| code == 0);
+        if !exit_ok || !first {
             wrong.push(format!(
                 "{}: agent exit {agent_exit:?}, running since {agent_since:?}; memcached stopped at {memcached_stopped:?}",
                 pod.name_any()
