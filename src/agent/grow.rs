@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use super::passwords::write_file;
 use super::save::{Saver, Stopped};
 use super::{is_alive, processes_named};
 
@@ -75,7 +76,8 @@ impl Saver {
                 {
                     return Err("memcached started again before its metadata was rewritten".into());
                 }
-                write_atomically(&self.meta, &grown).map_err(|e| e.to_string())?;
+                // memcached reads the file as it starts: never half written.
+                write_file(&self.meta, &grown).map_err(|e| e.to_string())?;
                 info!(mib, exited_after = ?after, "saved and rewritten for the larger cache");
                 Ok(())
             }
@@ -134,14 +136,6 @@ fn grown_meta(meta: &str, maxbytes: u64) -> Option<String> {
     (seen == (true, true)).then(|| lines.join("\n") + "\n")
 }
 
-/// memcached reads the file as it starts: never half written.
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".grown");
-    std::fs::write(&temporary, text)?;
-    std::fs::rename(&temporary, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,7 +174,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let meta = dir.join("memory_file.meta");
         std::fs::write(&meta, META).unwrap();
-        write_atomically(&meta, &grown_meta(META, 128 * MIB).unwrap()).unwrap();
+        write_file(&meta, &grown_meta(META, 128 * MIB).unwrap()).unwrap();
         let text = std::fs::read_to_string(&meta).unwrap();
         assert!(text.contains("Kmaxbytes 134217728\n"), "{text}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
@@ -75,6 +75,16 @@ async fn change_spec(client: &Client, ns: &str, spec: Value) {
         )
         .await
         .unwrap();
+}
+
+/// The memcached container's status in a member's pod.
+fn memcached_status(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "memcached")
 }
 
 fn percent(part: u64) -> f64 {
@@ -233,17 +243,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
             .await
             .into_iter()
             .map(|p| {
-                let restarts = p
-                    .status
-                    .as_ref()
-                    .unwrap()
-                    .container_statuses
-                    .as_ref()
-                    .unwrap()[..]
-                    .iter()
-                    .find(|c| c.name == "memcached")
-                    .unwrap()
-                    .restart_count;
+                let restarts = memcached_status(&p).unwrap().restart_count;
                 let addr = std::net::SocketAddr::new(crate::pod_ip(&p).into(), 11211);
                 (p.name_any(), (p.uid().unwrap(), addr, restarts))
             })
@@ -262,10 +262,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     wait_for("every member on the new image", CONVERGE, || async {
         let all = crate::pods_of(&client, &ns, "cache").await;
         let restarted = all.iter().filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
+            memcached_status(p)
                 .is_some_and(|c| c.ready && c.restart_count > before[&p.name_any()].2)
         });
         (restarted.count() == 3).then_some(())
@@ -314,13 +311,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     for (name, (uid, _, restarts)) in &before {
         let pod = pods.get(name).await.unwrap();
         assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
-        let status = pod.status.unwrap();
-        let memcached = status
-            .container_statuses
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "memcached")
-            .unwrap();
+        let memcached = memcached_status(&pod).unwrap();
         assert_eq!(
             memcached.restart_count,
             restarts + 1,
@@ -370,14 +361,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     for (name, (uid, _, restarts)) in &before {
         let pod = pods.get(name).await.unwrap();
         assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
-        let memcached = pod
-            .status
-            .unwrap()
-            .container_statuses
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "memcached")
-            .unwrap();
+        let memcached = memcached_status(&pod).unwrap();
         // memcached cannot grow a memory file at run time: one restart, in the same pod.
         assert_eq!(
             memcached.restart_count,

@@ -50,11 +50,13 @@ pub(super) enum Move {
 
 /// How `pod` moves from the `old` template to the `new` one (of `revision`) now.
 pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Move {
-    match restart_patch(pod, old, new, revision) {
-        Some(patch) if restarts_memcached(&patch) && (!agent_can_save(pod) || growing(pod)) => {
+    match in_place(pod, old, new, revision) {
+        Some((record, _))
+            if restarts_memcached(&record) && (!agent_can_save(pod) || growing(pod)) =>
+        {
             Move::AwaitAgent
         }
-        Some(patch) => Move::Patch(patch),
+        Some((_, patch)) => Move::Patch(patch),
         None => Move::Evict,
     }
 }
@@ -65,6 +67,11 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
 /// of the containers it restarts. What the pod already has is left out; memcached's image waits
 /// for a patch of its own while the agent's changes, and a larger memory for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
+    in_place(pod, old, new, revision).map(|(_, patch)| patch)
+}
+
+/// `restart_patch`, and the record it writes on the pod.
+fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
     let (old_spec, old_memory) = without_memory(old);
     let (new_spec, new_memory) = without_memory(new);
     if without_images(&old_spec) != without_images(&new_spec) {
@@ -148,10 +155,11 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
     if !init_containers.is_empty() {
         spec.insert("initContainers".into(), Value::Array(init_containers));
     }
-    Some(json!({
+    let patch = json!({
         "metadata": {"labels": labels, "annotations": annotations},
         "spec": spec,
-    }))
+    });
+    Some((record, patch))
 }
 
 /// A pod spec with its containers' images left out.
@@ -193,13 +201,10 @@ fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
     containers.iter().find(|c| c.name == name)?.image.as_deref()
 }
 
-/// Whether `patch` (of `restart_patch`) restarts memcached: by its image, or by the agent for a
-/// larger memory.
-fn restarts_memcached(patch: &Value) -> bool {
-    patch["metadata"]["annotations"][IN_PLACE_ANNOTATION]
-        .as_str()
-        .and_then(|record| serde_json::from_str::<InPlace>(record).ok())
-        .is_some_and(|record| record.restarts.contains_key(resources::MEMCACHED_CONTAINER))
+/// Whether the update `record`s restarts memcached: by its image, or by the agent for a larger
+/// memory.
+fn restarts_memcached(record: &InPlace) -> bool {
+    record.restarts.contains_key(resources::MEMCACHED_CONTAINER)
 }
 
 /// Whether an agent patched in place (the first of two patches) is back, so that memcached's
