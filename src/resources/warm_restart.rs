@@ -59,10 +59,12 @@ pub fn memory_env() -> EnvVar {
     }
 }
 
+/// With the `apiVersion` the API server would default: the volume's `items` is an atomic list,
+/// all of it ours, so a default added there would read as drift after every restart.
 fn annotation_field() -> ObjectFieldSelector {
     ObjectFieldSelector {
+        api_version: Some("v1".to_string()),
         field_path: format!("metadata.annotations['{MEMORY_ANNOTATION}']"),
-        ..ObjectFieldSelector::default()
     }
 }
 
