@@ -5,6 +5,11 @@
 //!
 //! A map's digest combines its entries' digests by a wrapping sum, so that struct fields (in
 //! declaration order) and JSON maps (sorted) agree without sorting.
+//!
+//! An owned object's spec is digested with placeholders for the strings that name it (its name,
+//! its owner's uid) wherever a string value is exactly one of them (`digest_naming`): objects
+//! alike but for their names then have one spec digest, which a watch finds again instead of
+//! walking each spec (managed_fields.rs).
 
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -15,7 +20,24 @@ use serde::ser::{self, Serialize};
 
 /// The digest of `value`; `None` when it is absent (null, or empty all the way down).
 pub fn digest<T: Serialize + ?Sized>(value: &T) -> Option<u64> {
-    value.serialize(Digester).unwrap_or(Some(0))
+    value.serialize(Digester::default()).unwrap_or(Some(0))
+}
+
+/// The same with a placeholder for each string value that is exactly one of `names` (empty
+/// ones name nothing).
+pub fn digest_naming<T: Serialize + ?Sized>(value: &T, names: &[&str]) -> Option<u64> {
+    value.serialize(Digester { names }).unwrap_or(Some(0))
+}
+
+/// A string value's digest, as `digest_naming` makes it.
+pub fn string_digest(value: &str, names: &[&str]) -> Option<u64> {
+    match names
+        .iter()
+        .position(|name| *name == value && !name.is_empty())
+    {
+        Some(placeholder) => leaf(NAME, placeholder),
+        None => leaf(STRING, value),
+    }
 }
 
 /// The digest of a map of these entries, as `digest` makes it for a map.
@@ -45,6 +67,7 @@ fn key_digest(key: &str) -> u64 {
 }
 
 const STRING: u8 = 4;
+const NAME: u8 = 8;
 
 /// A map's digest, entry by entry.
 #[derive(Default)]
@@ -123,20 +146,39 @@ impl ser::Error for Error {
     }
 }
 
-struct Digester;
+/// Serializes a value into its digest; `names`, the placeholders' (see `digest_naming`).
+#[derive(Clone, Copy, Default)]
+struct Digester<'n> {
+    names: &'n [&'n str],
+}
+
+/// A list's, struct's or map's digest as it serializes, with the digester of its items.
+pub struct Compound<'n, S> {
+    digest: S,
+    digester: Digester<'n>,
+}
+
+impl<'n, S: Default> Compound<'n, S> {
+    fn of(digester: Digester<'n>) -> Self {
+        Self {
+            digest: S::default(),
+            digester,
+        }
+    }
+}
 
 type Out = Result<Option<u64>, Error>;
 
-impl ser::Serializer for Digester {
+impl<'n> ser::Serializer for Digester<'n> {
     type Ok = Option<u64>;
     type Error = Error;
-    type SerializeSeq = SeqDigest;
-    type SerializeTuple = SeqDigest;
-    type SerializeTupleStruct = SeqDigest;
-    type SerializeTupleVariant = Variant<SeqDigest>;
-    type SerializeMap = MapEntries;
-    type SerializeStruct = MapDigest;
-    type SerializeStructVariant = Variant<MapDigest>;
+    type SerializeSeq = Compound<'n, SeqDigest>;
+    type SerializeTuple = Compound<'n, SeqDigest>;
+    type SerializeTupleStruct = Compound<'n, SeqDigest>;
+    type SerializeTupleVariant = Variant<Compound<'n, SeqDigest>>;
+    type SerializeMap = Compound<'n, MapEntries>;
+    type SerializeStruct = Compound<'n, MapDigest>;
+    type SerializeStructVariant = Variant<Compound<'n, MapDigest>>;
 
     fn serialize_bool(self, v: bool) -> Out {
         Ok(leaf(1, v))
@@ -178,7 +220,7 @@ impl ser::Serializer for Digester {
         self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
     fn serialize_str(self, v: &str) -> Out {
-        Ok(leaf(STRING, v))
+        Ok(string_digest(v, self.names))
     }
     fn serialize_bytes(self, v: &[u8]) -> Out {
         Ok(leaf(7, v))
@@ -196,7 +238,7 @@ impl ser::Serializer for Digester {
         Ok(None)
     }
     fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Out {
-        self.serialize_str(variant)
+        Ok(leaf(STRING, variant))
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Out {
         value.serialize(self)
@@ -208,16 +250,20 @@ impl ser::Serializer for Digester {
         variant: &'static str,
         value: &T,
     ) -> Out {
-        Ok(map_digest([(variant, value.serialize(Digester)?)]))
+        Ok(map_digest([(variant, value.serialize(self)?)]))
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<SeqDigest, Error> {
-        Ok(SeqDigest::default())
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Error> {
+        Ok(Compound::of(self))
     }
-    fn serialize_tuple(self, _: usize) -> Result<SeqDigest, Error> {
-        Ok(SeqDigest::default())
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Error> {
+        Ok(Compound::of(self))
     }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<SeqDigest, Error> {
-        Ok(SeqDigest::default())
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, Error> {
+        Ok(Compound::of(self))
     }
     fn serialize_tuple_variant(
         self,
@@ -225,14 +271,14 @@ impl ser::Serializer for Digester {
         _: u32,
         variant: &'static str,
         _: usize,
-    ) -> Result<Variant<SeqDigest>, Error> {
-        Ok(Variant(variant, SeqDigest::default()))
+    ) -> Result<Self::SerializeTupleVariant, Error> {
+        Ok(Variant(variant, Compound::of(self)))
     }
-    fn serialize_map(self, _: Option<usize>) -> Result<MapEntries, Error> {
-        Ok(MapEntries::default())
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Error> {
+        Ok(Compound::of(self))
     }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<MapDigest, Error> {
-        Ok(MapDigest::default())
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, Error> {
+        Ok(Compound::of(self))
     }
     fn serialize_struct_variant(
         self,
@@ -240,46 +286,46 @@ impl ser::Serializer for Digester {
         _: u32,
         variant: &'static str,
         _: usize,
-    ) -> Result<Variant<MapDigest>, Error> {
-        Ok(Variant(variant, MapDigest::default()))
+    ) -> Result<Self::SerializeStructVariant, Error> {
+        Ok(Variant(variant, Compound::of(self)))
     }
 }
 
-impl ser::SerializeSeq for SeqDigest {
+impl ser::SerializeSeq for Compound<'_, SeqDigest> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.add(value.serialize(Digester)?);
+        self.digest.add(value.serialize(self.digester)?);
         Ok(())
     }
     fn end(self) -> Out {
-        Ok(self.finish())
+        Ok(self.digest.finish())
     }
 }
 
-impl ser::SerializeTuple for SeqDigest {
+impl ser::SerializeTuple for Compound<'_, SeqDigest> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         ser::SerializeSeq::serialize_element(self, value)
     }
     fn end(self) -> Out {
-        Ok(self.finish())
+        Ok(self.digest.finish())
     }
 }
 
-impl ser::SerializeTupleStruct for SeqDigest {
+impl ser::SerializeTupleStruct for Compound<'_, SeqDigest> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         ser::SerializeSeq::serialize_element(self, value)
     }
     fn end(self) -> Out {
-        Ok(self.finish())
+        Ok(self.digest.finish())
     }
 }
 
-impl ser::SerializeStruct for MapDigest {
+impl ser::SerializeStruct for Compound<'_, MapDigest> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_field<T: Serialize + ?Sized>(
@@ -287,11 +333,12 @@ impl ser::SerializeStruct for MapDigest {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        self.add(key_digest(key), value.serialize(Digester)?);
+        self.digest
+            .add(key_digest(key), value.serialize(self.digester)?);
         Ok(())
     }
     fn end(self) -> Out {
-        Ok(self.finish())
+        Ok(self.digest.finish())
     }
 }
 
@@ -302,39 +349,40 @@ pub struct MapEntries {
     key: u64,
 }
 
-impl ser::SerializeMap for MapEntries {
+impl ser::SerializeMap for Compound<'_, MapEntries> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
-        // JSON's keys are strings; a key of another kind is taken by its digest.
-        self.key = key.serialize(Digester)?.unwrap_or_default();
+        // JSON's keys are strings; a key of another kind is taken by its digest. A key is never
+        // the placeholder.
+        self.digest.key = key.serialize(Digester::default())?.unwrap_or_default();
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        let value = value.serialize(Digester)?;
-        self.map.add(self.key, value);
+        let value = value.serialize(self.digester)?;
+        self.digest.map.add(self.digest.key, value);
         Ok(())
     }
     fn end(self) -> Out {
-        Ok(self.map.finish())
+        Ok(self.digest.map.finish())
     }
 }
 
 /// An enum variant with fields: a map of its name to them, as serde_json writes it.
 pub struct Variant<S>(&'static str, S);
 
-impl ser::SerializeTupleVariant for Variant<SeqDigest> {
+impl ser::SerializeTupleVariant for Variant<Compound<'_, SeqDigest>> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         ser::SerializeSeq::serialize_element(&mut self.1, value)
     }
     fn end(self) -> Out {
-        Ok(map_digest([(self.0, self.1.finish())]))
+        Ok(map_digest([(self.0, self.1.digest.finish())]))
     }
 }
 
-impl ser::SerializeStructVariant for Variant<MapDigest> {
+impl ser::SerializeStructVariant for Variant<Compound<'_, MapDigest>> {
     type Ok = Option<u64>;
     type Error = Error;
     fn serialize_field<T: Serialize + ?Sized>(
@@ -345,7 +393,7 @@ impl ser::SerializeStructVariant for Variant<MapDigest> {
         ser::SerializeStruct::serialize_field(&mut self.1, key, value)
     }
     fn end(self) -> Out {
-        Ok(map_digest([(self.0, self.1.finish())]))
+        Ok(map_digest([(self.0, self.1.digest.finish())]))
     }
 }
 

@@ -9,6 +9,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::context::Context;
 use super::events::Change;
+use super::known_fields::KnownFields;
 use super::owned::{Owned, OwnedObject};
 use super::watched_memcached::WatchedMemcached;
 use crate::api::{Memcached, MemcachedStatus};
@@ -126,7 +127,7 @@ async fn read<K: Owned>(
 ) -> Result<Option<Arc<OwnedObject<K>>>> {
     match api.get_opt(name).await {
         Ok(found) => Ok(found.map(|mut found| {
-            found.observe(None, None);
+            found.observe(None, None, &mut KnownFields::default());
             Arc::new(found)
         })),
         Err(source) => Err(Error::Read {

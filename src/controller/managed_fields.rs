@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::digest::{MapDigest, SeqDigest, digest};
+use super::digest::{MapDigest, SeqDigest, digest, digest_naming, string_digest};
 use crate::resources::MANAGER_NAME;
 
 /// Our managedFields entry's fields, borrowed from the text of the entries, none of them
@@ -59,7 +59,13 @@ impl<'f> Ours<'f> {
     /// The digest of the parts of the JSON `text` that are ours, as `digest` would make it of
     /// those parts alone, computed as the text is read.
     pub fn digest(self, text: &str) -> Option<u64> {
-        self.deserialize(&mut serde_json::Deserializer::from_str(text))
+        self.digest_naming(text, &[])
+    }
+
+    /// The same, with `name` as `digest_naming` takes it.
+    fn digest_naming(self, text: &str, names: &[&str]) -> Option<u64> {
+        Walk { ours: self, names }
+            .deserialize(&mut serde_json::Deserializer::from_str(text))
             .ok()
             .flatten()
     }
@@ -90,6 +96,15 @@ impl<'a> Fields<'a> {
         serde_json::from_str(text).ok()
     }
 
+    pub(super) fn into_owned(self) -> Fields<'static> {
+        Fields(
+            self.0
+                .into_iter()
+                .map(|(Key(key), fields)| (Key(Cow::Owned(key.into_owned())), fields.into_owned()))
+                .collect(),
+        )
+    }
+
     /// The child for the field `name` (`f:<name>`).
     pub fn field(&self, name: &str) -> Option<&Self> {
         // The order of `f:<name>` among the sorted names, without building it.
@@ -113,7 +128,21 @@ impl<'de> Deserialize<'de> for Fields<'de> {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Ours<'_> {
+/// Digests our part of a value as it is read.
+#[derive(Clone, Copy)]
+struct Walk<'f, 'n> {
+    ours: Ours<'f>,
+    names: &'n [&'n str],
+}
+
+impl Walk<'_, '_> {
+    fn field(self, name: &str) -> Option<Self> {
+        let ours = self.ours.field(name)?;
+        Some(Self { ours, ..self })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
     type Value = Option<u64>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<u64>, D::Error> {
@@ -121,7 +150,7 @@ impl<'de> DeserializeSeed<'de> for Ours<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Ours<'_> {
+impl<'de> Visitor<'de> for Walk<'_, '_> {
     type Value = Option<u64>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -145,7 +174,7 @@ impl<'de> Visitor<'de> for Ours<'_> {
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Option<u64>, E> {
-        Ok(digest(v))
+        Ok(string_digest(v, self.names))
     }
 
     fn visit_unit<E>(self) -> Result<Option<u64>, E> {
@@ -165,16 +194,16 @@ impl<'de> Visitor<'de> for Ours<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u64>, A::Error> {
         let mut digest = SeqDigest::default();
-        match self {
-            Self::All => {
-                while let Some(item) = seq.next_element_seed(Self::All)? {
+        match self.ours {
+            Ours::All => {
+                while let Some(item) = seq.next_element_seed(self)? {
                     digest.add(item);
                 }
             }
-            Self::Parts(parts) => {
+            Ours::Parts(parts) => {
                 let items = ListedItems::of(parts);
                 while let Some(item) = seq.next_element::<&'de RawValue>()? {
-                    if let Some(item) = items.digest(item.get()) {
+                    if let Some(item) = items.digest(item.get(), self.names) {
                         digest.add(item);
                     }
                 }
@@ -210,7 +239,7 @@ impl<'f> ListedItems<'f> {
 
     /// The digest of our part of the item `text`, when our entry names it (`None` when not, and
     /// `Some(None)` for an item named and empty).
-    fn digest(&self, text: &str) -> Option<Option<u64>> {
+    fn digest(&self, text: &str, names: &[&str]) -> Option<Option<u64>> {
         if !self.keyed.is_empty()
             && let Ok(Entries::<&RawValue>(fields)) = serde_json::from_str(text)
             && let Some((keys, ours)) = self.keyed.iter().find(|(keys, _)| {
@@ -224,14 +253,14 @@ impl<'f> ListedItems<'f> {
         {
             // The keys identify the item, whether or not they are listed.
             let mut digest = MapDigest::default();
-            for (Key(name), value) in &fields {
-                let ours = if keys.contains_key(name.as_ref()) {
+            for (Key(key), value) in &fields {
+                let ours = if keys.contains_key(key.as_ref()) {
                     Some(Ours::All)
                 } else {
-                    ours.field(name)
+                    ours.field(key)
                 };
                 if let Some(ours) = ours {
-                    digest.entry(name, ours.digest(value.get()));
+                    digest.entry(key, ours.digest_naming(value.get(), names));
                 }
             }
             return Some(digest.finish());
@@ -240,7 +269,7 @@ impl<'f> ListedItems<'f> {
             && let Ok(item) = serde_json::from_str::<Value>(text)
             && self.set.contains(&item)
         {
-            return Some(digest(&item));
+            return Some(digest_naming(&item, names));
         }
         None
     }
@@ -248,7 +277,7 @@ impl<'f> ListedItems<'f> {
 
 /// A map key as read: borrowed from the text unless it has escapes.
 #[derive(Debug)]
-struct Key<'a>(Cow<'a, str>);
+pub(super) struct Key<'a>(pub(super) Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -270,7 +299,7 @@ impl<'de> Deserialize<'de> for Key<'de> {
 }
 
 /// A JSON object's entries in their order, the keys borrowed from the text.
-struct Entries<'a, V>(Vec<(Key<'a>, V)>);
+pub(super) struct Entries<'a, V>(pub(super) Vec<(Key<'a>, V)>);
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<'de, V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -295,7 +324,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<'de, V> {
 /// What the cache keeps of a spec as sent: the digests of our part of it and of our part of its
 /// pod template, and `replicas`, which counts whoever owns it (a size put back names the size
 /// it found).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpecDigests {
     pub spec: Option<u64>,
     pub template: Option<u64>,
@@ -303,17 +332,18 @@ pub struct SpecDigests {
 }
 
 impl SpecDigests {
-    /// Of the spec `text`; `ours`, what of it is ours (`None`: none of it).
-    pub fn of(text: &str, ours: Option<Ours>) -> Self {
-        SpecSeed(ours)
+    /// Of the spec `text` of an object called `name`; `ours`, what of it is ours (`None`: none
+    /// of it).
+    pub(super) fn of(text: &str, ours: Option<Ours>, names: &[&str]) -> Self {
+        SpecSeed(ours.map(|ours| Walk { ours, names }))
             .deserialize(&mut serde_json::Deserializer::from_str(text))
             .unwrap_or_default()
     }
 }
 
-struct SpecSeed<'f>(Option<Ours<'f>>);
+struct SpecSeed<'f, 'n>(Option<Walk<'f, 'n>>);
 
-impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
+impl<'de> DeserializeSeed<'de> for SpecSeed<'_, '_> {
     type Value = SpecDigests;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<SpecDigests, D::Error> {
@@ -321,7 +351,7 @@ impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for SpecSeed<'_> {
+impl<'de> Visitor<'de> for SpecSeed<'_, '_> {
     type Value = SpecDigests;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -388,6 +418,26 @@ mod tests {
         assert_eq!(
             Ours::of(&Fields::parse(r#"{".":{}}"#).unwrap()).digest("[1]"),
             digest(&[1])
+        );
+    }
+
+    #[test]
+    fn a_named_walk_digests_as_the_named_serializer() {
+        let value = json!({"serviceName": "a", "uid": "1", "x": ["a", {"a": "a"}]});
+        let fields = json!({"f:serviceName": {}, "f:uid": {}, "f:x": {}}).to_string();
+        let fields = Fields::parse(&fields).unwrap();
+        let names = ["a", "1"];
+        assert_eq!(
+            Ours::of(&fields).digest_naming(&value.to_string(), &names),
+            digest_naming(&value, &names)
+        );
+        assert_ne!(digest_naming(&value, &names), digest(&value));
+        assert_eq!(
+            digest_naming(&value, &names),
+            digest_naming(
+                &json!({"serviceName": "b", "uid": "2", "x": ["b", {"a": "b"}]}),
+                &["b", "2"]
+            )
         );
     }
 }

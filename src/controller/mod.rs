@@ -10,6 +10,7 @@ mod ensure;
 mod events;
 mod feed;
 mod hpa_index;
+mod known_fields;
 mod managed_fields;
 mod members;
 mod meta;

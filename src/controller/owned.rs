@@ -14,8 +14,10 @@
 //! them go. Most versions need no parsing: a status update (most events) keeps the spec and
 //! metadata the cached version had, and so its digest; an apply's response has our fields forced
 //! to the desired object's, and so its digest (`observe_applied`); the watch's echo of our write
-//! is that response again (own_writes.rs keeps what was observed of it). A StatefulSet's status
-//! conditions are dropped: nothing reads them.
+//! is that response again (own_writes.rs keeps what was observed of it). The rest (a restart's
+//! lists, others' changes) is walked once per shape of spec, not once per object: objects alike
+//! but for the strings that name them share their spec digests (known_fields.rs). A
+//! StatefulSet's status conditions are dropped: nothing reads them.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -32,8 +34,9 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
-use super::digest::{digest, map_digest};
-use super::managed_fields::{Fields, Ours, SpecDigests, our_fields};
+use super::digest::{digest, digest_naming, map_digest};
+use super::known_fields::KnownFields;
+use super::managed_fields::our_fields;
 use super::meta::{Meta, resource_of};
 use crate::certificate::Certificate;
 use crate::service_monitor::ServiceMonitor;
@@ -59,7 +62,7 @@ pub trait Owned:
     /// Drops from a decoded status what nothing reads.
     fn drop_unread(_status: &mut Self::Status) {}
 
-    /// The digest of the spec (`digest::digest` of it).
+    /// The digest of the spec (`digest::digest_naming` of it, with the object's `names`).
     fn spec_digest(&self) -> Option<u64>;
 
     /// The digest of the spec's pod template, where it has one.
@@ -93,11 +96,14 @@ impl Owned for StatefulSet {
     type Status = StatefulSetStatus;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 
     fn template_digest(&self) -> Option<u64> {
-        digest(&self.spec.as_ref().map(|spec| &spec.template))
+        digest_naming(
+            &self.spec.as_ref().map(|spec| &spec.template),
+            &names(&self.metadata),
+        )
     }
 
     fn replicas(&self) -> Option<i32> {
@@ -115,7 +121,7 @@ impl Owned for Deployment {
     type Status = super::migration::LegacyStatus;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -124,7 +130,7 @@ impl Owned for PodDisruptionBudget {
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -133,7 +139,7 @@ impl Owned for NetworkPolicy {
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -141,7 +147,7 @@ impl Owned for ServiceMonitor {
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -150,7 +156,7 @@ impl Owned for Certificate {
     type Status = IgnoredAny;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -160,7 +166,7 @@ impl Owned for Service {
     const GENERATION_TRACKS_SPEC: bool = false;
 
     fn spec_digest(&self) -> Option<u64> {
-        digest(&self.spec)
+        digest_naming(&self.spec, &names(&self.metadata))
     }
 }
 
@@ -238,8 +244,14 @@ impl<K: Owned> Resource for OwnedObject<K> {
 
 impl<K: Owned> OwnedObject<K> {
     /// Digests the object as sent and lets go of what only the digest reads; `old` is the
-    /// cached version it replaces, `echo` what our write of this very version recorded.
-    pub fn observe(&mut self, old: Option<&Self>, echo: Option<Observation>) {
+    /// cached version it replaces, `echo` what our write of this very version recorded, `known`
+    /// the watch's parsed entries.
+    pub fn observe(
+        &mut self,
+        old: Option<&Self>,
+        echo: Option<Observation>,
+        known: &mut KnownFields,
+    ) {
         let metadata = metadata_digest(&self.metadata);
         match (echo, old) {
             (Some(echo), _) => self.take(echo),
@@ -252,7 +264,7 @@ impl<K: Owned> OwnedObject<K> {
             {
                 self.take(old.observation());
             }
-            _ => self.digest(metadata),
+            _ => self.digest(metadata, known),
         }
         self.let_go();
     }
@@ -290,27 +302,20 @@ impl<K: Owned> OwnedObject<K> {
         self.metadata.annotations = None;
     }
 
-    fn digest(&mut self, metadata_seen: u64) {
-        let fields = self
+    fn digest(&mut self, metadata_seen: u64, known: &mut KnownFields) {
+        let entry = self
             .managed_fields
             .as_deref()
-            .and_then(|m| our_fields(m.get()))
-            .and_then(Fields::parse);
-        // With no entry of ours, or one that names nothing, all of it counts.
-        let (metadata_ours, spec_ours) = match fields.as_ref().map_or(Ours::All, Ours::of) {
-            Ours::All => (Some(Ours::All), Some(Ours::All)),
-            Ours::Parts(parts) => (
-                parts.field("metadata").map(Ours::of),
-                parts.field("spec").map(Ours::of),
-            ),
-        };
+            .and_then(|m| our_fields(m.get()));
+        let mut ours = known.split(entry);
         let spec = self
             .sent_spec
             .as_deref()
-            .map(|spec| SpecDigests::of(spec.get(), spec_ours))
+            .map(|spec| ours.spec_digests(spec.get(), &names(&self.metadata)))
             .unwrap_or_default();
-        let metadata =
-            metadata_ours.and_then(|ours| ours.digest_of(&OurMetadata::of(&self.metadata)));
+        let metadata = ours
+            .metadata()
+            .and_then(|ours| ours.digest_of(&OurMetadata::of(&self.metadata)));
         self.replicas = spec.replicas;
         self.ours = Some(Digests {
             object: map_digest([("metadata", metadata), ("spec", spec.spec)]),
@@ -337,7 +342,7 @@ impl<K: Owned> OwnedObject<K> {
     #[cfg(test)]
     pub fn of(obj: &K) -> Self {
         let mut kept: Self = serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap();
-        kept.observe(None, None);
+        kept.observe(None, None, &mut KnownFields::default());
         kept
     }
 }
@@ -353,6 +358,20 @@ pub struct Observation {
 fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
     let metadata = digest(&OurMetadata::of(desired.meta()));
     map_digest([("metadata", metadata), ("spec", desired.spec_digest())])
+}
+
+/// The strings that name an object, for `digest_naming`: its name, and its owner's uid (the
+/// agent's save token).
+fn names(metadata: &ObjectMeta) -> [&str; 2] {
+    let owner = metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true));
+    [
+        metadata.name.as_deref().unwrap_or_default(),
+        owner.map_or("", |owner| &owner.uid),
+    ]
 }
 
 /// The metadata fields an apply of ours sets, as the API server sends them.
@@ -596,7 +615,7 @@ mod tests {
         sent.status = stateful_set_with_status(&mc, 1, 1).status;
         let observed = |sent: &StatefulSet| {
             let mut update = decoded(sent);
-            update.observe(Some(&first), None);
+            update.observe(Some(&first), None, &mut KnownFields::default());
             update
         };
         let update = observed(&sent);
@@ -648,7 +667,11 @@ mod tests {
         // (here a spec that differs tells the one from the other).
         let other = as_stored(&resources::stateful_set(&memcached("cache", 5), &images()));
         let mut echo = decoded(&other);
-        echo.observe(None, Some(applied.observation()));
+        echo.observe(
+            None,
+            Some(applied.observation()),
+            &mut KnownFields::default(),
+        );
         assert!(!echo.needs(&desired));
         assert_eq!(echo.replicas, Some(3));
     }
@@ -700,7 +723,7 @@ mod tests {
         let kube::core::WatchEvent::Modified(mut kept) = event else {
             panic!("not a modification: {line}");
         };
-        kept.observe(None, None);
+        kept.observe(None, None, &mut KnownFields::default());
         assert!(!kept.needs(&desired));
         assert_eq!(kept.replicas, Some(2));
     }
@@ -716,7 +739,7 @@ mod tests {
             serde_json::from_str(&page).unwrap();
         let mut items = list.items;
         for item in &mut items {
-            item.observe(None, None);
+            item.observe(None, None, &mut KnownFields::default());
         }
         assert!(!items[0].needs(&desired));
         assert!(items[1].needs(&desired));
@@ -762,5 +785,80 @@ mod tests {
                 .unwrap()
                 .remove("app.kubernetes.io/instance");
         }));
+    }
+
+    /// A Memcached's StatefulSet, as applied and as the API server keeps it.
+    fn applied(name: &str, uid: &str) -> (StatefulSet, StatefulSet) {
+        let mut mc = memcached(name, 1);
+        mc.metadata.uid = Some(uid.into());
+        let desired = resources::stateful_set(&mc, &images());
+        let mut stored = as_stored(&desired);
+        stored.metadata.generation = Some(1);
+        (desired, stored)
+    }
+
+    #[test]
+    fn objects_alike_but_for_their_names_are_walked_once_and_each_digested_as_itself() {
+        let mut known = KnownFields::default();
+        let listed: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| applied(&format!("cache-{name}"), &format!("uid-{name}")))
+            .collect();
+        let observed: Vec<_> = listed
+            .iter()
+            .map(|(_, stored)| {
+                let mut obj = decoded(stored);
+                obj.observe(None, None, &mut known);
+                obj
+            })
+            .collect();
+        assert_eq!(known.specs_known(), 1, "one walk for the three");
+        for (i, obj) in observed.iter().enumerate() {
+            assert_eq!(obj.ours, OwnedObject::of(&listed[i].1).ours);
+            assert!(!obj.template_needs(&listed[i].0));
+            for (j, (desired, _)) in listed.iter().enumerate() {
+                assert_eq!(obj.needs(desired), i != j, "{i} against {j}'s");
+            }
+        }
+    }
+
+    #[test]
+    fn drift_in_an_object_alike_to_one_seen_before_is_seen() {
+        let mut known = KnownFields::default();
+        let observe = |stored: &StatefulSet, known: &mut KnownFields| {
+            let mut obj = decoded(stored);
+            obj.observe(None, None, known);
+            obj
+        };
+        let (_, first) = applied("cache-a", "uid-a");
+        observe(&first, &mut known);
+
+        let (desired, stored) = applied("cache-b", "uid-b");
+        let mut pointed = stored.clone();
+        pointed.spec.as_mut().unwrap().service_name = Some("cache-a".into());
+        assert!(
+            observe(&pointed, &mut known).needs(&desired),
+            "another's name"
+        );
+
+        let mut token = serde_json::to_string(&stored).unwrap();
+        token = token.replace("\"uid-b\"", "\"uid-a\"");
+        let token: StatefulSet = serde_json::from_str(&token).unwrap();
+        assert!(observe(&token, &mut known).needs(&desired), "another's uid");
+
+        let mut image = stored.clone();
+        image
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("memcached:theirs".into());
+        let image = observe(&image, &mut known);
+        assert!(image.needs(&desired) && image.template_needs(&desired));
+        assert!(!observe(&stored, &mut known).needs(&desired));
     }
 }

@@ -10,6 +10,7 @@ use tracing::debug;
 
 use super::Shared;
 use crate::controller::feed::Feed;
+use crate::controller::known_fields::KnownFields;
 use crate::controller::owned::{Owned, OwnedObject};
 use crate::controller::triggers::OwnedTriggers;
 use crate::resources;
@@ -102,6 +103,7 @@ where
     let cache = reader.clone();
     let mut unsynced = Some(caches.watch());
     let own_writes = shared.own_writes.clone();
+    let mut known = KnownFields::default();
     let watch = watcher(
         scope.api::<OwnedObject<K>>(&shared.client),
         owned_watch_config(shared.initial_list),
@@ -115,7 +117,7 @@ where
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                     let echo = own_writes.echo_of(&*obj);
                     ours = echo.is_some();
-                    obj.observe(old.as_deref(), echo);
+                    obj.observe(old.as_deref(), echo, &mut known);
                 }
                 watcher::Event::Init => own_writes.forget(),
                 watcher::Event::Delete(_) | watcher::Event::InitDone => {}

@@ -1,0 +1,192 @@
+//! What a watch has read of our entries and specs before, to find again for the next object
+//! (see `KnownFields`).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use foldhash::quality::FixedState;
+use serde_json::value::RawValue;
+
+use super::managed_fields::{Entries, Fields, Key, Ours, SpecDigests};
+
+/// What a watch has read of our entries and specs, to find again for the next object. A
+/// restart lists thousands of objects that one release applied alike, which differ in our
+/// entry only in its metadata part (the owner's uid) and in their specs only in the strings
+/// that name them. So our entry's spec part is parsed once per text, and a spec's digests
+/// (which hold those names as placeholders, see digest.rs) are found again by its text with
+/// the names factored out: a restart walks one spec per shape, not one per object.
+#[derive(Debug, Default)]
+pub struct KnownFields(HashMap<Box<str>, Known>);
+
+/// One text of our entry's spec part, parsed, and the digests of the specs read with it, by
+/// `shape`.
+#[derive(Debug)]
+pub struct Known {
+    fields: Fields<'static>,
+    specs: HashMap<u64, SpecDigests>,
+}
+
+impl KnownFields {
+    /// A watch sees as many texts as releases and optional parts (auth, TLS, monitoring) its
+    /// objects were applied with, and as many specs as sizes; past this many, it starts over.
+    const MOST: usize = 32;
+
+    /// Our entry's `fields` (FieldsV1 text; `None` without an entry), split into what of the
+    /// metadata and of the spec is ours.
+    pub fn split<'k, 't>(&'k mut self, fields: Option<&'t str>) -> OurParts<'k, 't> {
+        let top = fields.and_then(|text| serde_json::from_str::<Entries<&RawValue>>(text).ok());
+        // With no entry of ours, or one that names nothing, all of it counts.
+        let Some(Entries(top)) = top.filter(|Entries(top)| top.iter().any(|(Key(k), _)| k != "."))
+        else {
+            return OurParts::All;
+        };
+        let part = |name: &str| {
+            top.iter()
+                .find(|(Key(key), _)| key.strip_prefix("f:") == Some(name))
+                .map(|(_, text)| text.get())
+        };
+        let metadata = part("metadata").and_then(Fields::parse);
+        let spec = part("spec").and_then(|text| {
+            if !self.0.contains_key(text) {
+                let fields = Fields::parse(text)?.into_owned();
+                if self.0.len() >= Self::MOST {
+                    self.0.clear();
+                }
+                let specs = HashMap::new();
+                self.0.insert(text.into(), Known { fields, specs });
+            }
+            self.0.get_mut(text)
+        });
+        OurParts::Parts { metadata, spec }
+    }
+}
+
+impl Known {
+    fn spec_digests(&mut self, text: &str, names: &[&str]) -> SpecDigests {
+        let ours = Some(Ours::of(&self.fields));
+        let Some(shape) = shape(text, names) else {
+            return SpecDigests::of(text, ours, names);
+        };
+        if let Some(found) = self.specs.get(&shape) {
+            return *found;
+        }
+        let digests = SpecDigests::of(text, ours, names);
+        if self.specs.len() >= KnownFields::MOST {
+            self.specs.clear();
+        }
+        self.specs.insert(shape, digests);
+        digests
+    }
+}
+
+/// A hash of the spec `text` with each string value that is exactly one of `names` taken as
+/// its placeholder: specs of one shape have the same spec digests. `None` where that would not
+/// be exact: with escapes in the text, where a string's text is not its value (the API server
+/// writes none in our specs).
+fn shape(text: &str, names: &[&str]) -> Option<u64> {
+    if text.contains('\\') {
+        return None;
+    }
+    // Without escapes, a quote starts or ends a string, so `"<name>"` is one whole string; a
+    // map key (a colon follows) is read as itself.
+    let mut found: Vec<(usize, usize, usize)> = Vec::new();
+    for (placeholder, name) in names.iter().enumerate() {
+        if name.is_empty() || names[..placeholder].contains(name) {
+            continue;
+        }
+        let token = format!("\"{name}\"");
+        found.extend(
+            text.match_indices(&token)
+                .map(|(at, _)| (at, at + token.len(), placeholder))
+                .filter(|&(_, end, _)| !text[end..].trim_start().starts_with(':')),
+        );
+    }
+    found.sort_unstable();
+    let mut hasher = FixedState::default().build_hasher();
+    let mut from = 0;
+    for (at, end, placeholder) in found {
+        text[from..at].hash(&mut hasher);
+        placeholder.hash(&mut hasher);
+        from = end;
+    }
+    text[from..].hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Our parts of an object (see `KnownFields::split`).
+pub enum OurParts<'k, 't> {
+    All,
+    Parts {
+        metadata: Option<Fields<'t>>,
+        spec: Option<&'k mut Known>,
+    },
+}
+
+impl OurParts<'_, '_> {
+    pub fn metadata(&self) -> Option<Ours<'_>> {
+        match self {
+            Self::All => Some(Ours::All),
+            Self::Parts { metadata, .. } => metadata.as_ref().map(Ours::of),
+        }
+    }
+
+    /// The digests of our part of the spec `text`, of an object called `name`.
+    pub fn spec_digests(&mut self, text: &str, names: &[&str]) -> SpecDigests {
+        match self {
+            Self::All => SpecDigests::of(text, Some(Ours::All), names),
+            Self::Parts { spec: None, .. } => SpecDigests::of(text, None, names),
+            Self::Parts {
+                spec: Some(known), ..
+            } => known.spec_digests(text, names),
+        }
+    }
+}
+
+#[cfg(test)]
+impl KnownFields {
+    /// How many spec digests are kept, for all texts of our entry.
+    pub fn specs_known(&self) -> usize {
+        self.0.values().map(|known| known.specs.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_shape_is_the_text_with_the_names_as_placeholders() {
+        let spec = |name: &str, uid: &str, size: u32| {
+            json!({"serviceName": name, "replicas": size, "token": uid,
+                   "labels": {"instance": name}})
+            .to_string()
+        };
+        let names = |name, uid| [name, uid];
+        let a = shape(&spec("a", "1", 1), &names("a", "1"));
+        assert!(a.is_some());
+        assert_eq!(a, shape(&spec("b", "2", 1), &names("b", "2")));
+        assert_ne!(a, shape(&spec("b", "2", 2), &names("b", "2")), "size");
+        assert_ne!(
+            a,
+            shape(&spec("a", "1", 1), &names("b", "2")),
+            "other names"
+        );
+        assert_ne!(
+            a,
+            shape(&spec("a", "1", 1), &names("a", "2")),
+            "the uid where the name is"
+        );
+        // Only whole strings are names; a key is itself; escapes are not factored.
+        assert_ne!(
+            shape(r#"["a-x"]"#, &names("a", "")),
+            shape(r#"["b-x"]"#, &names("b", ""))
+        );
+        assert_ne!(
+            shape(r#"{"a":"a"}"#, &names("a", "")),
+            shape(r#"{"b":"b"}"#, &names("b", ""))
+        );
+        assert_eq!(shape(r#"{"a":"a\"b"}"#, &names("a", "")), None);
+    }
+}
