@@ -238,7 +238,7 @@ impl<'n> ser::Serializer for Digester<'n> {
         Ok(None)
     }
     fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Out {
-        Ok(leaf(STRING, variant))
+        self.serialize_str(variant)
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Out {
         value.serialize(self)

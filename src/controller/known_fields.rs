@@ -46,25 +46,39 @@ impl KnownFields {
                 .map(|(_, text)| text.get())
         };
         let metadata = part("metadata").and_then(Fields::parse);
-        let spec = part("spec").and_then(|text| {
-            if !self.0.contains_key(text) {
-                let fields = Fields::parse(text)?.into_owned();
-                if self.0.len() >= Self::MOST {
-                    self.0.clear();
-                }
-                let specs = HashMap::new();
-                self.0.insert(text.into(), Known { fields, specs });
+        let Some(text) = part("spec") else {
+            return OurParts::Parts {
+                metadata,
+                spec: None,
+            };
+        };
+        if !self.0.contains_key(text) {
+            // As a whole entry that does not parse, all of it counts.
+            let Some(fields) = Fields::parse(text) else {
+                return OurParts::All;
+            };
+            if self.0.len() >= Self::MOST {
+                self.0.clear();
             }
-            self.0.get_mut(text)
-        });
+            let specs = HashMap::new();
+            let fields = fields.into_owned();
+            self.0.insert(text.into(), Known { fields, specs });
+        }
+        let spec = self.0.get_mut(text).map(|known| (text, known));
         OurParts::Parts { metadata, spec }
     }
 }
 
 impl Known {
-    fn spec_digests(&mut self, text: &str, names: &[&str]) -> SpecDigests {
+    /// `fields`, the text this was parsed from.
+    fn spec_digests(&mut self, fields: &str, text: &str, names: &[&str]) -> SpecDigests {
         let ours = Some(Ours::of(&self.fields));
-        let Some(shape) = shape(text, names) else {
+        // Which list items are ours is decided by their values (`k:` keys, `v:` items): an
+        // entry that names the object cannot be shared.
+        let named = names
+            .iter()
+            .any(|name| !name.is_empty() && fields.contains(name));
+        let Some(shape) = shape(text, names).filter(|_| !named) else {
             return SpecDigests::of(text, ours, names);
         };
         if let Some(found) = self.specs.get(&shape) {
@@ -80,15 +94,21 @@ impl Known {
 }
 
 /// A hash of the spec `text` with each string value that is exactly one of `names` taken as
-/// its placeholder: specs of one shape have the same spec digests. `None` where that would not
-/// be exact: with escapes in the text, where a string's text is not its value (the API server
-/// writes none in our specs).
+/// its placeholder: specs of one shape have the same spec digests (as far as 64-bit hashes
+/// tell, as with every digest here). `None` where that would not be exact: with escapes in the
+/// text, where a string's text is not its value (the API server writes none in our specs), or
+/// with a name that is not a DNS name or uid (none is).
 fn shape(text: &str, names: &[&str]) -> Option<u64> {
-    if text.contains('\\') {
+    let plain = |name: &&str| {
+        name.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    };
+    if text.contains('\\') || !names.iter().all(plain) {
         return None;
     }
-    // Without escapes, a quote starts or ends a string, so `"<name>"` is one whole string; a
-    // map key (a colon follows) is read as itself.
+    // Without escapes, a quote starts or ends a string, and a name holds no quote, comma, colon
+    // or bracket, so `"<name>"` is one whole string; a map key (a colon follows) is read as
+    // itself.
     let mut found: Vec<(usize, usize, usize)> = Vec::new();
     for (placeholder, name) in names.iter().enumerate() {
         if name.is_empty() || names[..placeholder].contains(name) {
@@ -118,7 +138,8 @@ pub enum OurParts<'k, 't> {
     All,
     Parts {
         metadata: Option<Fields<'t>>,
-        spec: Option<&'k mut Known>,
+        /// The spec part's text, and what was read with it.
+        spec: Option<(&'t str, &'k mut Known)>,
     },
 }
 
@@ -130,14 +151,15 @@ impl OurParts<'_, '_> {
         }
     }
 
-    /// The digests of our part of the spec `text`, of an object called `name`.
+    /// The digests of our part of the spec `text`, of an object named by `names`.
     pub fn spec_digests(&mut self, text: &str, names: &[&str]) -> SpecDigests {
         match self {
             Self::All => SpecDigests::of(text, Some(Ours::All), names),
             Self::Parts { spec: None, .. } => SpecDigests::of(text, None, names),
             Self::Parts {
-                spec: Some(known), ..
-            } => known.spec_digests(text, names),
+                spec: Some((fields, known)),
+                ..
+            } => known.spec_digests(fields, text, names),
         }
     }
 }
@@ -178,7 +200,8 @@ mod tests {
             shape(&spec("a", "1", 1), &names("a", "2")),
             "the uid where the name is"
         );
-        // Only whole strings are names; a key is itself; escapes are not factored.
+        // Only whole strings are names; a key is itself; escapes and odd names are not factored.
+        assert_eq!(shape(r#"[",x"]"#, &names(",x", "")), None);
         assert_ne!(
             shape(r#"["a-x"]"#, &names("a", "")),
             shape(r#"["b-x"]"#, &names("b", ""))
@@ -188,5 +211,19 @@ mod tests {
             shape(r#"{"b":"b"}"#, &names("b", ""))
         );
         assert_eq!(shape(r#"{"a":"a\"b"}"#, &names("a", "")), None);
+    }
+
+    #[test]
+    fn an_entry_that_names_the_object_is_not_shared() {
+        // Our entry owns the item "a" of a set: object a's item is ours, b's is not, though
+        // their specs have one shape.
+        let entry = r#"{"f:spec":{"f:x":{"v:\"a\"":{}}}}"#;
+        let mut known = KnownFields::default();
+        let mut digests =
+            |spec: &str, name: &str| known.split(Some(entry)).spec_digests(spec, &[name, ""]);
+        let a = digests(r#"{"x":["a"]}"#, "a");
+        let b = digests(r#"{"x":["b"]}"#, "b");
+        assert!(a.spec.is_some());
+        assert_eq!(b.spec, None);
     }
 }

@@ -62,7 +62,7 @@ impl<'f> Ours<'f> {
         self.digest_naming(text, &[])
     }
 
-    /// The same, with `name` as `digest_naming` takes it.
+    /// The same, with `names` as `digest_naming` takes them.
     fn digest_naming(self, text: &str, names: &[&str]) -> Option<u64> {
         Walk { ours: self, names }
             .deserialize(&mut serde_json::Deserializer::from_str(text))

@@ -360,8 +360,8 @@ fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
     map_digest([("metadata", metadata), ("spec", desired.spec_digest())])
 }
 
-/// The strings that name an object, for `digest_naming`: its name, and its owner's uid (the
-/// agent's save token).
+/// The strings that name an object, for `digest_naming`, in the order of their placeholders:
+/// its name, and its owner's uid (the agent's save token).
 fn names(metadata: &ObjectMeta) -> [&str; 2] {
     let owner = metadata
         .owner_references
@@ -841,10 +841,15 @@ mod tests {
             "another's name"
         );
 
-        let mut token = serde_json::to_string(&stored).unwrap();
-        token = token.replace("\"uid-b\"", "\"uid-a\"");
-        let token: StatefulSet = serde_json::from_str(&token).unwrap();
-        assert!(observe(&token, &mut known).needs(&desired), "another's uid");
+        // The save token in the template, with the owner left as it is.
+        let mut token = stored.clone();
+        let spec = serde_json::to_string(&token.spec).unwrap();
+        token.spec = serde_json::from_str(&spec.replace("\"uid-b\"", "\"uid-a\"")).unwrap();
+        let token = observe(&token, &mut known);
+        assert!(
+            token.needs(&desired) && token.template_needs(&desired),
+            "another's uid"
+        );
 
         let mut image = stored.clone();
         image
