@@ -51,7 +51,7 @@ pub fn map_digest<'a>(entries: impl IntoIterator<Item = (&'a str, Option<u64>)>)
 
 /// The hash every digest is made with. Digests are compared only within one process, so any
 /// fixed seed will do; foldhash is several times faster than std's SipHash on these short inputs.
-fn hasher() -> FoldHasher<'static> {
+pub(super) fn hasher() -> FoldHasher<'static> {
     FixedState::default().build_hasher()
 }
 

@@ -2,11 +2,11 @@
 //! (see `KnownFields`).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 
-use foldhash::quality::FixedState;
 use serde_json::value::RawValue;
 
+use super::digest::hasher;
 use super::managed_fields::{Entries, Fields, Key, Ours, SpecDigests};
 
 /// What a watch has read of our entries and specs, to find again for the next object. A
@@ -122,7 +122,7 @@ fn shape(text: &str, names: &[&str]) -> Option<u64> {
         );
     }
     found.sort_unstable();
-    let mut hasher = FixedState::default().build_hasher();
+    let mut hasher = hasher();
     let mut from = 0;
     for (at, end, placeholder) in found {
         text[from..at].hash(&mut hasher);

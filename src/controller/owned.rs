@@ -484,6 +484,11 @@ mod tests {
         stored
     }
 
+    fn pod_spec(stateful_set: &mut StatefulSet) -> &mut k8s_openapi::api::core::v1::PodSpec {
+        let template = &mut stateful_set.spec.as_mut().unwrap().template;
+        template.spec.as_mut().unwrap()
+    }
+
     /// As the watch decodes it, before `observe`.
     fn decoded(obj: &StatefulSet) -> OwnedObject<StatefulSet> {
         serde_json::from_str(&serde_json::to_string(obj).unwrap()).unwrap()
@@ -586,15 +591,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("team".into(), "theirs".into());
-        labelled
-            .spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .priority_class_name = Some("theirs".into());
+        pod_spec(&mut labelled).priority_class_name = Some("theirs".into());
         assert!(!OwnedObject::of(&labelled).needs(&desired));
     }
 
@@ -852,16 +849,7 @@ mod tests {
         );
 
         let mut image = stored.clone();
-        image
-            .spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .image = Some("memcached:theirs".into());
+        pod_spec(&mut image).containers[0].image = Some("memcached:theirs".into());
         let image = observe(&image, &mut known);
         assert!(image.needs(&desired) && image.template_needs(&desired));
         assert!(!observe(&stored, &mut known).needs(&desired));
