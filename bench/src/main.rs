@@ -13,11 +13,12 @@ mod cluster;
 mod control_plane;
 mod operator;
 mod procs;
+mod restart;
 mod speed;
 mod workload;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -59,6 +60,14 @@ struct Args {
         default_value = "{bin} --metrics-bind-address=127.0.0.1:{metrics} --health-probe-bind-address=127.0.0.1:{health} --identity={identity} --max-concurrent-reconciles=8"
     )]
     operator: String,
+    /// A second operator binary whose restarts alternate with --operator-bin's in the restart
+    /// scenario, on the same converged cluster (results under "restarts").
+    #[arg(long)]
+    restart_compare_bin: Option<PathBuf>,
+    /// Restarts measured of each binary in the restart scenario; their medians go under
+    /// "restarts" when there is more than one restart.
+    #[arg(long, default_value_t = 1)]
+    restarts: usize,
     /// CRD to install.
     #[arg(
         long,
@@ -98,8 +107,11 @@ impl Args {
     }
 
     fn operator_command(&self) -> String {
-        self.operator
-            .replace("{bin}", &self.operator_bin.display().to_string())
+        self.command_for(&self.operator_bin)
+    }
+
+    fn command_for(&self, bin: &Path) -> String {
+        self.operator.replace("{bin}", &bin.display().to_string())
     }
 }
 
@@ -359,32 +371,12 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     }
 
     if scenarios.contains(&"restart") {
-        op.stop("TERM").await;
-        // Converged means the control plane too: pods of the size change still settling are not
-        // what a restart costs.
-        let quiet = Instant::now();
-        let control_plane_cores = wait_quiet_control_plane(Duration::from_secs(120)).await;
-        let quiet = quiet.elapsed();
-        let t_audit = audit::now();
-        let cpu_before = procs::snapshot();
-        let started = Instant::now();
-        op = operator::start(cluster, &args.operator_command(), "bench-b").await?;
-        op.wait_health("/readyz", Duration::from_secs(120)).await?;
-        let ready = started.elapsed();
-        let cpu_used = cpu_since(&cpu_before, &op);
-        // Let it finish its first pass over every object before counting.
-        op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let writes = cluster.audit_counts(t_audit, audit::now())?;
-        results["restart"] = json!({
-            "quiet_after_seconds": quiet.as_secs_f64(),
-            "control_plane_cores_before": control_plane_cores,
-            "ready_seconds": ready.as_secs_f64(),
-            "until_ready_cpu_seconds": top_cpu(&cpu_used),
-            "writes": writes.writes,
-            "requests": writes.by_key,
-            "rss_peak_mib": op.peak_rss_mib(),
-        });
+        let (next, restart, restarts) = restart::run(args, cluster, op).await?;
+        op = next;
+        results["restart"] = restart;
+        if let Some(restarts) = restarts {
+            results["restarts"] = restarts;
+        }
     }
     op.stop("TERM").await;
 
@@ -933,6 +925,26 @@ fn print_table(results: &Value) {
             "/restart/quiet_after_seconds",
         ),
         ("restart: time to ready (s)", "/restart/ready_seconds"),
+        (
+            "restart: operator CPU until ready (s)",
+            "/restart/until_ready_cpu_seconds/operator",
+        ),
+        (
+            "restarts: operator CPU until ready, p50 (s)",
+            "/restarts/operator/operator_cpu_until_ready_p50",
+        ),
+        (
+            "restarts: compare's CPU until ready, p50 (s)",
+            "/restarts/compare/operator_cpu_until_ready_p50",
+        ),
+        (
+            "restarts: time to ready, p50 (s)",
+            "/restarts/operator/ready_seconds_p50",
+        ),
+        (
+            "restarts: compare's time to ready, p50 (s)",
+            "/restarts/compare/ready_seconds_p50",
+        ),
         ("restart: writes", "/restart/writes"),
         ("failover: SIGKILL gap (s)", "/failover/sigkill_seconds"),
         ("failover: SIGTERM gap (s)", "/failover/sigterm_seconds"),
