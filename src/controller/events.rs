@@ -43,6 +43,8 @@ pub enum Change {
     Replaced,
     /// A member's images patched in place (members.rs).
     Restarted,
+    /// A member's containers resized in place, nothing restarted (members.rs).
+    Resized,
     /// A member evicted for a pod spec it cannot take in place (members.rs).
     Evicted,
 }
@@ -77,6 +79,7 @@ impl Change {
             Change::Deleted => "Deleted",
             Change::Replaced => "Replaced",
             Change::Restarted => "Restarted",
+            Change::Resized => "Resized",
             Change::Evicted => "Evicted",
         }
     }
@@ -97,6 +100,9 @@ impl Change {
             }
             Change::Restarted => format!(
                 "Restarting {kind} {name} in place for new images: memcached keeps its cache"
+            ),
+            Change::Resized => format!(
+                "Resized {kind} {name} in place for new requests or limits: memcached keeps running"
             ),
             Change::Evicted => format!(
                 "Evicted {kind} {name} for a pod spec it cannot take in place: it comes back empty"

@@ -177,29 +177,34 @@ pub async fn update(
         Step::Update(pod) => pod,
     };
     let (old, new) = templates(&revisions, pod, update_revision).await?;
-    let name = pod.name_any();
     let kind = match next_move(pod, &old, &new, update_revision) {
         Move::AwaitAgent => Kind::InPlace,
-        Move::Patch(patch) => {
+        Move::Patch { resize, patch } => {
+            if let Some(resize) = resize
+                && !resize_pod(&pods, pod, resize).await?
+            {
+                evict(ctx, mc, &pods, pod).await?;
+                return Ok(Some(Updating {
+                    kind: Kind::Replace,
+                    recheck: RECHECK,
+                }));
+            }
             // A member's second patch (memcached after its agent) is the same update: one event.
             let first = InPlace::of(pod).is_none_or(|i| i.revision != update_revision);
+            let restarts = InPlace::of_patch(&patch).is_some_and(|i| !i.restarts.is_empty());
             if let Some(patched) = patch_pod(&pods, pod, patch).await?
                 && first
             {
-                ctx.events.applied(mc, &patched, &Change::Restarted);
+                let change = match restarts {
+                    true => Change::Restarted,
+                    false => Change::Resized,
+                };
+                ctx.events.applied(mc, &patched, &change);
             }
             Kind::InPlace
         }
         Move::Evict => {
-            match pods.evict(&name, &EvictParams::default()).await {
-                Ok(_) => {
-                    ctx.replacing.evicted(&ns, &mc.name_any(), &name);
-                    ctx.events.applied(mc, pod, &Change::Evicted);
-                }
-                // The disruption budget allows none now: a member is out for another cause.
-                Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => {}
-                Err(source) => return Err(apply_error(&name, source)),
-            }
+            evict(ctx, mc, &pods, pod).await?;
             Kind::Replace
         }
     };
@@ -356,6 +361,38 @@ async fn templates(
 }
 
 /// Patches `pod`; None if it is gone meanwhile.
+/// Evicts a member for a pod spec it cannot take in place.
+async fn evict(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, pod: &Pod) -> Result<()> {
+    let name = pod.name_any();
+    match pods.evict(&name, &EvictParams::default()).await {
+        Ok(_) => {
+            let ns = mc.namespace().unwrap_or_default();
+            ctx.replacing.evicted(&ns, &mc.name_any(), &name);
+            ctx.events.applied(mc, pod, &Change::Evicted);
+            Ok(())
+        }
+        // The disruption budget allows none now: a member is out for another cause.
+        Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => Ok(()),
+        Err(source) => Err(apply_error(&name, source)),
+    }
+}
+
+/// Resizes a member's containers in place; false if the API server refuses the resize (it
+/// would change the pod's QoS class, say): only a new pod takes that.
+async fn resize_pod(pods: &Api<Pod>, pod: &Pod, resize: Value) -> Result<bool> {
+    let name = pod.name_any();
+    let params = PatchParams::default();
+    match pods
+        .patch_subresource("resize", &name, &params, &Patch::Strategic(resize))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 422 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
+        Err(source) => Err(apply_error(&name, source)),
+    }
+}
+
 async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Pod>> {
     let name = pod.name_any();
     match pods

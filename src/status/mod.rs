@@ -56,7 +56,8 @@ pub struct Observed<'a> {
 /// How the members are being updated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpdateKind {
-    /// Only images change: each member restarts in its pod and keeps its cache.
+    /// Images, a larger memory, requests or limits change: each member is updated in its pod
+    /// and keeps its cache.
     InPlace,
     /// The pod spec changes beyond images: each member is replaced and starts empty.
     Replace,
@@ -152,7 +153,7 @@ pub fn desired_status_and_trouble(
                 let (reason, how) = match kind {
                     UpdateKind::InPlace => (
                         Reason::RestartingInPlace,
-                        "restarted in place for new images, each keeping its cache",
+                        "updated in place (new images, a larger memory, new requests or limits), each keeping its cache",
                     ),
                     UpdateKind::Replace => (
                         Reason::ReplacingMembers,
@@ -532,7 +533,7 @@ mod tests {
             during(UpdateKind::InPlace),
             (
                 "RestartingInPlace".to_string(),
-                "1/3 members updated; restarted in place for new images, each keeping its cache, at most 1 at a time".to_string(),
+                "1/3 members updated; updated in place (new images, a larger memory, new requests or limits), each keeping its cache, at most 1 at a time".to_string(),
                 "Updating".to_string()
             )
         );

@@ -13,7 +13,8 @@ pub enum Reason {
     Reconciling,
     /// Members are being updated; no more are out than the update may take.
     Updating,
-    /// Members restart in place for new images, keeping their caches (controller/members.rs).
+    /// Members are updated in place (new images, a larger memory, new requests or limits),
+    /// keeping their caches (controller/members.rs).
     RestartingInPlace,
     /// Members are replaced one at a time for a pod spec they cannot take in place.
     ReplacingMembers,

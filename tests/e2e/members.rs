@@ -1,7 +1,8 @@
 //! Updating a Memcached's members on the fake nodes (kwok restarts a container whose image is
 //! patched, as a kubelet does: hack/templates/kwok-in-place-restart.yaml): a new image in place,
-//! member by member from the highest ordinal, the pods and their names kept; a change beyond
-//! images by replacing members one at a time; and what the status says of each.
+//! member by member from the highest ordinal, the pods and their names kept; new requests and
+//! limits by resizing members in place; a change beyond those by replacing members one at a
+//! time; and what the status says of each.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use memcached_operator::api::Memcached;
 
 use super::harness::{
     CONVERGE, Operator, OperatorOptions, admin, condition, create, events_for, memcached,
-    namespace, wait_converged,
+    namespace, wait_converged, wait_for,
 };
 
 /// The pods of Memcached `cache`.
@@ -299,4 +300,66 @@ async fn an_upgrade_of_the_agent_and_memcached_restarts_each_members_agent_befor
         3,
         "one Restarted event per member, its two patches one update: {restarted:?}"
     );
+}
+
+/// name → memcached's resources in its pod spec, of the pods of `cache`.
+async fn resources_of(pods: &Api<Pod>) -> BTreeMap<String, serde_json::Value> {
+    cache_pods(pods)
+        .await
+        .into_iter()
+        .map(|p| {
+            let memcached = &p.spec.as_ref().unwrap().containers[0];
+            (p.name_any(), serde_json::json!(memcached.resources))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn new_requests_and_limits_resize_each_member_in_place_and_restart_nothing() {
+    let client = admin().await;
+    let ns = namespace(&client, "resize").await;
+    let _operator = Operator::start(&client, OperatorOptions::watching(&ns)).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut mc = memcached("cache", 3);
+    mc.spec.resources = serde_json::from_value(serde_json::json!({
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"memory": "128Mi"},
+    }))
+    .unwrap();
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let before = members(&pods).await;
+
+    let resources = serde_json::json!({
+        "requests": {"cpu": "100m", "memory": "96Mi"},
+        "limits": {"memory": "192Mi"},
+    });
+    let patch = serde_json::json!({"spec": {"resources": resources}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        "every member resized and the update done",
+        CONVERGE,
+        || async {
+            let all = resources_of(&pods).await;
+            let resized = all.len() == 3 && all.values().all(|r| *r == resources);
+            let mc = mcs.get("cache").await.ok()?;
+            let converged = condition(&mc, "Progressing").is_some_and(|(_, r)| r == "Converged");
+            (resized && converged).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        members(&pods).await,
+        before,
+        "the same pods, nothing restarted"
+    );
+    let resized = events_for(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Resized"))
+        .count();
+    assert_eq!(resized, 3, "an event per member resized");
 }

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -229,7 +230,10 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     let node = RealNode::get();
     let ns = real_namespace(&client, "warm").await;
     let _op = operator_for(&client, &node, &ns).await;
-    create(&client, &ns, &memcached("cache", 3)).await;
+    // A user's memory limit, which a larger memory raises in place below.
+    let mut cache = memcached("cache", 3);
+    cache.spec.resources = serde_json::from_value(json!({"limits": {"memory": "160Mi"}})).unwrap();
+    create(&client, &ns, &cache).await;
     wait_converged(&client, &ns, "cache", 3).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let cache_0 = pods.get("cache-0").await.unwrap().uid().unwrap();
@@ -323,7 +327,8 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
         );
     }
 
-    // A larger cache: the agent restarts memcached with its items and the new -m.
+    // A larger cache and its limit: the kubelet resizes memcached's container, and the agent
+    // restarts memcached with its items and the new -m.
     let prober = Prober::start(
         before
             .iter()
@@ -331,7 +336,12 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
             .collect(),
     );
     let started = Instant::now();
-    change_spec(&client, &ns, json!({"maxMemoryMiB": 128})).await;
+    change_spec(
+        &client,
+        &ns,
+        json!({"maxMemoryMiB": 128, "resources": {"limits": {"memory": "256Mi"}}}),
+    )
+    .await;
     wait_for("every member restarted with 128 MiB", CONVERGE, || async {
         for (_, addr, _) in before.values() {
             let mut conn = memcached_operator_testkit::memcached::Connection::connect(*addr)
@@ -343,12 +353,25 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
         Some(())
     })
     .await;
+    wait_for(
+        "every member's memcached running with a 256Mi limit",
+        CONVERGE,
+        || async {
+            let all = crate::pods_of(&client, &ns, "cache").await;
+            let resized = all.iter().filter(|p| {
+                let actual = memcached_status(p).and_then(|c| c.resources.as_ref()?.limits.clone());
+                actual.and_then(|l| l.get("memory").cloned()) == Some(Quantity("256Mi".into()))
+            });
+            (resized.count() == 3).then_some(())
+        },
+    )
+    .await;
     wait_converged(&client, &ns, "cache", 3).await;
     let took = started.elapsed();
     let probed = prober.stop().await;
     let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
     println!(
-        "maxMemoryMiB 64 -> 128 in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
+        "maxMemoryMiB 64 -> 128 and its limit 160Mi -> 256Mi in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
         took.as_secs_f64(),
         probed.fewest,
         probed.windows()
@@ -362,7 +385,8 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
         let pod = pods.get(name).await.unwrap();
         assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
         let memcached = memcached_status(&pod).unwrap();
-        // memcached cannot grow a memory file at run time: one restart, in the same pod.
+        // memcached cannot grow a memory file at run time: one restart, in the same pod; the
+        // resize restarted nothing.
         assert_eq!(
             memcached.restart_count,
             restarts + 2,

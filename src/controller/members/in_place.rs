@@ -1,5 +1,5 @@
-//! An update in place: the patch of a member's images, what it records on the pod, and when
-//! memcached may go.
+//! An update in place: the resize of a member's containers, the patch of its images, what it
+//! records on the pod, and when memcached may go.
 //!
 //! memcached's `preStop` asks the agent beside it to save, and the kubelet stops the containers
 //! of one patch one after another in no set order: a patch of both could stop the agent first,
@@ -34,13 +34,19 @@ impl InPlace {
     pub(super) fn of(pod: &Pod) -> Option<InPlace> {
         serde_json::from_str(pod.annotations().get(IN_PLACE_ANNOTATION)?).ok()
     }
+
+    /// The record a patch of `next_move` writes.
+    pub(super) fn of_patch(patch: &Value) -> Option<InPlace> {
+        serde_json::from_str(patch["metadata"]["annotations"][IN_PLACE_ANNOTATION].as_str()?).ok()
+    }
 }
 
 /// How a member takes the update now.
 #[derive(Debug, PartialEq)]
 pub(super) enum Move {
-    /// In place, by this patch of its images.
-    Patch(Value),
+    /// In place: its containers' requests and limits by this `resize` (if they change), then
+    /// this patch of its images.
+    Patch { resize: Option<Value>, patch: Value },
     /// In place, once its agent is back from a restart (a spec change that came meanwhile):
     /// memcached's save needs it.
     AwaitAgent,
@@ -56,14 +62,17 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
         {
             Move::AwaitAgent
         }
-        Some((_, patch)) => Move::Patch(patch),
+        Some((_, patch)) => Move::Patch {
+            resize: resize_patch(old, new),
+            patch,
+        },
         None => Move::Evict,
     }
 }
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
-/// a larger memory (which the pod takes from its annotation) and the pod's labels and
-/// annotations differ between them; it records the `revision` it moves to and the restart counts
+/// a larger memory (which the pod takes from its annotation), containers' requests and limits (a
+/// resize, `resize_patch`) and the pod's labels and annotations differ between them; it records the `revision` it moves to and the restart counts
 /// of the containers it restarts. What the pod already has is left out; memcached's image waits
 /// for a patch of its own while the agent's changes, and a larger memory for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
@@ -74,7 +83,7 @@ pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str)
 fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
     let (old_spec, old_memory) = without_memory(old);
     let (new_spec, new_memory) = without_memory(new);
-    if without_images(&old_spec) != without_images(&new_spec) {
+    if beyond_in_place(&old_spec) != beyond_in_place(&new_spec) {
         return None;
     }
     // The memory the agent has memcached restart with: a larger one than the pod's own (which
@@ -162,17 +171,60 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
     Some((record, patch))
 }
 
-/// A pod spec with its containers' images left out.
-fn without_images(spec: &Value) -> Value {
+/// A pod spec without what a running pod can take: its containers' images, and the requests
+/// and limits of its (not init) containers, which the `resize` subresource changes.
+fn beyond_in_place(spec: &Value) -> Value {
     let mut spec = spec.clone();
     for list in ["containers", "initContainers"] {
         for container in spec[list].as_array_mut().into_iter().flatten() {
             if let Some(c) = container.as_object_mut() {
                 c.remove("image");
+                if list == "containers"
+                    && let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut)
+                {
+                    resources.remove("requests");
+                    resources.remove("limits");
+                    if resources.is_empty() {
+                        c.remove("resources");
+                    }
+                }
             }
         }
     }
     spec
+}
+
+/// The patch of a member's `resize` subresource from the `old` template's containers' requests
+/// and limits to the `new` one's, if they differ. The kubelet applies it to the running
+/// containers (memory and CPU resize without a restart unless a `resizePolicy` says otherwise);
+/// the API server refuses one that would change the pod's QoS class.
+pub(super) fn resize_patch(old: &Value, new: &Value) -> Option<Value> {
+    let before = |name: &Value| {
+        old["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == *name)
+    };
+    let containers: Vec<Value> = new["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|after| {
+            let before = before(&after["name"])?;
+            let resources: serde_json::Map<String, Value> = ["requests", "limits"]
+                .into_iter()
+                .map(|part| {
+                    let changed =
+                        changed_map(&before["resources"][part], &after["resources"][part]);
+                    (part.to_string(), Value::Object(changed))
+                })
+                .filter(|(_, changed)| changed.as_object().is_some_and(|c| !c.is_empty()))
+                .collect();
+            (!resources.is_empty()).then(|| json!({"name": after["name"], "resources": resources}))
+        })
+        .collect();
+    (!containers.is_empty()).then(|| json!({"spec": {"containers": containers}}))
 }
 
 /// The merge patch of a string map from `old` to `new`: changed and added keys, removed as null.

@@ -370,7 +370,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
         "restarted, not running yet"
     );
     statuses(&mut pod)[1] = agent_status(1, true);
-    let Move::Patch(patch) = next_move(&pod, &old, &newer, "newer") else {
+    let Move::Patch { patch, .. } = next_move(&pod, &old, &newer, "newer") else {
         panic!("the agent is back: memcached goes");
     };
     assert_eq!(
@@ -383,7 +383,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     statuses(&mut pod)[1] = agent_status(4, false);
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch(_)
+        Move::Patch { .. }
     ));
 }
 
@@ -462,7 +462,7 @@ fn a_larger_memory_is_a_restart_by_the_agent_in_the_same_pod() {
     let old = built(64, "memcached:1");
     let new = built(128, "memcached:1");
     let pod = running(&old);
-    let Move::Patch(patch) = next_move(&pod, &old, &new, "new") else {
+    let Move::Patch { patch, .. } = next_move(&pod, &old, &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(
@@ -531,7 +531,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     let old = built(64, "memcached:1");
     let larger = built(128, "memcached:1");
     let mut pod = running(&old);
-    let Move::Patch(grow) = next_move(&pod, &old, &larger, "larger") else {
+    let Move::Patch { patch: grow, .. } = next_move(&pod, &old, &larger, "larger") else {
         panic!("kept in place");
     };
     assert!(record(&grow).grows);
@@ -555,7 +555,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     statuses(&mut pod)[0].restart_count = 3;
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch(_)
+        Move::Patch { .. }
     ));
 }
 
@@ -571,4 +571,74 @@ fn a_member_raised_past_its_revision_is_replaced_for_a_smaller_memory() {
     );
     let new = built(64, "memcached:2");
     assert_eq!(next_move(&pod, &old, &new, "new"), Move::Evict);
+}
+
+/// `built`, memcached limited to `limit` of memory.
+fn built_with_limit(memory: i32, limit: &str) -> Value {
+    let mut template = built(memory, "memcached:1");
+    template["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": limit}});
+    template
+}
+
+#[test]
+fn a_larger_memory_and_its_limit_resize_the_member_then_the_agent_restarts_memcached() {
+    let old = built_with_limit(64, "96Mi");
+    let new = built_with_limit(128, "192Mi");
+    let pod = running(&old);
+    let Move::Patch { resize, patch } = next_move(&pod, &old, &new, "new") else {
+        panic!("kept in place");
+    };
+    assert_eq!(
+        resize,
+        Some(json!({"spec": {"containers": [
+            {"name": "memcached", "resources": {"limits": {"memory": "192Mi"}}},
+        ]}})),
+        "the limit through the resize subresource"
+    );
+    assert_eq!(
+        patch["metadata"]["annotations"][resources::warm_restart::MEMORY_ANNOTATION],
+        json!("128"),
+        "then the larger memory, by the agent"
+    );
+}
+
+#[test]
+fn new_requests_alone_resize_the_member_and_restart_nothing() {
+    let mut old = built(64, "memcached:1");
+    old["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "100m", "memory": "80Mi"}});
+    let mut new = old.clone();
+    new["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "250m"}});
+    let pod = running(&old);
+    let Move::Patch { resize, patch } = next_move(&pod, &old, &new, "new") else {
+        panic!("kept in place");
+    };
+    assert_eq!(
+        resize,
+        Some(json!({"spec": {"containers": [
+            {"name": "memcached", "resources": {"requests": {"cpu": "250m", "memory": null}}},
+        ]}})),
+        "a request removed is removed"
+    );
+    assert_eq!(patch["spec"], json!({}), "no image changes");
+    assert!(record(&patch).restarts.is_empty(), "nothing restarts");
+}
+
+#[test]
+fn an_update_without_new_resources_sends_no_resize() {
+    let old = built_with_limit(64, "96Mi");
+    let mut new = old.clone();
+    new["spec"]["containers"][0]["image"] = json!("memcached:2");
+    let Move::Patch { resize, .. } = next_move(&running(&old), &old, &new, "new") else {
+        panic!("kept in place");
+    };
+    assert_eq!(resize, None);
+}
+
+#[test]
+fn a_change_beside_requests_and_limits_still_replaces_the_member() {
+    let old = built_with_limit(64, "96Mi");
+    let mut new = built_with_limit(64, "192Mi");
+    new["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+    assert_eq!(next_move(&running(&old), &old, &new, "new"), Move::Evict);
 }
