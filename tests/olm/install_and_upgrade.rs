@@ -1753,11 +1753,14 @@ async fn install_and_upgrade_through_olm() {
             .can(&["create", "pods", "--subresource=eviction", "-n", NS])
             .await
         && env
+            .can(&["patch", "pods", "--subresource=resize", "-n", NS])
+            .await
+        && env
             .can(&["get", "controllerrevisions.apps", "-n", NS])
             .await;
     checks.check(
         format!(
-            "{sa} can patch and evict pods and read ControllerRevisions in {NS} (it updates the members)"
+            "{sa} can patch, resize and evict pods and read ControllerRevisions in {NS} (it updates the members)"
         ),
         ok,
     );
@@ -1770,8 +1773,14 @@ async fn install_and_upgrade_through_olm() {
     let ok = env.cannot(&["patch", "pods", "-n", NS_OTHER]).await
         && env
             .cannot(&["create", "pods", "--subresource=eviction", "-n", NS_OTHER])
+            .await
+        && env
+            .cannot(&["patch", "pods", "--subresource=resize", "-n", NS_OTHER])
             .await;
-    checks.check(format!("{sa} cannot patch or evict pods in {NS_OTHER}"), ok);
+    checks.check(
+        format!("{sa} cannot patch, resize or evict pods in {NS_OTHER}"),
+        ok,
+    );
     let ok = env.can(&patch_scale(NS)).await
         && env
             .can(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
