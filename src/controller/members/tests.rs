@@ -580,6 +580,11 @@ fn built_with_limit(memory: i32, limit: &str) -> Value {
     template
 }
 
+/// The resize of memcached's container to `resources`.
+fn memcached_resized(resources: Value) -> Option<Value> {
+    Some(json!({"spec": {"containers": [{"name": "memcached", "resources": resources}]}}))
+}
+
 #[test]
 fn a_larger_memory_and_its_limit_resize_the_member_then_the_agent_restarts_memcached() {
     let old = built_with_limit(64, "96Mi");
@@ -590,9 +595,7 @@ fn a_larger_memory_and_its_limit_resize_the_member_then_the_agent_restarts_memca
     };
     assert_eq!(
         resize,
-        Some(json!({"spec": {"containers": [
-            {"name": "memcached", "resources": {"limits": {"memory": "192Mi"}}},
-        ]}})),
+        memcached_resized(json!({"limits": {"memory": "192Mi"}})),
         "the limit through the resize subresource"
     );
     assert_eq!(
@@ -615,9 +618,7 @@ fn new_requests_alone_resize_the_member_and_restart_nothing() {
     };
     assert_eq!(
         resize,
-        Some(json!({"spec": {"containers": [
-            {"name": "memcached", "resources": {"requests": {"cpu": "250m", "memory": null}}},
-        ]}})),
+        memcached_resized(json!({"requests": {"cpu": "250m", "memory": null}})),
         "a request removed is removed"
     );
     assert_eq!(patch["spec"], json!({}), "no image changes");
