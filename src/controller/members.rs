@@ -2,6 +2,7 @@
 //! member whose new template differs only in images is updated in place: its images are patched,
 //! the kubelet restarts the changed containers in the same pod (same name, address and
 //! memory-backed `emptyDir`), and memcached, saved by its `preStop`, comes back with its items.
+//! A larger memory is a restart by the agent, new CPU and memory a resize first (resize.rs).
 //! Any other change replaces the member through the Eviction API (its disruption budget holds),
 //! and the StatefulSet creates it anew under its name, empty.
 //!
@@ -33,6 +34,7 @@ use operator_runtime::lock;
 
 mod in_place;
 mod memory;
+mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 
 /// The StatefulSet controller's label naming the revision a pod was made from.
@@ -178,28 +180,25 @@ pub async fn update(
     };
     let (old, new) = templates(&revisions, pod, update_revision).await?;
     let kind = match next_move(pod, &old, &new, update_revision) {
-        Move::AwaitAgent => Kind::InPlace,
-        Move::Patch { resize, patch } => {
-            if let Some(resize) = resize
-                && !resize_pod(&pods, pod, resize).await?
-            {
+        Move::AwaitAgent | Move::AwaitResize => Kind::InPlace,
+        Move::Resize(resize) => {
+            if resize_pod(&pods, pod, resize).await? {
+                ctx.events.applied(mc, pod, &Change::Resized);
+                Kind::InPlace
+            } else {
                 evict(ctx, mc, &pods, pod).await?;
-                return Ok(Some(Updating {
-                    kind: Kind::Replace,
-                    recheck: RECHECK,
-                }));
+                Kind::Replace
             }
+        }
+        Move::Patch(patch) => {
             // A member's second patch (memcached after its agent) is the same update: one event.
             let first = InPlace::of(pod).is_none_or(|i| i.revision != update_revision);
             let restarts = InPlace::of_patch(&patch).is_some_and(|i| !i.restarts.is_empty());
             if let Some(patched) = patch_pod(&pods, pod, patch).await?
                 && first
+                && restarts
             {
-                let change = match restarts {
-                    true => Change::Restarted,
-                    false => Change::Resized,
-                };
-                ctx.events.applied(mc, &patched, &change);
+                ctx.events.applied(mc, &patched, &Change::Restarted);
             }
             Kind::InPlace
         }
@@ -296,9 +295,12 @@ impl View<'_> {
     }
 
     /// How long until the pod counts as available (zero: it does); None while it is not Ready,
-    /// is going away or has not yet restarted for an update in place.
+    /// is going away, has not yet restarted for an update in place or waits for a resize.
     fn available_in(&self, pod: &Pod) -> Option<SignedDuration> {
-        if pod.metadata.deletion_timestamp.is_some() || restart_pending(pod) {
+        if pod.metadata.deletion_timestamp.is_some()
+            || restart_pending(pod)
+            || resize::actuation(pod) == resize::Actuation::Pending
+        {
             return None;
         }
         let ready = pod
@@ -360,7 +362,6 @@ async fn templates(
     )
 }
 
-/// Patches `pod`; None if it is gone meanwhile.
 /// Evicts a member for a pod spec it cannot take in place.
 async fn evict(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, pod: &Pod) -> Result<()> {
     let name = pod.name_any();
@@ -387,12 +388,16 @@ async fn resize_pod(pods: &Api<Pod>, pod: &Pod, resize: Value) -> Result<bool> {
         .await
     {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 422 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            tracing::info!(pod = %name, reason = %e.message, "resize refused: the member is replaced");
+            Ok(false)
+        }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
         Err(source) => Err(apply_error(&name, source)),
     }
 }
 
+/// Patches `pod`; None if it is gone meanwhile.
 async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Pod>> {
     let name = pod.name_any();
     match pods

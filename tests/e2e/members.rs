@@ -302,14 +302,25 @@ async fn an_upgrade_of_the_agent_and_memcached_restarts_each_members_agent_befor
     );
 }
 
-/// name → memcached's resources in its pod spec, of the pods of `cache`.
-async fn resources_of(pods: &Api<Pod>) -> BTreeMap<String, serde_json::Value> {
+/// name → memcached's resources in its pod spec and as its status reports them (kwok plays a
+/// kubelet that resizes), of the pods of `cache`.
+async fn resources_of(pods: &Api<Pod>) -> BTreeMap<String, [serde_json::Value; 2]> {
     cache_pods(pods)
         .await
         .into_iter()
         .map(|p| {
             let memcached = &p.spec.as_ref().unwrap().containers[0];
-            (p.name_any(), serde_json::json!(memcached.resources))
+            let reported = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
+                .and_then(|c| c.resources.clone());
+            let both = [
+                serde_json::json!(memcached.resources),
+                serde_json::json!(reported),
+            ];
+            (p.name_any(), both)
         })
         .collect()
 }
@@ -344,7 +355,7 @@ async fn new_requests_and_limits_resize_each_member_in_place_and_restart_nothing
         CONVERGE,
         || async {
             let all = resources_of(&pods).await;
-            let resized = all.len() == 3 && all.values().all(|r| *r == resources);
+            let resized = all.len() == 3 && all.values().all(|r| r.iter().all(|r| *r == resources));
             let mc = mcs.get("cache").await.ok()?;
             let converged = condition(&mc, "Progressing").is_some_and(|(_, r)| r == "Converged");
             (resized && converged).then_some(())

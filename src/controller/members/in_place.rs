@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::IN_PLACE_ANNOTATION;
 use super::memory::{annotated, without_memory};
+use super::resize::{Actuation, RESIZABLE, actuation, resize_patch};
 use crate::resources::{self, warm_restart};
 
 /// What a member patched in place records (`IN_PLACE_ANNOTATION`).
@@ -44,36 +45,46 @@ impl InPlace {
 /// How a member takes the update now.
 #[derive(Debug, PartialEq)]
 pub(super) enum Move {
-    /// In place: its containers' requests and limits by this `resize` (if they change), then
-    /// this patch of its images.
-    Patch { resize: Option<Value>, patch: Value },
+    /// In place, by this patch of its images.
+    Patch(Value),
+    /// In place: first its containers' CPU and memory, by this patch of its `resize`
+    /// subresource.
+    Resize(Value),
+    /// In place, once the kubelet has applied its resize.
+    AwaitResize,
     /// In place, once its agent is back from a restart (a spec change that came meanwhile):
     /// memcached's save needs it.
     AwaitAgent,
-    /// By a new pod: more than images changed.
+    /// By a new pod: more than a running pod can take changed.
     Evict,
 }
 
 /// How `pod` moves from the `old` template to the `new` one (of `revision`) now.
 pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Move {
-    match in_place(pod, old, new, revision) {
-        Some((record, _))
+    let Some((record, patch)) = in_place(pod, old, new, revision) else {
+        return Move::Evict;
+    };
+    // The resize first, applied before anything restarts: a larger memory's limit is raised
+    // before memcached restarts larger.
+    if let Some(resize) = resize_patch(pod, new) {
+        return Move::Resize(resize);
+    }
+    match actuation(pod) {
+        Actuation::Infeasible => Move::Evict,
+        Actuation::Pending => Move::AwaitResize,
+        Actuation::Applied
             if restarts_memcached(&record) && (!agent_can_save(pod) || growing(pod)) =>
         {
             Move::AwaitAgent
         }
-        Some((_, patch)) => Move::Patch {
-            resize: resize_patch(old, new),
-            patch,
-        },
-        None => Move::Evict,
+        Actuation::Applied => Move::Patch(patch),
     }
 }
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
-/// a larger memory (which the pod takes from its annotation), containers' requests and limits (a
-/// resize, `resize_patch`) and the pod's labels and annotations differ between them; it records the `revision` it moves to and the restart counts
-/// of the containers it restarts. What the pod already has is left out; memcached's image waits
+/// a larger memory (which the pod takes from its annotation), containers' CPU and memory (a
+/// resize before it, resize.rs) and the pod's labels and annotations differ between them; it
+/// records the `revision` it moves to and the restart counts of the containers it restarts. What the pod already has is left out; memcached's image waits
 /// for a patch of its own while the agent's changes, and a larger memory for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
     in_place(pod, old, new, revision).map(|(_, patch)| patch)
@@ -171,60 +182,27 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
     Some((record, patch))
 }
 
-/// A pod spec without what a running pod can take: its containers' images, and the requests
-/// and limits of its (not init) containers, which the `resize` subresource changes.
+/// A pod spec without what a running pod can take: its containers' images, and the CPU and
+/// memory of its (not init) containers, which the `resize` subresource changes.
 fn beyond_in_place(spec: &Value) -> Value {
     let mut spec = spec.clone();
     for list in ["containers", "initContainers"] {
         for container in spec[list].as_array_mut().into_iter().flatten() {
             if let Some(c) = container.as_object_mut() {
                 c.remove("image");
-                if list == "containers"
-                    && let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut)
-                {
-                    resources.remove("requests");
-                    resources.remove("limits");
-                    if resources.is_empty() {
-                        c.remove("resources");
+            }
+            if list == "containers" {
+                for part in ["requests", "limits"] {
+                    if let Some(map) = container["resources"][part].as_object_mut() {
+                        for name in RESIZABLE {
+                            map.remove(name);
+                        }
                     }
                 }
             }
         }
     }
     spec
-}
-
-/// The patch of a member's `resize` subresource from the `old` template's containers' requests
-/// and limits to the `new` one's, if they differ. The kubelet applies it to the running
-/// containers (memory and CPU resize without a restart unless a `resizePolicy` says otherwise);
-/// the API server refuses one that would change the pod's QoS class.
-pub(super) fn resize_patch(old: &Value, new: &Value) -> Option<Value> {
-    let before = |name: &Value| {
-        old["spec"]["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["name"] == *name)
-    };
-    let containers: Vec<Value> = new["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|after| {
-            let before = before(&after["name"])?;
-            let resources: serde_json::Map<String, Value> = ["requests", "limits"]
-                .into_iter()
-                .map(|part| {
-                    let changed =
-                        changed_map(&before["resources"][part], &after["resources"][part]);
-                    (part.to_string(), Value::Object(changed))
-                })
-                .filter(|(_, changed)| changed.as_object().is_some_and(|c| !c.is_empty()))
-                .collect();
-            (!resources.is_empty()).then(|| json!({"name": after["name"], "resources": resources}))
-        })
-        .collect();
-    (!containers.is_empty()).then(|| json!({"spec": {"containers": containers}}))
 }
 
 /// The merge patch of a string map from `old` to `new`: changed and added keys, removed as null.

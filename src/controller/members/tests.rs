@@ -370,7 +370,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
         "restarted, not running yet"
     );
     statuses(&mut pod)[1] = agent_status(1, true);
-    let Move::Patch { patch, .. } = next_move(&pod, &old, &newer, "newer") else {
+    let Move::Patch(patch) = next_move(&pod, &old, &newer, "newer") else {
         panic!("the agent is back: memcached goes");
     };
     assert_eq!(
@@ -383,7 +383,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     statuses(&mut pod)[1] = agent_status(4, false);
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch { .. }
+        Move::Patch(_)
     ));
 }
 
@@ -462,7 +462,7 @@ fn a_larger_memory_is_a_restart_by_the_agent_in_the_same_pod() {
     let old = built(64, "memcached:1");
     let new = built(128, "memcached:1");
     let pod = running(&old);
-    let Move::Patch { patch, .. } = next_move(&pod, &old, &new, "new") else {
+    let Move::Patch(patch) = next_move(&pod, &old, &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(
@@ -531,7 +531,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     let old = built(64, "memcached:1");
     let larger = built(128, "memcached:1");
     let mut pod = running(&old);
-    let Move::Patch { patch: grow, .. } = next_move(&pod, &old, &larger, "larger") else {
+    let Move::Patch(grow) = next_move(&pod, &old, &larger, "larger") else {
         panic!("kept in place");
     };
     assert!(record(&grow).grows);
@@ -555,7 +555,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     statuses(&mut pod)[0].restart_count = 3;
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch { .. }
+        Move::Patch(_)
     ));
 }
 
@@ -581,65 +581,114 @@ fn built_with_limit(memory: i32, limit: &str) -> Value {
 }
 
 /// The resize of memcached's container to `resources`.
-fn memcached_resized(resources: Value) -> Option<Value> {
-    Some(json!({"spec": {"containers": [{"name": "memcached", "resources": resources}]}}))
+fn memcached_resized(resources: Value) -> Value {
+    json!({"spec": {"containers": [{"name": "memcached", "resources": resources}]}})
+}
+
+/// `pod` once the API server has taken a resize to `template`'s resources, its memcached
+/// reporting `reported`.
+fn resized(mut pod: Pod, template: &Value, reported: Value) -> Pod {
+    let spec: Pod = serde_json::from_value(json!({"spec": template["spec"]})).unwrap();
+    let memcached = &mut pod.spec.as_mut().unwrap().containers[0];
+    memcached.resources = spec.spec.unwrap().containers[0].resources.clone();
+    statuses(&mut pod)[0].resources = Some(serde_json::from_value(reported).unwrap());
+    pod
 }
 
 #[test]
-fn a_larger_memory_and_its_limit_resize_the_member_then_the_agent_restarts_memcached() {
+fn a_larger_memory_and_its_limit_resize_the_member_before_the_agent_restarts_memcached() {
     let old = built_with_limit(64, "96Mi");
     let new = built_with_limit(128, "192Mi");
     let pod = running(&old);
-    let Move::Patch { resize, patch } = next_move(&pod, &old, &new, "new") else {
-        panic!("kept in place");
+    assert_eq!(
+        next_move(&pod, &old, &new, "new"),
+        Move::Resize(memcached_resized(json!({"limits": {"memory": "192Mi"}}))),
+        "the limit first"
+    );
+    // Taken by the API server, not applied by the kubelet yet: memcached waits.
+    let pending = resized(pod, &new, json!({"limits": {"memory": "96Mi"}}));
+    assert_eq!(next_move(&pending, &old, &new, "new"), Move::AwaitResize);
+    assert!(
+        view(1).available_in(&pending).is_none(),
+        "out while it waits"
+    );
+    let applied = resized(pending, &new, json!({"limits": {"memory": "192Mi"}}));
+    let Move::Patch(patch) = next_move(&applied, &old, &new, "new") else {
+        panic!("then the larger memory, in place");
     };
     assert_eq!(
-        resize,
-        memcached_resized(json!({"limits": {"memory": "192Mi"}})),
-        "the limit through the resize subresource"
-    );
-    assert_eq!(
         patch["metadata"]["annotations"][resources::warm_restart::MEMORY_ANNOTATION],
-        json!("128"),
-        "then the larger memory, by the agent"
+        json!("128")
     );
 }
 
 #[test]
-fn new_requests_alone_resize_the_member_and_restart_nothing() {
+fn new_cpu_alone_resizes_the_member_and_restarts_nothing() {
     let mut old = built(64, "memcached:1");
     old["spec"]["containers"][0]["resources"] =
         json!({"requests": {"cpu": "100m", "memory": "80Mi"}});
     let mut new = old.clone();
     new["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "250m"}});
     let pod = running(&old);
-    let Move::Patch { resize, patch } = next_move(&pod, &old, &new, "new") else {
+    assert_eq!(
+        next_move(&pod, &old, &new, "new"),
+        Move::Resize(memcached_resized(json!({"requests": {"cpu": "250m"}}))),
+        "a request no longer named stays as it is"
+    );
+    let mut applied = pod;
+    applied.spec.as_mut().unwrap().containers[0].resources =
+        serde_json::from_value(json!({"requests": {"cpu": "250m", "memory": "80Mi"}})).unwrap();
+    let Move::Patch(patch) = next_move(&applied, &old, &new, "new") else {
         panic!("kept in place");
     };
-    assert_eq!(
-        resize,
-        memcached_resized(json!({"requests": {"cpu": "250m", "memory": null}})),
-        "a request removed is removed"
-    );
     assert_eq!(patch["spec"], json!({}), "no image changes");
     assert!(record(&patch).restarts.is_empty(), "nothing restarts");
 }
 
 #[test]
-fn an_update_without_new_resources_sends_no_resize() {
-    let old = built_with_limit(64, "96Mi");
+fn the_resize_is_judged_by_the_pods_own_resources() {
+    // Resized to 500m by an update that a change back to 100m (with a new image) overtook: its
+    // revision's template and the new one agree on 100m, the pod does not.
+    let mut old = built(64, "memcached:1");
+    old["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    let mut pod = running(&old);
+    pod.spec.as_mut().unwrap().containers[0].resources =
+        serde_json::from_value(json!({"requests": {"cpu": "500m"}})).unwrap();
     let mut new = old.clone();
     new["spec"]["containers"][0]["image"] = json!("memcached:2");
-    let Move::Patch { resize, .. } = next_move(&running(&old), &old, &new, "new") else {
-        panic!("kept in place");
-    };
-    assert_eq!(resize, None);
+    assert_eq!(
+        next_move(&pod, &old, &new, "new"),
+        Move::Resize(memcached_resized(json!({"requests": {"cpu": "100m"}})))
+    );
+    // Without new resources, none is sent.
+    let pod = running(&old);
+    assert!(matches!(next_move(&pod, &old, &new, "new"), Move::Patch(_)));
 }
 
 #[test]
-fn a_change_beside_requests_and_limits_still_replaces_the_member() {
+fn a_resize_the_node_cannot_take_replaces_the_member() {
+    let old = built_with_limit(64, "96Mi");
+    let new = built_with_limit(64, "192Mi");
+    let mut pod = resized(running(&old), &new, json!({"limits": {"memory": "96Mi"}}));
+    pod.status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()
+        .push(PodCondition {
+            type_: "PodResizePending".into(),
+            status: "True".into(),
+            reason: Some("Infeasible".into()),
+            ..PodCondition::default()
+        });
+    assert_eq!(next_move(&pod, &old, &new, "new"), Move::Evict);
+}
+
+#[test]
+fn a_change_beside_cpu_and_memory_still_replaces_the_member() {
     let old = built_with_limit(64, "96Mi");
     let mut new = built_with_limit(64, "192Mi");
-    new["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+    new["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = json!("1Gi");
     assert_eq!(next_move(&running(&old), &old, &new, "new"), Move::Evict);
 }
