@@ -28,7 +28,6 @@ pub async fn run(
     if let Some(compare) = &args.restart_compare_bin {
         binaries.push(("compare", compare.as_path()));
     }
-    let mut first = None;
     let mut rounds: Vec<(&str, Value)> = Vec::new();
     for round in 0..args.restarts.max(1) {
         for &(label, bin) in &binaries {
@@ -36,11 +35,10 @@ pub async fn run(
             let identity = format!("bench-restart-{label}-{round}");
             let (next, figures) = once(args, cluster, bin, &identity).await?;
             op = next;
-            first.get_or_insert_with(|| figures.clone());
             rounds.push((label, figures));
         }
     }
-    let restart = first.unwrap_or(Value::Null);
+    let restart = rounds.first().map_or(Value::Null, |(_, v)| v.clone());
     if rounds.len() == 1 {
         return Ok((op, restart, None));
     }

@@ -190,13 +190,12 @@ pub async fn update(
                 Kind::Replace
             }
         }
-        Move::Patch(patch) => {
+        Move::Patch(patch, record) => {
             // A member's second patch (memcached after its agent) is the same update: one event.
             let first = InPlace::of(pod).is_none_or(|i| i.revision != update_revision);
-            let restarts = InPlace::of_patch(&patch).is_some_and(|i| !i.restarts.is_empty());
             if let Some(patched) = patch_pod(&pods, pod, patch).await?
                 && first
-                && restarts
+                && !record.restarts.is_empty()
             {
                 ctx.events.applied(mc, &patched, &Change::Restarted);
             }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -25,6 +25,16 @@ async fn cache_pods(pods: &Api<Pod>) -> Vec<Pod> {
         .unwrap_or_default()
 }
 
+/// The status of `pod`'s container `name`.
+fn status_of<'p>(pod: &'p Pod, name: &str) -> Option<&'p ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)
+}
+
 /// name → (uid, memcached's image, its restart count), of the pods not going away.
 async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
     cache_pods(pods)
@@ -33,12 +43,7 @@ async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(|p| {
             let memcached = &p.spec.as_ref().unwrap().containers[0];
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
-                .map_or(0, |c| c.restart_count);
+            let restarts = status_of(&p, "memcached").map_or(0, |c| c.restart_count);
             (
                 p.name_any(),
                 (
@@ -216,12 +221,7 @@ async fn images_of(pods: &Api<Pod>) -> BTreeMap<String, (String, String)> {
                         .and_then(|c| c.image.clone())
                 })
             };
-            let running = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|s| s.iter().find(|c| c.name == "agent"))
-                .map(|c| c.image.clone());
+            let running = status_of(&p, "agent").map(|c| c.image.clone());
             (
                 p.name_any(),
                 (
@@ -310,12 +310,7 @@ async fn resources_of(pods: &Api<Pod>) -> BTreeMap<String, [serde_json::Value; 2
         .into_iter()
         .map(|p| {
             let memcached = &p.spec.as_ref().unwrap().containers[0];
-            let reported = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|s| s.iter().find(|c| c.name == "memcached"))
-                .and_then(|c| c.resources.clone());
+            let reported = status_of(&p, "memcached").and_then(|c| c.resources.clone());
             let both = [
                 serde_json::json!(memcached.resources),
                 serde_json::json!(reported),

@@ -35,18 +35,13 @@ impl InPlace {
     pub(super) fn of(pod: &Pod) -> Option<InPlace> {
         serde_json::from_str(pod.annotations().get(IN_PLACE_ANNOTATION)?).ok()
     }
-
-    /// The record a patch of `next_move` writes.
-    pub(super) fn of_patch(patch: &Value) -> Option<InPlace> {
-        serde_json::from_str(patch["metadata"]["annotations"][IN_PLACE_ANNOTATION].as_str()?).ok()
-    }
 }
 
 /// How a member takes the update now.
 #[derive(Debug, PartialEq)]
 pub(super) enum Move {
-    /// In place, by this patch of its images.
-    Patch(Value),
+    /// In place, by this patch of its images, which writes this record.
+    Patch(Value, InPlace),
     /// In place: first its containers' CPU and memory, by this patch of its `resize`
     /// subresource.
     Resize(Value),
@@ -77,15 +72,16 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
         {
             Move::AwaitAgent
         }
-        Actuation::Applied => Move::Patch(patch),
+        Actuation::Applied => Move::Patch(patch, record),
     }
 }
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
 /// a larger memory (which the pod takes from its annotation), containers' CPU and memory (a
 /// resize before it, resize.rs) and the pod's labels and annotations differ between them; it
-/// records the `revision` it moves to and the restart counts of the containers it restarts. What the pod already has is left out; memcached's image waits
-/// for a patch of its own while the agent's changes, and a larger memory for the images'.
+/// records the `revision` it moves to and the restart counts of the containers it restarts.
+/// What the pod already has is left out; memcached's image waits for a patch of its own while
+/// the agent's changes, and a larger memory for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
     in_place(pod, old, new, revision).map(|(_, patch)| patch)
 }

@@ -6,7 +6,10 @@
 //! raised, so a member counts as out of service until the kubelet has applied its resize, and
 //! its next patch waits for that.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Map, Value, json};
 
 use crate::validation::quantity_bytes;
@@ -104,9 +107,8 @@ fn memory_differs(pod: &Pod) -> bool {
         ]
         .into_iter()
         .any(|(wanted, reported)| {
-            let bytes = |map: &Option<_>| {
-                let map: &std::collections::BTreeMap<String, _> = map.as_ref()?;
-                quantity_bytes(map.get("memory")?)
+            let bytes = |map: &Option<BTreeMap<String, Quantity>>| {
+                quantity_bytes(map.as_ref()?.get("memory")?)
             };
             match (bytes(wanted), bytes(reported)) {
                 (Some(wanted), Some(reported)) => (wanted - reported).abs() > 4096.0,

@@ -370,7 +370,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
         "restarted, not running yet"
     );
     statuses(&mut pod)[1] = agent_status(1, true);
-    let Move::Patch(patch) = next_move(&pod, &old, &newer, "newer") else {
+    let Move::Patch(patch, _) = next_move(&pod, &old, &newer, "newer") else {
         panic!("the agent is back: memcached goes");
     };
     assert_eq!(
@@ -383,7 +383,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     statuses(&mut pod)[1] = agent_status(4, false);
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch(_)
+        Move::Patch(..)
     ));
 }
 
@@ -462,7 +462,7 @@ fn a_larger_memory_is_a_restart_by_the_agent_in_the_same_pod() {
     let old = built(64, "memcached:1");
     let new = built(128, "memcached:1");
     let pod = running(&old);
-    let Move::Patch(patch) = next_move(&pod, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&pod, &old, &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(
@@ -531,7 +531,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     let old = built(64, "memcached:1");
     let larger = built(128, "memcached:1");
     let mut pod = running(&old);
-    let Move::Patch(grow) = next_move(&pod, &old, &larger, "larger") else {
+    let Move::Patch(grow, _) = next_move(&pod, &old, &larger, "larger") else {
         panic!("kept in place");
     };
     assert!(record(&grow).grows);
@@ -555,7 +555,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     statuses(&mut pod)[0].restart_count = 3;
     assert!(matches!(
         next_move(&pod, &old, &newer, "newer"),
-        Move::Patch(_)
+        Move::Patch(..)
     ));
 }
 
@@ -613,7 +613,7 @@ fn a_larger_memory_and_its_limit_resize_the_member_before_the_agent_restarts_mem
         "out while it waits"
     );
     let applied = resized(pending, &new, json!({"limits": {"memory": "192Mi"}}));
-    let Move::Patch(patch) = next_move(&applied, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&applied, &old, &new, "new") else {
         panic!("then the larger memory, in place");
     };
     assert_eq!(
@@ -638,7 +638,7 @@ fn new_cpu_alone_resizes_the_member_and_restarts_nothing() {
     let mut applied = pod;
     applied.spec.as_mut().unwrap().containers[0].resources =
         serde_json::from_value(json!({"requests": {"cpu": "250m", "memory": "80Mi"}})).unwrap();
-    let Move::Patch(patch) = next_move(&applied, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&applied, &old, &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(patch["spec"], json!({}), "no image changes");
@@ -662,7 +662,10 @@ fn the_resize_is_judged_by_the_pods_own_resources() {
     );
     // Without new resources, none is sent.
     let pod = running(&old);
-    assert!(matches!(next_move(&pod, &old, &new, "new"), Move::Patch(_)));
+    assert!(matches!(
+        next_move(&pod, &old, &new, "new"),
+        Move::Patch(..)
+    ));
 }
 
 #[test]
