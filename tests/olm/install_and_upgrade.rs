@@ -35,8 +35,8 @@
 //! `<name>-0 … <name>-N-1` of the update revision, `status.servers` lists
 //! `<name>-N.<name>.<ns>.svc:<port>`, and nothing in the namespace is orphaned. Then least
 //! privilege: the new CSV's `permissions` (StatefulSets; pods patched and evicted, never deleted;
-//! Deployments only list, watch and delete; the scale of Memcacheds patched and
-//! HorizontalPodAutoscalers listed and watched, new in it, for autoscaling) apply in NS only
+//! Deployments only list, watch and delete; pods resized, new in it; the scale of Memcacheds
+//! patched and HorizontalPodAutoscalers listed and watched, for autoscaling) apply in NS only
 //! (`kubectl auth can-i` as the operator's ServiceAccount), and the operator reconciles a new
 //! Memcached in NS.
 //! Phase 3: a fresh Subscription to the default channel installs the new release directly.
@@ -1276,20 +1276,19 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
     // The contrast for the least-privilege checks after the upgrade: the previous release
-    // updates the members itself (it patches and evicts pods) but neither scales Memcacheds nor
-    // reads HorizontalPodAutoscalers (autoscaling came after it), and its rules hold in its own
-    // namespace only.
+    // updates the members itself (it patches and evicts pods) and scales Memcacheds, but cannot
+    // resize pods (in-place resize came after it), and its rules hold in its own namespace only.
     let ok = env.can(&["patch", "pods", "-n", NS]).await
         && env
             .can(&["create", "pods", "--subresource=eviction", "-n", NS])
             .await
-        && env.cannot(&patch_scale(NS)).await
+        && env.can(&patch_scale(NS)).await
         && env
-            .cannot(&["list", "horizontalpodautoscalers.autoscaling", "-n", NS])
+            .cannot(&["patch", "pods", "--subresource=resize", "-n", NS])
             .await;
     checks.check(
         format!(
-            "under {prev_csv} {sa} can patch and evict pods in {NS}, not patch the scale of Memcacheds or list HorizontalPodAutoscalers"
+            "under {prev_csv} {sa} can patch and evict pods and patch the scale of Memcacheds in {NS}, not resize pods"
         ),
         ok,
     );
@@ -1760,7 +1759,7 @@ async fn install_and_upgrade_through_olm() {
             .await;
     checks.check(
         format!(
-            "{sa} can patch, resize and evict pods and read ControllerRevisions in {NS} (it updates the members)"
+            "{sa} can patch, resize (new in {csv_name}) and evict pods and read ControllerRevisions in {NS} (it updates the members)"
         ),
         ok,
     );
@@ -1790,7 +1789,7 @@ async fn install_and_upgrade_through_olm() {
             .await;
     checks.check(
         format!(
-            "{sa} can patch the scale of Memcacheds and list and watch HorizontalPodAutoscalers in {NS} (autoscaling, new in {csv_name})"
+            "{sa} can patch the scale of Memcacheds and list and watch HorizontalPodAutoscalers in {NS} (autoscaling)"
         ),
         ok,
     );

@@ -1,8 +1,8 @@
 //! What a Memcached whose members the operator has updated has (since 0.4.0 its StatefulSet is
 //! `OnDelete` and the operator updates each member itself: in place when only images change, by
-//! replacing it otherwise), as both upgrade tests check it. From 0.4.0 to 0.5.0 only the agent's
-//! image changes (the operator's own), so each member is updated in place: the same pod, its
-//! agent restarted, memcached running on.
+//! replacing it otherwise), as both upgrade tests check it. From 0.4.0 to 0.5.0, and from 0.5.0 to
+//! 0.6.0, only the agent's image changes (the operator's own), so each member is updated in
+//! place: the same pod, its agent restarted, memcached running on.
 
 use std::collections::BTreeMap;
 
@@ -201,7 +201,7 @@ pub enum Update<'a> {
     Created,
     /// Each of `before` updated in place: the same pod (uid), with the same containers, each
     /// container of `restarted` restarted once more and every other one not restarted at all
-    /// (an operator upgrade from 0.4.0: the agent, not memcached; a release by digest: both).
+    /// (an operator upgrade from 0.5.0: the agent, not memcached; a release by digest: both).
     InPlace {
         before: &'a BTreeMap<String, Before>,
         restarted: &'a [&'a str],
