@@ -4,7 +4,7 @@
 //! `$MEMCACHED_OPERATOR_CACHE/previous-release/<commit>/`: `src/` (git archive of the commit),
 //! `git/` (that commit alone: the old images.sh labels the image from git, and exits outside a
 //! repository), and `target/` and `cache/` of its own (never this worktree's; the old images.sh
-//! prunes its cache to its newest three).
+//! prunes its cache to its newest three). The other releases' directories are removed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +37,7 @@ impl PreviousRelease {
         if !release.src().join("Cargo.toml").is_file() || !release.git().join("HEAD").is_file() {
             release.extract(&commit);
         }
+        release.forget_other_releases();
         release
     }
 
@@ -101,6 +102,23 @@ impl PreviousRelease {
         std::fs::rename(tmp.join("src"), self.src()).unwrap();
         std::fs::rename(&bare, self.git()).unwrap();
         std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    /// Once a release is cut the one before it is never built again, and each holds a target
+    /// directory of its own (about 800 MB).
+    fn forget_other_releases(&self) {
+        let Some(parent) = self.dir.parent() else {
+            return;
+        };
+        for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            if entry.path() != self.dir {
+                eprintln!(
+                    "removing {}, a release no longer tested",
+                    entry.path().display()
+                );
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 
     /// The release's own hack/images.sh, on its own caches.
