@@ -5,7 +5,6 @@ SHELL := /usr/bin/env bash -o pipefail
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
 CARGO ?= cargo
-BIN := target/release/memcached-operator
 CRD := config/crd/bases/cache.example.com_memcacheds.yaml
 # The embedded local control plane used by `make run-local`.
 LOCAL_CLUSTER_DIR ?= $(CURDIR)/.cluster/local

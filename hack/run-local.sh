@@ -50,5 +50,5 @@ cat <<MSG
   Stop the operator with Ctrl-C; stop the control plane with: make cluster-down
 
 MSG
-KUBECONFIG="${operator_kubeconfig}" POD_NAMESPACE="${NS}" exec "${ROOT}/target/release/memcached-operator" \
+KUBECONFIG="${operator_kubeconfig}" POD_NAMESPACE="${NS}" exec "${CARGO_TARGET_DIR:-${ROOT}/target}/release/memcached-operator" \
 	--metrics-bind-address=127.0.0.1:8080 --health-probe-bind-address=127.0.0.1:8081 --leader-elect

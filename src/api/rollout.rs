@@ -48,8 +48,9 @@ pub struct RolloutSpec {
     pub min_ready_seconds: i32,
 
     /// Seconds a pod being deleted (scale-down, eviction, drain) keeps serving after it has left
-    /// the Service, so clients that still hold its address (DNS caches) are not refused. A
-    /// restart in place keeps the address and does not wait. The grace period is this plus 20.
+    /// the Service, so clients that still hold its address (DNS caches) are not refused. With
+    /// warm restart, a restart in place keeps the address and does not wait. The grace period is
+    /// this plus 20 (plus 5 for warm restart's save).
     #[serde(default = "default_pre_stop_delay_seconds")]
     #[schemars(range(min = 0, max = 300))]
     pub pre_stop_delay_seconds: i32,

@@ -25,8 +25,9 @@
 //! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
 //! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
 //! updates the members itself: each Memcached keeps its StatefulSet (the same uid), `OnDelete`,
-//! whose pod template changes in the agent's image only (the operator's own, the new CSV's
-//! `RELATED_IMAGE_AGENT`), so each member is updated in place: the same pod (name and uid), its
+//! whose pod template changes in the agent's image only as the operator compares templates
+//! (the operator's own, the new CSV's `RELATED_IMAGE_AGENT`; 0.6.0's `-m` through an env var
+//! counts as equal to 0.5.0's literal one), so each member is updated in place: the same pod (name and uid), its
 //! agent restarted once on the new image, memcached not restarted (its restart count unchanged),
 //! one at a time, about `minReadySeconds` or more apart (its `Restarted` events), none evicted;
 //! every Memcached stays Available throughout (polled every second; its Progressing reason says
@@ -1477,7 +1478,8 @@ async fn install_and_upgrade_through_olm() {
     }
 
     // Each Memcached of the previous release keeps its StatefulSet (OnDelete), whose template
-    // now differs in the agent's image only, so the operator updates each member in place (it
+    // now differs in the agent's image only as the operator compares them (`-m` through an env
+    // var or literal counts as equal), so the operator updates each member in place (it
     // patches the agent's image; kwok restarts that container and makes the pod Ready anew),
     // one at a time, about minReadySeconds apart: the same pods, memcached not restarted.
     let memcacheds = [

@@ -1,8 +1,9 @@
 //! What a Memcached whose members the operator has updated has (since 0.4.0 its StatefulSet is
 //! `OnDelete` and the operator updates each member itself: in place when only images change, by
 //! replacing it otherwise), as both upgrade tests check it. From 0.4.0 to 0.5.0, and from 0.5.0 to
-//! 0.6.0, only the agent's image changes (the operator's own), so each member is updated in
-//! place: the same pod, its agent restarted, memcached running on.
+//! 0.6.0 as the operator compares templates (0.6.0's `-m` through an env var counts as equal to
+//! the literal one), only the agent's image changes (the operator's own), so each member is
+//! updated in place: the same pod, its agent restarted, memcached running on.
 
 use std::collections::BTreeMap;
 

@@ -23,7 +23,8 @@
 //!      release's own image; a key is stored in each;
 //!   2. run bundle-upgrade to bundle/'s release (bundle.sh with the images in the local
 //!      registry, as a release is made): it Succeeds and replaces the previous one, and its
-//!      operator, whose pod template differs in the agent's image only (the operator's own),
+//!      operator, whose pod template differs in the agent's image only (the operator's own) as
+//!      the operator compares templates (`-m` through an env var or literal counts as equal),
 //!      updates each member in place: the same Memcached UID, StatefulSet (uid) and pods (names,
 //!      uids, addresses), of the update revision, Ready, the agent restarted once on the new
 //!      image, memcached not restarted (its restart count unchanged, memcached's image
@@ -786,7 +787,8 @@ async fn wait_updated(
 // ---------------------------------------------------------------- 2. run bundle-upgrade
 
 /// bundle/'s release: its pod template differs from the previous release's in the agent's image
-/// only (the operator's own), so its operator updates each member in place, one at a time: it
+/// only (the operator's own) as the operator compares templates (`-m` through an env var or
+/// literal counts as equal), so its operator updates each member in place, one at a time: it
 /// patches the agent's image, the kubelet restarts the agent alone, memcached runs on with its
 /// cache. The same Memcached, StatefulSet and pods (uids, addresses), every key written before
 /// the upgrade read back after it, at most one member out, Available throughout. What the
