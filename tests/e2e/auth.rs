@@ -12,7 +12,7 @@ use memcached_operator::api::{AuthSpec, Memcached};
 use memcached_operator::resources::auth::{PASSWORD_KEY, USERNAME_KEY, secret_data};
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_for, memcached,
+    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_with_reason, memcached,
     namespace, wait_converged, wait_degraded, wait_degraded_saying, wait_gone, wait_not_degraded,
 };
 
@@ -163,11 +163,7 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
         Some("True"),
         "the running pods keep serving"
     );
-    let warnings: Vec<_> = events_for(&client, &ns, "cache")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("InvalidSecret"))
-        .collect();
+    let warnings: Vec<_> = events_with_reason(&client, &ns, "cache", "InvalidSecret").await;
     assert_eq!(
         warnings.len(),
         3,

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::harness::{
-    Operator, OperatorOptions, admin, create, events_for, memcached, namespace, set_size,
+    Operator, OperatorOptions, admin, create, events_with_reason, memcached, namespace, set_size,
     wait_converged, wait_for,
 };
 
@@ -118,11 +118,7 @@ fn sizes_seen(mcs: Api<Memcached>) -> (Arc<Mutex<Vec<i32>>>, tokio::task::JoinHa
 /// it more than once: operators of the suite's other tests, watching every namespace, may run
 /// meanwhile and record their own.
 async fn events_once_each(client: &kube::Client, ns: &str, reason: &str) -> Vec<Event> {
-    let events: Vec<Event> = events_for(client, ns, "cache")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect();
+    let events: Vec<Event> = events_with_reason(client, ns, "cache", reason).await;
     let reporters: BTreeSet<_> = events
         .iter()
         .map(|e| e.reporting_instance.clone())
@@ -255,10 +251,9 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         "never below minSize, one step at a time: {seen:?}"
     );
     // Each scale an event (of whichever operator of the suite made it).
-    let scales: BTreeSet<String> = events_for(&client, &ns, "cache")
+    let scales: BTreeSet<String> = events_with_reason(&client, &ns, "cache", "Autoscaled")
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Autoscaled"))
         .filter_map(|e| Some(e.note?.split(" (").next()?.to_string()))
         .collect();
     let expected = [

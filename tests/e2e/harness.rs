@@ -551,6 +551,13 @@ pub async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
         .collect()
 }
 
+/// The events regarding the object `name` in `ns` for `reason`.
+pub async fn events_with_reason(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
+    let mut events = events_for(client, ns, name).await;
+    events.retain(|e| e.reason.as_deref() == Some(reason));
+    events
+}
+
 /// Waits until Memcached `name` reports Degraded=True for `reason`; its message.
 pub async fn wait_degraded(
     mcs: &Api<Memcached>,

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, events_for,
-    kubectl, memcached, namespace, set_size, wait_converged, wait_degraded, wait_for, wait_gone,
+    events_with_reason, kubectl, memcached, namespace, set_size, wait_converged, wait_degraded,
+    wait_for, wait_gone,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -240,10 +241,9 @@ async fn a_restarted_operator_finds_nothing_to_apply() {
         second.reconciles().await >= 1.0,
         "the new process reconciled"
     );
-    let updated: Vec<String> = events_for(&client, &ns, "kept")
+    let updated: Vec<String> = events_with_reason(&client, &ns, "kept", "Updated")
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Updated"))
         .filter_map(|e| e.note)
         .collect();
     assert!(updated.is_empty(), "{updated:?}");

@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 
 use super::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_for, memcached,
+    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_with_reason, memcached,
     namespace, wait_converged, wait_for,
 };
 
@@ -162,11 +162,9 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
         assert_eq!(uid, old_uid, "{name} is the same pod");
         assert_eq!(*restarts, old_restarts + 1, "{name} restarted once");
     }
-    let restarted = events_for(&client, &ns, "cache")
+    let restarted = events_with_reason(&client, &ns, "cache", "Restarted")
         .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Restarted"))
-        .count();
+        .len();
     assert_eq!(restarted, 3, "an event per member restarted");
 
     // A larger memory: memcached restarted in the same pods (by the agent, which kwok plays),
@@ -289,10 +287,9 @@ async fn an_upgrade_of_the_agent_and_memcached_restarts_each_members_agent_befor
             "{name}'s memcached restarted once"
         );
     }
-    let restarted = events_for(&client, &ns, "cache")
+    let restarted = events_with_reason(&client, &ns, "cache", "Restarted")
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Restarted"))
         .map(|e| e.related.and_then(|r| r.name).unwrap_or_default())
         .collect::<Vec<_>>();
     assert_eq!(
@@ -362,10 +359,8 @@ async fn new_requests_and_limits_resize_each_member_in_place_and_restart_nothing
         before,
         "the same pods, nothing restarted"
     );
-    let resized = events_for(&client, &ns, "cache")
+    let resized = events_with_reason(&client, &ns, "cache", "Resized")
         .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Resized"))
-        .count();
+        .len();
     assert_eq!(resized, 3, "an event per member resized");
 }

@@ -202,10 +202,9 @@ async fn pods_with_auth_and_tls_converge_without_rewrites() {
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let rewrites: Vec<_> = crate::harness::events_for(&client, &ns, "cache")
+    let rewrites: Vec<_> = crate::harness::events_with_reason(&client, &ns, "cache", "Updated")
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Updated"))
         .map(|e| e.note)
         .collect();
     assert!(rewrites.is_empty(), "{rewrites:?}");

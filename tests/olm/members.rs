@@ -23,10 +23,9 @@ pub async fn member_events(
     name: &str,
     reason: &str,
 ) -> Vec<(String, Timestamp)> {
-    let mut events: Vec<_> = harness::events_for(client, ns, name)
+    let mut events: Vec<_> = harness::events_with_reason(client, ns, name, reason)
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
         .filter_map(|e| {
             let pod = e.related.as_ref()?.name.clone()?;
             let time = e

@@ -31,24 +31,30 @@ pub(super) fn resize_patch(pod: &Pod, new: &Value) -> Option<Value> {
         .filter_map(|wanted| {
             let have = spec.containers.iter().find(|c| wanted["name"] == *c.name)?;
             let have = serde_json::to_value(&have.resources).unwrap_or_default();
-            let resources: Map<String, Value> = ["requests", "limits"]
-                .into_iter()
-                .filter_map(|part| {
-                    let changed: Map<String, Value> = RESIZABLE
-                        .into_iter()
-                        .filter_map(|name| {
-                            let value = wanted["resources"][part].get(name)?;
-                            (have[part].get(name) != Some(value))
-                                .then(|| (name.to_string(), value.clone()))
-                        })
-                        .collect();
-                    (!changed.is_empty()).then(|| (part.to_string(), Value::Object(changed)))
-                })
-                .collect();
-            (!resources.is_empty()).then(|| json!({"name": wanted["name"], "resources": resources}))
+            let resources = changed(&wanted["resources"], &have)?;
+            Some(json!({"name": wanted["name"], "resources": resources}))
         })
         .collect();
     (!containers.is_empty()).then(|| json!({"spec": {"containers": containers}}))
+}
+
+/// The CPU and memory requests and limits of `wanted` that `have` lacks or holds otherwise.
+fn changed(wanted: &Value, have: &Value) -> Option<Map<String, Value>> {
+    let mut resources = Map::new();
+    for part in ["requests", "limits"] {
+        let mut changed = Map::new();
+        for name in RESIZABLE {
+            if let Some(value) = wanted[part].get(name)
+                && have[part].get(name) != Some(value)
+            {
+                changed.insert(name.to_string(), value.clone());
+            }
+        }
+        if !changed.is_empty() {
+            resources.insert(part.to_string(), Value::Object(changed));
+        }
+    }
+    (!resources.is_empty()).then_some(resources)
 }
 
 /// Where the kubelet is with a pod's resize.
@@ -76,9 +82,10 @@ pub(super) fn actuation(pod: &Pod) -> Actuation {
     }
     // Before the kubelet has seen a resize it sets no condition; the memory its containers
     // report tells (CPU is left out: the kubelet reports it rounded to what cgroups hold).
-    match memory_differs(pod) {
-        true => Actuation::Pending,
-        false => Actuation::Applied,
+    if memory_differs(pod) {
+        Actuation::Pending
+    } else {
+        Actuation::Applied
     }
 }
 
