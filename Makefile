@@ -75,6 +75,11 @@ bench: ## Benchmarks of the image's binary (the Dockerfile's static build) on th
 	bin="$$(hack/images.sh operator-binary)" && \
 	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets $(BENCH_ARGS)
 
+.PHONY: bench-floor
+FLOOR ?= pods
+bench-floor: ## The control plane alone: no operator; the benchmark creates each Memcached's objects itself in the shape FLOOR (statefulsets, pods or deployments) and times every pod Ready. Results in bench/results/floor-$(FLOOR)-{crs}.json.
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --floor $(FLOOR) --out 'bench/results/floor-$(FLOOR)-{crs}.json' $(BENCH_ARGS)
+
 .PHONY: bench-autoscaling
 bench-autoscaling: ## The autoscaler's own CPU: 100 Memcacheds of 3 members against scripted stats on loopback, 120 s with autoscaling on, then off. Results in bench/results/autoscaling-100x3.json.
 	bin="$$(hack/images.sh operator-binary)" && \

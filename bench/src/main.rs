@@ -11,6 +11,7 @@ mod audit;
 mod autoscaling;
 mod cluster;
 mod control_plane;
+mod floor;
 mod operator;
 mod procs;
 mod restart;
@@ -92,6 +93,10 @@ struct Args {
     /// Where the JSON results go; {crs} is filled in.
     #[arg(long, default_value = "bench/results/memcached-operator-{crs}.json")]
     out: String,
+    /// Instead of the scenarios, with no operator: the benchmark creates each Memcached's objects
+    /// in this shape itself and times the control plane to every pod Ready (floor.rs).
+    #[arg(long, value_enum)]
+    floor: Option<floor::Shape>,
     /// Give up waiting for convergence after this many seconds (10,000 CRs take about 1,600).
     #[arg(long, default_value_t = 3600)]
     timeout_seconds: u64,
@@ -165,6 +170,14 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         "namespaces": args.namespaces,
         "workload": args.workload.plural(),
     });
+
+    if let Some(shape) = args.floor {
+        let calibration = results["machine"]["calibration_seconds"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        results["floor"] = floor::run(&client, &names, shape, calibration, timeout).await?;
+        return Ok(results);
+    }
 
     let mut op = operator::start(cluster, &args.operator_command(), "bench-a").await?;
     op.wait_health("/readyz", Duration::from_secs(60)).await?;
@@ -865,6 +878,12 @@ fn print_table(results: &Value) {
             "autoscaling: all Steady after (s)",
             "/autoscaling/steady_after_seconds",
         ),
+        (
+            "floor: objects created, no operator (s)",
+            "/floor/objects_created_seconds",
+        ),
+        ("floor: all pods Ready (s)", "/floor/pods_ready_seconds"),
+        ("floor: CPU, every process (s)", "/floor/cpu_seconds_all"),
         ("autoscaling: window (s)", "/autoscaling/window_seconds"),
         ("autoscaling on: CPU (s)", "/autoscaling/on/cpu_seconds"),
         (
