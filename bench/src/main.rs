@@ -175,6 +175,9 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let calibration = results["machine"]["calibration_seconds"]
             .as_f64()
             .unwrap_or(f64::NAN);
+        // No operator, so no command and no workload kind: the shape says what was created.
+        results["workload"] = Value::Null;
+        results["operator"] = Value::Null;
         results["floor"] = floor::run(&client, &names, shape, calibration, timeout).await?;
         return Ok(results);
     }
