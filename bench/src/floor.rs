@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
-use memcached_operator::api::{Memcached, MemcachedSpec};
+use memcached_operator::api::Memcached;
 use memcached_operator::resources::{self, FALLBACK_MEMCACHED_IMAGE, Images};
 use serde_json::{Value, json};
 
@@ -95,33 +95,39 @@ async fn create(
     shape: Shape,
     images: &Images,
 ) -> Result<()> {
-    let spec: MemcachedSpec = serde_json::from_value(json!({"size": 1}))?;
-    let mc = Api::<Memcached>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &Memcached::new(name, spec))
-        .await?;
+    let mc = crate::create(client, ns, name).await?;
     let apply = PatchParams::apply(MANAGER).force();
-    let sts = resources::stateful_set(&mc, images);
     match shape {
         Shape::StatefulSets => {
+            let sts = resources::stateful_set(&mc, images);
             Api::<StatefulSet>::namespaced(client.clone(), ns)
                 .patch(name, &apply, &Patch::Apply(&sts))
                 .await?;
+            apply_service(client, &mc, &apply).await
         }
         Shape::Pods => {
-            let pod = member(&sts, 0);
+            let pod = member(&resources::stateful_set(&mc, images), 0);
             Api::<Pod>::namespaced(client.clone(), ns)
                 .patch(&pod.name_any(), &apply, &Patch::Apply(&pod))
                 .await?;
+            apply_service(client, &mc, &apply).await
         }
         Shape::Deployments => {
             Api::<Deployment>::namespaced(client.clone(), ns)
                 .create(&PostParams::default(), &reference_deployment(&mc)?)
                 .await?;
-            return Ok(());
+            Ok(())
         }
     }
-    Api::<Service>::namespaced(client.clone(), ns)
-        .patch(name, &apply, &Patch::Apply(&resources::service(&mc)))
+}
+
+async fn apply_service(client: &Client, mc: &Memcached, apply: &PatchParams) -> Result<()> {
+    Api::<Service>::namespaced(client.clone(), &mc.namespace().unwrap_or_default())
+        .patch(
+            &mc.name_any(),
+            apply,
+            &Patch::Apply(&resources::service(mc)),
+        )
         .await?;
     Ok(())
 }
@@ -199,6 +205,7 @@ fn reference_deployment(mc: &Memcached) -> Result<Deployment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memcached_operator::api::MemcachedSpec;
 
     fn created(name: &str) -> Memcached {
         let spec: MemcachedSpec = serde_json::from_value(json!({"size": 1})).unwrap();
@@ -218,17 +225,8 @@ mod tests {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("mc-00001-0"));
         assert_eq!(spec.subdomain.as_deref(), Some("mc-00001"));
-        assert_eq!(
-            spec.containers,
-            sts.spec
-                .as_ref()
-                .unwrap()
-                .template
-                .spec
-                .as_ref()
-                .unwrap()
-                .containers
-        );
+        let template = &sts.spec.as_ref().unwrap().template;
+        assert_eq!(spec.containers, template.spec.as_ref().unwrap().containers);
         let owner = &pod.owner_references()[0];
         assert_eq!((owner.uid.as_str(), owner.controller), ("6f1c", Some(true)));
         // The Service selects it as it selects the StatefulSet's pods.

@@ -162,22 +162,20 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         })
         .collect();
     let timeout = Duration::from_secs(args.timeout_seconds);
+    // A floor runs no operator, so it has no command and no workload kind: its shape says what
+    // was created.
+    let operated = args.floor.is_none();
     let mut results = json!({
         "machine": machine,
-        "operator": args.operator_command(),
+        "operator": operated.then(|| args.operator_command()),
         "operator_binary": binary_facts(&args.operator_bin),
         "crs": args.crs,
         "namespaces": args.namespaces,
-        "workload": args.workload.plural(),
+        "workload": operated.then(|| args.workload.plural()),
     });
 
     if let Some(shape) = args.floor {
-        let calibration = results["machine"]["calibration_seconds"]
-            .as_f64()
-            .unwrap_or(f64::NAN);
-        // No operator, so no command and no workload kind: the shape says what was created.
-        results["workload"] = Value::Null;
-        results["operator"] = Value::Null;
+        let calibration = calibration(&results);
         results["floor"] = floor::run(&client, &names, shape, calibration, timeout).await?;
         return Ok(results);
     }
@@ -236,11 +234,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         )
         .await?;
         let available_at = started.elapsed();
-        let speed = probe.finish(
-            results["machine"]["calibration_seconds"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-        );
+        let speed = probe.finish(calibration(&results));
         let cpu_used = cpu_since(&cpu_before, &op);
         let control_plane = control_plane::Counters::read(&client)
             .await?
@@ -435,13 +429,19 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     Ok(results)
 }
 
-async fn create(client: &Client, ns: &str, name: &str) -> Result<()> {
+async fn create(client: &Client, ns: &str, name: &str) -> Result<Memcached> {
     let spec: MemcachedSpec = serde_json::from_value(json!({"size": 1}))?;
     let mc = Memcached::new(name, spec);
-    Api::<Memcached>::namespaced(client.clone(), ns)
+    Ok(Api::<Memcached>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &mc)
-        .await?;
-    Ok(())
+        .await?)
+}
+
+/// How long the calibration took before the run (machine_facts), for the speed probe.
+fn calibration(results: &Value) -> f64 {
+    results["machine"]["calibration_seconds"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
 }
 
 async fn patch_size(client: &Client, ns: &str, name: &str, size: i32) -> Result<()> {
