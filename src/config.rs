@@ -15,6 +15,17 @@ pub const SERVICE_ACCOUNT: &str = "memcached-operator-controller-manager";
 /// The default name of the leader-election Lease (`--leader-election-id`).
 pub const LEASE_NAME: &str = "memcached-operator-lock";
 
+/// What keeps a Memcached's member pods (`--members`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Members {
+    /// A StatefulSet the operator owns, whose controller creates and deletes the pods.
+    #[default]
+    #[value(name = "statefulset")]
+    StatefulSet,
+    /// The operator creates and deletes the pods itself, with no StatefulSet.
+    Pods,
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "memcached-operator",
@@ -80,6 +91,12 @@ pub struct RunArgs {
     /// Memcached's spec asks for never wait.
     #[arg(long, env = "MAX_CONCURRENT_ROLLOUTS", default_value_t = 10)]
     pub max_concurrent_rollouts: u16,
+
+    /// What keeps the members' pods: a StatefulSet (the default), or the operator itself. The
+    /// latter is a measurement for issue 36, for new Memcacheds only (docs/performance.md); its
+    /// RBAC is `config/own-pods`.
+    #[arg(long, value_enum, env = "MEMBERS", default_value_t = Members::StatefulSet, hide = true)]
+    pub members: Members,
 
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

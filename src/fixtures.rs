@@ -147,6 +147,14 @@ pub mod apiserver {
         context_where_service_monitors_are(false)
     }
 
+    /// A context of an operator that keeps the members' pods itself (`--members=pods`).
+    pub fn context_keeping_pods() -> (Arc<Context>, ApiServer, Caches) {
+        let (ctx, api, caches) = context();
+        let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
+        ctx.members = crate::config::Members::Pods;
+        (Arc::new(ctx), api, caches)
+    }
+
     /// A context of an operator whose role does not let it watch NetworkPolicies (an install
     /// whose RBAC predates them).
     pub fn context_without_network_policies() -> (Arc<Context>, ApiServer, Caches) {
@@ -189,6 +197,7 @@ pub mod apiserver {
                 },
             ),
             images: Default::default(),
+            members: Default::default(),
             operator_namespace: None,
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),

@@ -52,6 +52,8 @@ pub struct Context {
     pub hpas: Option<Arc<HpaIndex>>,
     pub events: Events,
     pub images: Images,
+    /// What keeps the members' pods.
+    pub members: crate::config::Members,
     /// Where this operator runs, when in a cluster: its pods are let through a Memcached's
     /// NetworkPolicy to read the members' `stats`.
     pub operator_namespace: Option<String>,

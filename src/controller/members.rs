@@ -29,16 +29,16 @@ use super::owned::OwnedObject;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources;
+use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
 use operator_runtime::lock;
 
 mod in_place;
 mod memory;
+pub mod own;
 mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 
-/// The StatefulSet controller's label naming the revision a pod was made from.
-const REVISION_LABEL: &str = "controller-revision-hash";
 /// On a member patched in place: the revision it is moving to, and each restarted container's
 /// restart count before the patch. The revision label follows once it is back and available, so
 /// the StatefulSet counts it updated only then.
@@ -112,36 +112,53 @@ impl Replacing {
     }
 }
 
-/// Moves the members one step towards the StatefulSet's current template; None when there is
-/// nothing to do (or the StatefulSet controller has not seen its spec yet: its status event
-/// comes).
-pub async fn update(
-    ctx: &Context,
-    mc: &Memcached,
-    sts: &OwnedObject<StatefulSet>,
-) -> Result<Option<Updating>> {
-    let Some(status) = sts.status.as_ref() else {
-        return Ok(None);
-    };
-    let Some(update_revision) = status.update_revision.as_deref() else {
-        return Ok(None);
-    };
+/// What an update reads of what keeps the members (the StatefulSet, or the operator itself).
+#[derive(Clone, Copy, Debug)]
+pub struct Keeper<'a> {
+    /// The revision every member should have.
+    pub update_revision: &'a str,
+    /// Members it wants.
+    pub wanted: i32,
+    /// Whether every member it has is of `update_revision`.
+    pub all_updated: bool,
+    /// Its name, for errors.
+    pub name: &'a str,
+}
+
+impl<'a> Keeper<'a> {
+    /// None until the StatefulSet controller has seen its spec: its status event comes.
+    pub fn stateful_set(sts: &'a OwnedObject<StatefulSet>) -> Option<Self> {
+        let status = sts.status.as_ref()?;
+        let update_revision = status.update_revision.as_deref()?;
+        if status.observed_generation < sts.metadata.generation {
+            return None;
+        }
+        Some(Self {
+            update_revision,
+            wanted: sts.replicas.unwrap_or(0),
+            all_updated: status.updated_replicas.unwrap_or(0) >= status.replicas,
+            name: sts.metadata.name.as_deref().unwrap_or_default(),
+        })
+    }
+}
+
+/// Moves the members one step towards the current template; None when there is nothing to do.
+pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result<Option<Updating>> {
+    let update_revision = keeper.update_revision;
     let ns = mc.namespace().unwrap_or_default();
     let replacing = ctx.replacing.of(&ns, &mc.name_any());
-    if status.observed_generation < sts.metadata.generation
-        || (status.updated_replicas.unwrap_or(0) >= status.replicas && replacing.is_empty())
-    {
+    if keeper.all_updated && replacing.is_empty() {
         return Ok(None);
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let listed = pods
         .list(&ListParams::default().labels(&resources::selector_string(mc)))
         .await
-        .map_err(|source| read_error("Pods of StatefulSet", &sts.name_any(), source))?;
+        .map_err(|source| read_error("Pods of", keeper.name, source))?;
     let rollout = mc.spec.rollout.clone().unwrap_or_default();
     let mut view = View {
         update_revision,
-        wanted: sts.replicas.unwrap_or(0),
+        wanted: keeper.wanted,
         at_once: resources::members_at_once(mc),
         min_ready: SignedDuration::from_secs(i64::from(rollout.min_ready_seconds)),
         now: Timestamp::now(),

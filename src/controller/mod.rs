@@ -62,4 +62,6 @@ pub struct Settings {
     pub operator_namespace: Option<String>,
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
+    /// What keeps the members' pods.
+    pub members: crate::config::Members,
 }

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::IgnoredAny;
@@ -17,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::meta::Meta;
 use super::meta::resource_of;
-use crate::resources::LABEL_INSTANCE;
+use crate::resources::{LABEL_INSTANCE, REVISION_LABEL};
 use crate::status::pods::{PodStatusSeen, PodTrouble};
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
@@ -31,6 +32,7 @@ pub struct PodMeta {
     pub metadata: ObjectMeta,
     pub trouble: Option<PodTrouble>,
     pub ip: Option<IpAddr>,
+    pub ready_since: Option<Timestamp>,
 }
 
 impl<'de> Deserialize<'de> for PodMeta {
@@ -47,6 +49,7 @@ impl<'de> Deserialize<'de> for PodMeta {
             metadata: wire.metadata.meta,
             trouble: wire.status.trouble(),
             ip: wire.status.pod_ip,
+            ready_since: wire.status.ready_since(),
         })
     }
 }
@@ -80,6 +83,17 @@ struct PodEntry {
     name: String,
     trouble: Option<Box<PodTrouble>>,
     ip: Option<IpAddr>,
+    ready_since: Option<Timestamp>,
+    /// The revision of the members' template it was made from (`REVISION_LABEL`).
+    revision: Option<Box<str>>,
+}
+
+/// A member as the index knows it, for an operator that keeps the pods itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub ready_since: Option<Timestamp>,
+    pub revision: Option<String>,
 }
 
 /// The pods of one Memcached as the pod watch last reported them.
@@ -125,6 +139,8 @@ impl Index {
                 name: key.1.clone(),
                 trouble: pod.trouble.clone().map(Box::new),
                 ip: pod.ip,
+                ready_since: pod.ready_since,
+                revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
             };
             names.insert(at, entry);
         }
@@ -146,35 +162,47 @@ impl PodIndex {
 
     /// The pods of Memcached `name` in `namespace`.
     pub fn pods_of(&self, namespace: &str, name: &str) -> Pods {
-        let index = lock(&self.0);
-        let Some(entries) = index
-            .live()
-            .pods
-            .get(&(namespace.to_string(), name.to_string()))
-        else {
-            return Pods::default();
-        };
-        Pods {
+        self.entries_of(namespace, name, |entries| Pods {
             names: entries.iter().map(|p| p.name.clone()).collect(),
             troubles: entries
                 .iter()
                 .filter_map(|p| p.trouble.as_deref().cloned())
                 .collect(),
-        }
+        })
+    }
+
+    /// The members of a Memcached whose pods are not being deleted, sorted by name.
+    pub fn members_of(&self, namespace: &str, name: &str) -> Vec<Member> {
+        self.entries_of(namespace, name, |entries| {
+            entries
+                .iter()
+                .map(|p| Member {
+                    name: p.name.clone(),
+                    ready_since: p.ready_since,
+                    revision: p.revision.as_deref().map(str::to_string),
+                })
+                .collect()
+        })
     }
 
     /// The address of each of Memcached `name`'s pods that has one, by pod name.
     pub fn addresses_of(&self, namespace: &str, name: &str) -> HashMap<String, IpAddr> {
+        self.entries_of(namespace, name, |entries| {
+            entries
+                .iter()
+                .filter_map(|p| Some((p.name.clone(), p.ip?)))
+                .collect()
+        })
+    }
+
+    /// `read` of the entries of Memcached `name`'s pods (none if it has none).
+    fn entries_of<T>(&self, namespace: &str, name: &str, read: impl FnOnce(&[PodEntry]) -> T) -> T {
         let index = lock(&self.0);
         let entries = index
             .live()
             .pods
             .get(&(namespace.to_string(), name.to_string()));
-        entries
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p.name.clone(), p.ip?)))
-            .collect()
+        read(entries.map_or(&[], Vec::as_slice))
     }
 }
 
@@ -199,6 +227,7 @@ mod tests {
             },
             trouble: None,
             ip: None,
+            ready_since: None,
         }
     }
 

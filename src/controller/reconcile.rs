@@ -17,12 +17,14 @@ use super::ensure::{
     Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
     patch_status,
 };
+use super::members::own;
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
 use super::{autoscale, binding, creation, members, migration};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
+use crate::config::Members;
 use crate::error::{Error, Refusal, Result};
 use crate::resources::binding::Copied;
 use crate::resources::{self, is_controlled_by};
@@ -121,8 +123,17 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     let mut legacy = migration::legacy(ctx, mc);
     let mut rollout_queued = None;
     let mut stateful_set_written = false;
+    // Members the operator keeps itself, where it does and this Memcached has neither a
+    // StatefulSet nor a Deployment of before.
+    let keeps_pods =
+        ctx.members == Members::Pods && existing_stateful_set.is_none() && legacy.is_none();
+    let mut own_members = None;
     let stateful_set = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
+        Some(_) if keeps_pods => {
+            own_members = Some(own::observe(ctx, mc));
+            None
+        }
         Some(_) => existing_stateful_set,
         None => {
             // 2. Ensure the StatefulSet, and with it 3. its size: replicas = spec.size.
@@ -170,7 +181,17 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                 existing_stateful_set.clone(),
                 legacy.is_some(),
             );
-            let applied = if new {
+            let applied = if keeps_pods {
+                // Nothing to wait for: a pod of a member's name that is not ours is refused
+                // by its create.
+                match tokio::try_join!(own::ensure(ctx, mc), others) {
+                    Ok((members, _)) => {
+                        own_members = Some(members);
+                        Ok((None, false))
+                    }
+                    Err(error) => Err(error),
+                }
+            } else if new {
                 // A new Memcached (or one whose objects someone else holds): the StatefulSet
                 // first, so that nothing is created while its name is someone else's.
                 async {
@@ -216,15 +237,21 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     }
 
     // The members take the StatefulSet's template one at a time, in place where they can.
-    let updating = match (&blocked, stateful_set.as_deref()) {
-        (None, Some(sts)) if !stateful_set_written => members::update(ctx, mc, sts).await?,
+    let members_written = stateful_set_written || own_members.as_ref().is_some_and(|o| o.written);
+    let keeper = match (&own_members, stateful_set.as_deref()) {
+        (Some(own), _) => Some(own.keeper(mc)),
+        (None, Some(sts)) => members::Keeper::stateful_set(sts),
+        (None, None) => None,
+    };
+    let updating = match (&blocked, keeper) {
+        (None, Some(keeper)) if !members_written => members::update(ctx, mc, keeper).await?,
         _ => None,
     };
 
     // 5. Size from the cache's own signals, while autoscaling is on; a blocked Memcached keeps
     //    the last decision.
     let autoscaling = match &blocked {
-        None if !stateful_set_written => autoscale::autoscale(ctx, mc).await?,
+        None if !members_written => autoscale::autoscale(ctx, mc).await?,
         _ => mc
             .status
             .as_ref()
@@ -235,7 +262,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // 6. Report status, unless the StatefulSet was just written: its watch event queues a
     //    status refresh, which sees the rollout the write started, and the queue serves it after
     //    the spec changes that users wait for.
-    if stateful_set_written && blocked.is_none() {
+    if members_written && blocked.is_none() {
         ctx.events.unblocked(mc);
         return Ok(Outcome::Converged);
     }
@@ -257,7 +284,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         _ => None,
     };
     let observed = Observed {
-        stateful_set: stateful_set.as_deref().map(OwnedObject::seen),
+        stateful_set: match &own_members {
+            Some(own) => Some(own.seen()),
+            None => stateful_set.as_deref().map(OwnedObject::seen),
+        },
         creation_refused: creation_refused.as_deref(),
         legacy_ready: legacy.as_deref().map(migration::legacy_ready),
         update: updating.map(|u| u.kind),

@@ -305,6 +305,7 @@ mod tests {
         let pod = |labels: &[(&str, &str)]| PodMeta {
             trouble: None,
             ip: None,
+            ready_since: None,
             metadata: ObjectMeta {
                 name: Some("cache-0".into()),
                 namespace: Some("default".into()),

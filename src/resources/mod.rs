@@ -15,6 +15,7 @@ use crate::service_monitor::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
 pub mod agent;
 pub mod auth;
 pub mod binding;
+pub mod members;
 mod network_policy;
 mod stateful_set;
 pub mod tls;
@@ -46,6 +47,9 @@ pub const MEMCACHED_CONTAINER: &str = "memcached";
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The label naming the revision of the template a member was made from: the StatefulSet
+/// controller's, and the operator's own where it keeps the pods itself.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
 const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
 const TOPOLOGY_HOSTNAME: &str = "kubernetes.io/hostname";

@@ -55,6 +55,8 @@ pub struct PodConditionSeen {
     pub reason: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
+    #[serde(default, rename = "lastTransitionTime")]
+    pub last_transition_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -92,6 +94,20 @@ pub struct StateDetail {
 const MAX_WORDS: usize = 240;
 
 impl PodStatusSeen {
+    /// Since when the pod is Ready, if it is (now, should it not say when it became so).
+    pub fn ready_since(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        let ready = self
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready" && c.status == "True")?;
+        Some(
+            ready
+                .last_transition_time
+                .as_ref()
+                .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0),
+        )
+    }
+
     /// Why this pod is not Ready, if it says; `None` for a Ready pod, or one that is only
     /// starting.
     pub fn trouble(&self) -> Option<PodTrouble> {

@@ -14,6 +14,7 @@ mod issuer;
 mod members;
 mod migration;
 mod network_policy;
+mod own_pods;
 mod tls;
 
 use std::time::{Duration, Instant};

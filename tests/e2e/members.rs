@@ -36,7 +36,7 @@ fn status_of<'p>(pod: &'p Pod, name: &str) -> Option<&'p ContainerStatus> {
 }
 
 /// name → (uid, memcached's image, its restart count), of the pods not going away.
-async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
+pub(super) async fn members(pods: &Api<Pod>) -> BTreeMap<String, (String, String, i32)> {
     cache_pods(pods)
         .await
         .into_iter()
@@ -138,6 +138,28 @@ async fn watch_update(
     }
 }
 
+/// A new image for Memcached `cache` of 3: the same pods, each restarted once, from cache-2 down,
+/// one at a time. The members after it.
+pub(super) async fn a_new_image_restarts_each_member_once_in_place(
+    pods: &Api<Pod>,
+    mcs: &Api<Memcached>,
+    before: &BTreeMap<String, (String, String, i32)>,
+) -> BTreeMap<String, (String, String, i32)> {
+    let patch = serde_json::json!({"spec": {"image": "memcached:another-build"}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let watched = watch_update(pods, mcs, before, By::Image("memcached:another-build")).await;
+    watched.went_one_at_a_time_from_the_top_saying("RestartingInPlace");
+    let after = members(pods).await;
+    for (name, (uid, _, restarts)) in &after {
+        let (old_uid, _, old_restarts) = &before[name];
+        assert_eq!(uid, old_uid, "{name} is the same pod");
+        assert_eq!(*restarts, old_restarts + 1, "{name} restarted once");
+    }
+    after
+}
+
 #[tokio::test]
 async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_them() {
     let client = admin().await;
@@ -149,19 +171,7 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
     wait_converged(&client, &ns, "cache", 3).await;
     let before = members(&pods).await;
 
-    // A new image: the same pods, each restarted once, from cache-2 down, one at a time.
-    let patch = serde_json::json!({"spec": {"image": "memcached:another-build"}});
-    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-    let watched = watch_update(&pods, &mcs, &before, By::Image("memcached:another-build")).await;
-    watched.went_one_at_a_time_from_the_top_saying("RestartingInPlace");
-    let after = members(&pods).await;
-    for (name, (uid, _, restarts)) in &after {
-        let (old_uid, _, old_restarts) = &before[name];
-        assert_eq!(uid, old_uid, "{name} is the same pod");
-        assert_eq!(*restarts, old_restarts + 1, "{name} restarted once");
-    }
+    let after = a_new_image_restarts_each_member_once_in_place(&pods, &mcs, &before).await;
     let restarted = events_with_reason(&client, &ns, "cache", "Restarted")
         .await
         .len();

@@ -77,6 +77,25 @@ fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apise
     (events, status.remove(0))
 }
 
+/// Pod `name` of Memcached `cache` as the pod watch decodes it, with `labels` besides its
+/// instance label, and Ready since now if `ready`.
+fn watched_pod(name: &str, labels: &[(&str, &str)], ready: bool) -> PodMeta {
+    let labels = std::iter::once((resources::LABEL_INSTANCE, "cache"))
+        .chain(labels.iter().copied())
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    PodMeta {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            labels: Some(labels.collect()),
+            ..Default::default()
+        },
+        trouble: None,
+        ip: None,
+        ready_since: ready.then(k8s_openapi::jiff::Timestamp::now),
+    }
+}
+
 fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
     let c = body["status"]["conditions"]
         .as_array()
@@ -690,3 +709,4 @@ mod certificates;
 mod creation;
 mod migration;
 mod optional;
+mod own_pods;

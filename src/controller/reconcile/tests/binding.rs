@@ -13,17 +13,7 @@ const BINDING: &str = "/api/v1/namespaces/default/secrets/cache-binding";
 
 /// The member `name` of the Memcached "cache", as the pod watch reports it.
 fn member(name: &str) -> PodMeta {
-    let labels = [(resources::LABEL_INSTANCE.to_string(), "cache".to_string())];
-    PodMeta {
-        metadata: ObjectMeta {
-            namespace: Some("default".into()),
-            name: Some(name.into()),
-            labels: Some(labels.into()),
-            ..Default::default()
-        },
-        trouble: None,
-        ip: None,
-    }
+    watched_pod(name, &[], false)
 }
 
 /// A converged Memcached of two members, `cache-0` and `cache-1`, whose spec turns the binding

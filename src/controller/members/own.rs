@@ -1,0 +1,217 @@
+//! The members as the operator keeps them itself (`--members=pods`), with no StatefulSet: the
+//! missing ones are created under their names, those beyond the size deleted, and the template
+//! of each revision kept in a ControllerRevision for the update (members.rs), which goes on as
+//! under the StatefulSet's `OnDelete`. A StatefulSet's controller writes its status and a
+//! ControllerRevision for every new Memcached, and the control plane's time goes to them
+//! (docs/performance.md, round five); here the pod watch counts the members.
+//!
+//! For Memcacheds that have no StatefulSet: one made by an earlier operator keeps it.
+
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSetStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+
+use super::Keeper;
+use crate::api::Memcached;
+use crate::controller::context::Context;
+use crate::controller::pod_index::Member;
+use crate::error::{Error, Result};
+use crate::resources::{self, MANAGER_NAME, members};
+use crate::status::StatefulSetSeen;
+
+/// One Memcached's members as the pod watch shows them, and the revision they should have.
+#[derive(Debug)]
+pub struct OwnMembers {
+    pub revision: String,
+    /// Counted as a StatefulSet's status counts its pods, for the Memcached's status.
+    pub status: StatefulSetStatus,
+    generation: Option<i64>,
+    /// Pods were created or deleted: their watch events refresh the status.
+    pub written: bool,
+}
+
+impl OwnMembers {
+    pub fn seen(&self) -> StatefulSetSeen<'_> {
+        StatefulSetSeen {
+            generation: self.generation,
+            status: Some(&self.status),
+        }
+    }
+
+    pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
+        Keeper {
+            update_revision: &self.revision,
+            wanted: mc.spec.size,
+            all_updated: self.status.updated_replicas.unwrap_or(0) >= self.status.replicas,
+            name: mc.metadata.name.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// The members as they are, with no request.
+pub fn observe(ctx: &Context, mc: &Memcached) -> OwnMembers {
+    let sts = resources::stateful_set(mc, &ctx.images);
+    let revision = members::revision(mc, &sts);
+    let seen = ctx
+        .pods
+        .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let status = counted(mc, &seen, &revision, Timestamp::now());
+    OwnMembers {
+        revision,
+        status,
+        generation: mc.metadata.generation,
+        written: false,
+    }
+}
+
+/// Creates the members missing and deletes those beyond the size; keeps the ControllerRevision
+/// of the current template while members are made from it or an update moves them to it.
+pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
+    let mut own = observe(ctx, mc);
+    let sts = resources::stateful_set(mc, &ctx.images);
+    let seen = ctx
+        .pods
+        .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
+    let (create, delete) = members::plan(mc, mc.spec.size, &names);
+    let update_starts = !seen.is_empty()
+        && seen
+            .iter()
+            .all(|m| m.revision.as_deref() != Some(own.revision.as_str()));
+    if create.is_empty() && delete.is_empty() && !update_starts {
+        return Ok(own);
+    }
+    let ns = mc.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let params = PostParams {
+        field_manager: Some(MANAGER_NAME.into()),
+        ..PostParams::default()
+    };
+    // Independent: none waits for another (a reconcile's latency is its longest chain).
+    // Kept for the members made from it now, or for an update to it that starts.
+    let revision = async {
+        if create.is_empty() && !update_starts {
+            return Ok(());
+        }
+        let body = members::controller_revision(mc, &sts, &own.revision);
+        created(
+            revisions.create(&params, &body).await,
+            "ControllerRevision",
+            &own.revision,
+        )
+    };
+    let creates = join_all(create.iter().map(|ordinal| {
+        let pod = members::member(mc, &sts, &own.revision, *ordinal);
+        let pods = &pods;
+        let params = &params;
+        async move {
+            let name = pod.name_any();
+            created(pods.create(params, &pod).await, "Pod", &name)
+        }
+    }));
+    let deletes = join_all(delete.iter().map(|name| {
+        let pods = &pods;
+        async move {
+            match pods.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(source) => Err(apply_error("Pod", name, source)),
+            }
+        }
+    }));
+    let (revision, creates, deletes) = tokio::join!(revision, creates, deletes);
+    revision?;
+    creates
+        .into_iter()
+        .chain(deletes)
+        .collect::<Result<Vec<()>>>()?;
+    own.written = !create.is_empty() || !delete.is_empty();
+    Ok(own)
+}
+
+/// A create that found its object there already is done: a member still being deleted under the
+/// name is made again once its deletion event comes.
+fn created<K>(result: kube::Result<K>, kind: &str, name: &str) -> Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(source) => Err(apply_error(kind, name, source)),
+    }
+}
+
+fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
+    Error::Apply {
+        kind: kind.into(),
+        name: name.into(),
+        source,
+    }
+}
+
+/// The members counted as a StatefulSet counts its pods: there, Ready, Ready for
+/// `minReadySeconds`, of the current revision.
+fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> StatefulSetStatus {
+    let min_ready = SignedDuration::from_secs(i64::from(
+        mc.spec
+            .rollout
+            .clone()
+            .unwrap_or_default()
+            .min_ready_seconds,
+    ));
+    let count = |f: &dyn Fn(&Member) -> bool| Some(seen.iter().filter(|m| f(m)).count() as i32);
+    StatefulSetStatus {
+        replicas: seen.len() as i32,
+        ready_replicas: count(&|m| m.ready_since.is_some()),
+        available_replicas: count(&|m| {
+            m.ready_since
+                .is_some_and(|since| now.duration_since(since) >= min_ready)
+        }),
+        updated_replicas: count(&|m| m.revision.as_deref() == Some(revision)),
+        current_revision: Some(revision.to_string()),
+        update_revision: Some(revision.to_string()),
+        observed_generation: mc.metadata.generation,
+        ..StatefulSetStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::memcached;
+
+    fn member(name: &str, ready_for: Option<i64>, revision: &str, now: Timestamp) -> Member {
+        Member {
+            name: name.into(),
+            ready_since: ready_for.map(|s| now - SignedDuration::from_secs(s)),
+            revision: Some(revision.into()),
+        }
+    }
+
+    #[test]
+    fn members_are_counted_as_a_stateful_set_counts_its_pods() {
+        let mut mc = memcached("cache", 3);
+        mc.spec.rollout = Some(crate::api::RolloutSpec {
+            min_ready_seconds: 10,
+            ..Default::default()
+        });
+        let now = Timestamp::now();
+        let seen = [
+            member("cache-0", Some(60), "new", now),
+            member("cache-1", Some(5), "old", now),
+            member("cache-2", None, "new", now),
+        ];
+        let status = counted(&mc, &seen, "new", now);
+        assert_eq!(status.replicas, 3);
+        assert_eq!(status.ready_replicas, Some(2));
+        assert_eq!(
+            status.available_replicas,
+            Some(1),
+            "ready for minReadySeconds"
+        );
+        assert_eq!(status.updated_replicas, Some(2));
+        assert_eq!(status.update_revision.as_deref(), Some("new"));
+    }
+}

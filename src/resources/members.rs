@@ -1,0 +1,204 @@
+//! The members as pods the operator keeps itself (`--members=pods`): member `<name>-<ordinal>`
+//! is the StatefulSet's pod template with the hostname and subdomain the StatefulSet controller
+//! would give it, labelled with the revision of that template, and owned by the Memcached. The
+//! template of each revision is kept in a ControllerRevision, as the StatefulSet controller
+//! keeps it, so that an update can tell what changed since a member was made.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::{REVISION_LABEL, owned_metadata, selector_labels};
+use crate::api::Memcached;
+
+/// The StatefulSet controller's label naming a member's ordinal; kept so that tools which read it
+/// find the members as they did.
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
+
+/// The revision of the members' template: `<name>-<hash of the template>`, as a
+/// ControllerRevision's name.
+pub fn revision(mc: &Memcached, sts: &StatefulSet) -> String {
+    let template = &sts
+        .spec
+        .as_ref()
+        .expect("a StatefulSet has a spec")
+        .template;
+    // FNV-1a over the template's JSON: stable across processes and versions of this crate,
+    // unlike the standard library's hasher.
+    let bytes = serde_json::to_vec(template).expect("a pod template serialises");
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{}-{:010x}", mc.name_any(), hash & 0xff_ffff_ffff)
+}
+
+/// The ControllerRevision that keeps `revision`'s template, in the StatefulSet controller's form
+/// (`data.spec.template`), so members.rs reads both alike.
+pub fn controller_revision(
+    mc: &Memcached,
+    sts: &StatefulSet,
+    revision: &str,
+) -> ControllerRevision {
+    let template = &sts
+        .spec
+        .as_ref()
+        .expect("a StatefulSet has a spec")
+        .template;
+    let mut metadata = owned_metadata(mc);
+    metadata.name = Some(revision.to_string());
+    metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .extend(selector_labels(mc));
+    ControllerRevision {
+        metadata,
+        data: Some(RawExtension(json!({"spec": {"template": template}}))),
+        // Only one revision is the current one; the number only orders them for people.
+        revision: 1,
+    }
+}
+
+/// Member `ordinal` of `mc`, made from `sts`'s template of `revision`.
+pub fn member(mc: &Memcached, sts: &StatefulSet, revision: &str, ordinal: i32) -> Pod {
+    let spec = sts.spec.as_ref().expect("a StatefulSet has a spec");
+    let PodTemplateSpec {
+        metadata,
+        spec: pod_spec,
+    } = spec.template.clone();
+    let name = format!("{}-{ordinal}", mc.name_any());
+    let mut meta = metadata.unwrap_or_default();
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(REVISION_LABEL.to_string(), revision.to_string());
+    labels.insert(POD_INDEX_LABEL.to_string(), ordinal.to_string());
+    meta.name = Some(name.clone());
+    meta.namespace = mc.namespace();
+    meta.owner_references = owned_metadata(mc).owner_references;
+    let mut pod_spec = pod_spec.unwrap_or_default();
+    pod_spec.hostname = Some(name);
+    pod_spec.subdomain = spec.service_name.clone();
+    Pod {
+        metadata: meta,
+        spec: Some(pod_spec),
+        status: None,
+    }
+}
+
+/// The member's ordinal, from its name `<memcached>-<ordinal>`; None for a pod not so named.
+pub fn ordinal(mc: &Memcached, pod_name: &str) -> Option<i32> {
+    let rest = pod_name.strip_prefix(&mc.name_any())?.strip_prefix('-')?;
+    // "01" is not member 1: the name must be the one `member` gives.
+    let n: i32 = rest.parse().ok()?;
+    (n >= 0 && n.to_string() == rest).then_some(n)
+}
+
+/// What keeping `size` members asks, given the names of the pods there are (not being deleted):
+/// the ordinals to create, and the members to delete (beyond the size). A pod not named as a
+/// member is left alone, as the StatefulSet controller leaves it.
+pub fn plan<'a>(mc: &Memcached, size: i32, pods: &[&'a str]) -> (Vec<i32>, Vec<&'a str>) {
+    let ordinals: Vec<Option<i32>> = pods.iter().map(|p| ordinal(mc, p)).collect();
+    let create = (0..size)
+        .filter(|n| !ordinals.contains(&Some(*n)))
+        .collect();
+    let delete = pods
+        .iter()
+        .zip(&ordinals)
+        .filter(|(_, n)| n.is_some_and(|n| n >= size))
+        .map(|(p, _)| *p)
+        .collect();
+    (create, delete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::memcached;
+    use crate::resources::{Images, stateful_set};
+
+    #[test]
+    fn a_member_is_the_template_named_as_the_stateful_set_would_name_it() {
+        let mc = memcached("cache", 3);
+        let sts = stateful_set(&mc, &Images::default());
+        let rev = revision(&mc, &sts);
+        let pod = member(&mc, &sts, &rev, 2);
+        assert_eq!(pod.name_any(), "cache-2");
+        assert_eq!(pod.namespace().as_deref(), Some("default"));
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some("cache-2"));
+        assert_eq!(
+            spec.subdomain.as_deref(),
+            Some("cache"),
+            "the headless Service"
+        );
+        assert_eq!(pod.labels()[REVISION_LABEL], rev);
+        assert_eq!(pod.labels()[POD_INDEX_LABEL], "2");
+        for (k, v) in selector_labels(&mc) {
+            assert_eq!(pod.labels().get(&k), Some(&v), "the Service selects it");
+        }
+        let owner = &pod.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("Memcached", Some(true))
+        );
+        let template = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(spec.containers, template.containers);
+    }
+
+    #[test]
+    fn the_revision_changes_with_the_template_only() {
+        let mc = memcached("cache", 3);
+        let sts = |mc: &Memcached| stateful_set(mc, &Images::default());
+        let rev = revision(&mc, &sts(&mc));
+        assert!(rev.starts_with("cache-") && rev.len() == "cache-".len() + 10);
+        let mut larger = mc.clone();
+        larger.spec.size = 5;
+        assert_eq!(
+            revision(&larger, &sts(&larger)),
+            rev,
+            "the size is not the template"
+        );
+        let mut newer = mc.clone();
+        newer.spec.image = Some("memcached:1.6.46".into());
+        assert_ne!(revision(&newer, &sts(&newer)), rev);
+    }
+
+    #[test]
+    fn the_revision_keeps_the_template_as_the_stateful_set_controller_does() {
+        let mc = memcached("cache", 1);
+        let sts = stateful_set(&mc, &Images::default());
+        let cr = controller_revision(&mc, &sts, "cache-abc");
+        assert_eq!(cr.name_any(), "cache-abc");
+        let kept = cr.data.unwrap().0["spec"]["template"].clone();
+        assert_eq!(
+            kept,
+            serde_json::to_value(sts.spec.unwrap().template).unwrap()
+        );
+        assert_eq!(cr.metadata.owner_references.unwrap()[0].name, "cache");
+    }
+
+    #[test]
+    fn the_plan_creates_missing_ordinals_and_deletes_the_rest() {
+        let mc = memcached("cache", 3);
+        assert_eq!(plan(&mc, 3, &[]), (vec![0, 1, 2], vec![]));
+        assert_eq!(
+            plan(&mc, 3, &["cache-0", "cache-2"]),
+            (vec![1], vec![]),
+            "a member lost is made again under its name"
+        );
+        assert_eq!(
+            plan(&mc, 1, &["cache-0", "cache-1", "cache-2"]),
+            (vec![], vec!["cache-1", "cache-2"]),
+            "scaling down takes the highest ordinals"
+        );
+        assert_eq!(
+            plan(&mc, 1, &["cache-0", "cache-01", "cache-x"]),
+            (vec![], vec![]),
+            "a pod that no member is named as is not ours to delete"
+        );
+        assert_eq!(ordinal(&mc, "cache-extra-1"), None);
+        assert_eq!(ordinal(&mc, "cache-10"), Some(10));
+    }
+}

@@ -1,0 +1,96 @@
+//! The members as pods the operator keeps itself (`--members=pods`, issue 36's measurement), with
+//! the RBAC of `config/own-pods`: no StatefulSet; the members made under the names the
+//! StatefulSet gave them, scaled from the top, made again when lost, updated in place as under
+//! the StatefulSet, and collected with their Memcached.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use memcached_operator::api::Memcached;
+
+use super::harness::{
+    CONVERGE, Operator, OperatorOptions, Rbac, admin, create, memcached, namespace, set_size,
+    shipped_rules, wait_converged, wait_for,
+};
+use super::members::{a_new_image_restarts_each_member_once_in_place, members};
+
+#[tokio::test]
+async fn members_kept_by_the_operator_scale_heal_update_in_place_and_go_with_their_memcached() {
+    let client = admin().await;
+    let ns = namespace(&client, "own-pods").await;
+    let mut rules = shipped_rules("role.yaml");
+    rules.extend(shipped_rules("../own-pods/role.yaml"));
+    let operator = Operator::start(
+        &client,
+        OperatorOptions {
+            rbac: Rbac::ClusterRules(rules),
+            extra_args: vec!["--members=pods".into()],
+            ..OperatorOptions::watching(&ns)
+        },
+    )
+    .await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mc = create(&client, &ns, &memcached("cache", 3)).await;
+    let names = wait_converged(&client, &ns, "cache", 3).await;
+    assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);
+
+    // No StatefulSet: each member is the Memcached's, with its stable address under the Service.
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
+    assert!(
+        sets.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    for pod in pods.list(&ListParams::default()).await.unwrap() {
+        let owner = &pod.owner_references()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            (mc.uid().unwrap().as_str(), Some(true))
+        );
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some(pod.name_any().as_str()));
+        assert_eq!(spec.subdomain.as_deref(), Some("cache"));
+    }
+    let revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns);
+    let kept = revisions.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(kept.len(), 1, "the template's revision");
+
+    // Down from the top, and up again under the same names.
+    set_size(&client, &ns, "cache", 1).await;
+    assert_eq!(wait_converged(&client, &ns, "cache", 1).await, ["cache-0"]);
+    set_size(&client, &ns, "cache", 3).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // A member lost is made again under its name.
+    let lost = pods.get("cache-1").await.unwrap().uid();
+    pods.delete("cache-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("cache-1 made again", CONVERGE, || async {
+        let pod = pods.get_opt("cache-1").await.ok()??;
+        (pod.uid() != lost && super::harness::pod_is_ready(&pod)).then_some(())
+    })
+    .await;
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // A new image: each member restarted in place, as under the StatefulSet.
+    let before = members(&pods).await;
+    a_new_image_restarts_each_member_once_in_place(&pods, &mcs, &before).await;
+    let kept = revisions.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(kept.len(), 2, "each template's revision");
+    operator.assert_no_failed_reconciles().await;
+
+    // Deleted with their Memcached, by the garbage collector.
+    mcs.delete("cache", &DeleteParams::default()).await.unwrap();
+    wait_for("the members collected", Duration::from_secs(60), || async {
+        let left = pods.list(&ListParams::default()).await.ok()?.items;
+        left.is_empty().then_some(())
+    })
+    .await;
+}
