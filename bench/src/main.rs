@@ -184,6 +184,9 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     op.wait_health("/readyz", Duration::from_secs(60)).await?;
 
     let kind = args.workload;
+    if kind == workload::Kind::Pods && scenarios.iter().any(|s| *s != "converge") {
+        bail!("with --workload pods, only the converge scenario (--scenarios converge)");
+    }
     let resource = kind.api_resource();
     let workloads: Store<Workload> =
         watched(Api::all_with(client.clone(), &resource), resource.clone()).await;
@@ -212,7 +215,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             &format!("{} with replicas 1", kind.title()),
             args.crs,
             timeout,
-            |w| workload::replicas(w) == Some(1),
+            |w| kind.replicas(w) == Some(1),
         )
         .await?;
         let workloads_at = started.elapsed();
@@ -221,7 +224,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             &format!("{} with 1 ready pod", kind.title()),
             args.crs,
             timeout,
-            |w| workload::ready_replicas(w) == Some(1),
+            |w| kind.ready_replicas(w) == Some(1),
         )
         .await?;
         let ready_at = started.elapsed();
@@ -241,10 +244,16 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
-        let workload_writes = cluster.first_writes(audit::By::Operator, kind.plural(), t_audit);
-        let (controller, controller_writes) = kind.controller();
-        let controller_writes =
-            workload::by_workload(cluster.first_writes(controller, controller_writes, t_audit));
+        let mut workload_writes = cluster.first_writes(audit::By::Operator, kind.plural(), t_audit);
+        if kind == workload::Kind::Pods {
+            workload_writes = workload::by_workload(workload_writes);
+        }
+        let controller_writes = match kind.controller() {
+            Some((by, resource)) => {
+                workload::by_workload(cluster.first_writes(by, resource, t_audit))
+            }
+            None => BTreeMap::new(),
+        };
         let available: BTreeMap<(String, String), Timestamp> = memcacheds
             .state()
             .iter()
@@ -310,7 +319,9 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let began = changes_began(&changes);
         let writes = cluster.first_writes(audit::By::Operator, kind.plural(), began);
-        let (controller, controller_writes) = kind.controller();
+        let Some((controller, controller_writes)) = kind.controller() else {
+            bail!("a size change is timed on a workload's replicas");
+        };
         let scaled =
             workload::by_workload(cluster.first_writes(controller, controller_writes, began));
         let parts = breakdown(&changes, &writes, &scaled);

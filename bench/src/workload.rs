@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::core::{ApiResource, Object};
 use serde::Deserialize;
 
@@ -21,6 +22,10 @@ pub enum Kind {
     /// The reference: a Deployment of the Memcached's name.
     #[value(name = "deployments")]
     Deployments,
+    /// This operator keeping the members' pods itself (`--members=pods`): pods `<name>-0…`, no
+    /// workload between. Only the converge scenario.
+    #[value(name = "pods")]
+    Pods,
 }
 
 impl Kind {
@@ -28,6 +33,7 @@ impl Kind {
         match self {
             Kind::StatefulSets => ApiResource::erase::<StatefulSet>(&()),
             Kind::Deployments => ApiResource::erase::<Deployment>(&()),
+            Kind::Pods => ApiResource::erase::<Pod>(&()),
         }
     }
 
@@ -36,6 +42,7 @@ impl Kind {
         match self {
             Kind::StatefulSets => "statefulsets",
             Kind::Deployments => "deployments",
+            Kind::Pods => "pods",
         }
     }
 
@@ -44,18 +51,50 @@ impl Kind {
         match self {
             Kind::StatefulSets => "StatefulSets",
             Kind::Deployments => "Deployments",
+            Kind::Pods => "Pods",
         }
     }
 
     /// The control plane's first write after the workload's replicas change, and the resource
     /// it writes: the statefulset controller creates or deletes pods itself; the deployment
-    /// controller scales a ReplicaSet, whose controller then creates the pods.
-    pub fn controller(self) -> (audit::By, &'static str) {
+    /// controller scales a ReplicaSet, whose controller then creates the pods. None where the
+    /// operator writes the pods itself.
+    pub fn controller(self) -> Option<(audit::By, &'static str)> {
         match self {
-            Kind::StatefulSets => (audit::By::StatefulSetController, "pods"),
-            Kind::Deployments => (audit::By::DeploymentController, "replicasets"),
+            Kind::StatefulSets => Some((audit::By::StatefulSetController, "pods")),
+            Kind::Deployments => Some((audit::By::DeploymentController, "replicasets")),
+            Kind::Pods => None,
         }
     }
+
+    /// The pods it wants: a pod is its own one, if it is a benchmark's.
+    pub fn replicas(self, w: &Workload) -> Option<i32> {
+        match self {
+            Kind::Pods => benchmarks(w).then_some(1),
+            _ => w.spec.replicas,
+        }
+    }
+
+    pub fn ready_replicas(self, w: &Workload) -> Option<i32> {
+        let status = w.status.as_ref();
+        match self {
+            Kind::Pods if !benchmarks(w) => None,
+            Kind::Pods => Some(i32::from(status.is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            }))),
+            _ => status.and_then(|s| s.ready_replicas),
+        }
+    }
+}
+
+/// In the benchmark's namespaces.
+fn benchmarks(w: &Workload) -> bool {
+    w.metadata
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns.starts_with("bench-"))
 }
 
 /// The fields of the workload's spec the benchmark reads.
@@ -73,6 +112,16 @@ pub struct Status {
     pub ready_replicas: Option<i32>,
     #[serde(default)]
     pub available_replicas: Option<i32>,
+    /// A pod's (Kind::Pods): its Ready condition.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
 }
 
 /// A StatefulSet or Deployment, as much of it as the benchmark reads.
@@ -80,10 +129,6 @@ pub type Workload = Object<Spec, Status>;
 
 pub fn replicas(w: &Workload) -> Option<i32> {
     w.spec.replicas
-}
-
-pub fn ready_replicas(w: &Workload) -> Option<i32> {
-    w.status.as_ref().and_then(|s| s.ready_replicas)
 }
 
 /// Every pod it wants is ready and available (with minReadySeconds, available comes later).
@@ -141,11 +186,16 @@ mod tests {
         assert_eq!(deploy.plural, Kind::Deployments.plural());
         assert_eq!(
             Kind::StatefulSets.controller(),
-            (audit::By::StatefulSetController, "pods")
+            Some((audit::By::StatefulSetController, "pods"))
         );
         assert_eq!(
             Kind::Deployments.controller(),
-            (audit::By::DeploymentController, "replicasets")
+            Some((audit::By::DeploymentController, "replicasets"))
+        );
+        assert_eq!(
+            Kind::Pods.controller(),
+            None,
+            "the operator writes the pods"
         );
     }
 
@@ -166,7 +216,7 @@ mod tests {
         });
         let sts: Workload = serde_json::from_value(stateful_set).unwrap();
         assert_eq!(replicas(&sts), Some(2));
-        assert_eq!(ready_replicas(&sts), Some(2));
+        assert_eq!(Kind::StatefulSets.ready_replicas(&sts), Some(2));
         assert!(!settled(&sts), "one pod not yet available");
 
         let deployment = json!({
@@ -178,15 +228,35 @@ mod tests {
         });
         let deploy: Workload = serde_json::from_value(deployment).unwrap();
         assert_eq!(replicas(&deploy), Some(1));
-        assert_eq!(ready_replicas(&deploy), Some(1));
+        assert_eq!(Kind::Deployments.ready_replicas(&deploy), Some(1));
         assert!(settled(&deploy));
 
         let new: Workload = serde_json::from_value(json!({
             "metadata": {"name": "mc-00002"}, "spec": {"replicas": 1},
         }))
         .unwrap();
-        assert_eq!(ready_replicas(&new), None);
+        assert_eq!(Kind::StatefulSets.ready_replicas(&new), None);
         assert!(!settled(&new), "no status yet");
+    }
+
+    #[test]
+    fn a_pod_is_one_replica_ready_by_its_condition() {
+        let pod = |ready: &str| -> Workload {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "mc-00001-0", "namespace": "bench-1"},
+                "spec": {"containers": [{"name": "memcached"}]},
+                "status": {"conditions": [{"type": "Ready", "status": ready}]},
+            }))
+            .unwrap()
+        };
+        assert_eq!(Kind::Pods.replicas(&pod("False")), Some(1));
+        assert_eq!(Kind::Pods.ready_replicas(&pod("False")), Some(0));
+        assert_eq!(Kind::Pods.ready_replicas(&pod("True")), Some(1));
+        assert_eq!(Kind::StatefulSets.ready_replicas(&pod("True")), None);
+        let mut elsewhere = pod("True");
+        elsewhere.metadata.namespace = Some("kube-system".into());
+        assert_eq!(Kind::Pods.replicas(&elsewhere), None, "not the benchmark's");
     }
 
     #[test]
