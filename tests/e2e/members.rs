@@ -201,17 +201,23 @@ async fn a_new_image_restarts_each_member_in_place_and_a_new_item_size_replaces_
             pod.name_any()
         );
     }
-    let after = grown;
+    a_new_item_size_replaces_each_member(&pods, &mcs, &grown).await;
+}
 
-    // A new item size: memcached cannot restore its file with it, so each member is replaced
-    // (evicted, made anew under its name), from cache-2 down, one at a time.
+/// A new item size for Memcached `cache` of 3: memcached cannot restore its file with it, so each
+/// member is replaced (evicted, made anew under its name), from cache-2 down, one at a time.
+pub(super) async fn a_new_item_size_replaces_each_member(
+    pods: &Api<Pod>,
+    mcs: &Api<Memcached>,
+    before: &BTreeMap<String, (String, String, i32)>,
+) {
     let patch = serde_json::json!({"spec": {"maxItemSizeMiB": 2}});
     mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let watched = watch_update(&pods, &mcs, &after, By::Replacement).await;
+    let watched = watch_update(pods, mcs, before, By::Replacement).await;
     watched.went_one_at_a_time_from_the_top_saying("ReplacingMembers");
-    let names: Vec<_> = members(&pods).await.into_keys().collect();
+    let names: Vec<_> = members(pods).await.into_keys().collect();
     assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);
 }
 

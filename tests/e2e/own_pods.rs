@@ -1,7 +1,7 @@
 //! The members as pods the operator keeps itself (`--members=pods`, issue 36's measurement), with
 //! the RBAC of `config/own-pods`: no StatefulSet; the members made under the names the
-//! StatefulSet gave them, scaled from the top, made again when lost, updated in place as under
-//! the StatefulSet, and collected with their Memcached.
+//! StatefulSet gave them, scaled from the top, made again when lost, updated in place or replaced
+//! as under the StatefulSet, and collected with their Memcached.
 
 use std::time::Duration;
 
@@ -15,10 +15,13 @@ use super::harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, create, memcached, namespace, set_size,
     shipped_rules, wait_converged, wait_for,
 };
-use super::members::{a_new_image_restarts_each_member_once_in_place, members};
+use super::members::{
+    a_new_image_restarts_each_member_once_in_place, a_new_item_size_replaces_each_member, members,
+};
 
 #[tokio::test]
-async fn members_kept_by_the_operator_scale_heal_update_in_place_and_go_with_their_memcached() {
+async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_with_their_memcached()
+ {
     let client = admin().await;
     let ns = namespace(&client, "own-pods").await;
     let mut rules = shipped_rules("role.yaml");
@@ -81,9 +84,12 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_and_go_with_the
 
     // A new image: each member restarted in place, as under the StatefulSet.
     let before = members(&pods).await;
-    a_new_image_restarts_each_member_once_in_place(&pods, &mcs, &before).await;
+    let after = a_new_image_restarts_each_member_once_in_place(&pods, &mcs, &before).await;
+    // A new item size: each member evicted (its budget holds, through the Memcached's scale
+    // subresource) and made anew from the new revision by the operator.
+    a_new_item_size_replaces_each_member(&pods, &mcs, &after).await;
     let kept = revisions.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(kept.len(), 2, "each template's revision");
+    assert_eq!(kept.len(), 3, "each template's revision");
     operator.assert_no_failed_reconciles().await;
 
     // Deleted with their Memcached, by the garbage collector.
