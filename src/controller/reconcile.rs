@@ -184,13 +184,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             let applied = if keeps_pods {
                 // Nothing to wait for: a pod of a member's name that is not ours is refused
                 // by its create.
-                match tokio::try_join!(own::ensure(ctx, mc), others) {
-                    Ok((members, _)) => {
-                        own_members = Some(members);
-                        Ok((None, false))
-                    }
-                    Err(error) => Err(error),
-                }
+                tokio::try_join!(own::ensure(ctx, mc), others).map(|(members, _)| {
+                    own_members = Some(members);
+                    (None, false)
+                })
             } else if new {
                 // A new Memcached (or one whose objects someone else holds): the StatefulSet
                 // first, so that nothing is created while its name is someone else's.

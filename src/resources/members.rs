@@ -5,6 +5,7 @@
 //! keeps it, so that an update can tell what changed since a member was made.
 
 use std::collections::BTreeMap;
+use std::hash::Hasher;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
@@ -22,18 +23,23 @@ pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 /// The revision of the members' template: `<name>-<hash of the template>`, as a
 /// ControllerRevision's name.
 pub fn revision(mc: &Memcached, sts: &StatefulSet) -> String {
-    let template = &sts
-        .spec
+    // FNV-1a over the template's JSON: stable across processes and versions of this crate,
+    // unlike the digests of owned objects (foldhash).
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(&serde_json::to_vec(template(sts)).expect("a pod template serialises"));
+    format!(
+        "{}-{:010x}",
+        mc.name_any(),
+        hasher.finish() & 0xff_ffff_ffff
+    )
+}
+
+/// The StatefulSet's pod template, which the members are made from.
+fn template(sts: &StatefulSet) -> &PodTemplateSpec {
+    &sts.spec
         .as_ref()
         .expect("a StatefulSet has a spec")
-        .template;
-    // FNV-1a over the template's JSON: stable across processes and versions of this crate,
-    // unlike the standard library's hasher.
-    let bytes = serde_json::to_vec(template).expect("a pod template serialises");
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{}-{:010x}", mc.name_any(), hash & 0xff_ffff_ffff)
+        .template
 }
 
 /// The ControllerRevision that keeps `revision`'s template, in the StatefulSet controller's form
@@ -43,11 +49,6 @@ pub fn controller_revision(
     sts: &StatefulSet,
     revision: &str,
 ) -> ControllerRevision {
-    let template = &sts
-        .spec
-        .as_ref()
-        .expect("a StatefulSet has a spec")
-        .template;
     let mut metadata = owned_metadata(mc);
     metadata.name = Some(revision.to_string());
     metadata
@@ -56,7 +57,7 @@ pub fn controller_revision(
         .extend(selector_labels(mc));
     ControllerRevision {
         metadata,
-        data: Some(RawExtension(json!({"spec": {"template": template}}))),
+        data: Some(RawExtension(json!({"spec": {"template": template(sts)}}))),
         // Only one revision is the current one; the number only orders them for people.
         revision: 1,
     }
@@ -64,11 +65,10 @@ pub fn controller_revision(
 
 /// Member `ordinal` of `mc`, made from `sts`'s template of `revision`.
 pub fn member(mc: &Memcached, sts: &StatefulSet, revision: &str, ordinal: i32) -> Pod {
-    let spec = sts.spec.as_ref().expect("a StatefulSet has a spec");
     let PodTemplateSpec {
         metadata,
         spec: pod_spec,
-    } = spec.template.clone();
+    } = template(sts).clone();
     let name = format!("{}-{ordinal}", mc.name_any());
     let mut meta = metadata.unwrap_or_default();
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
@@ -79,7 +79,7 @@ pub fn member(mc: &Memcached, sts: &StatefulSet, revision: &str, ordinal: i32) -
     meta.owner_references = owned_metadata(mc).owner_references;
     let mut pod_spec = pod_spec.unwrap_or_default();
     pod_spec.hostname = Some(name);
-    pod_spec.subdomain = spec.service_name.clone();
+    pod_spec.subdomain = sts.spec.as_ref().and_then(|s| s.service_name.clone());
     Pod {
         metadata: meta,
         spec: Some(pod_spec),

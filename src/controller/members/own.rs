@@ -8,7 +8,7 @@
 //! For Memcacheds that have no StatefulSet: one made by an earlier operator keeps it.
 
 use futures::future::join_all;
-use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSetStatus};
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, PostParams};
@@ -28,7 +28,6 @@ pub struct OwnMembers {
     pub revision: String,
     /// Counted as a StatefulSet's status counts its pods, for the Memcached's status.
     pub status: StatefulSetStatus,
-    generation: Option<i64>,
     /// Pods were created or deleted: their watch events refresh the status.
     pub written: bool,
 }
@@ -36,7 +35,7 @@ pub struct OwnMembers {
 impl OwnMembers {
     pub fn seen(&self) -> StatefulSetSeen<'_> {
         StatefulSetSeen {
-            generation: self.generation,
+            generation: self.status.observed_generation,
             status: Some(&self.status),
         }
     }
@@ -53,28 +52,29 @@ impl OwnMembers {
 
 /// The members as they are, with no request.
 pub fn observe(ctx: &Context, mc: &Memcached) -> OwnMembers {
+    look(ctx, mc).2
+}
+
+/// The template the members should have, the members there are, and both counted.
+fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers) {
     let sts = resources::stateful_set(mc, &ctx.images);
     let revision = members::revision(mc, &sts);
     let seen = ctx
         .pods
         .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
     let status = counted(mc, &seen, &revision, Timestamp::now());
-    OwnMembers {
+    let own = OwnMembers {
         revision,
         status,
-        generation: mc.metadata.generation,
         written: false,
-    }
+    };
+    (sts, seen, own)
 }
 
 /// Creates the members missing and deletes those beyond the size; keeps the ControllerRevision
 /// of the current template while members are made from it or an update moves them to it.
 pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
-    let mut own = observe(ctx, mc);
-    let sts = resources::stateful_set(mc, &ctx.images);
-    let seen = ctx
-        .pods
-        .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let (sts, seen, mut own) = look(ctx, mc);
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     let (create, delete) = members::plan(mc, mc.spec.size, &names);
     let update_starts = !seen.is_empty()
