@@ -45,6 +45,18 @@ pub enum Refusal {
     Forbidden,
 }
 
+impl Refusal {
+    /// The refusal an API status code is, if it is one: a 4xx other than not-found, conflict
+    /// and throttling.
+    pub fn of(code: u16) -> Option<Self> {
+        match code {
+            403 => Some(Refusal::Forbidden),
+            400..=499 if ![404, 409, 429].contains(&code) => Some(Refusal::Invalid),
+            _ => None,
+        }
+    }
+}
+
 impl Error {
     /// Low-cardinality label for metrics.
     pub fn metric_label(&self) -> &'static str {
@@ -78,11 +90,7 @@ impl Error {
         else {
             return None;
         };
-        let refusal = match status.code {
-            403 => Refusal::Forbidden,
-            400..=499 if ![404, 409, 429].contains(&status.code) => Refusal::Invalid,
-            _ => return None,
-        };
+        let refusal = Refusal::of(status.code)?;
         Some((
             refusal,
             format!("the API server refused {kind} {name}: {}", status.message),

@@ -299,7 +299,8 @@ pub mod apiserver {
         }
 
         /// Answers the next `n` requests in whatever order they come (a reconcile sends its
-        /// events in the background): a status apply as `echo_status` does, the rest as `echo`.
+        /// events in the background): a status apply as `echo_status` does, a delete with
+        /// success, the rest as `echo`.
         pub async fn echo_any_order(&mut self, n: usize, mc: &crate::api::Memcached) -> Vec<Seen> {
             let mut seen = Vec::new();
             for _ in 0..n {
@@ -308,6 +309,8 @@ pub mod apiserver {
                     let mut object = serde_json::to_value(mc).unwrap();
                     object["status"] = request.body["status"].clone();
                     object
+                } else if request.method == "DELETE" {
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
                 } else {
                     echoed(&request.body)
                 };

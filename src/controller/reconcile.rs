@@ -21,7 +21,7 @@ use super::members::own;
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
-use super::{autoscale, binding, creation, members, migration};
+use super::{autoscale, binding, creation, members, migration, rollouts};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::config::Members;
@@ -41,6 +41,8 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
         ctx.events.forget(mc);
         ctx.autoscaler.forget(mc);
+        ctx.rollouts
+            .members(&mc.namespace().unwrap_or_default(), &mc.name_any(), false);
         return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
@@ -235,7 +237,16 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
 
     // The members take the StatefulSet's template one at a time, in place where they can.
     let members_written = stateful_set_written || own_members.as_ref().is_some_and(|o| o.written);
+    if let Some(own) = &own_members {
+        // No StatefulSet's watch tells the rollout budget of these members: their count does.
+        let rolling = !own.waiting && rollouts::is_status_rolling(mc.spec.size, &own.status);
+        ctx.rollouts.members(&ns, &mc.name_any(), rolling);
+        if own.waiting {
+            rollout_queued = Some(ctx.rollouts.limit());
+        }
+    }
     let keeper = match (&own_members, stateful_set.as_deref()) {
+        (Some(own), _) if own.waiting => None,
         (Some(own), _) => Some(own.keeper(mc)),
         (None, Some(sts)) => members::Keeper::stateful_set(sts),
         (None, None) => None,
@@ -272,13 +283,18 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             Err(why) => (blocked, bound) = (Some(why), None),
         }
     }
-    // Pods the StatefulSet wants and does not run: its events may say why.
-    let pods_missing = stateful_set
-        .as_deref()
-        .is_some_and(|sts| creation::pods_missing(sts, &pods.names));
-    let creation_refused = match (&blocked, stateful_set.as_deref()) {
-        (None, Some(sts)) if pods_missing => creation::refused(ctx, sts).await?,
-        _ => None,
+    // Pods the StatefulSet wants and does not run: its events may say why. Members of our own
+    // that could not be created say why themselves.
+    let (pods_missing, creation_refused) = match (&own_members, stateful_set.as_deref()) {
+        (Some(own), _) => (own.refused.is_some(), own.refused.clone()),
+        (None, Some(sts)) if creation::pods_missing(sts, &pods.names) => (
+            true,
+            match &blocked {
+                None => creation::refused(ctx, sts).await?,
+                Some(_) => None,
+            },
+        ),
+        (None, _) => (false, None),
     };
     let observed = Observed {
         stateful_set: match &own_members {
@@ -363,20 +379,11 @@ async fn ensure_stateful_set(
         None => legacy,
         Some(existing) => existing.needs(&desired) && existing.template_needs(&desired),
     };
-    if rolls && rollout_must_wait(ctx, mc) {
+    if rolls && ctx.rollouts.must_wait(mc) {
         return Ok((existing.map(Ensured::unchanged), true));
     }
     let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
     Ok((Some(applied), false))
-}
-
-/// Whether a rollout for a reason the Memcached's spec did not give (an operator upgrade) must
-/// wait because the rollout budget is spent; see rollouts.rs.
-fn rollout_must_wait(ctx: &Context, mc: &Memcached) -> bool {
-    !status::spec_changed(mc)
-        && !ctx
-            .rollouts
-            .try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
 }
 
 /// Why nothing may be applied: an object of our name that this Memcached does not control is

@@ -3,8 +3,9 @@
 //! When the operator itself changes the pod template (an upgrade with a new default image from
 //! `RELATED_IMAGE_MEMCACHED`, or new pod settings), every Memcached's StatefulSet would roll at
 //! the same moment, and every cache in the cluster would lose part of its keys at once. So such a
-//! change starts only while fewer than `limit` owned StatefulSets are rolling; the rest wait their
-//! turn. A change the Memcached's own spec asked for (its generation moved) never waits.
+//! change starts only while fewer than `limit` owned StatefulSets (or Memcacheds whose members the
+//! operator keeps itself) are rolling; the rest wait their turn. A change the Memcached's own spec
+//! asked for (its generation moved) never waits.
 //!
 //! "Rolling" is what `kubectl rollout status` waits for: the StatefulSet controller has not yet
 //! seen the spec, or not every replica is updated and available. A StatefulSet has no progress
@@ -15,11 +16,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use super::owned::OwnedObject;
+use crate::api::Memcached;
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
@@ -43,6 +45,9 @@ struct State {
     rolling: Relisted<HashMap<Key, Instant>>,
     /// Granted, and not yet seen rolling by the watch.
     reserved: HashMap<Key, Instant>,
+    /// Memcacheds whose members the operator keeps itself (no StatefulSet to watch), rolling
+    /// since when, as their reconciles report them.
+    members: HashMap<Key, Instant>,
 }
 
 impl Rollouts {
@@ -71,6 +76,26 @@ impl Rollouts {
         });
     }
 
+    /// Whether the members the operator keeps itself for Memcached `namespace/name` are
+    /// rolling, as its reconcile counted them (`is_status_rolling`); a Memcached gone is not.
+    pub fn members(&self, namespace: &str, name: &str, rolling: bool) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut state = lock(&self.state);
+        if rolling {
+            state.reserved.remove(&key);
+            state.members.entry(key).or_insert_with(Instant::now);
+        } else {
+            state.members.remove(&key);
+        }
+    }
+
+    /// Whether a rollout of `mc`'s members for a reason its spec did not give (an operator
+    /// upgrade) must wait because the budget is spent.
+    pub fn must_wait(&self, mc: &Memcached) -> bool {
+        !crate::status::spec_changed(mc)
+            && !self.try_start(&mc.namespace().unwrap_or_default(), &mc.name_any())
+    }
+
     /// Whether the StatefulSet `namespace/name` may start a rollout nobody asked for now. Granted
     /// means counted at once, before the watch shows it rolling, so concurrent reconciles cannot
     /// all take the last slot.
@@ -84,10 +109,17 @@ impl Rollouts {
         }
         let mut state = lock(&self.state);
         let key = (namespace.to_string(), name.to_string());
-        if state.rolling.live().contains_key(&key) || state.reserved.contains_key(&key) {
+        if state.rolling.live().contains_key(&key)
+            || state.reserved.contains_key(&key)
+            || state.members.contains_key(&key)
+        {
             return true;
         }
-        let State { rolling, reserved } = &mut *state;
+        let State {
+            rolling,
+            reserved,
+            members,
+        } = &mut *state;
         let rolling = rolling.live();
         reserved.retain(|k, granted| {
             now.duration_since(*granted) < RESERVATION && !rolling.contains_key(k)
@@ -95,7 +127,9 @@ impl Rollouts {
         // Below the limit even counting the stuck ones: no need to walk them (a hot path while
         // an upgrade queues every Memcached).
         let at_limit = |rolling_count: usize| rolling_count + reserved.len() >= self.limit;
-        if at_limit(rolling.len()) && at_limit(counted(rolling, now)) {
+        if at_limit(rolling.len() + members.len())
+            && at_limit(counted(rolling, now) + counted(members, now))
+        {
             return false;
         }
         reserved.insert(key, now);
@@ -108,7 +142,8 @@ impl Rollouts {
 
     pub fn rolling(&self) -> usize {
         let state = lock(&self.state);
-        counted(state.rolling.live(), Instant::now()) + state.reserved.len()
+        let now = Instant::now();
+        counted(state.rolling.live(), now) + counted(&state.members, now) + state.reserved.len()
     }
 }
 
@@ -141,7 +176,12 @@ pub fn is_rolling(d: &OwnedObject<StatefulSet>) -> bool {
     if d.metadata.generation > status.observed_generation {
         return true;
     }
-    let desired = d.replicas.unwrap_or(1);
+    is_status_rolling(d.replicas.unwrap_or(1), status)
+}
+
+/// The same test of a status, counted by a StatefulSet's controller or by the operator for the
+/// members it keeps itself: `desired` replicas not all updated and available.
+pub fn is_status_rolling(desired: i32, status: &StatefulSetStatus) -> bool {
     let updated = status.updated_replicas.unwrap_or(0);
     updated < desired
         || status.replicas > updated
@@ -238,6 +278,18 @@ mod tests {
         rollouts.observe(&watcher::Event::InitApply(stateful_set("b", false)));
         rollouts.observe(&watcher::Event::InitDone);
         assert_eq!(rollouts.rolling(), 0, "deleted during the gap: not rolling");
+    }
+
+    #[test]
+    fn members_kept_by_the_operator_hold_a_slot_while_their_reconciles_count_them_rolling() {
+        let rollouts = Rollouts::new(1);
+        assert!(rollouts.try_start("default", "a"), "granted");
+        rollouts.members("default", "a", true);
+        assert!(!rollouts.try_start("default", "b"), "a rolls");
+        assert!(rollouts.try_start("default", "a"), "a keeps its slot");
+        assert_eq!(rollouts.rolling(), 1, "counted once, not also as reserved");
+        rollouts.members("default", "a", false);
+        assert!(rollouts.try_start("default", "b"), "a is done");
     }
 
     #[test]

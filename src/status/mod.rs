@@ -42,8 +42,8 @@ pub struct Observed<'a> {
     pub binding: Option<String>,
     /// The certificate Secret the pods mount that cert-manager has not issued yet.
     pub unissued: Option<String>,
-    /// Why the StatefulSet cannot create pods (its latest `FailedCreate` event), when pods are
-    /// missing.
+    /// Why pods cannot be created, when pods are missing: the StatefulSet's latest
+    /// `FailedCreate` event, or the refusal of a member's create.
     pub creation_refused: Option<&'a str>,
     /// Ready pods of the Deployment it had before its StatefulSet, while it still has it.
     pub legacy_ready: Option<i32>,
@@ -261,7 +261,7 @@ fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
     if let Some(words) = observed.creation_refused {
         return Some(Trouble {
             reason: Reason::PodCreationRefused,
-            summary: format!("{pods_ready}; the StatefulSet cannot create pods"),
+            summary: format!("{pods_ready}; pods cannot be created"),
             words: words.to_string(),
             lasting: true,
         });
@@ -697,7 +697,7 @@ mod tests {
             assert_eq!(find(&s, type_).reason, "PodCreationRefused");
             assert_eq!(
                 find(&s, type_).message,
-                "0/2 pods are ready; the StatefulSet cannot create pods: pods \"cache-1\" is forbidden: exceeded quota: pods=2"
+                "0/2 pods are ready; pods cannot be created: pods \"cache-1\" is forbidden: exceeded quota: pods=2"
             );
         }
         assert_eq!(find(&s, AVAILABLE).status, "False");

@@ -36,7 +36,7 @@ pub enum Reason {
     ImagePullFailed,
     CrashLooping,
     OOMKilled,
-    /// The StatefulSet cannot create pods (a quota, an admission policy).
+    /// Pods cannot be created (a quota, an admission policy).
     PodCreationRefused,
     /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
     CertificatePending,

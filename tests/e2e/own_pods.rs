@@ -1,19 +1,22 @@
 //! The members as pods the operator keeps itself (`--members=pods`, issue 36's measurement), with
 //! the RBAC of `config/own-pods`: no StatefulSet; the members made under the names the
 //! StatefulSet gave them, scaled from the top, made again when lost, updated in place or replaced
-//! as under the StatefulSet, and collected with their Memcached.
+//! as under the StatefulSet, refused by a quota in the API server's words, and collected with
+//! their Memcached; an event for each member made or deleted; the revisions no member has
+//! collected.
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::Client;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 
 use super::harness::{
-    CONVERGE, Operator, OperatorOptions, Rbac, admin, create, memcached, namespace, set_size,
-    shipped_rules, wait_converged, wait_for,
+    CONVERGE, Operator, OperatorOptions, Rbac, admin, create, events_with_reason, memcached,
+    namespace, set_size, shipped_rules, wait_converged, wait_degraded, wait_for,
 };
 use super::members::{
     a_new_image_restarts_each_member_once_in_place, a_new_item_size_replaces_each_member, members,
@@ -63,10 +66,61 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     let revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns);
     let kept = revisions.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(kept.len(), 1, "the template's revision");
+    let first = kept[0].name_any();
+    wait_for("an event for each member made", CONVERGE, || async {
+        let created = notes(&client, &ns, "Created").await;
+        ["cache-0", "cache-1", "cache-2"]
+            .iter()
+            .all(|m| created.contains(&format!("Created Pod {m}")))
+            .then_some(())
+    })
+    .await;
 
     // Down from the top, and up again under the same names.
     set_size(&client, &ns, "cache", 1).await;
     assert_eq!(wait_converged(&client, &ns, "cache", 1).await, ["cache-0"]);
+    wait_for("an event for each member deleted", CONVERGE, || async {
+        let deleted = notes(&client, &ns, "Deleted").await;
+        ["cache-1", "cache-2"]
+            .iter()
+            .all(|m| {
+                deleted
+                    .iter()
+                    .any(|n| n.starts_with(&format!("Deleted Pod {m}:")))
+            })
+            .then_some(())
+    })
+    .await;
+    set_size(&client, &ns, "cache", 3).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // A quota of three pods: a fourth member is refused, in the API server's words, and made
+    // once the quota is gone (no watch event tells of that: the recheck finds it).
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns);
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "three-pods"},
+        "spec": {"hard": {"pods": "3"}},
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    wait_for("the quota counted", CONVERGE, || async {
+        let used = quotas.get("three-pods").await.ok()?.status?.used?;
+        (used.get("pods")?.0 == "3").then_some(())
+    })
+    .await;
+    set_size(&client, &ns, "cache", 4).await;
+    let message = wait_degraded(&mcs, "cache", "PodCreationRefused", CONVERGE).await;
+    assert!(
+        message.starts_with("3/4 pods are ready; pods cannot be created: ")
+            && message.contains("cache-3")
+            && message.contains("exceeded quota: three-pods"),
+        "{message}"
+    );
+    quotas
+        .delete("three-pods", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_converged(&client, &ns, "cache", 4).await;
     set_size(&client, &ns, "cache", 3).await;
     wait_converged(&client, &ns, "cache", 3).await;
 
@@ -88,8 +142,22 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     // A new item size: each member evicted (its budget holds, through the Memcached's scale
     // subresource) and made anew from the new revision by the operator.
     a_new_item_size_replaces_each_member(&pods, &mcs, &after).await;
-    let kept = revisions.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(kept.len(), 3, "each template's revision");
+    // Three revisions: the first, which no member had any more when the third's update
+    // started, is collected.
+    let kept: Vec<String> = revisions
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|r| r.name_any())
+        .collect();
+    assert_eq!(
+        kept.len(),
+        2,
+        "the revisions the members had and have: {kept:?}"
+    );
+    assert!(!kept.contains(&first), "{first} collected: {kept:?}");
     operator.assert_no_failed_reconciles().await;
 
     // Deleted with their Memcached, by the garbage collector.
@@ -99,4 +167,13 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
         left.is_empty().then_some(())
     })
     .await;
+}
+
+/// The notes of the events of `reason` on Memcached "cache".
+async fn notes(client: &Client, ns: &str, reason: &str) -> Vec<String> {
+    events_with_reason(client, ns, "cache", reason)
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect()
 }

@@ -277,8 +277,8 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
     .await;
     let message = wait_named(&mcs, "cache", "PodCreationRefused", true, reported).await;
     assert!(
-        message.starts_with("1/2 pods are ready; the StatefulSet cannot create pods: ")
-            || message.starts_with("0/2 pods are ready; the StatefulSet cannot create pods: "),
+        message.starts_with("1/2 pods are ready; pods cannot be created: ")
+            || message.starts_with("0/2 pods are ready; pods cannot be created: "),
         "{message}"
     );
     assert!(

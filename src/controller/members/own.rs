@@ -10,15 +10,17 @@
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use super::Keeper;
 use crate::api::Memcached;
 use crate::controller::context::Context;
+use crate::controller::events::Change;
 use crate::controller::pod_index::Member;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::StatefulSetSeen;
 
@@ -30,6 +32,12 @@ pub struct OwnMembers {
     pub status: StatefulSetStatus,
     /// Pods were created or deleted: their watch events refresh the status.
     pub written: bool,
+    /// An update nobody asked for waits for the rollout budget: the members keep their
+    /// revision.
+    pub waiting: bool,
+    /// Why a member could not be created (a quota, an admission policy), in the API server's
+    /// words: reported in the status, and tried again on the next reconcile.
+    pub refused: Option<String>,
 }
 
 impl OwnMembers {
@@ -67,6 +75,8 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
         revision,
         status,
         written: false,
+        waiting: false,
+        refused: None,
     };
     (sts, seen, own)
 }
@@ -77,10 +87,15 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     let (sts, seen, mut own) = look(ctx, mc);
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     let (create, delete) = members::plan(mc, mc.spec.size, &names);
-    let update_starts = !seen.is_empty()
+    let mut update_starts = !seen.is_empty()
         && seen
             .iter()
             .all(|m| m.revision.as_deref() != Some(own.revision.as_str()));
+    // An update nobody asked for (an operator upgrade) waits for the rollout budget, as a
+    // StatefulSet's would; once started, it goes on.
+    if update_starts && ctx.rollouts.must_wait(mc) {
+        (update_starts, own.waiting) = (false, true);
+    }
     if create.is_empty() && delete.is_empty() && !update_starts {
         return Ok(own);
     }
@@ -98,48 +113,102 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
             return Ok(());
         }
         let body = members::controller_revision(mc, &sts, &own.revision);
-        created(
-            revisions.create(&params, &body).await,
-            "ControllerRevision",
-            &own.revision,
-        )
+        match revisions.create(&params, &body).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(source) => return Err(apply_error("ControllerRevision", &own.revision, source)),
+        }
+        if !update_starts {
+            return Ok(());
+        }
+        // The revisions no member has and no update moves to any more, in one request; those
+        // the members have stay until an update has moved them on.
+        let mut keep: Vec<&str> = seen.iter().filter_map(|m| m.revision.as_deref()).collect();
+        keep.push(&own.revision);
+        revisions
+            .delete_collection(&DeleteParams::default(), &history(mc, &keep))
+            .await
+            .map(|_| ())
+            .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))
     };
     let creates = join_all(create.iter().map(|ordinal| {
         let pod = members::member(mc, &sts, &own.revision, *ordinal);
         let pods = &pods;
         let params = &params;
         async move {
-            let name = pod.name_any();
-            created(pods.create(params, &pod).await, "Pod", &name)
+            match pods.create(params, &pod).await {
+                Ok(created) => {
+                    ctx.events.applied(mc, &created, &Change::Created);
+                    Ok(Made::Written)
+                }
+                Err(error) => made(error, &pod.name_any()),
+            }
         }
     }));
     let deletes = join_all(delete.iter().map(|name| {
-        let pods = &pods;
+        let (pods, ns) = (&pods, &ns);
         async move {
             match pods.delete(name, &DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Ok(_) => {
+                    let pod = Pod {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_string()),
+                            namespace: Some(ns.clone()),
+                            ..ObjectMeta::default()
+                        },
+                        ..Pod::default()
+                    };
+                    ctx.events.applied(mc, &pod, &Change::Deleted);
+                    Ok(Made::Written)
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(Made::There),
                 Err(source) => Err(apply_error("Pod", name, source)),
             }
         }
     }));
     let (revision, creates, deletes) = tokio::join!(revision, creates, deletes);
     revision?;
-    creates
-        .into_iter()
-        .chain(deletes)
-        .collect::<Result<Vec<()>>>()?;
-    own.written = !create.is_empty() || !delete.is_empty();
+    for made in creates.into_iter().chain(deletes) {
+        match made? {
+            Made::Written => own.written = true,
+            Made::There => {}
+            Made::Refused(words) => {
+                own.refused.get_or_insert(words);
+            }
+        }
+    }
     Ok(own)
 }
 
-/// A create that found its object there already is done: a member still being deleted under the
-/// name is made again once its deletion event comes.
-fn created<K>(result: kube::Result<K>, kind: &str, name: &str) -> Result<()> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(source) => Err(apply_error(kind, name, source)),
+/// The Memcached's ControllerRevisions but those named in `keep`.
+fn history(mc: &Memcached, keep: &[&str]) -> ListParams {
+    let mut names: Vec<String> = keep.iter().map(|n| format!("metadata.name!={n}")).collect();
+    names.sort();
+    names.dedup();
+    ListParams::default()
+        .labels(&resources::selector_string(mc))
+        .fields(&names.join(","))
+}
+
+/// What a member's create (or delete) came to.
+enum Made {
+    /// Created (or deleted): its watch event brings a status refresh.
+    Written,
+    /// Nothing to do: there already (or gone already).
+    There,
+    /// Refused for good, in the API server's words.
+    Refused(String),
+}
+
+/// A member's create that failed: one there already is done (a member still being deleted
+/// under the name is made again once its deletion event comes); a refusal (a quota, an
+/// admission policy) is reported rather than failing the reconcile, so that the Memcached's
+/// other objects are kept and its status says why members are missing.
+fn made(error: kube::Error, name: &str) -> Result<Made> {
+    match error {
+        kube::Error::Api(e) if e.code == 409 => Ok(Made::There),
+        kube::Error::Api(e) if Refusal::of(e.code).is_some() => Ok(Made::Refused(e.message)),
+        source => Err(apply_error("Pod", name, source)),
     }
 }
 
@@ -188,6 +257,20 @@ mod tests {
             ready_since: ready_for.map(|s| now - SignedDuration::from_secs(s)),
             revision: Some(revision.into()),
         }
+    }
+
+    #[test]
+    fn the_history_is_the_memcacheds_revisions_but_those_kept() {
+        let mc = memcached("cache", 3);
+        let params = history(&mc, &["cache-b", "cache-a", "cache-b"]);
+        assert_eq!(
+            params.label_selector.as_deref(),
+            Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached")
+        );
+        assert_eq!(
+            params.field_selector.as_deref(),
+            Some("metadata.name!=cache-a,metadata.name!=cache-b")
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ async fn a_refused_pod_creation_is_reported_with_the_stateful_sets_words() {
             assert!(query.contains(field), "{query}");
         }
         let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
-        let message = format!("1/3 pods are ready; the StatefulSet cannot create pods: {QUOTA}");
+        let message = format!("1/3 pods are ready; pods cannot be created: {QUOTA}");
         for type_ in [AVAILABLE, DEGRADED] {
             let c = status.body["status"]["conditions"]
                 .as_array()

@@ -2,11 +2,24 @@
 //! its revision, Service and budget go out together; the pod watch counts them for the status;
 //! a smaller size deletes from the top.
 
+use http::StatusCode;
+
 use super::*;
 use crate::resources::REVISION_LABEL;
 
 const PODS: &str = "/api/v1/namespaces/default/pods";
 const REVISIONS: &str = "/apis/apps/v1/namespaces/default/controllerrevisions";
+
+/// The notes of the events among `seen`, sorted.
+fn notes(seen: &[apiserver::Seen]) -> Vec<String> {
+    let mut notes: Vec<String> = seen
+        .iter()
+        .filter(|r| r.path() == EVENTS)
+        .map(|r| r.body["note"].as_str().unwrap().to_string())
+        .collect();
+    notes.sort();
+    notes
+}
 
 /// Member `name` as the pod watch sees it: Ready, of `revision`.
 fn ready_member(name: &str, revision: &str) -> PodMeta {
@@ -20,8 +33,8 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     let sent = mc.clone();
     let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
         // Seven requests, none waiting for another: the revision, three members, the
-        // Service, the budget and the Service's event.
-        let seen = api.echo_any_order(7, &sent).await;
+        // Service, the budget; and the events of the Service and of each member.
+        let seen = api.echo_any_order(10, &sent).await;
         let posted = |path: &str| -> Vec<&serde_json::Value> {
             seen.iter()
                 .filter(|r| (r.method.as_str(), r.path()) == ("POST", path))
@@ -40,6 +53,15 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
             assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-cache");
             assert_eq!(pod["spec"]["subdomain"], "cache");
         }
+        assert_eq!(
+            notes(&seen),
+            [
+                "Created Pod cache-0",
+                "Created Pod cache-1",
+                "Created Pod cache-2",
+                "Created Service cache"
+            ]
+        );
         assert!(seen.iter().any(|r| r.path() == SERVICE));
         assert!(seen.iter().any(|r| r.path() == BUDGET));
         assert!(
@@ -86,7 +108,15 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     smaller.spec.size = 1;
     smaller.metadata.generation = Some(2);
     let outcome = scenario(smaller.clone(), ctx, api, |mut api| async move {
-        let seen = api.echo_any_order(3, &smaller).await;
+        let seen = api.echo_any_order(6, &smaller).await;
+        assert_eq!(
+            notes(&seen),
+            [
+                "Deleted Pod cache-1: no longer wanted by the spec",
+                "Deleted Pod cache-2: no longer wanted by the spec",
+                "Deleted PodDisruptionBudget cache: no longer wanted by the spec"
+            ]
+        );
         let mut deleted: Vec<_> = seen
             .iter()
             .filter(|r| r.method == "DELETE")
@@ -105,4 +135,143 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     })
     .await;
     assert_eq!(outcome.unwrap(), Outcome::Converged);
+}
+
+#[tokio::test]
+async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_again() {
+    // A quota of two pods: cache-2's create is refused, the rest is kept.
+    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let mc = memcached("cache", 3);
+    caches.add_service(resources::service(&mc));
+    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
+    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
+    for name in ["cache-0", "cache-1"] {
+        ctx.pods
+            .observe(&watcher::Event::Apply(ready_member(name, &revision)));
+    }
+    let quota = "pods \"cache-2\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2";
+    let reported = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let mut created = Vec::new();
+        for _ in 0..2 {
+            let (seen, reply) = api.receive_any().await;
+            created.push((seen.method.clone(), seen.path().to_string()));
+            if seen.path() == PODS {
+                assert_eq!(seen.body["metadata"]["name"], "cache-2");
+                reply.send(
+                    StatusCode::FORBIDDEN,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Forbidden", "code": 403, "message": quota}),
+                );
+            } else {
+                reply.send(StatusCode::OK, &apiserver::echoed(&seen.body));
+            }
+        }
+        created.sort();
+        assert_eq!(
+            created,
+            [
+                ("POST".into(), PODS.into()),
+                ("POST".into(), REVISIONS.into())
+            ]
+        );
+        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+        let message = format!("2/3 pods are ready; pods cannot be created: {quota}");
+        for type_ in [AVAILABLE, DEGRADED] {
+            let c = status.body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == type_)
+                .unwrap();
+            assert_eq!(c["reason"], "PodCreationRefused");
+            assert_eq!(c["message"], message.as_str());
+        }
+        assert_eq!(condition(&status.body, DEGRADED).0, "True");
+        let [warning] = &events[..] else {
+            panic!("one event: {}", events.len());
+        };
+        assert_eq!(
+            (&warning.body["type"], &warning.body["reason"]),
+            (&json!("Warning"), &json!("PodCreationRefused"))
+        );
+        api
+    })
+    .await;
+    let outcome = outcome.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::PodsMissing,
+        "no watch event tells of a raised quota"
+    );
+    assert_eq!(outcome.next(), Next::After(outcome::MISSING_RECHECK));
+}
+
+#[tokio::test]
+async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
+    // An operator upgrade changed the members' template; another Memcached's members hold the
+    // only slot.
+    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let mut ctx = Arc::into_inner(ctx).unwrap();
+    ctx.rollouts = Arc::new(Rollouts::new(1));
+    let ctx = Arc::new(ctx);
+    ctx.rollouts.members("default", "other", true);
+    let mut mc = memcached("cache", 1);
+    mc.status = Some(crate::api::MemcachedStatus {
+        observed_generation: mc.metadata.generation,
+        ..Default::default()
+    });
+    caches.add_service(resources::service(&mc));
+    ctx.pods
+        .observe(&watcher::Event::Apply(ready_member("cache-0", "cache-old")));
+    let reported = mc.clone();
+    let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        // No revision posted, no member touched: only the status, which says why.
+        let status = api.echo_status(STATUS, &reported).await;
+        assert_eq!(
+            condition(&status.body, PROGRESSING),
+            ("True".into(), "RolloutQueued".into())
+        );
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::WaitingForRolloutSlot);
+    assert_eq!(
+        ctx.rollouts.rolling(),
+        1,
+        "a waiting Memcached holds no slot"
+    );
+
+    // The other's members are all updated: this one's update starts, with the new revision
+    // posted and the revisions no member has collected.
+    ctx.rollouts.members("default", "other", false);
+    let outcome = scenario(mc, ctx.clone(), api, |mut api| async move {
+        api.echo("POST", REVISIONS).await;
+        let pruned = api
+            .expect(
+                "DELETE",
+                REVISIONS,
+                StatusCode::OK,
+                |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            )
+            .await;
+        let query = pruned
+            .path_and_query
+            .replace("%3D", "=")
+            .replace("%21", "!");
+        assert!(query.contains("metadata.name!=cache-old"), "{query}");
+        // The update lists the members next; the script ends there.
+        api.expect(
+            "GET",
+            PODS,
+            StatusCode::NOT_FOUND,
+            |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}),
+        )
+        .await;
+        api
+    })
+    .await;
+    let error = outcome.unwrap_err().to_string();
+    assert!(error.contains("Pods of cache"), "the update began: {error}");
+    assert_eq!(ctx.rollouts.rolling(), 1, "this one holds the slot now");
 }
