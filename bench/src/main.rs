@@ -184,9 +184,6 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     op.wait_health("/readyz", Duration::from_secs(60)).await?;
 
     let kind = args.workload;
-    if kind == workload::Kind::Pods && scenarios.iter().any(|s| *s != "converge") {
-        bail!("with --workload pods, only the converge scenario (--scenarios converge)");
-    }
     let resource = kind.api_resource();
     let workloads: Store<Workload> =
         watched(Api::all_with(client.clone(), &resource), resource.clone()).await;
@@ -310,7 +307,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let profile = (args.profile_seconds > 0)
             .then(|| tokio::spawn(cluster.api_server_profile(args.profile_seconds)));
         let window = Instant::now();
-        let changes = size_change(&client, &workloads, &resource, &changed, 2, timeout).await?;
+        let changes = size_change(&client, &workloads, kind, &changed, 2, timeout).await?;
         let window = window.elapsed();
         let cpu_used = cpu_since(&cpu_before, &op);
         let control_plane = control_plane::Counters::read(&client)
@@ -318,12 +315,16 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let began = changes_began(&changes);
-        let writes = cluster.first_writes(audit::By::Operator, kind.plural(), began);
-        let Some((controller, controller_writes)) = kind.controller() else {
-            bail!("a size change is timed on a workload's replicas");
+        let mut writes = cluster.first_writes(audit::By::Operator, kind.plural(), began);
+        if kind == workload::Kind::Pods {
+            writes = workload::by_workload(writes);
+        }
+        let scaled = match kind.controller() {
+            Some((by, resource)) => {
+                workload::by_workload(cluster.first_writes(by, resource, began))
+            }
+            None => BTreeMap::new(),
         };
-        let scaled =
-            workload::by_workload(cluster.first_writes(controller, controller_writes, began));
         let parts = breakdown(&changes, &writes, &scaled);
         if let Some(profile) = profile {
             let path = args.out().with_extension("apiserver.pprof");
@@ -336,12 +337,17 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         // Settle before the next scenario: status writes for pods still starting are not restart
         // cost. Available, not only ready: with minReadySeconds a pod counts as available some
         // seconds after it is ready, and that change is reported too.
+        // Of pods, one more for each changed.
+        let settled_count = match kind {
+            workload::Kind::Pods => args.crs + changed.len(),
+            _ => args.crs,
+        };
         wait_count(
             &workloads,
             &format!("{} with all pods available", kind.title()),
-            args.crs,
+            settled_count,
             timeout,
-            workload::settled,
+            |w| kind.settled(w),
         )
         .await?;
         // Operators that report ready pods in status (ours does, the tutorial's does not) have
@@ -421,7 +427,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             patch_size(&client, ns, name, target_size).await?;
             wait_replicas(
                 &client,
-                &resource,
+                kind,
                 ns,
                 name,
                 target_size,
@@ -465,16 +471,21 @@ async fn patch_size(client: &Client, ns: &str, name: &str, size: i32) -> Result<
 
 async fn wait_replicas(
     client: &Client,
-    resource: &kube::core::ApiResource,
+    kind: workload::Kind,
     ns: &str,
     name: &str,
     replicas: i32,
     timeout: Duration,
 ) -> Result<()> {
-    let api: Api<Workload> = Api::namespaced_with(client.clone(), ns, resource);
+    let api: Api<Workload> = Api::namespaced_with(client.clone(), ns, &kind.api_resource());
     let deadline = Instant::now() + timeout;
+    let watched = kind.watched_name(name, replicas);
     loop {
-        if api.get_opt(name).await?.and_then(|w| w.spec.replicas) == Some(replicas) {
+        if api
+            .get_opt(&watched)
+            .await?
+            .is_some_and(|w| kind.reached(&w, replicas))
+        {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -570,11 +581,12 @@ fn changes_began(changes: &[Change]) -> Timestamp {
 async fn size_change(
     client: &Client,
     workloads: &Store<Workload>,
-    resource: &kube::core::ApiResource,
+    kind: workload::Kind,
     crs: &[&(String, String)],
     size: i32,
     timeout: Duration,
 ) -> Result<Vec<Change>> {
+    let resource = kind.api_resource();
     let sent = std::sync::Mutex::new(BTreeMap::new());
     let send = async {
         for (ns, name) in crs {
@@ -592,9 +604,10 @@ async fn size_change(
             // Only the objects still waited for: scanning the whole cache every few milliseconds
             // would take a core from the control plane being measured.
             sent.lock().unwrap().retain(|(ns, name), at| {
+                let watched = kind.watched_name(name, size);
                 let reached = workloads
-                    .get(&ObjectRef::new_with(name, resource.clone()).within(ns))
-                    .is_some_and(|w| workload::replicas(&w) == Some(size));
+                    .get(&ObjectRef::new_with(&watched, resource.clone()).within(ns))
+                    .is_some_and(|w| kind.reached(&w, size));
                 if reached {
                     changes.push(Change {
                         key: (ns.clone(), name.clone()),

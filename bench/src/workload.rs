@@ -23,7 +23,7 @@ pub enum Kind {
     #[value(name = "deployments")]
     Deployments,
     /// This operator keeping the members' pods itself (`--members=pods`): pods `<name>-0…`, no
-    /// workload between. Only the converge scenario.
+    /// workload between. Not the autoscaling scenario.
     #[value(name = "pods")]
     Pods,
 }
@@ -72,6 +72,31 @@ impl Kind {
         match self {
             Kind::Pods => benchmarks(w).then_some(1),
             _ => w.spec.replicas,
+        }
+    }
+
+    /// What the benchmark watches for Memcached `name` of `size`: its workload, of its name
+    /// (with `size` replicas), or its highest member, `<name>-<size - 1>` (there).
+    pub fn watched_name(self, name: &str, size: i32) -> String {
+        match self {
+            Kind::Pods => format!("{name}-{}", size - 1),
+            _ => name.to_string(),
+        }
+    }
+
+    /// Whether the watched object (`watched_name`) shows the Memcached at `size`.
+    pub fn reached(self, w: &Workload, size: i32) -> bool {
+        match self {
+            Kind::Pods => true,
+            _ => w.spec.replicas == Some(size),
+        }
+    }
+
+    /// Every pod it wants is ready and available: a pod of ours is its own.
+    pub fn settled(self, w: &Workload) -> bool {
+        match self {
+            Kind::Pods => self.ready_replicas(w) == Some(1),
+            _ => settled(w),
         }
     }
 
@@ -127,13 +152,9 @@ pub struct Condition {
 /// A StatefulSet or Deployment, as much of it as the benchmark reads.
 pub type Workload = Object<Spec, Status>;
 
-pub fn replicas(w: &Workload) -> Option<i32> {
-    w.spec.replicas
-}
-
 /// Every pod it wants is ready and available (with minReadySeconds, available comes later).
-pub fn settled(w: &Workload) -> bool {
-    let want = replicas(w);
+fn settled(w: &Workload) -> bool {
+    let want = w.spec.replicas;
     w.status
         .as_ref()
         .is_some_and(|s| s.ready_replicas == want && s.available_replicas == want)
@@ -215,9 +236,13 @@ mod tests {
             },
         });
         let sts: Workload = serde_json::from_value(stateful_set).unwrap();
-        assert_eq!(replicas(&sts), Some(2));
+        assert!(Kind::StatefulSets.reached(&sts, 2));
+        assert!(!Kind::StatefulSets.reached(&sts, 3));
         assert_eq!(Kind::StatefulSets.ready_replicas(&sts), Some(2));
-        assert!(!settled(&sts), "one pod not yet available");
+        assert!(
+            !Kind::StatefulSets.settled(&sts),
+            "one pod not yet available"
+        );
 
         let deployment = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -227,16 +252,16 @@ mod tests {
                        "conditions": [{"type": "Available", "status": "True"}]},
         });
         let deploy: Workload = serde_json::from_value(deployment).unwrap();
-        assert_eq!(replicas(&deploy), Some(1));
+        assert!(Kind::Deployments.reached(&deploy, 1));
         assert_eq!(Kind::Deployments.ready_replicas(&deploy), Some(1));
-        assert!(settled(&deploy));
+        assert!(Kind::Deployments.settled(&deploy));
 
         let new: Workload = serde_json::from_value(json!({
             "metadata": {"name": "mc-00002"}, "spec": {"replicas": 1},
         }))
         .unwrap();
         assert_eq!(Kind::StatefulSets.ready_replicas(&new), None);
-        assert!(!settled(&new), "no status yet");
+        assert!(!Kind::StatefulSets.settled(&new), "no status yet");
     }
 
     #[test]
@@ -254,6 +279,13 @@ mod tests {
         assert_eq!(Kind::Pods.ready_replicas(&pod("False")), Some(0));
         assert_eq!(Kind::Pods.ready_replicas(&pod("True")), Some(1));
         assert_eq!(Kind::StatefulSets.ready_replicas(&pod("True")), None);
+        assert!(Kind::Pods.settled(&pod("True")) && !Kind::Pods.settled(&pod("False")));
+        assert_eq!(
+            Kind::Pods.watched_name("mc-00001", 2),
+            "mc-00001-1",
+            "at size 2, its second member"
+        );
+        assert_eq!(Kind::StatefulSets.watched_name("mc-00001", 2), "mc-00001");
         let mut elsewhere = pod("True");
         elsewhere.metadata.namespace = Some("kube-system".into());
         assert_eq!(Kind::Pods.replicas(&elsewhere), None, "not the benchmark's");
