@@ -44,6 +44,9 @@ pub enum Outcome {
     WaitingForRolloutSlot,
     /// Members are being updated (members.rs): look again this soon, if no pod event comes first.
     UpdatingMembers(Duration),
+    /// Members the operator keeps itself are Ready but not yet for `minReadySeconds`: no event
+    /// comes when they are, so look again then to report them available.
+    MembersBecomingAvailable(Duration),
     /// The StatefulSet runs fewer pods than it wants (a quota, a policy, or a pod not yet
     /// replaced): look again for why.
     PodsMissing,
@@ -62,7 +65,9 @@ impl Outcome {
             Outcome::Converged | Outcome::Gone => Next::AwaitChange,
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
-            Outcome::UpdatingMembers(recheck) => Next::After(*recheck),
+            Outcome::UpdatingMembers(recheck) | Outcome::MembersBecomingAvailable(recheck) => {
+                Next::After(*recheck)
+            }
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
             Outcome::Autoscaling => Next::After(super::autoscale::POLL),
             Outcome::PodsMissing => Next::After(MISSING_RECHECK),

@@ -32,6 +32,9 @@ use crate::service_monitor::ServiceMonitor;
 use crate::status::{self, Blocked, Observed};
 use crate::validation;
 
+/// Past the moment a member is available: a Ready condition's time is whole seconds.
+const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Reconciles one Memcached; what follows (a recheck, a retry) is the worker's, from the outcome.
 pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
@@ -338,6 +341,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
             // Its controller retries with no change to watch: look again.
             _ if pods_missing => Outcome::PodsMissing,
+            _ if let Some(soon) = own_members.as_ref().and_then(|o| o.available_in) => {
+                // The watch tells when a pod is Ready, not when it has been for long enough.
+                Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
+            }
             _ if autoscale::enabled(mc) => Outcome::Autoscaling,
             _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
             _ => Outcome::Converged,

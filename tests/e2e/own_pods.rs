@@ -43,6 +43,12 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     let mc = create(&client, &ns, &memcached("cache", 3)).await;
     let names = wait_converged(&client, &ns, "cache", 3).await;
     assert_eq!(names, ["cache-0", "cache-1", "cache-2"]);
+    // Available once Ready for minReadySeconds (5 s by default), which no event tells of.
+    wait_for("3 available members reported", CONVERGE, || async {
+        let status = mcs.get("cache").await.ok()?.status?;
+        (status.available_replicas == 3).then_some(())
+    })
+    .await;
 
     // No StatefulSet: each member is the Memcached's, with its stable address under the Service.
     let sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);

@@ -7,6 +7,8 @@
 //!
 //! For Memcacheds that have no StatefulSet: one made by an earlier operator keeps it.
 
+use std::time::Duration;
+
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
@@ -35,6 +37,9 @@ pub struct OwnMembers {
     /// An update nobody asked for waits for the rollout budget: the members keep their
     /// revision.
     pub waiting: bool,
+    /// How soon the next Ready member has been Ready for `minReadySeconds`: no event tells
+    /// when (a StatefulSet's controller writes its status then).
+    pub available_in: Option<Duration>,
     /// Why a member could not be created (a quota, an admission policy), in the API server's
     /// words: reported in the status, and tried again on the next reconcile.
     pub refused: Option<String>,
@@ -70,8 +75,10 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
     let seen = ctx
         .pods
         .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
-    let status = counted(mc, &seen, &revision, Timestamp::now());
+    let now = Timestamp::now();
+    let status = counted(mc, &seen, &revision, now);
     let own = OwnMembers {
+        available_in: available_in(mc, &seen, now),
         revision,
         status,
         written: false,
@@ -220,16 +227,32 @@ fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
     }
 }
 
-/// The members counted as a StatefulSet counts its pods: there, Ready, Ready for
-/// `minReadySeconds`, of the current revision.
-fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> StatefulSetStatus {
-    let min_ready = SignedDuration::from_secs(i64::from(
+/// `minReadySeconds` of `mc`.
+fn min_ready(mc: &Memcached) -> SignedDuration {
+    SignedDuration::from_secs(i64::from(
         mc.spec
             .rollout
             .clone()
             .unwrap_or_default()
             .min_ready_seconds,
-    ));
+    ))
+}
+
+/// How long until the first of the Ready members not yet available is.
+fn available_in(mc: &Memcached, seen: &[Member], now: Timestamp) -> Option<Duration> {
+    let min_ready = min_ready(mc);
+    seen.iter()
+        .filter_map(|m| m.ready_since)
+        .map(|since| min_ready - now.duration_since(since))
+        .filter(|left| left.is_positive())
+        .min()
+        .and_then(|left| Duration::try_from(left).ok())
+}
+
+/// The members counted as a StatefulSet counts its pods: there, Ready, Ready for
+/// `minReadySeconds`, of the current revision.
+fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> StatefulSetStatus {
+    let min_ready = min_ready(mc);
     let count = |f: &dyn Fn(&Member) -> bool| Some(seen.iter().filter(|m| f(m)).count() as i32);
     StatefulSetStatus {
         replicas: seen.len() as i32,
@@ -296,5 +319,11 @@ mod tests {
         );
         assert_eq!(status.updated_replicas, Some(2));
         assert_eq!(status.update_revision.as_deref(), Some("new"));
+        assert_eq!(
+            available_in(&mc, &seen, now),
+            Some(Duration::from_secs(5)),
+            "cache-1, Ready for 5 of 10 s, is available in 5 s"
+        );
+        assert_eq!(available_in(&mc, &seen[..1], now), None, "all available");
     }
 }

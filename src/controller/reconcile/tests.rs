@@ -77,6 +77,30 @@ fn events_and_status(seen: Vec<apiserver::Seen>) -> (Vec<apiserver::Seen>, apise
     (events, status.remove(0))
 }
 
+/// `seen` is a status apply and one Warning event, both saying that pods cannot be created, in
+/// `message`: Available=False and Degraded=True.
+fn assert_creation_refused(seen: Vec<apiserver::Seen>, message: &str) {
+    let (events, status) = events_and_status(seen);
+    for type_ in [AVAILABLE, DEGRADED] {
+        let c = status.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap();
+        assert_eq!(c["reason"], "PodCreationRefused");
+        assert_eq!(c["message"], message);
+    }
+    assert_eq!(condition(&status.body, DEGRADED).0, "True");
+    let [warning] = &events[..] else {
+        panic!("one event: {}", events.len());
+    };
+    assert_eq!(
+        (&warning.body["type"], &warning.body["reason"]),
+        (&json!("Warning"), &json!("PodCreationRefused"))
+    );
+}
+
 /// Pod `name` of Memcached `cache` as the pod watch decodes it, with `labels` besides its
 /// instance label, and Ready since now if `ready`.
 fn watched_pod(name: &str, labels: &[(&str, &str)], ready: bool) -> PodMeta {

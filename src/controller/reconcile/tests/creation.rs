@@ -50,26 +50,8 @@ async fn a_refused_pod_creation_is_reported_with_the_stateful_sets_words() {
         ] {
             assert!(query.contains(field), "{query}");
         }
-        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
         let message = format!("1/3 pods are ready; pods cannot be created: {QUOTA}");
-        for type_ in [AVAILABLE, DEGRADED] {
-            let c = status.body["status"]["conditions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|c| c["type"] == type_)
-                .unwrap();
-            assert_eq!(c["reason"], "PodCreationRefused");
-            assert_eq!(c["message"], message.as_str());
-        }
-        assert_eq!(condition(&status.body, DEGRADED).0, "True");
-        let [warning] = &events[..] else {
-            panic!("one event: {}", events.len());
-        };
-        assert_eq!(
-            (&warning.body["type"], &warning.body["reason"]),
-            (&json!("Warning"), &json!("PodCreationRefused"))
-        );
+        assert_creation_refused(api.echo_any_order(2, &reported).await, &message);
         api
     })
     .await;

@@ -94,10 +94,32 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
             ("True".into(), "AllPodsReady".into())
         );
         assert_eq!(status.body["status"]["readyReplicas"], 3);
+        assert_eq!(status.body["status"]["availableReplicas"], 0);
         assert_eq!(
             status.body["status"]["nodes"],
             json!(["cache-0", "cache-1", "cache-2"])
         );
+        api
+    })
+    .await;
+    let Outcome::MembersBecomingAvailable(soon) = outcome.unwrap() else {
+        panic!("no event comes when they have been Ready for minReadySeconds");
+    };
+    assert!(
+        soon > Duration::from_secs(4) && soon <= Duration::from_secs(6),
+        "{soon:?}: the default minReadySeconds, 5"
+    );
+
+    // Then: Ready for long enough, all available.
+    for name in ["cache-0", "cache-1", "cache-2"] {
+        let mut member = ready_member(name, &revision);
+        member.ready_since = Some(k8s_openapi::jiff::Timestamp::now() - soon);
+        ctx.pods.observe(&watcher::Event::Apply(member));
+    }
+    let answered = mc.clone();
+    let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        let status = api.echo_status(STATUS, &answered).await;
+        assert_eq!(status.body["status"]["availableReplicas"], 3);
         api
     })
     .await;
@@ -175,26 +197,8 @@ async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_agai
                 ("POST".into(), REVISIONS.into())
             ]
         );
-        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
         let message = format!("2/3 pods are ready; pods cannot be created: {quota}");
-        for type_ in [AVAILABLE, DEGRADED] {
-            let c = status.body["status"]["conditions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|c| c["type"] == type_)
-                .unwrap();
-            assert_eq!(c["reason"], "PodCreationRefused");
-            assert_eq!(c["message"], message.as_str());
-        }
-        assert_eq!(condition(&status.body, DEGRADED).0, "True");
-        let [warning] = &events[..] else {
-            panic!("one event: {}", events.len());
-        };
-        assert_eq!(
-            (&warning.body["type"], &warning.body["reason"]),
-            (&json!("Warning"), &json!("PodCreationRefused"))
-        );
+        assert_creation_refused(api.echo_any_order(2, &reported).await, &message);
         api
     })
     .await;
