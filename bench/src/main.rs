@@ -241,16 +241,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
-        let mut workload_writes = cluster.first_writes(audit::By::Operator, kind.plural(), t_audit);
-        if kind == workload::Kind::Pods {
-            workload_writes = workload::by_workload(workload_writes);
-        }
-        let controller_writes = match kind.controller() {
-            Some((by, resource)) => {
-                workload::by_workload(cluster.first_writes(by, resource, t_audit))
-            }
-            None => BTreeMap::new(),
-        };
+        let (workload_writes, controller_writes) = first_writes(cluster, kind, t_audit);
         let available: BTreeMap<(String, String), Timestamp> = memcacheds
             .state()
             .iter()
@@ -315,16 +306,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         let latencies: Vec<f64> = changes.iter().map(|c| c.latency_ms()).collect();
         let began = changes_began(&changes);
-        let mut writes = cluster.first_writes(audit::By::Operator, kind.plural(), began);
-        if kind == workload::Kind::Pods {
-            writes = workload::by_workload(writes);
-        }
-        let scaled = match kind.controller() {
-            Some((by, resource)) => {
-                workload::by_workload(cluster.first_writes(by, resource, began))
-            }
-            None => BTreeMap::new(),
-        };
+        let (writes, scaled) = first_writes(cluster, kind, began);
         let parts = breakdown(&changes, &writes, &scaled);
         if let Some(profile) = profile {
             let path = args.out().with_extension("apiserver.pprof");
@@ -630,6 +612,28 @@ async fn size_change(
     };
     let ((), changes) = tokio::try_join!(send, watch)?;
     Ok(changes)
+}
+
+/// The first write of something per Memcached, keyed by its namespace and name.
+type FirstWrites = BTreeMap<(String, String), audit::Write>;
+
+/// Since `since`, per Memcached: the operator's first write of its workload (of its first
+/// member, where the operator keeps the pods itself), and its workload controller's first write
+/// (none there).
+fn first_writes(
+    cluster: &Cluster,
+    kind: workload::Kind,
+    since: Timestamp,
+) -> (FirstWrites, FirstWrites) {
+    let mut operator = cluster.first_writes(audit::By::Operator, kind.plural(), since);
+    if kind == workload::Kind::Pods {
+        operator = workload::by_workload(operator);
+    }
+    let controller = match kind.controller() {
+        Some((by, resource)) => workload::by_workload(cluster.first_writes(by, resource, since)),
+        None => BTreeMap::new(),
+    };
+    (operator, controller)
 }
 
 /// Where each change's time went, from the operator's write of its workload in the audit log:
