@@ -243,6 +243,11 @@ pub mod apiserver {
         }
     }
 
+    /// What a delete answers when it does not return the object (a collection's, say).
+    pub fn success() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
+    }
+
     /// The request body as stored: what an apply or create of a new object answers.
     pub fn echoed(body: &Value) -> Value {
         let mut body = body.clone();
@@ -310,7 +315,7 @@ pub mod apiserver {
                     object["status"] = request.body["status"].clone();
                     object
                 } else if request.method == "DELETE" {
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                    success()
                 } else {
                     echoed(&request.body)
                 };

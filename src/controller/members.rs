@@ -155,12 +155,11 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
         .list(&ListParams::default().labels(&resources::selector_string(mc)))
         .await
         .map_err(|source| read_error("Pods of", keeper.name, source))?;
-    let rollout = mc.spec.rollout.clone().unwrap_or_default();
     let mut view = View {
         update_revision,
         wanted: keeper.wanted,
         at_once: resources::members_at_once(mc),
-        min_ready: SignedDuration::from_secs(i64::from(rollout.min_ready_seconds)),
+        min_ready: min_ready(mc),
         now: Timestamp::now(),
         replacing,
     };
@@ -390,7 +389,7 @@ async fn evict(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, pod: &Pod) -> Res
         }
         // The disruption budget allows none now: a member is out for another cause.
         Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => Ok(()),
-        Err(source) => Err(apply_error(&name, source)),
+        Err(source) => Err(apply_error("Pod", &name, source)),
     }
 }
 
@@ -409,7 +408,7 @@ async fn resize_pod(pods: &Api<Pod>, pod: &Pod, resize: Value) -> Result<bool> {
             Ok(false)
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
-        Err(source) => Err(apply_error(&name, source)),
+        Err(source) => Err(apply_error("Pod", &name, source)),
     }
 }
 
@@ -422,8 +421,14 @@ async fn patch_pod(pods: &Api<Pod>, pod: &Pod, patch: Value) -> Result<Option<Po
     {
         Ok(patched) => Ok(Some(patched)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(source) => Err(apply_error(&name, source)),
+        Err(source) => Err(apply_error("Pod", &name, source)),
     }
+}
+
+/// How long a member must have been Ready to count as available (`minReadySeconds`).
+fn min_ready(mc: &Memcached) -> SignedDuration {
+    let rollout = mc.spec.rollout.clone().unwrap_or_default();
+    SignedDuration::from_secs(i64::from(rollout.min_ready_seconds))
 }
 
 fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
@@ -434,9 +439,9 @@ fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
     }
 }
 
-fn apply_error(name: &str, source: kube::Error) -> Error {
+fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
     Error::Apply {
-        kind: "Pod".into(),
+        kind: kind.into(),
         name: name.into(),
         source,
     }

@@ -40,12 +40,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
-        ctx.metrics
-            .forget_memcached(&mc.namespace().unwrap_or_default(), &mc.name_any());
-        ctx.events.forget(mc);
-        ctx.autoscaler.forget(mc);
-        ctx.rollouts
-            .members(&mc.namespace().unwrap_or_default(), &mc.name_any(), false);
+        forget(ctx, mc);
         return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
@@ -290,14 +285,15 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // that could not be created say why themselves.
     let (pods_missing, creation_refused) = match (&own_members, stateful_set.as_deref()) {
         (Some(own), _) => (own.refused.is_some(), own.refused.clone()),
-        (None, Some(sts)) if creation::pods_missing(sts, &pods.names) => (
-            true,
-            match &blocked {
-                None => creation::refused(ctx, sts).await?,
-                Some(_) => None,
-            },
-        ),
-        (None, _) => (false, None),
+        (None, Some(sts)) => {
+            let missing = creation::pods_missing(sts, &pods.names);
+            let refused = match &blocked {
+                None if missing => creation::refused(ctx, sts).await?,
+                _ => None,
+            };
+            (missing, refused)
+        }
+        (None, None) => (false, None),
     };
     let observed = Observed {
         stateful_set: match &own_members {
@@ -320,9 +316,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     if mc.status.as_ref() != Some(&new_status)
         && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
     {
-        ctx.metrics.forget_memcached(&ns, &mc.name_any());
-        ctx.events.forget(mc);
-        ctx.autoscaler.forget(mc);
+        forget(ctx, mc);
         return Ok(Outcome::Gone);
     }
     ctx.metrics
@@ -352,6 +346,15 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     };
     ctx.events.blocked(mc, &blocked);
     Ok(Outcome::Blocked(blocked))
+}
+
+/// Nothing of `mc` is kept: it is gone, or going.
+fn forget(ctx: &Context, mc: &Memcached) {
+    let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    ctx.metrics.forget_memcached(&ns, &name);
+    ctx.rollouts.forget(&ns, &name);
+    ctx.events.forget(mc);
+    ctx.autoscaler.forget(mc);
 }
 
 /// The span of one reconcile: the Memcached, and the trace it belongs to.

@@ -76,8 +76,13 @@ impl Rollouts {
         });
     }
 
+    /// Memcached `namespace/name` is gone: its members hold no slot.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        self.members(namespace, name, false);
+    }
+
     /// Whether the members the operator keeps itself for Memcached `namespace/name` are
-    /// rolling, as its reconcile counted them (`is_status_rolling`); a Memcached gone is not.
+    /// rolling, as its reconcile counted them (`is_status_rolling`).
     pub fn members(&self, namespace: &str, name: &str, rolling: bool) {
         let key = (namespace.to_string(), name.to_string());
         let mut state = lock(&self.state);

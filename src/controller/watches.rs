@@ -182,8 +182,9 @@ struct ScopeState {
 async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
     let namespace = key.namespace.as_deref().unwrap_or_default();
     let Some(mc) = scope.memcacheds.get(namespace, &key.name) else {
-        // Deleted: its series go too.
+        // Deleted: its series go too, and any rollout slot its members held.
         scope.ctx.metrics.forget_memcached(namespace, &key.name);
+        scope.ctx.rollouts.forget(namespace, &key.name);
         return Next::AwaitChange;
     };
     let span = super::reconcile::span(&mc);

@@ -13,16 +13,16 @@ use futures::future::join_all;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::Keeper;
+use super::{Keeper, apply_error, min_ready};
 use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
 use crate::controller::pod_index::Member;
-use crate::error::{Error, Refusal, Result};
+use crate::error::{Refusal, Result};
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::StatefulSetSeen;
 
@@ -94,10 +94,11 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     let (sts, seen, mut own) = look(ctx, mc);
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     let (create, delete) = members::plan(mc, mc.spec.size, &names);
-    let mut update_starts = !seen.is_empty()
-        && seen
-            .iter()
-            .all(|m| m.revision.as_deref() != Some(own.revision.as_str()));
+    // A member of the current revision means it is kept already.
+    let kept = seen
+        .iter()
+        .any(|m| m.revision.as_deref() == Some(own.revision.as_str()));
+    let mut update_starts = !seen.is_empty() && !kept;
     // An update nobody asked for (an operator upgrade) waits for the rollout budget, as a
     // StatefulSet's would; once started, it goes on.
     if update_starts && ctx.rollouts.must_wait(mc) {
@@ -116,7 +117,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     // Independent: none waits for another (a reconcile's latency is its longest chain).
     // Kept for the members made from it now, or for an update to it that starts.
     let revision = async {
-        if create.is_empty() && !update_starts {
+        if kept || (create.is_empty() && !update_starts) {
             return Ok(());
         }
         let body = members::controller_revision(mc, &sts, &own.revision);
@@ -219,25 +220,6 @@ fn made(error: kube::Error, name: &str) -> Result<Made> {
     }
 }
 
-fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
-    Error::Apply {
-        kind: kind.into(),
-        name: name.into(),
-        source,
-    }
-}
-
-/// `minReadySeconds` of `mc`.
-fn min_ready(mc: &Memcached) -> SignedDuration {
-    SignedDuration::from_secs(i64::from(
-        mc.spec
-            .rollout
-            .clone()
-            .unwrap_or_default()
-            .min_ready_seconds,
-    ))
-}
-
 /// How long until the first of the Ready members not yet available is.
 fn available_in(mc: &Memcached, seen: &[Member], now: Timestamp) -> Option<Duration> {
     let min_ready = min_ready(mc);
@@ -273,6 +255,7 @@ fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> S
 mod tests {
     use super::*;
     use crate::fixtures::memcached;
+    use k8s_openapi::jiff::SignedDuration;
 
     fn member(name: &str, ready_for: Option<i64>, revision: &str, now: Timestamp) -> Member {
         Member {

@@ -129,10 +129,7 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
             match (request.method.as_str(), request.path()) {
                 ("DELETE", MONITOR) => {
                     assert_eq!(request.body["preconditions"]["uid"], "uid-monitor");
-                    reply.send(
-                        StatusCode::OK,
-                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                    );
+                    reply.send(StatusCode::OK, &apiserver::success());
                 }
                 (_, STATUS) => {
                     let mut object = serde_json::to_value(&off).unwrap();
