@@ -73,10 +73,7 @@ impl Error {
     /// controller deletes the Memcached with everything else there, so there is nothing to
     /// retry and nothing to report.
     pub fn namespace_terminating(&self) -> bool {
-        matches!(self, Error::Apply { source: kube::Error::Api(status), .. }
-        if status.code == 403 && status.details.as_ref().is_some_and(|details| {
-            details.causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
-        }))
+        matches!(self, Error::Apply { source, .. } if namespace_terminating(source))
     }
 
     /// Whether this is an apply that the API server refused for good (a 4xx other than
@@ -99,3 +96,11 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether the API server refused a write because the namespace is being deleted.
+pub fn namespace_terminating(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status)
+    if status.code == 403 && status.details.as_ref().is_some_and(|details| {
+        details.causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
+    }))
+}

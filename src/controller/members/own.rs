@@ -22,7 +22,7 @@ use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
 use crate::controller::pod_index::Member;
-use crate::error::{Refusal, Result};
+use crate::error::{Refusal, Result, namespace_terminating};
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::StatefulSetSeen;
 
@@ -211,11 +211,16 @@ enum Made {
 /// A member's create that failed: one there already is done (a member still being deleted
 /// under the name is made again once its deletion event comes); a refusal (a quota, an
 /// admission policy) is reported rather than failing the reconcile, so that the Memcached's
-/// other objects are kept and its status says why members are missing.
+/// other objects are kept and its status says why members are missing. A namespace being
+/// deleted is no refusal to report: the reconcile ends quietly on it.
 fn made(error: kube::Error, name: &str) -> Result<Made> {
     match error {
         kube::Error::Api(e) if e.code == 409 => Ok(Made::There),
-        kube::Error::Api(e) if Refusal::of(e.code).is_some() => Ok(Made::Refused(e.message)),
+        ref refused @ kube::Error::Api(ref e)
+            if Refusal::of(e.code).is_some() && !namespace_terminating(refused) =>
+        {
+            Ok(Made::Refused(e.message.clone()))
+        }
         source => Err(apply_error("Pod", name, source)),
     }
 }

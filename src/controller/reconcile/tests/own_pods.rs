@@ -197,6 +197,33 @@ async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_agai
 }
 
 #[tokio::test]
+async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
+    // The namespace controller deleted the members before the Memcached: making them again is
+    // refused, and the Memcached goes next. Nothing to report, nothing to recheck.
+    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let mc = memcached("cache", 2);
+    caches.add_service(resources::service(&mc));
+    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 has one"));
+    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
+    ctx.pods
+        .observe(&watcher::Event::Apply(ready_member("cache-0", &revision)));
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        api.expect("POST", PODS, StatusCode::FORBIDDEN, |_| {
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                "message": "pods \"cache-1\" is forbidden: unable to create new content in namespace default because it is being terminated",
+                "details": {"name": "cache-1", "kind": "pods",
+                    "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}})
+        })
+        .await;
+        api
+    })
+    .await;
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome, Outcome::Gone);
+    assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
+}
+
+#[tokio::test]
 async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     // An operator upgrade changed the members' template; another Memcached's members hold the
     // only slot.
