@@ -224,6 +224,15 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         }
     };
 
+    // Someone else's pod in a member's name: left alone, and said, as for a StatefulSet.
+    if let Some(pod) = own_members.as_ref().and_then(|o| o.foreign.as_deref())
+        && blocked.is_none()
+    {
+        blocked = Some(Blocked::ResourceExists {
+            message: status::named_conflict_message("Pod", pod, mc),
+        });
+    }
+
     // The Deployment of before leaves once the StatefulSet serves in its place.
     if let Some(old) = legacy.clone()
         && blocked.is_none()

@@ -17,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::{Keeper, apply_error, min_ready};
+use super::{Keeper, apply_error, min_ready, read_error};
 use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
@@ -43,6 +43,8 @@ pub struct OwnMembers {
     /// Why a member could not be created (a quota, an admission policy), in the API server's
     /// words: reported in the status, and tried again on the next reconcile.
     pub refused: Option<String>,
+    /// A pod of a member's name that is someone else's: left alone, and reported.
+    pub foreign: Option<String>,
 }
 
 impl OwnMembers {
@@ -84,6 +86,7 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
         written: false,
         waiting: false,
         refused: None,
+        foreign: None,
     };
     (sts, seen, own)
 }
@@ -149,7 +152,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
                     ctx.events.applied(mc, &created, &Change::Created);
                     Ok(Made::Written)
                 }
-                Err(error) => made(error, &pod.name_any()),
+                Err(error) => made(error, pods, mc, &pod.name_any()).await,
             }
         }
     }));
@@ -183,6 +186,9 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
             Made::Refused(words) => {
                 own.refused.get_or_insert(words);
             }
+            Made::Foreign(name) => {
+                own.foreign.get_or_insert(name);
+            }
         }
     }
     Ok(own)
@@ -206,16 +212,30 @@ enum Made {
     There,
     /// Refused for good, in the API server's words.
     Refused(String),
+    /// Someone else's pod has the member's name.
+    Foreign(String),
 }
 
-/// A member's create that failed: one there already is done (a member still being deleted
-/// under the name is made again once its deletion event comes); a refusal (a quota, an
+/// A member's create that failed: one there already is done if it is ours (still being deleted
+/// under the name, made again once its deletion event comes; or made by a reconcile whose watch
+/// event has not come yet), someone else's if not; a refusal (a quota, an
 /// admission policy) is reported rather than failing the reconcile, so that the Memcached's
 /// other objects are kept and its status says why members are missing. A namespace being
 /// deleted is no refusal to report: the reconcile ends quietly on it.
-fn made(error: kube::Error, name: &str) -> Result<Made> {
+async fn made(error: kube::Error, pods: &Api<Pod>, mc: &Memcached, name: &str) -> Result<Made> {
     match error {
-        kube::Error::Api(e) if e.code == 409 => Ok(Made::There),
+        kube::Error::Api(e) if e.code == 409 => {
+            let there = pods
+                .get_opt(name)
+                .await
+                .map_err(|source| read_error("Pod", name, source))?;
+            Ok(match there {
+                Some(pod) if !resources::is_controlled_by(&pod.metadata, mc) => {
+                    Made::Foreign(name.to_string())
+                }
+                _ => Made::There,
+            })
+        }
         ref refused @ kube::Error::Api(ref e)
             if Refusal::of(e.code).is_some() && !namespace_terminating(refused) =>
         {

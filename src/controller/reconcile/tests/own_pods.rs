@@ -224,6 +224,57 @@ async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
 }
 
 #[tokio::test]
+async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reported() {
+    // cache-1's name is taken by a pod the Memcached does not control (a StatefulSet's of its
+    // name, say): its create finds it there, a read says whose it is, and nothing is written
+    // to it.
+    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let mc = memcached("cache", 2);
+    caches.add_service(resources::service(&mc));
+    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 has one"));
+    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
+    ctx.pods
+        .observe(&watcher::Event::Apply(ready_member("cache-0", &revision)));
+    let reported = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        api.expect("POST", PODS, StatusCode::CONFLICT, |_| {
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409,
+                "message": "pods \"cache-1\" already exists"})
+        })
+        .await;
+        api.expect("GET", &format!("{PODS}/cache-1"), StatusCode::OK, |_| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "cache-1", "namespace": "default", "uid": "theirs",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "name": "cache", "uid": "their-set", "controller": true}]}})
+        })
+        .await;
+        let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
+        let message = "Pod default/cache-1 already exists and is not controlled by this Memcached; remove it or rename the Memcached";
+        assert_eq!(
+            condition(&status.body, DEGRADED),
+            ("True".into(), "ResourceExists".into())
+        );
+        let [warning] = &events[..] else {
+            panic!("one event: {}", events.len());
+        };
+        assert_eq!(warning.body["note"], message);
+        api
+    })
+    .await;
+    let outcome = outcome.unwrap();
+    assert!(
+        matches!(outcome, Outcome::Blocked(Blocked::ResourceExists { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        outcome.next(),
+        Next::After(outcome::CONFLICT_RECHECK),
+        "no watch event tells of it gone"
+    );
+}
+
+#[tokio::test]
 async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     // An operator upgrade changed the members' template; another Memcached's members hold the
     // only slot.
