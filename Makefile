@@ -73,7 +73,7 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: ## Benchmarks of the image's binary (the Dockerfile's static build) on their own local control plane; e.g. BENCH_ARGS="--crs 10000". Results in bench/results/.
 	bin="$$(hack/images.sh operator-binary)" && \
-	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets $(BENCH_ARGS)
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload pods $(BENCH_ARGS)
 
 .PHONY: bench-floor
 FLOOR ?= pods
@@ -83,7 +83,7 @@ bench-floor: ## The control plane alone: no operator; the benchmark creates each
 .PHONY: bench-autoscaling
 bench-autoscaling: ## The autoscaler's own CPU: 100 Memcacheds of 3 members against scripted stats on loopback, 120 s with autoscaling on, then off. Results in bench/results/autoscaling-100x3.json.
 	bin="$$(hack/images.sh operator-binary)" && \
-	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload statefulsets \
+	$(CARGO) run --release --locked -p memcached-operator-bench -- --operator-bin "$$bin" --workload pods \
 		--scenarios autoscaling --crs 100 --idle-seconds 120 --out 'bench/results/autoscaling-{crs}x3.json' $(BENCH_ARGS)
 
 .PHONY: bench-data-path

@@ -15,14 +15,15 @@ pub const SERVICE_ACCOUNT: &str = "memcached-operator-controller-manager";
 /// The default name of the leader-election Lease (`--leader-election-id`).
 pub const LEASE_NAME: &str = "memcached-operator-lock";
 
-/// What keeps a Memcached's member pods (`--members`).
+/// What keeps a new Memcached's member pods (`--members`). A Memcached that has a StatefulSet
+/// (made by 0.6.0 or before) keeps it whichever this is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Members {
     /// A StatefulSet the operator owns, whose controller creates and deletes the pods.
-    #[default]
     #[value(name = "statefulset")]
     StatefulSet,
     /// The operator creates and deletes the pods itself, with no StatefulSet.
+    #[default]
     Pods,
 }
 
@@ -92,10 +93,9 @@ pub struct RunArgs {
     #[arg(long, env = "MAX_CONCURRENT_ROLLOUTS", default_value_t = 10)]
     pub max_concurrent_rollouts: u16,
 
-    /// What keeps the members' pods: a StatefulSet (the default), or the operator itself. The
-    /// latter is a measurement for issue 36, for new Memcacheds only (docs/performance.md); its
-    /// RBAC is `config/own-pods`.
-    #[arg(long, value_enum, env = "MEMBERS", default_value_t = Members::StatefulSet, hide = true)]
+    /// What keeps new Memcacheds' members: the operator itself (the default since 0.7.0: half
+    /// the control plane's work, docs/performance.md), or a StatefulSet as up to 0.6.0.
+    #[arg(long, value_enum, env = "MEMBERS", default_value_t = Members::Pods, hide = true)]
     pub members: Members,
 
     /// Log line format.

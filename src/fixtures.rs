@@ -147,7 +147,7 @@ pub mod apiserver {
         context_where_service_monitors_are(false)
     }
 
-    /// A context of an operator that keeps the members' pods itself (`--members=pods`).
+    /// A context of an operator that keeps the members' pods itself (the default).
     pub fn context_keeping_pods() -> (Arc<Context>, ApiServer, Caches) {
         let (ctx, api, caches) = context();
         let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
@@ -197,7 +197,9 @@ pub mod apiserver {
                 },
             ),
             images: Default::default(),
-            members: Default::default(),
+            // Most scenarios were scripted for StatefulSets, which Memcacheds of 0.6.0 keep;
+            // context_keeping_pods() is the default's.
+            members: crate::config::Members::StatefulSet,
             operator_namespace: None,
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),

@@ -80,8 +80,9 @@ struct Args {
     #[arg(long, default_value = "config/local")]
     rbac: PathBuf,
     /// The kind the operator runs each Memcached's pods as, of the Memcached's name: what the
-    /// benchmark waits on and times (this operator: statefulsets; the reference: deployments).
-    #[arg(long, value_enum, default_value = "statefulsets")]
+    /// benchmark waits on and times (this operator: pods, or statefulsets with
+    /// `--members=statefulset`; the reference: deployments).
+    #[arg(long, value_enum, default_value = "pods")]
     workload: workload::Kind,
     /// Seconds of idle for the steady-state figures (and of each of autoscaling's two windows).
     #[arg(long, default_value_t = 60)]
@@ -372,7 +373,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
     }
 
     if scenarios.contains(&"autoscaling") {
-        if kind != workload::Kind::StatefulSets {
+        if kind == workload::Kind::Deployments {
             bail!("the autoscaling scenario measures this operator's autoscaler");
         }
         results["autoscaling"] =
@@ -1016,9 +1017,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_workload_is_this_operators_statefulsets_unless_told() {
+    fn the_workload_is_this_operators_pods_unless_told() {
         let args = Args::try_parse_from(["bench"]).unwrap();
-        assert_eq!(args.workload, workload::Kind::StatefulSets);
+        assert_eq!(args.workload, workload::Kind::Pods);
         let args = Args::try_parse_from(["bench", "--workload", "deployments"]).unwrap();
         assert_eq!(args.workload, workload::Kind::Deployments);
         let args = Args::try_parse_from([

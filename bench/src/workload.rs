@@ -16,14 +16,15 @@ use crate::audit;
 /// Which apps/v1 kind the operator under test runs a Memcached's pods as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
-    /// This operator: a StatefulSet of the Memcached's name, pods `<name>-0…`.
+    /// This operator with `--members=statefulset` (the shape up to 0.6.0): a StatefulSet of the
+    /// Memcached's name, pods `<name>-0…`.
     #[value(name = "statefulsets")]
     StatefulSets,
     /// The reference: a Deployment of the Memcached's name.
     #[value(name = "deployments")]
     Deployments,
-    /// This operator keeping the members' pods itself (`--members=pods`): pods `<name>-0…`, no
-    /// workload between. Not the autoscaling scenario.
+    /// This operator keeping the members' pods itself (the default): pods `<name>-0…`, no
+    /// workload between.
     #[value(name = "pods")]
     Pods,
 }

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use harness::{Operator, OperatorOptions, admin, apply, memcached, namespace, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::{LABEL_INSTANCE, REVISION_LABEL};
 use memcached_operator_testkit::operator::Supervised;
 
 /// Memcacheds per scenario (CHAOS_CRS), spread over this many namespaces.
@@ -168,19 +169,19 @@ impl Fleet {
     }
 
     /// What the cluster says of the Memcached named at the start of `line` ("ns/name ..."): its
-    /// StatefulSet's status and its pods, to tell a stale status from a cluster that is behind.
+    /// status as last written and its pods, to tell a stale status from a cluster that is behind.
     async fn cluster_side(&self, line: &str) -> String {
         let Some((ns, rest)) = line.split_once('/') else {
             return String::new();
         };
         let name = rest.split(' ').next().unwrap_or_default();
-        let stateful_set = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
+        let reported = Api::<Memcached>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await
             .ok()
             .flatten()
-            .and_then(|d| d.status)
-            .map(|s| (s.replicas, s.ready_replicas, s.updated_replicas));
+            .and_then(|mc| mc.status)
+            .map(|s| (s.replicas, s.ready_replicas, s.available_replicas));
         let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(self.client.clone(), ns)
             .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
             .await
@@ -206,11 +207,11 @@ impl Fleet {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        format!("StatefulSet (replicas, ready, updated) {stateful_set:?}; pods {pods:?}")
+        format!("reported (replicas, ready, available) {reported:?}; pods {pods:?}")
     }
 
-    /// Exactly one StatefulSet and one Service per Memcached, with its size: nothing lost or
-    /// duplicated.
+    /// One Service per Memcached and exactly its members, `<name>-0…<name>-(size-1)`, each
+    /// the Memcached's, of one revision; no StatefulSet: nothing lost, duplicated or left over.
     async fn assert_objects_match(&self) {
         for ns in self.namespaces() {
             let mcs = Api::<Memcached>::namespaced(self.client.clone(), &ns)
@@ -225,14 +226,48 @@ impl Fleet {
                 .list(&ListParams::default())
                 .await
                 .unwrap();
+            let pods = Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap();
             let wanted = self.sizes.keys().filter(|(n, _)| *n == ns).count();
             assert_eq!(mcs.items.len(), wanted, "Memcacheds in {ns}");
-            assert_eq!(stateful_sets.items.len(), wanted, "StatefulSets in {ns}");
+            assert_eq!(stateful_sets.items.len(), 0, "StatefulSets in {ns}");
             assert_eq!(services.items.len(), wanted, "Services in {ns}");
-            for d in stateful_sets {
-                let name = d.name_any();
+            for mc in mcs {
+                let name = mc.name_any();
                 let want = self.sizes[&(ns.clone(), name.clone())];
-                assert_eq!(d.spec.and_then(|s| s.replicas), Some(want), "{ns}/{name}");
+                let members: Vec<&Pod> = pods
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| p.labels().get(LABEL_INSTANCE) == Some(&name))
+                    .collect();
+                let mut names: Vec<String> = members.iter().map(|p| p.name_any()).collect();
+                names.sort();
+                let mut wanted: Vec<String> = (0..want).map(|i| format!("{name}-{i}")).collect();
+                wanted.sort();
+                assert_eq!(names, wanted, "{ns}/{name}'s members");
+                for pod in &members {
+                    let owner = pod
+                        .owner_references()
+                        .iter()
+                        .find(|o| o.controller == Some(true));
+                    assert_eq!(
+                        owner.map(|o| o.uid.as_str()),
+                        mc.uid().as_deref(),
+                        "{ns}/{} is its Memcached's",
+                        pod.name_any()
+                    );
+                }
+                let revisions: std::collections::BTreeSet<_> = members
+                    .iter()
+                    .filter_map(|p| p.labels().get(REVISION_LABEL))
+                    .collect();
+                assert!(
+                    revisions.len() <= 1,
+                    "{ns}/{name}: one revision: {revisions:?}"
+                );
             }
         }
     }

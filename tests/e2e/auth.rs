@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -12,27 +11,28 @@ use memcached_operator::api::{AuthSpec, Memcached};
 use memcached_operator::resources::auth::{PASSWORD_KEY, USERNAME_KEY, secret_data};
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_with_reason, memcached,
-    namespace, wait_converged, wait_degraded, wait_degraded_saying, wait_gone, wait_not_degraded,
+    CONVERGE, Operator, OperatorOptions, admin, condition, create, events_with_reason, member_pods,
+    memcached, namespace, wait_converged, wait_degraded, wait_degraded_saying, wait_for, wait_gone,
+    wait_not_degraded,
 };
 
-async fn stateful_set(client: &Client, ns: &str, name: &str) -> StatefulSet {
-    Api::<StatefulSet>::namespaced(client.clone(), ns)
-        .get(name)
+/// Each member's memcached flags and the Secret it mounts: whether it asks for a password file,
+/// and from which Secret.
+async fn auth_of(client: &Client, ns: &str, name: &str) -> Vec<(bool, Option<String>)> {
+    member_pods(client, ns, name)
         .await
-        .unwrap()
-}
-
-/// The memcached container's flags and the Secret its pods mount.
-fn auth_of(d: &StatefulSet) -> (bool, Option<String>) {
-    let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    let flags = pod.containers[0].args.clone().unwrap_or_default();
-    let secret = pod
-        .volumes
-        .iter()
-        .flatten()
-        .find_map(|v| v.secret.as_ref()?.secret_name.clone());
-    (flags.iter().any(|f| f == "-Y"), secret)
+        .into_iter()
+        .map(|p| {
+            let pod = p.spec.unwrap();
+            let flags = pod.containers[0].args.clone().unwrap_or_default();
+            let secret = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find_map(|v| v.secret.as_ref()?.secret_name.clone());
+            (flags.iter().any(|f| f == "-Y"), secret)
+        })
+        .collect()
 }
 
 fn secret(name: &str, data: BTreeMap<String, ByteString>) -> Secret {
@@ -77,8 +77,11 @@ async fn auth_without_a_secret_gets_a_generated_one_owned_and_never_rewritten() 
         String::from_utf8_lossy(&password)
     );
     assert_eq!(
-        auth_of(&stateful_set(&client, &ns, "cache").await),
-        (true, Some("cache-auth".into())),
+        auth_of(&client, &ns, "cache").await,
+        [
+            (true, Some("cache-auth".into())),
+            (true, Some("cache-auth".into()))
+        ],
         "memcached reads a password file, from the generated Secret"
     );
 
@@ -108,7 +111,10 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let before = stateful_set(&client, &ns, "cache").await;
+    let uids = |pods: Vec<k8s_openapi::api::core::v1::Pod>| -> Vec<Option<String>> {
+        pods.iter().map(|p| p.uid()).collect()
+    };
+    let before = uids(member_pods(&client, &ns, "cache").await);
 
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -154,9 +160,11 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
     assert!(message.contains("Secret creds"), "{message}");
 
     // Nothing was applied meanwhile: the pods run as before, without authentication.
-    let during = stateful_set(&client, &ns, "cache").await;
-    assert_eq!(during.metadata.generation, before.metadata.generation);
-    assert_eq!(auth_of(&during), (false, None));
+    assert_eq!(uids(member_pods(&client, &ns, "cache").await), before);
+    assert_eq!(
+        auth_of(&client, &ns, "cache").await,
+        [(false, None), (false, None)]
+    );
     let mc = mcs.get("cache").await.unwrap();
     assert_eq!(
         condition(&mc, "Available").map(|(s, _)| s).as_deref(),
@@ -178,10 +186,11 @@ async fn a_secret_that_is_missing_or_unusable_degrades_and_leaves_the_pods_alone
         .await
         .unwrap();
     wait_not_degraded(&mcs, "cache", CONVERGE).await;
-    assert_eq!(
-        auth_of(&stateful_set(&client, &ns, "cache").await),
-        (true, Some("creds".into()))
-    );
+    wait_for("every member with the password file", CONVERGE, || async {
+        let auth = auth_of(&client, &ns, "cache").await;
+        (auth == [(true, Some("creds".into())), (true, Some("creds".into()))]).then_some(())
+    })
+    .await;
     wait_converged(&client, &ns, "cache", 2).await;
 }
 

@@ -206,7 +206,7 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
     wait_converged(&client, &ns, "cache", 3).await;
 
     // A size set by hand is put back, with a Warning that says how to size by hand, before
-    // the StatefulSet is sized from it: no member goes.
+    // the members follow it: no member goes.
     let uids = |pods: Vec<Pod>| -> Vec<String> { pods.iter().filter_map(|p| p.uid()).collect() };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let selector = ListParams::default().labels("app.kubernetes.io/instance=cache");

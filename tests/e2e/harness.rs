@@ -168,6 +168,15 @@ impl OperatorOptions {
         }
     }
 
+    /// The defaults, keeping new Memcacheds' members in a StatefulSet as releases up to 0.6.0
+    /// did (and as Memcacheds made by them still are): for what only that shape has.
+    pub fn stateful_sets() -> Self {
+        OperatorOptions {
+            extra_args: vec!["--members=statefulset".into()],
+            ..Default::default()
+        }
+    }
+
     /// How the suite starts the operator binary as `identity` with these options.
     fn launch(&self, kubeconfig: &Path, identity: &str) -> Launch {
         let mut command = format!(
@@ -521,6 +530,21 @@ pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) ->
         },
     )
     .await
+}
+
+/// The Memcached's member pods, by name: those of its instance label not being deleted.
+pub async fn member_pods(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
+    let selector = format!("app.kubernetes.io/instance={name}");
+    let mut pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    pods.sort_by_key(|p| p.name_any());
+    pods
 }
 
 /// Whether the node's Ready condition is True.

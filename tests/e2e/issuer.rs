@@ -2,7 +2,6 @@
 //! keeps a Certificate for the Service's names, cert-manager issues it, and the pods mount what
 //! it issued. (memcached serving it, and a renewal in place, are shown on the real node.)
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind};
@@ -14,7 +13,7 @@ use memcached_operator_testkit::cert_manager::CertManager;
 use serde_json::json;
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, cluster, create, memcached, namespace,
+    CONVERGE, Operator, OperatorOptions, admin, cluster, create, member_pods, memcached, namespace,
     wait_converged, wait_for, wait_gone,
 };
 
@@ -84,18 +83,25 @@ async fn cert_manager_issues_the_certificate_the_pods_mount_and_the_binding_trus
     })
     .await;
     assert_eq!(issued.type_.as_deref(), Some("kubernetes.io/tls"));
-    let stateful_set = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("cache")
-        .await
-        .unwrap();
-    let pod = stateful_set.spec.unwrap().template.spec.unwrap();
-    let mounted: Vec<_> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
-        .collect();
-    assert_eq!(mounted, ["cache-tls"]);
+    wait_for(
+        "the members to mount the issued Secret",
+        CONVERGE,
+        || async {
+            let members = member_pods(&client, &ns, "cache").await;
+            let mounted: Vec<_> = members
+                .iter()
+                .map(|p| {
+                    let volumes = p.spec.as_ref()?.volumes.as_ref()?;
+                    volumes
+                        .iter()
+                        .find_map(|v| v.secret.as_ref()?.secret_name.clone())
+                })
+                .collect();
+            (!mounted.is_empty() && mounted.iter().all(|m| m.as_deref() == Some("cache-tls")))
+                .then_some(())
+        },
+    )
+    .await;
     // Clients learn whom to trust from the binding (its Secrets are read again every 30 s).
     wait_for("the binding to carry the issued CA", CONVERGE, || async {
         let bound = secrets.get_opt("cache-binding").await.ok()??.data?;

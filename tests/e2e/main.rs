@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, apply, condition, create, events_for,
-    events_with_reason, kubectl, memcached, namespace, set_size, wait_converged, wait_degraded,
-    wait_for, wait_gone,
+    events_with_reason, kubectl, member_pods, memcached, namespace, set_size, wait_converged,
+    wait_degraded, wait_for, wait_gone,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -40,6 +40,22 @@ async fn stateful_set_replicas(client: &Client, ns: &str, name: &str) -> Option<
         .replicas
 }
 
+/// Whether `ns` has no `K` named `name`.
+async fn absent<K>(client: &Client, ns: &str, name: &str) -> bool
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_none()
+}
+
 #[tokio::test]
 async fn memcached_is_created_scaled_and_reported() {
     let client = admin().await;
@@ -47,40 +63,43 @@ async fn memcached_is_created_scaled_and_reported() {
     let op = Operator::start(&client, OperatorOptions::default()).await;
 
     create(&client, &ns, &memcached("cache", 3)).await;
-    // Stable members: the StatefulSet's ordinals, and each one's address under the Service.
+    // Stable members: ordinals as a StatefulSet gives them, and each one's address under the
+    // Service.
     let pods = wait_converged(&client, &ns, "cache", 3).await;
     assert_eq!(pods, ["cache-0", "cache-1", "cache-2"]);
 
-    // Owned StatefulSet and headless Service, with the restricted security profile.
+    // Member pods owned by the Memcached itself, and a headless Service, with the restricted
+    // security profile.
     let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
         .get("cache")
         .await
         .unwrap();
-    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("cache")
-        .await
-        .unwrap();
-    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!(
-        (owner.uid.as_str(), owner.controller),
-        (mc.uid().unwrap().as_str(), Some(true))
-    );
-    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
     assert_eq!(
         mc.status.as_ref().unwrap().servers,
         (0..3)
             .map(|i| format!("cache-{i}.cache.{ns}.svc:11211"))
             .collect::<Vec<_>>()
     );
-    let pod_spec = d.spec.unwrap().template.spec.unwrap();
-    assert_eq!(
-        pod_spec
-            .security_context
-            .unwrap()
-            .seccomp_profile
-            .unwrap()
-            .type_,
-        "RuntimeDefault"
+    for pod in member_pods(&client, &ns, "cache").await {
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("Memcached", mc.uid().unwrap().as_str(), Some(true))
+        );
+        let pod_spec = pod.spec.unwrap();
+        assert_eq!(
+            pod_spec
+                .security_context
+                .unwrap()
+                .seccomp_profile
+                .unwrap()
+                .type_,
+            "RuntimeDefault"
+        );
+    }
+    assert!(
+        absent::<StatefulSet>(&client, &ns, "cache").await,
+        "a new Memcached's members are the operator's own"
     );
     let svc = Api::<Service>::namespaced(client.clone(), &ns)
         .get("cache")
@@ -112,10 +131,6 @@ async fn memcached_is_created_scaled_and_reported() {
         let pods = wait_converged(&client, &ns, "cache", size).await;
         let members: Vec<String> = (0..size).map(|i| format!("cache-{i}")).collect();
         assert_eq!(pods, members);
-        assert_eq!(
-            stateful_set_replicas(&client, &ns, "cache").await,
-            Some(size)
-        );
     }
 
     // The scale subresource: kubectl scale and autoscalers.
@@ -142,8 +157,9 @@ async fn memcached_is_created_scaled_and_reported() {
         .into_iter()
         .filter_map(|e| e.reason)
         .collect();
+    // Each member made and deleted is one.
     assert!(reasons.iter().any(|r| r == "Created"), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r == "Scaled"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "Deleted"), "{reasons:?}");
 
     // Endpoints.
     assert_eq!(op.health("/healthz").await, Some(200));
@@ -164,38 +180,27 @@ async fn converged_memcached_makes_no_writes() {
     create(&client, &ns, &memcached("quiet", 2)).await;
     wait_converged(&client, &ns, "quiet", 2).await;
     // Ready pods become available after minReadySeconds, and the status reports that too.
-    let stateful_sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    wait_for("the rollout to complete", CONVERGE, || async {
-        (!is_rolling(&stateful_sets.get("quiet").await.ok()?)).then_some(())
+    let mcs = Api::<Memcached>::namespaced(client.clone(), &ns);
+    wait_for("both members available", CONVERGE, || async {
+        (mcs.get("quiet").await.ok()?.status?.available_replicas == 2).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("quiet")
-        .await
-        .unwrap();
-    let mc = Api::<Memcached>::namespaced(client.clone(), &ns)
-        .get("quiet")
-        .await
-        .unwrap();
+    let mc = mcs.get("quiet").await.unwrap();
     let before = op.reconciles().await;
 
     // Touching a pod's labels triggers a reconcile; with nothing to change it must write nothing.
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=quiet"))
-        .await
-        .unwrap()
-        .items[0]
-        .name_any();
+    let members = member_pods(&client, &ns, "quiet").await;
     let patch = serde_json::json!({"metadata": {"labels": {"touched": "yes"}}});
-    pods.patch(
-        &pod,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&patch),
-    )
-    .await
-    .unwrap();
+    let touched = pods
+        .patch(
+            &members[0].name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
     wait_for(
         "a reconcile after the pod change",
         Duration::from_secs(20),
@@ -203,22 +208,17 @@ async fn converged_memcached_makes_no_writes() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let d2 = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("quiet")
-        .await
-        .unwrap();
-    let mc2 = Api::<Memcached>::namespaced(client.clone(), &ns)
-        .get("quiet")
-        .await
-        .unwrap();
+    let versions = |pods: &[Pod]| -> Vec<Option<String>> {
+        pods.iter().map(|p| p.resource_version()).collect()
+    };
     assert_eq!(
-        d.resource_version(),
-        d2.resource_version(),
-        "StatefulSet was written by a no-op reconcile"
+        versions(&member_pods(&client, &ns, "quiet").await),
+        versions(&[touched, members[1].clone()]),
+        "a member was written by a no-op reconcile"
     );
     assert_eq!(
         mc.resource_version(),
-        mc2.resource_version(),
+        mcs.get("quiet").await.unwrap().resource_version(),
         "status was written by a no-op reconcile"
     );
 }
@@ -254,7 +254,8 @@ async fn a_restarted_operator_finds_nothing_to_apply() {
 async fn drift_is_put_back() {
     let client = admin().await;
     let ns = namespace(&client, "drift").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    // The operator's own members are made again when lost (own_pods.rs).
+    let _op = Operator::start(&client, OperatorOptions::stateful_sets()).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
@@ -291,7 +292,74 @@ async fn drift_is_put_back() {
 async fn foreign_stateful_set_is_left_alone() {
     let client = admin().await;
     let ns = namespace(&client, "foreign").await;
+    let _op = Operator::start(&client, OperatorOptions::stateful_sets()).await;
+    // Where it keeps StatefulSets, nothing is created while the name is someone else's.
+    left_alone(&client, &ns, "StatefulSet").await;
+    assert!(
+        absent::<Service>(&client, &ns, "cache").await,
+        "nothing else is created"
+    );
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    stateful_sets
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_converged(&client, &ns, "cache", 3).await;
+}
+
+#[tokio::test]
+async fn a_pod_in_a_members_name_is_left_alone() {
+    let client = admin().await;
+    let ns = namespace(&client, "foreign-pod").await;
     let _op = Operator::start(&client, OperatorOptions::default()).await;
+    // A StatefulSet of the Memcached's name holds cache-0: the operator's own members leave
+    // that pod alone and say so; the others run.
+    let in_the_way = left_alone(&client, &ns, "Pod").await;
+    assert!(
+        in_the_way.contains(&format!("Pod {ns}/cache-0")),
+        "{in_the_way}"
+    );
+    let theirs = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("cache-0")
+        .await
+        .unwrap();
+    assert_eq!(
+        theirs.metadata.owner_references.unwrap()[0].kind,
+        "StatefulSet"
+    );
+    assert!(
+        !theirs
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|m| m.manager.as_deref() == Some("memcached-operator")),
+        "the operator wrote to their pod"
+    );
+    wait_for("the other members", CONVERGE, || async {
+        let mine: Vec<String> = member_pods(&client, &ns, "cache")
+            .await
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        (mine == ["cache-1", "cache-2"]).then_some(())
+    })
+    .await;
+    // Once the obstacle is gone the Memcached converges (its recheck: no event says so).
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    stateful_sets
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_converged(&client, &ns, "cache", 3).await;
+}
+
+/// Someone else's StatefulSet `cache` with one pod (`cache-0`) in `ns`, then a Memcached
+/// `cache` of 3: it reports ResourceExists, a Warning event naming `what` is in the way, and
+/// the StatefulSet is never written to. The event's note.
+async fn left_alone(client: &Client, ns: &str, what: &str) -> String {
+    let client = client.clone();
+    let ns = ns.to_string();
 
     let foreign: StatefulSet = serde_json::from_value(serde_json::json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -303,6 +371,11 @@ async fn foreign_stateful_set_is_left_alone() {
     .unwrap();
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let before = apply(&stateful_sets, &foreign).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait_for("their pod cache-0", CONVERGE, || async {
+        pods.get_opt("cache-0").await.ok()?
+    })
+    .await;
 
     create(&client, &ns, &memcached("cache", 3)).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
@@ -325,9 +398,10 @@ async fn foreign_stateful_set_is_left_alone() {
             })
     })
     .await;
+    let note = warning.note.unwrap_or_default();
     assert!(
-        warning.note.unwrap().contains("StatefulSet"),
-        "the event names what is in the way"
+        note.contains(what),
+        "the event names what is in the way: {note}"
     );
 
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -350,21 +424,7 @@ async fn foreign_stateful_set_is_left_alone() {
         "the operator wrote to it: {managers:?}"
     );
     assert!(after.metadata.owner_references.is_none());
-    assert!(
-        Api::<Service>::namespaced(client.clone(), &ns)
-            .get_opt("cache")
-            .await
-            .unwrap()
-            .is_none(),
-        "nothing else is created"
-    );
-
-    // Once the obstacle is gone the Memcached converges.
-    stateful_sets
-        .delete("cache", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_converged(&client, &ns, "cache", 3).await;
+    note
 }
 
 #[tokio::test]
@@ -412,7 +472,7 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The namespace controller deletes what is in a namespace in no set order; held here, the
-    // Memcached outlives its StatefulSet, as it can by chance.
+    // Memcached outlives its members, as it can by chance.
     let policy = format!("keep-memcacheds-{ns}");
     admission_policy(
         &client,
@@ -447,16 +507,19 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
         .delete(&ns, &DeleteParams::default())
         .await
         .unwrap();
-    let stateful_sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    wait_gone(
-        "the StatefulSet deleted with the namespace",
+    wait_for(
+        "the members deleted with the namespace",
         CONVERGE,
-        &stateful_sets,
-        "cache",
+        || async {
+            member_pods(&client, &ns, "cache")
+                .await
+                .is_empty()
+                .then_some(())
+        },
     )
     .await;
-    // The operator sees its StatefulSet go and reconciles the Memcached still there: creating
-    // the StatefulSet again is refused, which is no failure to retry or alert on.
+    // The operator sees its members go and reconciles the Memcached still there: creating them
+    // again is refused, which is no failure to retry or alert on.
     wait_for("a reconcile after the deletion", CONVERGE, || async {
         (reconciles().await > before).then_some(())
     })
@@ -464,8 +527,14 @@ async fn a_namespace_being_deleted_is_not_a_failure() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     op.assert_no_failed_reconciles().await;
     assert!(
-        stateful_sets.get_opt("cache").await.unwrap().is_none(),
+        member_pods(&client, &ns, "cache").await.is_empty(),
         "nothing was created in the namespace being deleted"
+    );
+    let mc = mcs.get("cache").await.unwrap();
+    assert_eq!(
+        condition(&mc, "Degraded").map(|c| c.1).as_deref(),
+        Some("AsExpected"),
+        "nothing to report of a namespace being deleted"
     );
 
     remove_admission_policy(&client, &policy).await;
@@ -610,10 +679,16 @@ async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
         message.contains("spec.resources.limits.memory") && message.contains("spec.maxMemoryMiB"),
         "{message}"
     );
-    assert_eq!(
-        stateful_set_replicas(&client, &ns, "cache").await,
-        Some(1),
-        "an unworkable spec was applied"
+    let members = member_pods(&client, &ns, "cache").await;
+    let limits: Vec<_> = members
+        .iter()
+        .flat_map(|p| &p.spec.as_ref().unwrap().containers)
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("memory"))
+        .map(|q| q.0.as_str())
+        .collect();
+    assert!(
+        members.len() == 1 && !limits.contains(&"64Mi"),
+        "an unworkable spec was applied: {limits:?}"
     );
     // Events go out in the background, after the status: under load, a moment later.
     wait_for(
@@ -663,9 +738,8 @@ async fn watch_namespace_limits_the_operator_to_its_namespaces() {
     create(&client, &watched, &memcached("cache", 1)).await;
     wait_converged(&client, &watched, "cache", 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        stateful_set_replicas(&client, &other, "cache").await,
-        None,
+    assert!(
+        absent::<Service>(&client, &other, "cache").await,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
     assert_eq!(op.health("/readyz").await, Some(200));
@@ -697,9 +771,8 @@ async fn multi_namespace_install_reconciles_each_listed_namespace() {
     // Changes keep flowing in every listed namespace, not just the first one watched.
     set_size(&client, &second, "cache", 3).await;
     wait_converged(&client, &second, "cache", 3).await;
-    assert_eq!(
-        stateful_set_replicas(&client, &other, "cache").await,
-        None,
+    assert!(
+        absent::<Service>(&client, &other, "cache").await,
         "a Memcached outside WATCH_NAMESPACE was reconciled"
     );
     assert_eq!(op.health("/readyz").await, Some(200));
@@ -1087,11 +1160,12 @@ async fn a_stateful_set_the_api_server_refuses_is_reported_not_retried_hot() {
     let client = admin().await;
     let ns = namespace(&client, "refused").await;
     deny_untrusted_images(&client, &ns).await;
+    // A member the API server refuses is own_pods.rs's.
     let op = Operator::start(
         &client,
         OperatorOptions {
             watch_namespace: Some(ns.clone()),
-            ..Default::default()
+            ..OperatorOptions::stateful_sets()
         },
     )
     .await;
@@ -1158,6 +1232,7 @@ async fn a_stateful_set_the_api_server_refuses_is_reported_not_retried_hot() {
 
 #[tokio::test]
 async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
     use memcached_operator::validation::validate;
     use memcached_operator::{arbitrary, resources};
     use proptest::strategy::{Strategy, ValueTree};
@@ -1167,6 +1242,11 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
     let ns = namespace(&client, "property").await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let revisions: Api<k8s_openapi::api::apps::v1::ControllerRevision> =
+        Api::namespaced(client.clone(), &ns);
+    let classes: Api<PriorityClass> = Api::all(client.clone());
+    let mut made_classes = vec![];
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
@@ -1204,6 +1284,28 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
             .patch(&d.name_any(), &apply, &kube::api::Patch::Apply(&d))
             .await
             .unwrap_or_else(|e| panic!("the API server refused the StatefulSet for {spec:?}: {e}"));
+        // The members the operator keeps itself: a pod of that template, and its revision. A
+        // pod's admission also wants its PriorityClass to exist, which is the cluster's to have.
+        if let Some(name) = &spec.priority_class_name {
+            let class: PriorityClass =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "value": 0}))
+                    .unwrap();
+            match classes.create(&PostParams::default(), &class).await {
+                Ok(_) => made_classes.push(name.clone()),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("PriorityClass {name}: {e}"),
+            }
+        }
+        let revision = resources::members::revision(&mc, &d);
+        let member = resources::members::member(&mc, &d, &revision, 0);
+        pods.create(&dry_run, &member)
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused the member for {spec:?}: {e}"));
+        let history = resources::members::controller_revision(&mc, &d, &revision);
+        revisions
+            .create(&dry_run, &history)
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused the revision for {spec:?}: {e}"));
         let s = resources::service(&mc);
         services
             .patch(&s.name_any(), &apply, &kube::api::Patch::Apply(&s))
@@ -1221,6 +1323,12 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
                 .await
                 .unwrap_or_else(|e| panic!("the API server refused the policy for {spec:?}: {e}"));
         }
+    }
+    for name in made_classes {
+        classes
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
     }
     println!("{cases} generated specs admitted; {valid} passed validation and were accepted");
     assert!(valid >= 20, "too few valid specs to mean anything: {valid}");
@@ -1408,10 +1516,16 @@ fn is_rolling(d: &StatefulSet) -> bool {
 async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     let client = admin().await;
     let ns = namespace(&client, "upgrade").await;
+    // Rollouts of the operator's own members wait for the budget alike (scripted in
+    // reconcile/tests); here, what `kubectl rollout status` shows of StatefulSets.
     let options = |image: &str, extra: &[&str]| OperatorOptions {
         watch_namespace: Some(ns.clone()),
         env: vec![("RELATED_IMAGE_MEMCACHED".into(), image.into())],
-        extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        extra_args: ["--members=statefulset"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect(),
         ..OperatorOptions::default()
     };
     let names = ["a", "b", "c"];
@@ -1555,14 +1669,11 @@ async fn set_monitoring(client: &Client, ns: &str, name: &str, enabled: bool) {
         .unwrap();
 }
 
-/// The containers of the Memcached's StatefulSet and the port names of its Service, as applied.
+/// The containers of the Memcached's first member and the port names of its Service, as applied.
 async fn exporter_and_port(client: &Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>) {
-    let d = Api::<StatefulSet>::namespaced(client.clone(), ns)
-        .get(name)
-        .await
-        .unwrap();
+    let member = member_pods(client, ns, name).await.remove(0);
     // The agent (warm restart's save) is in every pod of a cache this size.
-    let containers = d.spec.unwrap().template.spec.unwrap().containers;
+    let containers = member.spec.unwrap().containers;
     let containers = containers.into_iter().filter(|c| c.name != "agent");
     let svc = Api::<Service>::namespaced(client.clone(), ns)
         .get(name)
@@ -1599,11 +1710,8 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
     wait_converged(&client, &ns, "plain", 1).await;
 
     // The sidecar, as restricted as memcached, and the Service's metrics port.
-    let d = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("cache")
-        .await
-        .unwrap();
-    let pod = d.spec.unwrap().template.spec.unwrap();
+    let member = member_pods(&client, &ns, "cache").await.remove(0);
+    let pod = member.spec.unwrap();
     let exporter = pod
         .containers
         .iter()

@@ -1,9 +1,8 @@
-//! The members as pods the operator keeps itself (`--members=pods`, issue 36's measurement), with
-//! the RBAC of `config/own-pods`: no StatefulSet; the members made under the names the
-//! StatefulSet gave them, scaled from the top, made again when lost, updated in place or replaced
-//! as under the StatefulSet, refused by a quota in the API server's words, and collected with
-//! their Memcached; an event for each member made or deleted; the revisions no member has
-//! collected.
+//! The members as pods the operator keeps itself (the default since 0.7.0), with the shipped
+//! RBAC: no StatefulSet; the members made under the names the StatefulSet gave them, scaled from
+//! the top, made again when lost, updated in place or replaced as under the StatefulSet, refused
+//! by a quota in the API server's words, and collected with their Memcached; an event for each
+//! member made or deleted; the revisions no member has collected.
 
 use std::time::Duration;
 
@@ -15,8 +14,8 @@ use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 
 use super::harness::{
-    CONVERGE, Operator, OperatorOptions, Rbac, admin, create, events_with_reason, memcached,
-    namespace, set_size, shipped_rules, wait_converged, wait_degraded, wait_for,
+    CONVERGE, Operator, OperatorOptions, admin, create, events_with_reason, memcached, namespace,
+    set_size, wait_converged, wait_degraded, wait_for,
 };
 use super::members::{
     a_new_image_restarts_each_member_once_in_place, a_new_item_size_replaces_each_member, members,
@@ -27,17 +26,7 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
  {
     let client = admin().await;
     let ns = namespace(&client, "own-pods").await;
-    let mut rules = shipped_rules("role.yaml");
-    rules.extend(shipped_rules("../own-pods/role.yaml"));
-    let operator = Operator::start(
-        &client,
-        OperatorOptions {
-            rbac: Rbac::ClusterRules(rules),
-            extra_args: vec!["--members=pods".into()],
-            ..OperatorOptions::watching(&ns)
-        },
-    )
-    .await;
+    let operator = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let mc = create(&client, &ns, &memcached("cache", 3)).await;

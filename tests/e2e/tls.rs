@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -12,8 +11,8 @@ use memcached_operator::api::{Memcached, TlsSpec};
 use memcached_operator::resources::tls::{CERT_KEY, PRIVATE_KEY_KEY};
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, create, memcached, namespace, wait_converged,
-    wait_degraded, wait_degraded_saying, wait_not_degraded,
+    CONVERGE, Operator, OperatorOptions, admin, create, member_pods, memcached, namespace,
+    wait_converged, wait_degraded, wait_degraded_saying, wait_for, wait_not_degraded,
 };
 
 fn tls_secret(cert: &str, key: &str) -> Secret {
@@ -79,13 +78,15 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 1)).await;
     wait_converged(&client, &ns, "cache", 1).await;
-    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let generation = stateful_sets
-        .get("cache")
-        .await
-        .unwrap()
-        .metadata
-        .generation;
+    // The member as it runs: its uid and its containers.
+    let member = || async {
+        let pod = member_pods(&client, &ns, "cache")
+            .await
+            .into_iter()
+            .next()?;
+        Some((pod.metadata.uid, pod.spec?.containers))
+    };
+    let before = member().await;
 
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let on = serde_json::json!({"spec": {"tls": {"enabled": true, "secretName": "cert"}}});
@@ -118,16 +119,7 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
             .contains("Secret cert: \"tls.key\" does not belong to the certificate in \"tls.crt\""),
         "{mismatch}"
     );
-    assert_eq!(
-        stateful_sets
-            .get("cache")
-            .await
-            .unwrap()
-            .metadata
-            .generation,
-        generation,
-        "nothing applied"
-    );
+    assert!(member().await == before, "nothing applied");
 
     // Fixed: the pods get TLS and the agent that renews it.
     let fixed = tls_secret(&a.cert.pem(), &a.signing_key.serialize_pem());
@@ -140,20 +132,13 @@ async fn a_certificate_memcached_cannot_serve_degrades_and_changes_nothing() {
         .await
         .unwrap();
     wait_not_degraded(&mcs, "cache", CONVERGE).await;
-    let d = stateful_sets.get("cache").await.unwrap();
-    let pod = d.spec.unwrap().template.spec.unwrap();
-    assert!(
-        pod.containers[0]
-            .args
-            .as_ref()
-            .unwrap()
-            .contains(&"-Z".to_string())
-    );
-    assert!(
-        pod.containers.iter().any(|c| c.name == "agent"),
-        "{:?}",
-        pod.containers.iter().map(|c| &c.name).collect::<Vec<_>>()
-    );
+    // The member is replaced (new flags and a new container cannot be taken in place).
+    wait_for("the member with TLS and the agent", CONVERGE, || async {
+        let (_, containers) = member().await?;
+        let tls = containers[0].args.as_ref()?.contains(&"-Z".to_string());
+        (tls && containers.iter().any(|c| c.name == "agent")).then_some(())
+    })
+    .await;
     wait_converged(&client, &ns, "cache", 1).await;
 }
 
@@ -188,7 +173,7 @@ async fn pods_with_auth_and_tls_converge_without_rewrites() {
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
-    // A pod replaced: the StatefulSet's status changes queue reconciles, which find every field
+    // A pod replaced: the changes of the members queue reconciles, which find every field
     // of theirs as applied (a field the API server stores differently would be rewritten).
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
     let victim = pods

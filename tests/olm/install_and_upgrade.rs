@@ -26,8 +26,8 @@
 //! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
 //! updates the members itself: each Memcached keeps its StatefulSet (the same uid), `OnDelete`,
 //! whose pod template changes in the agent's image only as the operator compares templates
-//! (the operator's own, the new CSV's `RELATED_IMAGE_AGENT`; 0.6.0's `-m` through an env var
-//! counts as equal to 0.5.0's literal one), so each member is updated in place: the same pod (name and uid), its
+//! (the operator's own, the new CSV's `RELATED_IMAGE_AGENT`), so each member is updated in place:
+//! the same pod (name and uid), its
 //! agent restarted once on the new image, memcached not restarted (its restart count unchanged),
 //! one at a time, about `minReadySeconds` or more apart (its `Restarted` events), none evicted;
 //! every Memcached stays Available throughout (polled every second; its Progressing reason says
@@ -35,11 +35,12 @@
 //! never a pod over its size; no Memcached is lost (same UIDs); it ends with `size` Ready pods
 //! `<name>-0 … <name>-N-1` of the update revision, `status.servers` lists
 //! `<name>-N.<name>.<ns>.svc:<port>`, and nothing in the namespace is orphaned. Then least
-//! privilege: the new CSV's `permissions` (StatefulSets; pods patched and evicted, never deleted;
-//! Deployments only list, watch and delete; pods resized, new in it; the scale of Memcacheds
-//! patched and HorizontalPodAutoscalers listed and watched, for autoscaling) apply in NS only
-//! (`kubectl auth can-i` as the operator's ServiceAccount), and the operator reconciles a new
-//! Memcached in NS.
+//! privilege: the new CSV's `permissions` (StatefulSets; pods patched, resized and evicted; pods
+//! created and deleted and ControllerRevisions created and collected, new in it; Deployments only
+//! list, watch and delete; the scale of Memcacheds patched and HorizontalPodAutoscalers listed
+//! and watched, for autoscaling) apply in NS only (`kubectl auth can-i` as the operator's
+//! ServiceAccount), and the operator reconciles a new Memcached in NS, keeping its members
+//! itself: no StatefulSet, its pods the Memcached's, of its one ControllerRevision.
 //! Phase 3: a fresh Subscription to the default channel installs the new release directly.
 //! Phase 4: without the ServiceMonitor and PrometheusRule CRDs, OLM fails the InstallPlan of the
 //! bundle, which holds one of each.
@@ -65,14 +66,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::net::free_port;
@@ -81,7 +82,7 @@ use serde_json::{Value, json};
 
 use crate::availability::{Sampler, Watched};
 use crate::harness;
-use crate::members::{self, Update, controller_uid};
+use crate::members::{self, KeptBy, Update, controller_uid};
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
 use crate::scripts::{olm_versions, path_env, tool};
 
@@ -592,19 +593,27 @@ impl Env {
         .await
     }
 
-    /// No Deployment or StatefulSet in NS_OTHER and no condition on its sample: no operator
-    /// reconciled it.
+    /// No Deployment or StatefulSet in NS_OTHER, nor a pod, Service or ControllerRevision of the
+    /// operator's labels, and no condition on its sample: no operator reconciled it.
     async fn not_reconciled_elsewhere(&self) -> bool {
-        let deployments = Api::<Deployment>::namespaced(self.client.clone(), NS_OTHER)
-            .list(&ListParams::default())
-            .await;
-        let stateful_sets = Api::<StatefulSet>::namespaced(self.client.clone(), NS_OTHER)
-            .list(&ListParams::default())
-            .await;
+        let mut nothing = true;
+        for (resource, labels) in [
+            (ApiResource::erase::<Deployment>(&()), ""),
+            (ApiResource::erase::<StatefulSet>(&()), ""),
+            (ApiResource::erase::<Pod>(&()), MEMCACHED_PODS),
+            (ApiResource::erase::<Service>(&()), MEMCACHED_PODS),
+            (
+                ApiResource::erase::<ControllerRevision>(&()),
+                MEMCACHED_PODS,
+            ),
+        ] {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), NS_OTHER, &resource);
+            let list = api.list(&ListParams::default().labels(labels)).await;
+            nothing &= list.is_ok_and(|l| l.items.is_empty());
+        }
         let sample = self.memcacheds(NS_OTHER).get(&self.sample_name()).await;
-        deployments.is_ok_and(|l| l.items.is_empty())
-            && stateful_sets.is_ok_and(|l| l.items.is_empty())
-            && sample.is_ok_and(|mc| mc.status.is_none_or(|s| s.conditions.is_empty()))
+        nothing && sample.is_ok_and(|mc| mc.status.is_none_or(|s| s.conditions.is_empty()))
     }
 
     fn sample_name(&self) -> String {
@@ -642,13 +651,13 @@ impl Env {
     }
 
     /// What Memcached `name` in `ns` lacks of having every member updated as `update` says
-    /// (members::update_missing), its StatefulSet the one of uid `stateful_set_uid` when given,
-    /// the agent from the operator's RELATED_IMAGE_AGENT; and its pods' names.
+    /// (members::update_missing), kept as `kept_by` says, the agent from the operator's
+    /// RELATED_IMAGE_AGENT; and its pods' names.
     async fn updated(
         &self,
         ns: &str,
         name: &str,
-        stateful_set_uid: Option<&str>,
+        kept_by: &KeptBy<'_>,
         update: &Update<'_>,
     ) -> (Vec<String>, Vec<String>) {
         let Ok(mc) = self.memcacheds(ns).get(name).await else {
@@ -659,10 +668,21 @@ impl Env {
             .await
             .ok()
             .flatten();
+        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
         let pods = self.pods_of(ns, name).await;
         let (agent, _) = self.operator_env(ns, "RELATED_IMAGE_AGENT").await;
-        let missing =
-            members::update_missing(&mc, sts.as_ref(), &pods, stateful_set_uid, update, &agent);
+        let missing = members::update_missing(
+            &mc,
+            (sts.as_ref(), &revisions),
+            &pods,
+            kept_by,
+            update,
+            &agent,
+        );
         let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
         names.sort();
         (missing, names)
@@ -675,7 +695,8 @@ impl Env {
     async fn created_missing(&self, ns: &str, names: &[&str]) -> Vec<String> {
         let mut missing = vec![];
         for name in names {
-            let (not, _) = self.updated(ns, name, None, &Update::Created).await;
+            let kept_by = KeptBy::StatefulSet(None);
+            let (not, _) = self.updated(ns, name, &kept_by, &Update::Created).await;
             missing.extend(not.into_iter().map(|m| format!("{name}: {m}")));
             let service = Api::<Service>::namespaced(self.client.clone(), ns)
                 .get_opt(name)
@@ -706,11 +727,18 @@ impl Env {
         (restarted, evicted)
     }
 
-    /// What in `ns` has lost its controller: a memcached pod whose StatefulSet is gone, a
-    /// StatefulSet or PodDisruptionBudget whose Memcached is gone (or that has none).
+    /// What in `ns` has lost its controller: a memcached pod whose StatefulSet or Memcached is
+    /// gone, a StatefulSet, ControllerRevision of the operator's or PodDisruptionBudget whose
+    /// Memcached is gone (or that has none).
     async fn orphans(&self, ns: &str) -> Vec<String> {
         let memcacheds: Vec<String> = self.memcached_uids(ns).await.into_values().collect();
         let stateful_sets: Vec<String> = self.stateful_set_uids(ns).await.into_values().collect();
+        let keepers: Vec<String> = memcacheds.iter().chain(&stateful_sets).cloned().collect();
+        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(MEMCACHED_PODS))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
         let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
             .list(&ListParams::default().labels(MEMCACHED_PODS))
             .await
@@ -731,8 +759,13 @@ impl Env {
         };
         let mut orphans = vec![];
         for pod in &pods {
-            if orphaned(controller_uid(pod), &stateful_sets) {
+            if orphaned(controller_uid(pod), &keepers) {
                 orphans.push(format!("pod {}", pod.name_any()));
+            }
+        }
+        for r in &revisions {
+            if orphaned(controller_uid(r), &keepers) {
+                orphans.push(format!("ControllerRevision {}", r.name_any()));
             }
         }
         for s in &sts {
@@ -1277,19 +1310,22 @@ async fn install_and_upgrade_through_olm() {
         ok,
     );
     // The contrast for the least-privilege checks after the upgrade: the previous release
-    // updates the members itself (it patches and evicts pods) and scales Memcacheds, but cannot
-    // resize pods (in-place resize came after it), and its rules hold in its own namespace only.
+    // updates the members itself (it patches, resizes and evicts pods) and scales Memcacheds,
+    // but cannot make or delete pods (its StatefulSets' controller does), and its rules hold in
+    // its own namespace only.
     let ok = env.can(&["patch", "pods", "-n", NS]).await
         && env
             .can(&["create", "pods", "--subresource=eviction", "-n", NS])
             .await
-        && env.can(&patch_scale(NS)).await
         && env
-            .cannot(&["patch", "pods", "--subresource=resize", "-n", NS])
-            .await;
+            .can(&["patch", "pods", "--subresource=resize", "-n", NS])
+            .await
+        && env.can(&patch_scale(NS)).await
+        && env.cannot(&["create", "pods", "-n", NS]).await
+        && env.cannot(&["delete", "pods", "-n", NS]).await;
     checks.check(
         format!(
-            "under {prev_csv} {sa} can patch and evict pods and patch the scale of Memcacheds in {NS}, not resize pods"
+            "under {prev_csv} {sa} can patch, resize and evict pods and patch the scale of Memcacheds in {NS}, not create or delete pods"
         ),
         ok,
     );
@@ -1499,11 +1535,15 @@ async fn install_and_upgrade_through_olm() {
             },
             None => Update::Created,
         };
+        // Those made since the upgrade are the operator's own.
+        let kept_by = |name: &str| match sts_before.get(name) {
+            Some(uid) => KeptBy::StatefulSet(Some(uid)),
+            None => KeptBy::Operator,
+        };
         let ok = wait_until(timeout, || async move {
             for name in names {
-                let sts_uid = sts_before.get(name).map(String::as_str);
                 if !e
-                    .updated(ns, name, sts_uid, &update(name))
+                    .updated(ns, name, &kept_by(name), &update(name))
                     .await
                     .0
                     .is_empty()
@@ -1521,17 +1561,22 @@ async fn install_and_upgrade_through_olm() {
             ));
         }
         for name in names {
-            let sts_uid = sts_before.get(name).map(String::as_str);
-            let (missing, pods) = env.updated(ns, name, sts_uid, &update(name)).await;
+            let kept = kept_by(name);
+            let (missing, pods) = env.updated(ns, name, &kept, &update(name)).await;
+            let of_before = matches!(kept, KeptBy::StatefulSet(_));
             checks.check(
                 format!(
-                    "{ns}/{name}: {} StatefulSet {name} (OnDelete), pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
-                    if sts_uid.is_some() { "the same" } else { "a" },
+                    "{ns}/{name}: {}, pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
+                    if of_before {
+                        format!("the same StatefulSet {name} (OnDelete)")
+                    } else {
+                        "no StatefulSet, one ControllerRevision of the Memcached's".to_string()
+                    },
                     pods.join(" "),
-                    if sts_uid.is_some() {
+                    if of_before {
                         "each the same pod (uid), its agent restarted once, memcached not restarted"
                     } else {
-                        "made from it"
+                        "each the Memcached's, made from it"
                     },
                     if missing.is_empty() {
                         String::new()
@@ -1761,17 +1806,33 @@ async fn install_and_upgrade_through_olm() {
             .await;
     checks.check(
         format!(
-            "{sa} can patch, resize (new in {csv_name}) and evict pods and read ControllerRevisions in {NS} (it updates the members)"
+            "{sa} can patch, resize and evict pods and read ControllerRevisions in {NS} (it updates the members)"
         ),
         ok,
     );
-    let ok = env.cannot(&["delete", "pods", "-n", NS]).await
-        && env.cannot(&["create", "pods", "-n", NS]).await;
+    let ok = env.can(&["create", "pods", "-n", NS]).await
+        && env.can(&["delete", "pods", "-n", NS]).await
+        && env
+            .can(&["create", "controllerrevisions.apps", "-n", NS])
+            .await
+        && env
+            .can(&["deletecollection", "controllerrevisions.apps", "-n", NS])
+            .await
+        && env
+            .cannot(&["patch", "controllerrevisions.apps", "-n", NS])
+            .await;
     checks.check(
-        format!("{sa} cannot delete or create pods in {NS} (evicts, never deletes)"),
+        format!(
+            "{sa} can create and delete pods and create and collect ControllerRevisions in {NS} (new in {csv_name}: it keeps new Memcacheds' members), never change a revision"
+        ),
         ok,
     );
     let ok = env.cannot(&["patch", "pods", "-n", NS_OTHER]).await
+        && env.cannot(&["create", "pods", "-n", NS_OTHER]).await
+        && env.cannot(&["delete", "pods", "-n", NS_OTHER]).await
+        && env
+            .cannot(&["create", "controllerrevisions.apps", "-n", NS_OTHER])
+            .await
         && env
             .cannot(&["create", "pods", "--subresource=eviction", "-n", NS_OTHER])
             .await
@@ -1779,7 +1840,9 @@ async fn install_and_upgrade_through_olm() {
             .cannot(&["patch", "pods", "--subresource=resize", "-n", NS_OTHER])
             .await;
     checks.check(
-        format!("{sa} cannot patch, resize or evict pods in {NS_OTHER}"),
+        format!(
+            "{sa} cannot make, delete, patch, resize or evict pods nor make revisions in {NS_OTHER}"
+        ),
         ok,
     );
     let ok = env.can(&patch_scale(NS)).await

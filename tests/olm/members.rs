@@ -1,13 +1,14 @@
 //! What a Memcached whose members the operator has updated has (since 0.4.0 its StatefulSet is
 //! `OnDelete` and the operator updates each member itself: in place when only images change, by
-//! replacing it otherwise), as both upgrade tests check it. From 0.4.0 to 0.5.0, and from 0.5.0 to
-//! 0.6.0 as the operator compares templates (0.6.0's `-m` through an env var counts as equal to
-//! the literal one), only the agent's image changes (the operator's own), so each member is
-//! updated in place: the same pod, its agent restarted, memcached running on.
+//! replacing it otherwise; since 0.7.0 a new Memcached's members are the operator's own, with no
+//! StatefulSet), as both upgrade tests check it. From each release to the next since 0.4.0, as
+//! the operator compares templates (0.6.0's `-m` through an env var counts as equal to 0.5.0's
+//! literal one), only the agent's image changes (the operator's own), so each member is updated
+//! in place: the same pod, its agent restarted, memcached running on.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -71,7 +72,8 @@ pub fn one_at_a_time(
     }
 }
 
-/// The StatefulSet controller's label naming the revision a pod was made from.
+/// The label naming the revision a pod was made from (the StatefulSet controller's, which the
+/// operator gives its own members too).
 const REVISION: &str = "controller-revision-hash";
 
 /// An object's controller (its owner reference with `controller: true`): its uid.
@@ -84,13 +86,13 @@ pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
         .map(|r| r.uid.clone())
 }
 
-/// What `pods` lack of being exactly the members `<name>-0 … <name>-<size-1>` of the StatefulSet
-/// whose uid is `sts_uid` (None: there is none, so no pod is its).
+/// What `pods` lack of being exactly the members `<name>-0 … <name>-<size-1>` of `keeper`, the
+/// object of that kind and uid (None: there is none, so no pod is its).
 pub fn members_missing(
     pods: &[Pod],
     name: &str,
     size: usize,
-    sts_uid: Option<&str>,
+    (keeper, uid): (&str, Option<&str>),
 ) -> Vec<String> {
     let mut missing = vec![];
     let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
@@ -105,8 +107,8 @@ pub fn members_missing(
         ));
     }
     for pod in pods {
-        if sts_uid.is_none() || controller_uid(pod).as_deref() != sts_uid {
-            missing.push(format!("pod {} not the StatefulSet's", pod.name_any()));
+        if uid.is_none() || controller_uid(pod).as_deref() != uid {
+            missing.push(format!("pod {} not the {keeper}'s", pod.name_any()));
         }
     }
     missing
@@ -194,7 +196,7 @@ pub fn restart_counts(before: &BTreeMap<String, Before>, pods: &[Pod]) -> String
         .join("; ")
 }
 
-/// How the members came to the StatefulSet's current template.
+/// How the members came to their current template.
 pub enum Update<'a> {
     /// Made from it (a Memcached created under the new release, or the previous release's own
     /// members before the upgrade).
@@ -208,65 +210,90 @@ pub enum Update<'a> {
     },
 }
 
-/// What the Memcached `mc` lacks of having every member updated to its StatefulSet's current
-/// template, as the operator since 0.4.0 does it: a StatefulSet of its name that it controls
-/// (`stateful_set_uid`: the very one it had before), `size` replicas, `updateStrategy: OnDelete`,
-/// every replica updated; its pods (`pods`: all those of the Memcached, terminating included)
-/// exactly the members `<name>-0 …`, each the StatefulSet's, not terminating, Ready, of the
+/// What keeps a Memcached's members.
+pub enum KeptBy<'a> {
+    /// A StatefulSet of its name, as releases up to 0.6.0 made them (and their Memcacheds keep
+    /// it): the very one of this uid, when given.
+    StatefulSet(Option<&'a str>),
+    /// The operator itself, as it keeps those of Memcacheds made since 0.7.0: no StatefulSet,
+    /// one ControllerRevision of the Memcached's.
+    Operator,
+}
+
+/// What the Memcached `mc` lacks of having every member updated to its current template, kept
+/// as `kept_by` says: a StatefulSet of its name that it controls, `size` replicas,
+/// `updateStrategy: OnDelete`, every replica updated; or no StatefulSet, the one revision
+/// among `revisions` (the ControllerRevisions of its label) the Memcached's, and a status that
+/// counts `size` members available. Its pods (`pods`: all those of the Memcached, terminating
+/// included) exactly the members `<name>-0 …`, each the keeper's, not terminating, Ready, of the
 /// update revision, with the agent beside memcached running `agent_image`, memcached with its
 /// memory file (`-e`), and changed as `update` says; `status.servers` their stable addresses;
 /// Available. Empty: all done.
 pub fn update_missing(
     mc: &Memcached,
-    sts: Option<&StatefulSet>,
+    (sts, revisions): (Option<&StatefulSet>, &[ControllerRevision]),
     pods: &[Pod],
-    stateful_set_uid: Option<&str>,
+    kept_by: &KeptBy,
     update: &Update,
     agent_image: &str,
 ) -> Vec<String> {
     let (name, ns) = (mc.name_any(), mc.namespace().unwrap_or_default());
     let size = usize::try_from(mc.spec.size).unwrap_or_default();
     let mut missing = vec![];
-    let Some(sts) = sts else {
-        return vec![format!("no StatefulSet {name}")];
+    let (keeper, revision) = match kept_by {
+        KeptBy::StatefulSet(uid_before) => {
+            let Some(sts) = sts else {
+                return vec![format!("no StatefulSet {name}")];
+            };
+            missing.extend(stateful_set_missing(mc, sts, *uid_before));
+            let status = sts.status.clone().unwrap_or_default();
+            (
+                ("StatefulSet", sts.uid()),
+                status.update_revision.unwrap_or_default(),
+            )
+        }
+        KeptBy::Operator => {
+            if sts.is_some() {
+                missing.push(format!(
+                    "a StatefulSet {name}, where the operator keeps the members"
+                ));
+            }
+            let names: Vec<String> = revisions.iter().map(|r| r.name_any()).collect();
+            let own = revisions
+                .iter()
+                .find(|r| controller_uid(*r) == mc.uid())
+                .filter(|_| revisions.len() == 1);
+            if own.is_none() {
+                missing.push(format!(
+                    "ControllerRevisions [{}], not one of the Memcached's",
+                    names.join(" ")
+                ));
+            }
+            let status = mc.status.clone().unwrap_or_default();
+            if status.observed_generation != mc.metadata.generation
+                || status.replicas != mc.spec.size
+                || status.available_replicas != mc.spec.size
+            {
+                missing.push(format!(
+                    "status: {}/{size} members, {} available (generation {:?} observed {:?})",
+                    status.replicas,
+                    status.available_replicas,
+                    mc.metadata.generation,
+                    status.observed_generation
+                ));
+            }
+            (
+                ("Memcached", mc.uid()),
+                own.map(|r| r.name_any()).unwrap_or_default(),
+            )
+        }
     };
-    if controller_uid(sts) != mc.uid() {
-        missing.push(format!(
-            "StatefulSet {name} not controlled by the Memcached"
-        ));
-    }
-    if let Some(before) = stateful_set_uid
-        && sts.uid().as_deref() != Some(before)
-    {
-        missing.push(format!(
-            "StatefulSet {name} uid {:?}, not the one before ({before})",
-            sts.uid()
-        ));
-    }
-    let spec = sts.spec.clone().unwrap_or_default();
-    if spec.replicas != Some(mc.spec.size) {
-        missing.push(format!(
-            "StatefulSet {name} replicas {:?}, not {size}",
-            spec.replicas
-        ));
-    }
-    let strategy = spec.update_strategy.and_then(|s| s.type_);
-    if strategy.as_deref() != Some("OnDelete") {
-        missing.push(format!(
-            "StatefulSet {name} updateStrategy {strategy:?}, not OnDelete"
-        ));
-    }
-    let status = sts.status.clone().unwrap_or_default();
-    if status.observed_generation < sts.metadata.generation
-        || status.updated_replicas != Some(mc.spec.size)
-    {
-        missing.push(format!(
-            "StatefulSet {name}: {:?} of {size} replicas updated (generation {:?} observed {:?})",
-            status.updated_replicas, sts.metadata.generation, status.observed_generation
-        ));
-    }
-    let revision = status.update_revision.unwrap_or_default();
-    missing.extend(members_missing(pods, &name, size, sts.uid().as_deref()));
+    missing.extend(members_missing(
+        pods,
+        &name,
+        size,
+        (keeper.0, keeper.1.as_deref()),
+    ));
     for pod in pods {
         let pod_name = pod.name_any();
         if pod.metadata.deletion_timestamp.is_some() {
@@ -352,6 +379,54 @@ pub fn update_missing(
     let available = harness::condition(mc, "Available");
     if available.as_ref().map(|c| c.0.as_str()) != Some("True") {
         missing.push(format!("Available {available:?}"));
+    }
+    missing
+}
+
+/// What the StatefulSet `sts` lacks of keeping `mc`'s members as the operator since 0.4.0 makes
+/// it: controlled by the Memcached (the very one of `uid_before` when given), `size` replicas,
+/// `updateStrategy: OnDelete`, every replica updated.
+fn stateful_set_missing(
+    mc: &Memcached,
+    sts: &StatefulSet,
+    uid_before: Option<&str>,
+) -> Vec<String> {
+    let name = mc.name_any();
+    let size = mc.spec.size;
+    let mut missing = vec![];
+    if controller_uid(sts) != mc.uid() {
+        missing.push(format!(
+            "StatefulSet {name} not controlled by the Memcached"
+        ));
+    }
+    if let Some(before) = uid_before
+        && sts.uid().as_deref() != Some(before)
+    {
+        missing.push(format!(
+            "StatefulSet {name} uid {:?}, not the one before ({before})",
+            sts.uid()
+        ));
+    }
+    let spec = sts.spec.clone().unwrap_or_default();
+    if spec.replicas != Some(size) {
+        missing.push(format!(
+            "StatefulSet {name} replicas {:?}, not {size}",
+            spec.replicas
+        ));
+    }
+    let strategy = spec.update_strategy.and_then(|s| s.type_);
+    if strategy.as_deref() != Some("OnDelete") {
+        missing.push(format!(
+            "StatefulSet {name} updateStrategy {strategy:?}, not OnDelete"
+        ));
+    }
+    let status = sts.status.clone().unwrap_or_default();
+    if status.observed_generation < sts.metadata.generation || status.updated_replicas != Some(size)
+    {
+        missing.push(format!(
+            "StatefulSet {name}: {:?} of {size} replicas updated (generation {:?} observed {:?})",
+            status.updated_replicas, sts.metadata.generation, status.observed_generation
+        ));
     }
     missing
 }

@@ -75,7 +75,7 @@ use serde_json::{Value, json};
 
 use crate::availability::{Sampler, Samples};
 use crate::harness;
-use crate::members::{self, Update};
+use crate::members::{self, KeptBy, Update};
 use crate::olm::{self, CatalogOptions, Olm, field, str_field};
 use crate::scripts::{run, tool};
 use memcached_operator_testkit::probe::{Probed, Prober};
@@ -426,9 +426,9 @@ async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
             ) {
                 (Ok(mc), Some(sts)) => members::update_missing(
                     &mc,
-                    Some(&sts),
+                    (Some(&sts), &[]),
                     &scene.memcached_pods().await,
-                    None,
+                    &KeptBy::StatefulSet(None),
                     &Update::Created,
                     &images.operator_prev,
                 ),

@@ -13,10 +13,10 @@ use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
 use serde_json::json;
 
-use crate::harness::{admin, create, memcached, wait_converged, wait_for};
+use crate::harness::{admin, create, member_pods, memcached, wait_converged, wait_for};
 use crate::{
     Process, RealNode, assert_keys, create_credentials, exporter_metrics, memcached_pid,
-    operator_with_agent, pod_ip, pods_of, pymemcache, real_namespace, restart_counts, write_keys,
+    operator_with_agent, pod_ip, pymemcache, real_namespace, restart_counts, write_keys,
 };
 
 const USER: &str = "app";
@@ -56,7 +56,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
     });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let pods = pods_of(&client, &ns, "cache").await;
+    let pods = member_pods(&client, &ns, "cache").await;
     assert_eq!(pods.len(), 2);
 
     let mut uptimes = Vec::new();
@@ -180,7 +180,7 @@ async fn auth_refuses_strangers_and_a_rotation_keeps_the_process_and_every_key()
     }
 
     // The same processes, never restarted, with every key.
-    let after = pods_of(&client, &ns, "cache").await;
+    let after = member_pods(&client, &ns, "cache").await;
     assert_eq!(
         after.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
         pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()

@@ -7,8 +7,10 @@ use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::{AuthSpec, BindingSpec};
 use serde_json::json;
 
-use crate::harness::{CONVERGE, admin, create, memcached, set_size, wait_converged, wait_for};
-use crate::{RealNode, busybox_pod, operator_with_agent, pods_of, real_namespace};
+use crate::harness::{
+    CONVERGE, admin, create, member_pods, memcached, set_size, wait_converged, wait_for,
+};
+use crate::{RealNode, busybox_pod, operator_with_agent, real_namespace};
 
 /// The application: reads `$SERVICE_BINDING_ROOT/cache/*`, logs in, and sets and gets a key on
 /// each of `servers` and on `host:port`, printing a line for each that answers.
@@ -51,7 +53,7 @@ async fn wait_servers_are_the_pods(client: &Client, ns: &str) -> Vec<String> {
     wait_for("the binding to list the pods", CONVERGE, || async {
         let data = secrets.get_opt("cache-binding").await.ok()??.data?;
         let servers = String::from_utf8(data.get("servers")?.0.clone()).ok()?;
-        let pods: Vec<String> = pods_of(client, ns, "cache")
+        let pods: Vec<String> = member_pods(client, ns, "cache")
             .await
             .iter()
             .map(|p| format!("{}.cache.{ns}.svc:11211", p.name_any()))

@@ -18,9 +18,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::ClientConfig;
 
-use crate::harness::{admin, create, memcached, wait_converged};
+use crate::harness::{admin, create, member_pods, memcached, wait_converged};
 use crate::tls::{Ca, client_config, tls_secret};
-use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, pods_of, real_namespace};
+use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
 const CONNECTIONS: usize = 8;
@@ -206,7 +206,7 @@ async fn data_path_costs_of_tls_and_auth() {
     let mut results = serde_json::Map::new();
     for v in &VARIANTS {
         wait_converged(&client, &ns, v.name, 1).await;
-        let ip: Ipv4Addr = pod_ip(&pods_of(&client, &ns, v.name).await[0]);
+        let ip: Ipv4Addr = pod_ip(&member_pods(&client, &ns, v.name).await[0]);
         let bench_client = Arc::new(Client {
             addr: SocketAddr::new(ip.into(), 11211),
             host: format!("{}.{ns}.svc", v.name),

@@ -15,10 +15,12 @@ use memcached_operator_testkit::cert_manager::CertManager;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
-use crate::harness::{CONVERGE, admin, cluster, create, memcached, wait_converged, wait_for};
+use crate::harness::{
+    CONVERGE, admin, cluster, create, member_pods, memcached, wait_converged, wait_for,
+};
 use crate::tls::{client_config, wait_renewal_served};
 use crate::{
-    RealNode, assert_keys, memcached_pid, operator_with_agent, pod_ip, pods_of, real_namespace,
+    RealNode, assert_keys, memcached_pid, operator_with_agent, pod_ip, real_namespace,
     restart_counts, write_keys,
 };
 
@@ -123,7 +125,7 @@ async fn cert_manager_issues_and_renews_the_certificate_memcached_serves_in_plac
     );
     ca_issuer(&client, &ns).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let pods = pods_of(&client, &ns, "cache").await;
+    let pods = member_pods(&client, &ns, "cache").await;
 
     // What an application reads from its binding is enough to verify the server.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -154,7 +156,7 @@ async fn cert_manager_issues_and_renews_the_certificate_memcached_serves_in_plac
         "cert-manager's renewal served after {:?}",
         renewed.elapsed()
     );
-    for (i, pod) in pods_of(&client, &ns, "cache").await.iter().enumerate() {
+    for (i, pod) in member_pods(&client, &ns, "cache").await.iter().enumerate() {
         assert_eq!(pod.name_any(), pods[i].name_any());
         let restarts = restart_counts(pod);
         assert!(restarts.values().all(|&n| n == 0), "{restarts:?}");

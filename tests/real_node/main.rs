@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use memcached_operator_testkit::memcached::Connection;
 
@@ -322,20 +321,6 @@ pub async fn busybox_pod(
         .unwrap_or_else(|e| format!("(no log: {e})"));
     pods.delete(&name, &Default::default()).await.unwrap();
     (phase == "Succeeded", log)
-}
-
-/// The running pods of Memcached `name`, by pod name.
-pub async fn pods_of(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
-    let mut pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    pods.sort_by_key(|p| p.name_any());
-    pods
 }
 
 pub fn pod_ip(pod: &Pod) -> Ipv4Addr {

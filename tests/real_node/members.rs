@@ -243,7 +243,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     println!("cache-0 with its keys: {}", memory_of(&cache_0));
 
     let before: BTreeMap<String, (String, std::net::SocketAddr, i32)> =
-        crate::pods_of(&client, &ns, "cache")
+        crate::harness::member_pods(&client, &ns, "cache")
             .await
             .into_iter()
             .map(|p| {
@@ -264,7 +264,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     let started = Instant::now();
     change_spec(&client, &ns, json!({"image": image})).await;
     wait_for("every member on the new image", CONVERGE, || async {
-        let all = crate::pods_of(&client, &ns, "cache").await;
+        let all = crate::harness::member_pods(&client, &ns, "cache").await;
         let restarted = all.iter().filter(|p| {
             memcached_status(p)
                 .is_some_and(|c| c.ready && c.restart_count > before[&p.name_any()].2)
@@ -357,7 +357,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
         "every member's memcached running with a 256Mi limit",
         CONVERGE,
         || async {
-            let all = crate::pods_of(&client, &ns, "cache").await;
+            let all = crate::harness::member_pods(&client, &ns, "cache").await;
             let resized = all.iter().filter(|p| {
                 let actual = memcached_status(p).and_then(|c| c.resources.as_ref()?.limits.clone());
                 actual.and_then(|l| l.get("memory").cloned()) == Some(Quantity("256Mi".into()))

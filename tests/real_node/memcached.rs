@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -14,9 +13,10 @@ use memcached_operator_testkit::dns::lookup_a;
 use memcached_operator_testkit::memcached::Connection;
 
 use crate::harness::{
-    CONVERGE, Operator, admin, create, memcached, set_size, wait_converged, wait_for,
+    CONVERGE, Operator, admin, create, member_pods, memcached, pod_is_ready, set_size,
+    wait_converged, wait_for,
 };
-use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
+use crate::{Process, RealNode, pod_ip, real_namespace};
 
 /// The operator as a process (its own ServiceAccount), deploying the local memcached image in `ns`.
 pub async fn operator_for(client: &Client, node: &RealNode, ns: &str) -> Operator {
@@ -42,7 +42,11 @@ async fn wait_dns(node: &RealNode, name: &str, want: &BTreeSet<Ipv4Addr>) {
 }
 
 async fn ips_of(client: &Client, ns: &str, name: &str) -> BTreeSet<Ipv4Addr> {
-    pods_of(client, ns, name).await.iter().map(pod_ip).collect()
+    member_pods(client, ns, name)
+        .await
+        .iter()
+        .map(pod_ip)
+        .collect()
 }
 
 #[tokio::test]
@@ -56,7 +60,7 @@ async fn a_memcached_is_real_confined_processes_found_through_dns() {
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 3).await;
 
-    let pods = pods_of(&client, &ns, "cache").await;
+    let pods = member_pods(&client, &ns, "cache").await;
     assert_eq!(pods.len(), 3);
     for pod in &pods {
         let spec = pod.spec.as_ref().unwrap();
@@ -125,7 +129,7 @@ async fn a_memcached_is_real_confined_processes_found_through_dns() {
 }
 
 /// Round trips to every address the Service resolves to, until stopped: how many rounds found
-/// no memcached answering, and the fewest ready pods the Deployment reported meanwhile.
+/// no memcached answering, and the fewest Ready members there were meanwhile.
 struct Prober {
     stop: Arc<AtomicBool>,
     rounds: Arc<AtomicU32>,
@@ -143,8 +147,8 @@ impl Prober {
         let (rounds, unanswered) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
         let refused = Arc::new(AtomicU32::new(0));
         let min_ready = Arc::new(AtomicI32::new(i32::MAX));
-        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
-        let (dns, service, name) = (node.dns(), service_name(ns, name), name.to_string());
+        let (client, ns) = (client.clone(), ns.to_string());
+        let (dns, service, name) = (node.dns(), service_name(&ns, name), name.to_string());
         let task = tokio::spawn({
             let (stop, rounds, unanswered, refused, min_ready) = (
                 stop.clone(),
@@ -170,10 +174,9 @@ impl Prober {
                     if !answered {
                         unanswered.fetch_add(1, Ordering::SeqCst);
                     }
-                    if let Ok(d) = sets.get(&name).await {
-                        let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
-                        min_ready.fetch_min(ready, Ordering::SeqCst);
-                    }
+                    let members = member_pods(&client, &ns, &name).await;
+                    let ready = members.iter().filter(|p| pod_is_ready(p)).count();
+                    min_ready.fetch_min(ready as i32, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -235,7 +238,7 @@ async fn scaling_and_an_image_change_keep_memcached_answering() {
             .and_then(|s| s.iter().find(|c| c.name == "memcached"))
             .map_or(0, |c| c.restart_count)
     };
-    let before: BTreeMap<String, i32> = pods_of(&client, &ns, "cache")
+    let before: BTreeMap<String, i32> = member_pods(&client, &ns, "cache")
         .await
         .iter()
         .map(|p| (p.uid().unwrap(), restarts(p)))
@@ -251,7 +254,7 @@ async fn scaling_and_an_image_change_keep_memcached_answering() {
         "every member restarted on the new image",
         CONVERGE,
         || async {
-            let pods = pods_of(&client, &ns, "cache").await;
+            let pods = member_pods(&client, &ns, "cache").await;
             let rolled_all = pods.len() == 2
                 && pods.iter().all(|p| {
                     p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(rolled.as_str())

@@ -23,11 +23,11 @@ use memcached_operator_testkit::promql::metric_names;
 use serde_json::{Value, json};
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, apply, cluster, create, memcached, wait_converged,
-    wait_degraded, wait_for,
+    CONVERGE, Operator, OperatorOptions, admin, apply, cluster, create, member_pods, memcached,
+    wait_converged, wait_degraded, wait_for,
 };
 use crate::prometheus::Prometheus;
-use crate::{Process, RealNode, pod_ip, pods_of, real_namespace};
+use crate::{Process, RealNode, pod_ip, real_namespace};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -212,7 +212,7 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     );
 
     // The exporter runs beside memcached, as confined as it.
-    let pods = pods_of(&client, &ns, "cache").await;
+    let pods = member_pods(&client, &ns, "cache").await;
     let [pod] = &pods[..] else {
         panic!("one pod, found {}", pods.len())
     };
@@ -308,11 +308,18 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     assert_eq!(hits, Some(20.0), "the 20 gets that hit");
     drop(held);
 
-    // A refused Memcached, so the error and Degraded series exist too: a quota of one
-    // StatefulSet in the namespace, which "cache" already has.
+    // A refused Memcached, so the error and Degraded series exist too: a quota of the Services
+    // the namespace has ("cache"'s among them), so that "over-quota"'s is refused.
+    let services = Api::<Service>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .len()
+        .to_string();
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "one-stateful-set", "namespace": ns},
-        "spec": {"hard": {"count/statefulsets.apps": "1"}},
+        "metadata": {"name": "no-more-services", "namespace": ns},
+        "spec": {"hard": {"services": services}},
     }))
     .unwrap();
     apply(
@@ -322,11 +329,11 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     .await;
     wait_for("the quota counted", CONVERGE, || async {
         let q = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
-            .get("one-stateful-set")
+            .get("no-more-services")
             .await
             .ok()?;
         let used = q.status?.used?;
-        (used.get("count/statefulsets.apps")?.0 == "1").then_some(())
+        (used.get("services")?.0 == services).then_some(())
     })
     .await;
     create(&client, &ns, &memcached("over-quota", 1)).await;

@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use memcached_operator::api::Memcached;
 use serde_json::json;
 
-use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
-use crate::{RealNode, busybox_pod, memcached::operator_for, pod_ip, pods_of, real_namespace};
+use crate::harness::{CONVERGE, admin, create, member_pods, memcached, wait_converged, wait_for};
+use crate::{RealNode, busybox_pod, memcached::operator_for, pod_ip, real_namespace};
 
 /// How long a new policy may take to be enforced: the engine's informers see it at once.
 const ENFORCED: Duration = Duration::from_secs(60);
@@ -36,7 +36,7 @@ async fn the_policy_admits_the_namespace_and_refuses_other_namespaces() {
     let _op = operator_for(&client, &node, &ns).await;
     create(&client, &ns, &memcached("cache", 1)).await;
     wait_converged(&client, &ns, "cache", 1).await;
-    let ip = pod_ip(&pods_of(&client, &ns, "cache").await[0]);
+    let ip = pod_ip(&member_pods(&client, &ns, "cache").await[0]);
 
     // Without a policy the network lets everyone in: what follows is the policy's doing.
     assert!(client_gets_in(&client, &node, &elsewhere, ip).await);

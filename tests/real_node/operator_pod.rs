@@ -20,11 +20,11 @@ use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
 
 use crate::harness::{
-    CONVERGE, OPERATOR_NAMESPACE, admin, apply, cluster, create, kubectl, memcached, namespace,
-    set_size, wait_converged, wait_for,
+    CONVERGE, OPERATOR_NAMESPACE, admin, apply, cluster, create, kubectl, member_pods, memcached,
+    namespace, set_size, wait_converged, wait_for,
 };
 use crate::prometheus::Prometheus;
-use crate::{Process, RealNode, pod_ip, pods_of, real_namespace, send_pods_to_real_node};
+use crate::{Process, RealNode, pod_ip, real_namespace, send_pods_to_real_node};
 
 /// What config/default names them (namePrefix `memcached-operator-`).
 const DEPLOYMENT: &str = "memcached-operator-controller-manager";
@@ -350,7 +350,7 @@ async fn make_deploy_runs_the_operators_own_image_confined_on_the_real_node() {
     let ns = real_namespace(&client, "deployed").await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    for pod in pods_of(&client, &ns, "cache").await {
+    for pod in member_pods(&client, &ns, "cache").await {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some(node.name()));
         assert_eq!(

@@ -22,9 +22,9 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
-use crate::harness::{CONVERGE, admin, create, memcached, wait_converged, wait_for};
+use crate::harness::{CONVERGE, admin, create, member_pods, memcached, wait_converged, wait_for};
 use crate::{
-    RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip, pods_of,
+    RealNode, assert_keys, exporter_metrics, memcached_pid, operator_with_agent, pod_ip,
     pymemcache, real_namespace, restart_counts, write_keys,
 };
 
@@ -176,7 +176,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     mc.spec.binding = Some(BindingSpec { enabled: true });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 2).await;
-    let pods = pods_of(&client, &ns, "cache").await;
+    let pods = member_pods(&client, &ns, "cache").await;
     // What an application learns from its binding: where to connect, and whom to trust.
     let bound = wait_for("the binding Secret", CONVERGE, || async {
         secrets.get_opt("cache-binding").await.ok()??.data
@@ -277,7 +277,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         .unwrap();
     wait_renewal_served(&pods, &host, &verified, &served).await;
     println!("renewed certificate served after {:?}", renewed.elapsed());
-    let after = pods_of(&client, &ns, "cache").await;
+    let after = member_pods(&client, &ns, "cache").await;
     for (i, pod) in after.iter().enumerate() {
         assert_eq!(pod.name_any(), pods[i].name_any());
         let restarts = restart_counts(pod);
@@ -331,7 +331,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
         "every pod requires a client certificate",
         CONVERGE,
         || async {
-            let pods = pods_of(&client, &ns, "cache").await;
+            let pods = member_pods(&client, &ns, "cache").await;
             if pods.len() != 2 {
                 return None;
             }
@@ -345,7 +345,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     )
     .await;
     wait_converged(&client, &ns, "cache", 2).await;
-    for pod in pods_of(&client, &ns, "cache").await {
+    for pod in member_pods(&client, &ns, "cache").await {
         let ip = pod_ip(&pod);
         let err = round_trip(ip, &host, verified.clone(), login)
             .await

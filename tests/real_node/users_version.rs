@@ -13,11 +13,11 @@ use memcached_operator::resources::auth::secret_data;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::metric_value;
 
-use crate::harness::{admin, create, memcached, wait_converged, wait_for};
+use crate::harness::{admin, create, member_pods, memcached, wait_converged, wait_for};
 use crate::tls::{Ca, client_config, tls_secret};
 use crate::{
     RealNode, assert_keys, create_credentials, exporter_metrics, memcached_pid,
-    operator_with_agent, pod_ip, pods_of, real_namespace, restart_counts, write_keys,
+    operator_with_agent, pod_ip, real_namespace, restart_counts, write_keys,
 };
 
 const USER: &str = "app";
@@ -59,7 +59,7 @@ async fn on_memcached_1_6_45_tls_and_auth_rotate_in_the_running_process() {
     });
     create(&client, &ns, &mc).await;
     wait_converged(&client, &ns, "cache", 1).await;
-    let pod = pods_of(&client, &ns, "cache").await.remove(0);
+    let pod = member_pods(&client, &ns, "cache").await.remove(0);
     let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
     // A full handshake each time: a resumed session would show the certificate it began with.
     let mut config = (*client_config(&ca.pem, None)).clone();
@@ -132,7 +132,7 @@ async fn on_memcached_1_6_45_tls_and_auth_rotate_in_the_running_process() {
     })
     .await;
 
-    let after = pods_of(&client, &ns, "cache").await.remove(0);
+    let after = member_pods(&client, &ns, "cache").await.remove(0);
     assert_eq!(after.name_any(), pod.name_any());
     assert!(restart_counts(&after).values().all(|&n| n == 0));
     assert_eq!(memcached_pid(&after), pid);

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 
 use crate::harness::{
-    CONVERGE, Operator, admin, create, events_for, memcached, pod_is_ready, wait_converged,
-    wait_for,
+    CONVERGE, Operator, admin, create, events_for, member_pods, memcached, pod_is_ready,
+    wait_converged, wait_for,
 };
 use crate::memcached::operator_for;
-use crate::{RealNode, pods_of, real_namespace};
+use crate::{RealNode, real_namespace};
 
 /// Within this long of a pod reporting a cause, the Memcached names it.
 const NAMED_WITHIN: Duration = Duration::from_secs(30);
@@ -50,7 +50,7 @@ async fn wait_pod_reports(
         &format!("a pod of {name} to report {what}"),
         timeout,
         || async {
-            let pods = pods_of(client, ns, name).await;
+            let pods = member_pods(client, ns, name).await;
             pods.iter().any(&reports).then(Instant::now)
         },
     )
@@ -262,19 +262,8 @@ async fn a_quota_that_refuses_the_second_pod_is_pod_creation_refused() {
         .await
         .unwrap();
     create(&client, &ns, &memcached("cache", 2)).await;
-
-    // A StatefulSet has no condition for it: its controller records FailedCreate events.
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let reported = wait_for("the StatefulSet's FailedCreate event", CONVERGE, || async {
-        let fields =
-            "involvedObject.kind=StatefulSet,involvedObject.name=cache,reason=FailedCreate";
-        let list = events
-            .list(&ListParams::default().fields(fields))
-            .await
-            .ok()?;
-        (!list.items.is_empty()).then(Instant::now)
-    })
-    .await;
+    // The operator makes both members at once: the quota refuses one of them then.
+    let reported = Instant::now();
     let message = wait_named(&mcs, "cache", "PodCreationRefused", true, reported).await;
     assert!(
         message.starts_with("1/2 pods are ready; pods cannot be created: ")
@@ -322,7 +311,7 @@ async fn a_memory_limit_memcached_outgrows_is_oom_killed() {
         async move {
             let value = vec![b'x'; 100 * 1024];
             for round in 0.. {
-                let Some(pod) = pods_of(&client, &ns, "cache").await.into_iter().next() else {
+                let Some(pod) = member_pods(&client, &ns, "cache").await.into_iter().next() else {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 };

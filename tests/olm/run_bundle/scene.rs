@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::{MEMCACHED_PODS, NS, OPERATOR_POD, PACKAGE, PREFIX};
 use crate::availability::{Sampler, Watched};
 use crate::harness;
-use crate::members::{self, Update};
+use crate::members::{self, KeptBy, Update};
 use crate::olm::{resource, str_field};
 use crate::scripts::{Registry, env_lines, hack, olm_versions, run, stdout_of, tool};
 
@@ -472,9 +472,9 @@ impl Scene {
         let pods = self.memcached_pods().await;
         let mut missing = members::update_missing(
             &mc,
-            sts.as_ref(),
+            (sts.as_ref(), &[]),
             &pods,
-            Some(stateful_set_uid),
+            &KeptBy::StatefulSet(Some(stateful_set_uid)),
             update,
             agent_image,
         );
