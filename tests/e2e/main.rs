@@ -299,12 +299,7 @@ async fn foreign_stateful_set_is_left_alone() {
         absent::<Service>(&client, &ns, "cache").await,
         "nothing else is created"
     );
-    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    stateful_sets
-        .delete("cache", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_converged(&client, &ns, "cache", 3).await;
+    converges_once_theirs_goes(&client, &ns).await;
 }
 
 #[tokio::test]
@@ -345,13 +340,17 @@ async fn a_pod_in_a_members_name_is_left_alone() {
         (mine == ["cache-1", "cache-2"]).then_some(())
     })
     .await;
-    // Once the obstacle is gone the Memcached converges (its recheck: no event says so).
-    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    stateful_sets
+    // Its recheck finds the name free: no event says so.
+    converges_once_theirs_goes(&client, &ns).await;
+}
+
+/// Once their StatefulSet is gone, the Memcached converges.
+async fn converges_once_theirs_goes(client: &Client, ns: &str) {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
         .delete("cache", &DeleteParams::default())
         .await
         .unwrap();
-    wait_converged(&client, &ns, "cache", 3).await;
+    wait_converged(client, ns, "cache", 3).await;
 }
 
 /// Someone else's StatefulSet `cache` with one pod (`cache-0`) in `ns`, then a Memcached

@@ -26,6 +26,25 @@ fn ready_member(name: &str, revision: &str) -> PodMeta {
     watched_pod(name, &[(REVISION_LABEL, revision)], true)
 }
 
+/// Memcached `cache` of `size` whose Service and budget are kept and whose members `ready` are
+/// Ready, of the current revision: a reconcile only makes the others.
+fn with_members(
+    ctx: &Context,
+    caches: &mut apiserver::Caches,
+    size: i32,
+    ready: &[&str],
+) -> Memcached {
+    let mc = memcached("cache", size);
+    caches.add_service(resources::service(&mc));
+    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 and more have one"));
+    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
+    for name in ready {
+        ctx.pods
+            .observe(&watcher::Event::Apply(ready_member(name, &revision)));
+    }
+    mc
+}
+
 #[tokio::test]
 async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_then_status() {
     let (ctx, api, mut caches) = apiserver::context_keeping_pods();
@@ -163,14 +182,7 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
 async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_again() {
     // A quota of two pods: cache-2's create is refused, the rest is kept.
     let (ctx, api, mut caches) = apiserver::context_keeping_pods();
-    let mc = memcached("cache", 3);
-    caches.add_service(resources::service(&mc));
-    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
-    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
-    for name in ["cache-0", "cache-1"] {
-        ctx.pods
-            .observe(&watcher::Event::Apply(ready_member(name, &revision)));
-    }
+    let mc = with_members(&ctx, &mut caches, 3, &["cache-0", "cache-1"]);
     let quota = "pods \"cache-2\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2";
     let reported = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
@@ -201,12 +213,7 @@ async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
     // The namespace controller deleted the members before the Memcached: making them again is
     // refused, and the Memcached goes next. Nothing to report, nothing to recheck.
     let (ctx, api, mut caches) = apiserver::context_keeping_pods();
-    let mc = memcached("cache", 2);
-    caches.add_service(resources::service(&mc));
-    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 has one"));
-    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
-    ctx.pods
-        .observe(&watcher::Event::Apply(ready_member("cache-0", &revision)));
+    let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         api.expect("POST", PODS, StatusCode::FORBIDDEN, |_| {
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
@@ -229,12 +236,7 @@ async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reporte
     // name, say): its create finds it there, a read says whose it is, and nothing is written
     // to it.
     let (ctx, api, mut caches) = apiserver::context_keeping_pods();
-    let mc = memcached("cache", 2);
-    caches.add_service(resources::service(&mc));
-    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 has one"));
-    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
-    ctx.pods
-        .observe(&watcher::Event::Apply(ready_member("cache-0", &revision)));
+    let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
     let reported = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         api.expect("POST", PODS, StatusCode::CONFLICT, |_| {
