@@ -53,8 +53,8 @@ enum Kept {
 }
 
 impl Autoscaler {
-    pub fn forget(&self, mc: &Memcached) {
-        lock(&self.0).remove(&ObjectRef::from_obj(mc));
+    pub fn forget(&self, key: &ObjectRef<Memcached>) {
+        lock(&self.0).remove(key);
     }
 
     fn kept(&self, mc: &Memcached) -> Kept {
@@ -132,13 +132,13 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
 /// The autoscaler's step: its status, or None while autoscaling is off.
 pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<AutoscalingStatus>> {
     let Some(spec) = mc.spec.autoscaling_on() else {
-        ctx.autoscaler.forget(mc);
+        ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
         return Ok(None);
     };
     let previous = mc.status.as_ref().and_then(|s| s.autoscaling.clone());
     if let Some(hpa) = conflict(ctx, mc) {
         // The HPA's size is the one to keep once it goes: nothing of ours is remembered.
-        ctx.autoscaler.forget(mc);
+        ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
         let message = format!(
             "HorizontalPodAutoscaler {hpa} also scales this Memcached: the operator decides nothing while it does; delete it, or turn spec.autoscaling off"
         );

@@ -256,11 +256,10 @@ impl Events {
         self.publish(mc, None, type_, reason, "Autoscale", note);
     }
 
-    /// `mc` is gone: nothing of it is kept.
-    pub fn forget(&self, mc: &Memcached) {
-        let key = ObjectRef::from_obj(mc);
-        lock(&self.warned).remove(&key);
-        lock(&self.troubled).remove(&key);
+    /// The Memcached `key` is gone: nothing of it is kept.
+    pub fn forget(&self, key: &ObjectRef<Memcached>) {
+        lock(&self.warned).remove(key);
+        lock(&self.troubled).remove(key);
     }
 
     /// `mc` is no longer blocked: a later cause is warned about again.

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::debug;
 
@@ -40,7 +41,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // 1. Fetch: the controller hands us the cached Memcached. One being deleted is left to the
     //    garbage collector, which removes what it owns through owner references.
     if mc.metadata.deletion_timestamp.is_some() {
-        forget(ctx, mc);
+        forget(ctx, &ObjectRef::from_obj(mc));
         return Ok(Outcome::Gone);
     }
     if !ctx.caches.synced() {
@@ -325,7 +326,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     if mc.status.as_ref() != Some(&new_status)
         && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
     {
-        forget(ctx, mc);
+        forget(ctx, &ObjectRef::from_obj(mc));
         return Ok(Outcome::Gone);
     }
     ctx.metrics
@@ -357,13 +358,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     Ok(Outcome::Blocked(blocked))
 }
 
-/// Nothing of `mc` is kept: it is gone, or going.
-fn forget(ctx: &Context, mc: &Memcached) {
-    let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
-    ctx.metrics.forget_memcached(&ns, &name);
-    ctx.rollouts.forget(&ns, &name);
-    ctx.events.forget(mc);
-    ctx.autoscaler.forget(mc);
+/// Nothing of the Memcached `key` is kept: it is gone, or going.
+pub fn forget(ctx: &Context, key: &ObjectRef<Memcached>) {
+    let ns = key.namespace.as_deref().unwrap_or_default();
+    ctx.metrics.forget_memcached(ns, &key.name);
+    ctx.rollouts.forget(ns, &key.name);
+    ctx.events.forget(key);
+    ctx.autoscaler.forget(key);
 }
 
 /// The span of one reconcile: the Memcached, and the trace it belongs to.

@@ -182,9 +182,8 @@ struct ScopeState {
 async fn reconcile_now(scope: &ScopeState, key: &ObjectRef<Memcached>) -> Next {
     let namespace = key.namespace.as_deref().unwrap_or_default();
     let Some(mc) = scope.memcacheds.get(namespace, &key.name) else {
-        // Deleted: its series go too, and any rollout slot its members held.
-        scope.ctx.metrics.forget_memcached(namespace, &key.name);
-        scope.ctx.rollouts.forget(namespace, &key.name);
+        // Deleted: nothing of it is kept (its series, any rollout slot its members held).
+        super::reconcile::forget(&scope.ctx, key);
         return Next::AwaitChange;
     };
     let span = super::reconcile::span(&mc);

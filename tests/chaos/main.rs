@@ -245,9 +245,9 @@ impl Fleet {
                     .collect();
                 let mut names: Vec<String> = members.iter().map(|p| p.name_any()).collect();
                 names.sort();
-                let mut wanted: Vec<String> = (0..want).map(|i| format!("{name}-{i}")).collect();
-                wanted.sort();
-                assert_eq!(names, wanted, "{ns}/{name}'s members");
+                let mut ordinals: Vec<String> = (0..want).map(|i| format!("{name}-{i}")).collect();
+                ordinals.sort();
+                assert_eq!(names, ordinals, "{ns}/{name}'s members");
                 for pod in &members {
                     let owner = pod
                         .owner_references()

@@ -1517,15 +1517,16 @@ async fn an_operator_upgrade_rolls_memcacheds_one_budget_at_a_time() {
     let ns = namespace(&client, "upgrade").await;
     // Rollouts of the operator's own members wait for the budget alike (scripted in
     // reconcile/tests); here, what `kubectl rollout status` shows of StatefulSets.
-    let options = |image: &str, extra: &[&str]| OperatorOptions {
-        watch_namespace: Some(ns.clone()),
-        env: vec![("RELATED_IMAGE_MEMCACHED".into(), image.into())],
-        extra_args: ["--members=statefulset"]
-            .iter()
-            .chain(extra)
-            .map(|s| s.to_string())
-            .collect(),
-        ..OperatorOptions::default()
+    let options = |image: &str, extra: &[&str]| {
+        let mut options = OperatorOptions {
+            watch_namespace: Some(ns.clone()),
+            env: vec![("RELATED_IMAGE_MEMCACHED".into(), image.into())],
+            ..OperatorOptions::stateful_sets()
+        };
+        options
+            .extra_args
+            .extend(extra.iter().map(|s| s.to_string()));
+        options
     };
     let names = ["a", "b", "c"];
     let old = Operator::start(&client, options("memcached:old", &[])).await;

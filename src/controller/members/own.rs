@@ -216,12 +216,12 @@ enum Made {
     Foreign(String),
 }
 
-/// A member's create that failed: one there already is done if it is ours (still being deleted
-/// under the name, made again once its deletion event comes; or made by a reconcile whose watch
-/// event has not come yet), someone else's if not; a refusal (a quota, an
-/// admission policy) is reported rather than failing the reconcile, so that the Memcached's
-/// other objects are kept and its status says why members are missing. A namespace being
-/// deleted is no refusal to report: the reconcile ends quietly on it.
+/// A member's create that failed. A pod there already is done if it is ours (still being
+/// deleted under the name, made again once its deletion event comes; or made by a reconcile
+/// whose watch event has not come yet), someone else's if not. A refusal (a quota, an admission
+/// policy) is reported rather than failing the reconcile, so that the Memcached's other objects
+/// are kept and its status says why members are missing; a namespace being deleted is no
+/// refusal to report: the reconcile ends quietly on it.
 async fn made(error: kube::Error, pods: &Api<Pod>, mc: &Memcached, name: &str) -> Result<Made> {
     match error {
         kube::Error::Api(e) if e.code == 409 => {
