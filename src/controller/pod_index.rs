@@ -86,6 +86,8 @@ struct PodEntry {
     ready_since: Option<Timestamp>,
     /// The revision of the members' template it was made from (`REVISION_LABEL`).
     revision: Option<Box<str>>,
+    /// Being deleted: counted for nothing, but its name is taken until it is gone.
+    terminating: bool,
 }
 
 /// A member as the index knows it, for an operator that keeps the pods itself.
@@ -121,15 +123,13 @@ impl Index {
         }
     }
 
-    /// Records a pod as it now is: a pod being deleted, or without our instance label, counts
-    /// for no Memcached (a relabelled pod leaves the one it was counted for).
+    /// Records a pod as it now is: a pod being deleted is only a name taken, and one without
+    /// our instance label counts for no Memcached (a relabelled pod leaves the one it was
+    /// counted for).
     fn apply(&mut self, pod: &PodMeta) {
         let ns = pod.namespace().unwrap_or_default();
         let key = (ns.clone(), pod.name_any());
         self.remove(&key);
-        if pod.metadata.deletion_timestamp.is_some() {
-            return;
-        }
         let Some(instance) = pod.labels().get(LABEL_INSTANCE) else {
             return;
         };
@@ -141,6 +141,7 @@ impl Index {
                 ip: pod.ip,
                 ready_since: pod.ready_since,
                 revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
+                terminating: pod.metadata.deletion_timestamp.is_some(),
             };
             names.insert(at, entry);
         }
@@ -160,12 +161,11 @@ impl PodIndex {
         });
     }
 
-    /// The pods of Memcached `name` in `namespace`.
+    /// The pods of Memcached `name` in `namespace` that are not being deleted.
     pub fn pods_of(&self, namespace: &str, name: &str) -> Pods {
         self.entries_of(namespace, name, |entries| Pods {
-            names: entries.iter().map(|p| p.name.clone()).collect(),
-            troubles: entries
-                .iter()
+            names: live(entries).map(|p| p.name.clone()).collect(),
+            troubles: live(entries)
                 .filter_map(|p| p.trouble.as_deref().cloned())
                 .collect(),
         })
@@ -174,8 +174,7 @@ impl PodIndex {
     /// The members of a Memcached whose pods are not being deleted, sorted by name.
     pub fn members_of(&self, namespace: &str, name: &str) -> Vec<Member> {
         self.entries_of(namespace, name, |entries| {
-            entries
-                .iter()
+            live(entries)
                 .map(|p| Member {
                     name: p.name.clone(),
                     ready_since: p.ready_since,
@@ -185,11 +184,22 @@ impl PodIndex {
         })
     }
 
-    /// The address of each of Memcached `name`'s pods that has one, by pod name.
-    pub fn addresses_of(&self, namespace: &str, name: &str) -> HashMap<String, IpAddr> {
+    /// The names of Memcached `name`'s pods being deleted: taken until they are gone.
+    pub fn terminating_of(&self, namespace: &str, name: &str) -> Vec<String> {
         self.entries_of(namespace, name, |entries| {
             entries
                 .iter()
+                .filter(|p| p.terminating)
+                .map(|p| p.name.clone())
+                .collect()
+        })
+    }
+
+    /// The address of each of Memcached `name`'s pods not being deleted that has one, by pod
+    /// name.
+    pub fn addresses_of(&self, namespace: &str, name: &str) -> HashMap<String, IpAddr> {
+        self.entries_of(namespace, name, |entries| {
+            live(entries)
                 .filter_map(|p| Some((p.name.clone(), p.ip?)))
                 .collect()
         })
@@ -204,6 +214,11 @@ impl PodIndex {
             .get(&(namespace.to_string(), name.to_string()));
         read(entries.map_or(&[], Vec::as_slice))
     }
+}
+
+/// The entries of pods not being deleted.
+fn live(entries: &[PodEntry]) -> impl Iterator<Item = &PodEntry> {
+    entries.iter().filter(|p| !p.terminating)
 }
 
 #[cfg(test)]
@@ -307,7 +322,15 @@ mod tests {
         index.observe(&watcher::Event::Apply(terminating));
         index.observe(&watcher::Event::Apply(pod("a", "cache-3", Some("other"))));
         assert!(index.pods_of("a", "cache").names.is_empty());
+        assert!(index.members_of("a", "cache").is_empty());
         assert_eq!(index.pods_of("a", "other").names, ["cache-3"]);
+        assert_eq!(
+            index.terminating_of("a", "cache"),
+            ["cache-2"],
+            "its name is taken until it is gone"
+        );
+        index.observe(&watcher::Event::Delete(pod("a", "cache-2", Some("cache"))));
+        assert!(index.terminating_of("a", "cache").is_empty());
     }
 
     #[test]

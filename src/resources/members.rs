@@ -95,13 +95,20 @@ pub fn ordinal(mc: &Memcached, pod_name: &str) -> Option<i32> {
     (n >= 0 && n.to_string() == rest).then_some(n)
 }
 
-/// What keeping `size` members asks, given the names of the pods there are (not being deleted):
-/// the ordinals to create, and the members to delete (beyond the size). A pod not named as a
-/// member is left alone, as the StatefulSet controller leaves it.
-pub fn plan<'a>(mc: &Memcached, size: i32, pods: &[&'a str]) -> (Vec<i32>, Vec<&'a str>) {
+/// What keeping `size` members asks, given the names of the pods there are (not being deleted)
+/// and of those being deleted: the ordinals to create, and the members to delete (beyond the
+/// size). A member being deleted holds its name until it is gone, as under a StatefulSet. A pod
+/// not named as a member is left alone, as the StatefulSet controller leaves it.
+pub fn plan<'a>(
+    mc: &Memcached,
+    size: i32,
+    pods: &[&'a str],
+    terminating: &[&str],
+) -> (Vec<i32>, Vec<&'a str>) {
     let ordinals: Vec<Option<i32>> = pods.iter().map(|p| ordinal(mc, p)).collect();
+    let taken: Vec<Option<i32>> = terminating.iter().map(|p| ordinal(mc, p)).collect();
     let create = (0..size)
-        .filter(|n| !ordinals.contains(&Some(*n)))
+        .filter(|n| !ordinals.contains(&Some(*n)) && !taken.contains(&Some(*n)))
         .collect();
     let delete = pods
         .iter()
@@ -182,19 +189,24 @@ mod tests {
     #[test]
     fn the_plan_creates_missing_ordinals_and_deletes_the_rest() {
         let mc = memcached("cache", 3);
-        assert_eq!(plan(&mc, 3, &[]), (vec![0, 1, 2], vec![]));
+        assert_eq!(plan(&mc, 3, &[], &[]), (vec![0, 1, 2], vec![]));
         assert_eq!(
-            plan(&mc, 3, &["cache-0", "cache-2"]),
+            plan(&mc, 3, &["cache-0", "cache-2"], &[]),
             (vec![1], vec![]),
             "a member lost is made again under its name"
         );
         assert_eq!(
-            plan(&mc, 1, &["cache-0", "cache-1", "cache-2"]),
+            plan(&mc, 3, &["cache-0"], &["cache-1"]),
+            (vec![2], vec![]),
+            "a member being deleted is made again once it is gone"
+        );
+        assert_eq!(
+            plan(&mc, 1, &["cache-0", "cache-1", "cache-2"], &[]),
             (vec![], vec!["cache-1", "cache-2"]),
             "scaling down takes the highest ordinals"
         );
         assert_eq!(
-            plan(&mc, 1, &["cache-0", "cache-01", "cache-x"]),
+            plan(&mc, 1, &["cache-0", "cache-01", "cache-x"], &[]),
             (vec![], vec![]),
             "a pod that no member is named as is not ours to delete"
         );

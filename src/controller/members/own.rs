@@ -96,7 +96,12 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
 pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     let (sts, seen, mut own) = look(ctx, mc);
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
-    let (create, delete) = members::plan(mc, mc.spec.size, &names);
+    // Its delete event brings the reconcile that makes it again; a create now would be refused.
+    let terminating = ctx
+        .pods
+        .terminating_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let terminating: Vec<&str> = terminating.iter().map(String::as_str).collect();
+    let (create, delete) = members::plan(mc, mc.spec.size, &names, &terminating);
     // A member of the current revision means it is kept already.
     let kept = seen
         .iter()

@@ -231,6 +231,38 @@ async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
 }
 
 #[tokio::test]
+async fn a_member_being_deleted_is_made_again_once_it_is_gone() {
+    // cache-1 was evicted and is shutting down: its name is taken till it is gone (a create
+    // would be refused), and its delete event brings the reconcile that makes it again.
+    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
+    let mut going = watched_pod("cache-1", &[], true);
+    going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    ctx.pods.observe(&watcher::Event::Apply(going.clone()));
+    let answered = mc.clone();
+    let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        let status = api.echo_status(STATUS, &answered).await;
+        assert_eq!(status.body["status"]["nodes"], json!(["cache-0"]));
+        assert_eq!(status.body["status"]["readyReplicas"], 1);
+        api
+    })
+    .await;
+    assert!(outcome.is_ok(), "{outcome:?}");
+
+    ctx.pods.observe(&watcher::Event::Delete(going));
+    let answered = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        let seen = api.echo_any_order(2, &answered).await;
+        assert_eq!(notes(&seen), ["Created Pod cache-1"]);
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::Converged);
+}
+
+#[tokio::test]
 async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reported() {
     // cache-1's name is taken by a pod the Memcached does not control (a StatefulSet's of its
     // name, say): its create finds it there, a read says whose it is, and nothing is written
