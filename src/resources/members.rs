@@ -105,16 +105,16 @@ pub fn plan<'a>(
     pods: &[&'a str],
     terminating: &[&str],
 ) -> (Vec<i32>, Vec<&'a str>) {
-    let ordinals: Vec<Option<i32>> = pods.iter().map(|p| ordinal(mc, p)).collect();
-    let taken: Vec<Option<i32>> = terminating.iter().map(|p| ordinal(mc, p)).collect();
-    let create = (0..size)
-        .filter(|n| !ordinals.contains(&Some(*n)) && !taken.contains(&Some(*n)))
+    let taken: Vec<i32> = pods
+        .iter()
+        .chain(terminating)
+        .filter_map(|p| ordinal(mc, p))
         .collect();
+    let create = (0..size).filter(|n| !taken.contains(n)).collect();
     let delete = pods
         .iter()
-        .zip(&ordinals)
-        .filter(|(_, n)| n.is_some_and(|n| n >= size))
-        .map(|(p, _)| *p)
+        .filter(|p| ordinal(mc, p).is_some_and(|n| n >= size))
+        .copied()
         .collect();
     (create, delete)
 }

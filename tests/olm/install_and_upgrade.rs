@@ -643,8 +643,20 @@ impl Env {
     /// The pods of Memcached `name` in `ns`, terminating or not.
     async fn pods_of(&self, ns: &str, name: &str) -> Vec<Pod> {
         let selector = format!("{MEMCACHED_PODS},app.kubernetes.io/instance={name}");
-        Api::<Pod>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(&selector))
+        self.listed(ns, &selector).await
+    }
+
+    /// The objects of kind `K` in `ns` that the label selector `labels` picks ("" for all);
+    /// none where the list fails (the waits that read it try again).
+    async fn listed<K>(&self, ns: &str, labels: &str) -> Vec<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Api::<K>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(labels))
             .await
             .map(|l| l.items)
             .unwrap_or_default()
@@ -668,11 +680,9 @@ impl Env {
             .await
             .ok()
             .flatten();
-        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
+        let revisions: Vec<ControllerRevision> = self
+            .listed(ns, &format!("app.kubernetes.io/instance={name}"))
+            .await;
         let pods = self.pods_of(ns, name).await;
         let (agent, _) = self.operator_env(ns, "RELATED_IMAGE_AGENT").await;
         let missing = members::update_missing(
@@ -732,28 +742,16 @@ impl Env {
     /// Memcached is gone (or that has none).
     async fn orphans(&self, ns: &str) -> Vec<String> {
         let memcacheds: Vec<String> = self.memcached_uids(ns).await.into_values().collect();
-        let stateful_sets: Vec<String> = self.stateful_set_uids(ns).await.into_values().collect();
-        let keepers: Vec<String> = memcacheds.iter().chain(&stateful_sets).cloned().collect();
-        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(MEMCACHED_PODS))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(MEMCACHED_PODS))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        let budgets = Api::<PodDisruptionBudget>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        let sts = Api::<StatefulSet>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
+        let sts: Vec<StatefulSet> = self.listed(ns, "").await;
+        // A member is kept by its StatefulSet (0.6.0's) or by its Memcached (the operator's own).
+        let keepers: Vec<String> = memcacheds
+            .iter()
+            .cloned()
+            .chain(sts.iter().map(uid))
+            .collect();
+        let revisions: Vec<ControllerRevision> = self.listed(ns, MEMCACHED_PODS).await;
+        let pods: Vec<Pod> = self.listed(ns, MEMCACHED_PODS).await;
+        let budgets: Vec<PodDisruptionBudget> = self.listed(ns, "").await;
         let orphaned = |owner: Option<String>, owners: &[String]| {
             owner.is_none_or(|uid| !owners.contains(&uid))
         };

@@ -95,11 +95,10 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
 /// of the current template while members are made from it or an update moves them to it.
 pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     let (sts, seen, mut own) = look(ctx, mc);
+    let ns = mc.namespace().unwrap_or_default();
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     // Its delete event brings the reconcile that makes it again; a create now would be refused.
-    let terminating = ctx
-        .pods
-        .terminating_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let terminating = ctx.pods.terminating_of(&ns, &mc.name_any());
     let terminating: Vec<&str> = terminating.iter().map(String::as_str).collect();
     let (create, delete) = members::plan(mc, mc.spec.size, &names, &terminating);
     // A member of the current revision means it is kept already.
@@ -115,7 +114,6 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     if create.is_empty() && delete.is_empty() && !update_starts {
         return Ok(own);
     }
-    let ns = mc.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let params = PostParams {
@@ -221,9 +219,9 @@ enum Made {
     Foreign(String),
 }
 
-/// A member's create that failed. A pod there already is done if it is ours (still being
-/// deleted under the name, made again once its deletion event comes; or made by a reconcile
-/// whose watch event has not come yet), someone else's if not. A refusal (a quota, an admission
+/// A member's create that failed. A pod there already is done if it is ours (made by a
+/// reconcile whose watch event has not come yet, or being deleted where the pod watch has not
+/// said so yet), someone else's if not. A refusal (a quota, an admission
 /// policy) is reported rather than failing the reconcile, so that the Memcached's other objects
 /// are kept and its status says why members are missing; a namespace being deleted is no
 /// refusal to report: the reconcile ends quietly on it.
