@@ -21,8 +21,7 @@ source "${DIR}/env"
 export KUBECONFIG
 [[ -n "${REAL_NODE_CONTAINERD_SOCKET:-}" ]] || die "the cluster in ${DIR} has no real node (make cluster-down cluster-up-real)"
 
-"${HACK_DIR}/images.sh" import-operator "${REAL_NODE_CONTAINERD_SOCKET}"
-eval "$("${HACK_DIR}/images.sh" --print-env | grep -E '^OPERATOR_IMAGE=')"
+OPERATOR_IMAGE="$("${HACK_DIR}/images.sh" import-operator "${REAL_NODE_CONTAINERD_SOCKET}")"
 
 # Pods of these namespaces go to the real node (PodNodeSelector and PodTolerationRestriction
 # admission): the node selector and the toleration of its taint. `make deploy`'s server-side

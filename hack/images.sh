@@ -31,7 +31,7 @@
 #                                        (root; vfs storage) with the labels' build arguments
 #   hack/images.sh operator-binary       build the builder stage if needed; print the path of the
 #                                        binary the image runs (what the benchmarks run)
-#   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE
+#   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE (printed)
 #   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, EXPORTER_IMAGE, OPERATOR_IMAGE,
 #                                        the archive paths, OPERATOR_BINARY and the operator image's
 #                                        OPERATOR_VERSION, OPERATOR_REVISION, OPERATOR_CREATED
@@ -386,6 +386,7 @@ import_operator() { # SOCKET
 	refs="$(ctr --address "${sock}" -n k8s.io images ls -q)"
 	grep -qx "${OPERATOR_IMAGE}" <<<"${refs}" || die "${OPERATOR_IMAGE} not in containerd after import"
 	log "imported ${OPERATOR_IMAGE} into ${sock} (namespace k8s.io)"
+	printf '%s\n' "${OPERATOR_IMAGE}"
 }
 
 passwd_files() { # ROOTFS

@@ -21,11 +21,11 @@ kubectl apply --server-side --field-manager=run-local -k "${ROOT}/config/local" 
 kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --timeout=60s >/dev/null
 
 # With a real node (`make run-local REAL_NODE=1`), the Memcacheds in `default` run there as real
-# containers of the memcached image built from Debian's package; elsewhere, on kwok's fake nodes.
+# containers (Debian's memcached; the agent, the operator's image); elsewhere, on kwok's nodes.
 where="kwok's fake nodes (no containers)"
 if [[ -n "${REAL_NODE_NAME:-}" ]]; then
-	export RELATED_IMAGE_MEMCACHED="${MEMCACHED_IMAGE}"
-	export RELATED_IMAGE_MEMCACHED_EXPORTER="${EXPORTER_IMAGE}"
+	RELATED_IMAGE_AGENT="$("${ROOT}/hack/images.sh" import-operator "${REAL_NODE_CONTAINERD_SOCKET}")"
+	export RELATED_IMAGE_MEMCACHED="${MEMCACHED_IMAGE}" RELATED_IMAGE_MEMCACHED_EXPORTER="${EXPORTER_IMAGE}" RELATED_IMAGE_AGENT
 	kubectl annotate --overwrite namespace default \
 		scheduler.alpha.kubernetes.io/node-selector=type=real \
 		'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key": "memcached-operator.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]' >/dev/null
@@ -41,7 +41,7 @@ cat <<MSG
 
     export KUBECONFIG=${DIR}/kubeconfig
     kubectl apply -k config/samples
-    kubectl get memcached,statefulsets,pods -o wide
+    kubectl get memcached,pods -o wide
     kubectl wait --for=condition=Available memcached/memcached-sample
 
   Memcacheds in namespace default run on ${where}.
