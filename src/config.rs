@@ -94,7 +94,8 @@ pub struct RunArgs {
     pub max_concurrent_rollouts: u16,
 
     /// What keeps new Memcacheds' members: the operator itself (the default since 0.7.0: half
-    /// the control plane's work, docs/performance.md), or a StatefulSet as up to 0.6.0.
+    /// the control plane's work, docs/performance.md; since 0.8.0 it also adopts the members of
+    /// StatefulSets of before), or a StatefulSet as up to 0.6.0 (none adopted).
     #[arg(long, value_enum, env = "MEMBERS", default_value_t = Members::Pods, hide = true)]
     pub members: Members,
 

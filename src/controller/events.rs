@@ -47,6 +47,10 @@ pub enum Change {
     Resized,
     /// A member evicted for a pod spec it cannot take in place (members.rs).
     Evicted,
+    /// 0.6.0's StatefulSet deleted, its members left running for the operator to keep.
+    Released,
+    /// A member of 0.6.0's StatefulSet now kept by the operator itself.
+    Adopted,
 }
 
 impl Change {
@@ -81,6 +85,8 @@ impl Change {
             Change::Restarted => "Restarted",
             Change::Resized => "Resized",
             Change::Evicted => "Evicted",
+            Change::Released => "Released",
+            Change::Adopted => "Adopted",
         }
     }
 
@@ -106,6 +112,12 @@ impl Change {
             ),
             Change::Evicted => format!(
                 "Evicted {kind} {name} for a pod spec it cannot take in place: it comes back empty"
+            ),
+            Change::Released => format!(
+                "Deleted {kind} {name}, leaving its members running: the operator keeps them itself"
+            ),
+            Change::Adopted => format!(
+                "Adopted {kind} {name} from its StatefulSet: nothing restarted, its cache kept"
             ),
         }
     }

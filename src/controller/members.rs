@@ -33,6 +33,7 @@ use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
 use operator_runtime::lock;
 
+pub mod adoption;
 mod in_place;
 mod memory;
 pub mod own;

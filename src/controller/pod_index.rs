@@ -88,6 +88,32 @@ struct PodEntry {
     revision: Option<Box<str>>,
     /// Being deleted: counted for nothing, but its name is taken until it is gone.
     terminating: bool,
+    controller: Controller,
+}
+
+/// What controls a pod, by its controller reference's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controller {
+    /// The Memcached: a member the operator keeps.
+    Memcached,
+    /// A StatefulSet: a member of 0.6.0's, until its StatefulSet is released (adoption.rs).
+    StatefulSet,
+    /// Nothing: a released member, until it is adopted; or someone else's pod.
+    None,
+    /// Anything else (a ReplicaSet of a Deployment of before).
+    Other,
+}
+
+impl Controller {
+    fn of(meta: &ObjectMeta) -> Self {
+        let owners = meta.owner_references.as_deref().unwrap_or_default();
+        match owners.iter().find(|o| o.controller == Some(true)) {
+            None => Controller::None,
+            Some(o) if o.kind == "Memcached" => Controller::Memcached,
+            Some(o) if o.kind == "StatefulSet" => Controller::StatefulSet,
+            Some(_) => Controller::Other,
+        }
+    }
 }
 
 /// A member as the index knows it, for an operator that keeps the pods itself.
@@ -96,6 +122,7 @@ pub struct Member {
     pub name: String,
     pub ready_since: Option<Timestamp>,
     pub revision: Option<String>,
+    pub controller: Controller,
 }
 
 /// The pods of one Memcached as the pod watch last reported them.
@@ -142,6 +169,7 @@ impl Index {
                 ready_since: pod.ready_since,
                 revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
                 terminating: pod.metadata.deletion_timestamp.is_some(),
+                controller: Controller::of(&pod.metadata),
             };
             names.insert(at, entry);
         }
@@ -179,6 +207,7 @@ impl PodIndex {
                     name: p.name.clone(),
                     ready_since: p.ready_since,
                     revision: p.revision.as_deref().map(str::to_string),
+                    controller: p.controller,
                 })
                 .collect()
         })

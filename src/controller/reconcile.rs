@@ -1,6 +1,5 @@
-//! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its StatefulSet, ensure its
-//! size, ensure its Service, report status. Desired objects come from the pure builders in
-//! `resources`; this module makes the API calls.
+//! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its members and size, its
+//! Service, report status. The builders in `resources` are pure; this module makes the calls.
 
 use std::sync::Arc;
 
@@ -18,7 +17,7 @@ use super::ensure::{
     Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
     patch_status,
 };
-use super::members::own;
+use super::members::{adoption, own};
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
@@ -86,6 +85,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         lookup_optional(monitors.as_ref(), mc, desired_monitor.is_some()),
         lookup_optional(certificates.as_ref(), mc, desired_certificate.is_some()),
     )?;
+    // 0.6.0's StatefulSet deleted for its members' adoption: the status stays until it is gone.
+    if adoption::releasing(ctx, mc, existing_stateful_set.as_deref()) {
+        return Ok(Outcome::Converged);
+    }
     let mut blocked = blocked(
         mc,
         existing_stateful_set.as_deref().map(|d| &d.metadata),
@@ -219,6 +222,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                 }
                 Err(error) => {
                     blocked = Some(Blocked::refused(error)?);
+                    own_members = keeps_pods.then(|| own::observe(ctx, mc));
                     existing_stateful_set
                 }
             }
@@ -263,6 +267,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         (None, Some(keeper)) if !members_written => members::update(ctx, mc, keeper).await?,
         _ => None,
     };
+
+    // 0.6.0's members, once all run the current template, are the operator's (adoption.rs).
+    let quiet = (blocked.is_none() && legacy.is_none() && !members_written)
+        && (updating.is_none() && rollout_queued.is_none());
+    if quiet && adoption::release(ctx, mc, stateful_set.as_deref()).await? {
+        return Ok(Outcome::Converged);
+    }
 
     // 5. Size from the cache's own signals, while autoscaling is on; a blocked Memcached keeps
     //    the last decision.

@@ -109,7 +109,7 @@ pub fn labels(mc: &Memcached) -> BTreeMap<String, String> {
 
 /// Controller reference, as controller-runtime's SetControllerReference: foreground deletion of
 /// the Memcached waits for what it owns.
-fn owner_reference(mc: &Memcached) -> OwnerReference {
+pub fn owner_reference(mc: &Memcached) -> OwnerReference {
     let mut owner = mc
         .controller_owner_ref(&())
         .expect("a Memcached read from the API server has a name and uid");

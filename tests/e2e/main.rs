@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod harness;
 
+mod adoption;
 mod auth;
 mod autoscaling;
 mod binding;

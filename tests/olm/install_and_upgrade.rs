@@ -11,8 +11,8 @@
 //!     inline, so no bundle image and no unpack Job are needed), a grpc CatalogSource
 //!     (spec.address).
 //!
-//! Phase 1, the previous release: the catalog as it was before the bundle in bundle/ (the release
-//! its CSV `replaces`) is served. Two OwnNamespace installs of it: NS by an Automatic
+//! Phase 1, the previous release: the catalog as it was when PREVIOUS_RELEASE was released (a
+//! release bundle/'s CSV `replaces`, or skips to through its `olm.skipRange`) is served. Two OwnNamespace installs of it: NS by an Automatic
 //! Subscription, NS_MANUAL by a Manual one (its InstallPlan approved by the test). Asserts the
 //! InstallPlan, the CSV phase and the objects OLM creates; runs the previous release's own
 //! operator binary (`PREV_OPERATOR_BIN`, else built from its commit by its own hack/images.sh:
@@ -24,8 +24,9 @@
 //! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
 //! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
 //! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
-//! updates the members itself: each Memcached keeps its StatefulSet (the same uid), `OnDelete`,
-//! whose pod template changes in the agent's image only as the operator compares templates
+//! updates the members under each Memcached's StatefulSet (`OnDelete`), then adopts them (the
+//! StatefulSet deleted, its pods the Memcached's, of its one ControllerRevision); the
+//! pod template changes in the agent's image only as the operator compares templates
 //! (the operator's own, the new CSV's `RELATED_IMAGE_AGENT`), so each member is updated in place:
 //! the same pod (name and uid), its
 //! agent restarted once on the new image, memcached not restarted (its restart count unchanged),
@@ -84,7 +85,7 @@ use crate::availability::{Sampler, Watched};
 use crate::harness;
 use crate::members::{self, KeptBy, Update, controller_uid};
 use crate::olm::{self, CatalogOptions, Olm, Opm, field, resource, str_field, wait_until};
-use crate::scripts::{olm_versions, path_env, tool};
+use crate::scripts::{path_env, tool};
 
 const PACKAGE: &str = "memcached-operator";
 const OLM_NS: &str = "olm";
@@ -200,7 +201,7 @@ impl Release {
             .unwrap_or_default();
         Release {
             csv_name: s(&csv["metadata"]["name"]),
-            prev_csv: s(&csv["spec"]["replaces"]),
+            prev_csv: crate::scripts::upgraded_from(PACKAGE, &csv),
             deployment: s(&dep["name"]),
             sa: s(&dep["spec"]["template"]["spec"]["serviceAccountName"]),
             image: s(&dep["spec"]["template"]["spec"]["containers"][0]["image"]),
@@ -226,10 +227,18 @@ fn write_yaml_docs(path: &Path, docs: &[serde_json::Value]) {
     std::fs::write(path, text).unwrap();
 }
 
-/// The catalog before `release`: catalog/ without its bundle (and its channel entries), the
-/// default channel one that still has entries (the one holding the replaced release). Its
-/// directory and that channel.
+/// The catalog as `release.prev_csv` was released: catalog/ without the bundles of later
+/// releases (and their channel entries), the default channel one that still has entries (the
+/// one holding that release). Its directory and that channel.
 fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, String) {
+    let version = |csv: &str| -> Vec<u64> {
+        csv.strip_prefix(&format!("{PACKAGE}.v"))
+            .unwrap_or_default()
+            .split('.')
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    let later = |csv: &str| version(csv) > version(&release.prev_csv);
     let catalog = root.join("catalog").join(PACKAGE);
     let prev = dir.join("catalog-prev");
     let _ = std::fs::remove_dir_all(&prev);
@@ -239,7 +248,7 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
         if name.starts_with(&format!("{PACKAGE}.v"))
             && name.ends_with(".yaml")
-            && name != format!("{}.yaml", release.csv_name)
+            && !later(name.trim_end_matches(".yaml"))
         {
             std::fs::copy(&path, prev.join(PACKAGE).join(&name)).unwrap();
         }
@@ -250,7 +259,7 @@ fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, Str
             .get_mut("entries")
             .and_then(serde_json::Value::as_array_mut)
         {
-            entries.retain(|e| e["name"].as_str() != Some(&release.csv_name));
+            entries.retain(|e| !later(e["name"].as_str().unwrap_or_default()));
             if entries.is_empty() {
                 continue;
             }
@@ -819,6 +828,7 @@ impl Env {
         let Some(sub) = self.get("Subscription", ns, PACKAGE).await else {
             return false;
         };
+        // OLM names in spec.replaces the CSV it replaced, also where the bundle skips to it.
         str_field(&csv, &["spec", "replaces"]) == r.prev_csv
             && str_field(&sub, &["status", "installedCSV"]) == r.csv_name
             && self.csv_gone(ns, &r.prev_csv).await
@@ -955,13 +965,8 @@ async fn install_and_upgrade_through_olm() {
         "catalog/{PACKAGE}/package.yaml not found: run make catalog"
     );
     assert!(
-        !release.prev_csv.is_empty(),
-        "{} replaces nothing: there is no upgrade to test",
-        release.csv_name
-    );
-    assert!(
         catalog.join(format!("{}.yaml", release.prev_csv)).is_file(),
-        "the release {} replaces, {}, is not in catalog/{PACKAGE}",
+        "the release {} upgrades from, {}, is not in catalog/{PACKAGE}",
         release.csv_name,
         release.prev_csv
     );
@@ -972,12 +977,6 @@ async fn install_and_upgrade_through_olm() {
         .strip_prefix(&format!("{PACKAGE}.v"))
         .unwrap_or_default()
         .to_string();
-    assert_eq!(
-        olm_versions().get("PREVIOUS_RELEASE"),
-        Some(&prev_version),
-        "PREVIOUS_RELEASE in hack/olm/versions.env is the release {} replaces",
-        release.csv_name
-    );
     let prev_bin = path_env("PREV_OPERATOR_BIN")
         .unwrap_or_else(|| crate::previous_release::PreviousRelease::extracted().binary());
     // The binaries may be rebuilt meanwhile: run copies.
@@ -1511,11 +1510,12 @@ async fn install_and_upgrade_through_olm() {
         );
     }
 
-    // Each Memcached of the previous release keeps its StatefulSet (OnDelete), whose template
+    // Each Memcached of the previous release has its StatefulSet (OnDelete), whose template
     // now differs in the agent's image only as the operator compares them (`-m` through an env
     // var or literal counts as equal), so the operator updates each member in place (it
     // patches the agent's image; kwok restarts that container and makes the pod Ready anew),
-    // one at a time, about minReadySeconds apart: the same pods, memcached not restarted.
+    // one at a time, about minReadySeconds apart: the same pods, memcached not restarted. Then
+    // it adopts them: the StatefulSet deleted, its pods left running and made the Memcached's.
     let memcacheds = [
         (
             NS,
@@ -1533,11 +1533,8 @@ async fn install_and_upgrade_through_olm() {
             },
             None => Update::Created,
         };
-        // Those made since the upgrade are the operator's own.
-        let kept_by = |name: &str| match sts_before.get(name) {
-            Some(uid) => KeptBy::StatefulSet(Some(uid)),
-            None => KeptBy::Operator,
-        };
+        // Those of before adopted, those made since the upgrade the operator's own.
+        let kept_by = |_: &str| KeptBy::Operator;
         let ok = wait_until(timeout, || async move {
             for name in names {
                 if !e
@@ -1561,12 +1558,12 @@ async fn install_and_upgrade_through_olm() {
         for name in names {
             let kept = kept_by(name);
             let (missing, pods) = env.updated(ns, name, &kept, &update(name)).await;
-            let of_before = matches!(kept, KeptBy::StatefulSet(_));
+            let of_before = sts_before.contains_key(name);
             checks.check(
                 format!(
                     "{ns}/{name}: {}, pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
                     if of_before {
-                        format!("the same StatefulSet {name} (OnDelete)")
+                        format!("its StatefulSet {name} gone, its members adopted: one ControllerRevision of the Memcached's")
                     } else {
                         "no StatefulSet, one ControllerRevision of the Memcached's".to_string()
                     },
@@ -1631,7 +1628,7 @@ async fn install_and_upgrade_through_olm() {
         let orphans = env.orphans(ns).await;
         checks.check(
             format!(
-                "{ns}: nothing orphaned (every memcached pod its StatefulSet's, every StatefulSet and PodDisruptionBudget its Memcached's){}",
+                "{ns}: nothing orphaned (every memcached pod its Memcached's or its StatefulSet's, every StatefulSet and PodDisruptionBudget its Memcached's){}",
                 if orphans.is_empty() {
                     String::new()
                 } else {

@@ -25,8 +25,9 @@
 //!      registry, as a release is made): it Succeeds and replaces the previous one, and its
 //!      operator, whose pod template differs in the agent's image only (the operator's own) as
 //!      the operator compares templates (`-m` through an env var or literal counts as equal),
-//!      updates each member in place: the same Memcached UID, StatefulSet (uid) and pods (names,
-//!      uids, addresses), of the update revision, Ready, the agent restarted once on the new
+//!      updates each member in place, then adopts them (no StatefulSet left, the pods the
+//!      Memcached's, of its one revision): the same Memcached UID and pods (names,
+//!      uids, addresses), Ready, the agent restarted once on the new
 //!      image, memcached not restarted (its restart count unchanged, memcached's image
 //!      unchanged); a `Restarted` event each, about `minReadySeconds` or more apart, none
 //!      `Evicted`; 10,000 keys written over the members before it, every one read back after
@@ -47,7 +48,7 @@
 //!   5. the catalog image as a CatalogSource (OLM's registry pod, probed with
 //!      grpc_health_probe): READY, and a Subscription to it resolves to bundle/'s release;
 //!   6. cleanup: the CSV, Subscription, CatalogSource, registry pod, OperatorGroup, CRD and with
-//!      it every Memcached, its StatefulSet and pods gone.
+//!      it every Memcached and its pods gone.
 //!
 //! Each release runs its own operator image: the previous release's built from its commit
 //! (previous_release.rs: PREVIOUS_RELEASE_COMMIT in hack/olm/versions.env, built by its own hack/images.sh), bundle/'s
@@ -287,12 +288,11 @@ async fn olm_runs_with_its_pods_on_the_real_node(scene: &Scene) -> Olm {
 
 // ---------------------------------------------------------------- 1. run bundle
 
-/// What the upgrades must keep (the Memcached, its StatefulSet, each member's pod) and each
+/// What the upgrades must keep (the Memcached, each member's pod) and each
 /// container's restart count, which an update in place moves by one for the containers whose
 /// image changes only.
 struct Before {
     memcached_uid: String,
-    stateful_set_uid: String,
     members: BTreeMap<String, members::Before>,
 }
 
@@ -461,11 +461,9 @@ async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
         short(&images.operator_prev),
         missing.join("; ")
     );
-    let sts = scene.stateful_set().await.unwrap();
     let pods = scene.memcached_pods().await;
     Before {
         memcached_uid: scene.memcached_uid().await,
-        stateful_set_uid: sts.uid().unwrap_or_default(),
         members: members::before(&pods),
     }
 }
@@ -749,7 +747,6 @@ impl Watched {
 async fn wait_updated(
     scene: &Scene,
     what: &str,
-    stateful_set_uid: &str,
     update: &Update<'_>,
     agent_image: &str,
     memcached_image: &str,
@@ -757,9 +754,7 @@ async fn wait_updated(
     let mut missing = vec![];
     let done = tokio::time::timeout(scene.timeout, async {
         loop {
-            missing = scene
-                .update_missing(stateful_set_uid, update, agent_image)
-                .await;
+            missing = scene.update_missing(update, agent_image).await;
             let images: Vec<Option<String>> = scene
                 .memcached_pods()
                 .await
@@ -856,12 +851,11 @@ async fn run_bundle_upgrade_restarts_each_members_agent_in_place_keeping_the_key
     wait_updated(
         scene,
         &format!(
-            "Memcached {} on the same StatefulSet (OnDelete), its {size} members updated in place on {node}: the same pods, Ready, the agent restarted once on {}, memcached not restarted, still on {}",
+            "Memcached {}'s {size} members updated in place on {node}, then adopted from its StatefulSet (gone): the same pods, Ready, the Memcached's, the agent restarted once on {}, memcached not restarted, still on {}",
             release.sample,
             short(&images.operator),
             short(&images.memcached)
         ),
-        &before.stateful_set_uid,
         &update,
         &images.operator,
         &images.memcached,
@@ -1015,7 +1009,6 @@ async fn a_release_by_digest_restarts_each_member_in_place_keeping_the_keys(
             short(&memcached_pinned),
             short(&operator_pinned)
         ),
-        &before.stateful_set_uid,
         &update,
         &operator_pinned,
         &memcached_pinned,

@@ -111,3 +111,35 @@ impl Drop for Registry {
         }
     }
 }
+
+/// The CSV the upgrade tests start from, `<package>.v<PREVIOUS_RELEASE>`: one the bundle's `csv`
+/// replaces, or one its `olm.skipRange` lets OLM upgrade from directly.
+pub fn upgraded_from(package: &str, csv: &serde_json::Value) -> String {
+    let from = olm_versions()["PREVIOUS_RELEASE"].clone();
+    let name = format!("{package}.v{from}");
+    let replaces = csv["spec"]["replaces"].as_str().unwrap_or_default();
+    let range = csv["metadata"]["annotations"]["olm.skipRange"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        replaces == name || in_range(&from, range),
+        "bundle/'s CSV neither replaces {name} nor skips it (olm.skipRange '{range}'): \
+         PREVIOUS_RELEASE in hack/olm/versions.env is not a release it upgrades from"
+    );
+    name
+}
+
+/// Whether `version` is within a skipRange of the form `>=A <B`.
+fn in_range(version: &str, range: &str) -> bool {
+    let parse = |v: &str| -> Vec<u64> { v.split('.').filter_map(|n| n.parse().ok()).collect() };
+    let v = parse(version);
+    range.split_whitespace().all(|bound| {
+        if let Some(min) = bound.strip_prefix(">=") {
+            v >= parse(min)
+        } else if let Some(max) = bound.strip_prefix('<') {
+            v < parse(max)
+        } else {
+            false
+        }
+    }) && !range.is_empty()
+}

@@ -17,11 +17,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
+use super::adoption::{self, Adopted};
 use super::{Keeper, apply_error, min_ready, read_error};
 use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
-use crate::controller::pod_index::Member;
+use crate::controller::pod_index::{Controller, Member};
 use crate::error::{Refusal, Result, namespace_terminating};
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::StatefulSetSeen;
@@ -95,6 +96,20 @@ fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers)
 /// of the current template while members are made from it or an update moves them to it.
 pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     let (sts, seen, mut own) = look(ctx, mc);
+    // 0.6.0's members, released by their StatefulSet: adopted before anything else is done
+    // with them. While the garbage collector still has one under its StatefulSet, its update
+    // event is on the way.
+    if seen.iter().any(|m| m.controller == Controller::StatefulSet) {
+        own.written = true;
+        return Ok(own);
+    }
+    if seen.iter().any(|m| m.controller == Controller::None) {
+        match adoption::adopt(ctx, mc, &seen).await? {
+            Adopted::Written => own.written = true,
+            Adopted::Foreign(name) => own.foreign = Some(name),
+        }
+        return Ok(own);
+    }
     let ns = mc.namespace().unwrap_or_default();
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     // Its delete event brings the reconcile that makes it again; a create now would be refused.
@@ -198,7 +213,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
 }
 
 /// The Memcached's ControllerRevisions but those named in `keep`.
-fn history(mc: &Memcached, keep: &[&str]) -> ListParams {
+pub(super) fn history(mc: &Memcached, keep: &[&str]) -> ListParams {
     let mut names: Vec<String> = keep.iter().map(|n| format!("metadata.name!={n}")).collect();
     names.sort();
     names.dedup();
@@ -290,6 +305,7 @@ mod tests {
             name: name.into(),
             ready_since: ready_for.map(|s| now - SignedDuration::from_secs(s)),
             revision: Some(revision.into()),
+            controller: Controller::Memcached,
         }
     }
 

@@ -112,6 +112,7 @@ fn watched_pod(name: &str, labels: &[(&str, &str)], ready: bool) -> PodMeta {
             namespace: Some("default".into()),
             name: Some(name.into()),
             labels: Some(labels.collect()),
+            owner_references: Some(vec![resources::owner_reference(&memcached("cache", 1))]),
             ..Default::default()
         },
         trouble: None,
@@ -642,6 +643,7 @@ fn pod_of(mc: &Memcached, name: &str) -> PodMeta {
             namespace: mc.namespace(),
             name: Some(name.into()),
             labels: Some(labels.into()),
+            owner_references: Some(vec![crate::resources::owner_reference(mc)]),
             ..Default::default()
         },
         ..Default::default()

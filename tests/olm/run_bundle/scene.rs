@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
@@ -50,13 +50,11 @@ impl Release {
         let sample = yaml("config/samples/cache_v1alpha1_memcached.yaml");
         let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
         let csv_name = s(&csv["metadata"]["name"]);
-        let prev_csv = s(&csv["spec"]["replaces"]);
+        let prev_csv = crate::scripts::upgraded_from(PACKAGE, &csv);
         assert!(
-            !prev_csv.is_empty()
-                && root
-                    .join(format!("catalog/{PACKAGE}/{prev_csv}.yaml"))
-                    .is_file(),
-            "{csv_name} replaces no release kept in catalog/{PACKAGE}"
+            root.join(format!("catalog/{PACKAGE}/{prev_csv}.yaml"))
+                .is_file(),
+            "{csv_name} upgrades from no release kept in catalog/{PACKAGE}"
         );
         Release {
             version: s(&csv["spec"]["version"]),
@@ -446,24 +444,43 @@ impl Scene {
         self.stateful_sets().get(&self.release.sample).await.ok()
     }
 
-    /// The memcached image of the sample's StatefulSet.
-    pub async fn memcached_image(&self) -> String {
-        self.stateful_set()
+    /// The sample's ControllerRevisions (its StatefulSet's, or the operator's own).
+    pub async fn revisions(&self) -> Vec<ControllerRevision> {
+        let selector = format!("app.kubernetes.io/instance={}", self.release.sample);
+        Api::<ControllerRevision>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default().labels(&selector))
             .await
-            .and_then(|s| s.spec?.template.spec?.containers.into_iter().next()?.image)
+            .map(|l| l.items)
             .unwrap_or_default()
     }
 
-    /// What the sample still lacks of having every member updated to its StatefulSet's template
-    /// as `update` says (members::update_missing: the StatefulSet of uid `stateful_set_uid`,
-    /// OnDelete, its pods exactly the members, of the update revision, the agent from
-    /// `agent_image`, ...), all of them Ready on the real node. Empty: done.
-    pub async fn update_missing(
-        &self,
-        stateful_set_uid: &str,
-        update: &Update<'_>,
-        agent_image: &str,
-    ) -> Vec<String> {
+    /// The memcached image of the sample's members' template: its StatefulSet's, or where the
+    /// operator keeps the members itself, that of its one revision.
+    pub async fn memcached_image(&self) -> String {
+        let template = match self.stateful_set().await {
+            Some(sts) => serde_json::to_value(sts.spec.map(|s| s.template)).unwrap_or_default(),
+            None => match self.revisions().await.as_slice() {
+                [only] => only
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.0.pointer("/spec/template").cloned())
+                    .unwrap_or_default(),
+                _ => Value::Null,
+            },
+        };
+        template
+            .pointer("/spec/containers/0/image")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// What the sample still lacks of having every member updated to its template as `update`
+    /// says, kept by the operator itself since the upgrade (members::update_missing: no
+    /// StatefulSet, one ControllerRevision of the Memcached's, its pods exactly the members, the
+    /// Memcached's, of that revision, the agent from `agent_image`, ...), all of them Ready on
+    /// the real node. Empty: done.
+    pub async fn update_missing(&self, update: &Update<'_>, agent_image: &str) -> Vec<String> {
         let (name, size) = (&self.release.sample, self.release.sample_size);
         let Ok(mc) = self.memcacheds().get(name).await else {
             return vec![format!("Memcached {name} not found")];
@@ -472,9 +489,9 @@ impl Scene {
         let pods = self.memcached_pods().await;
         let mut missing = members::update_missing(
             &mc,
-            (sts.as_ref(), &[]),
+            (sts.as_ref(), &self.revisions().await),
             &pods,
-            &KeptBy::StatefulSet(Some(stateful_set_uid)),
+            &KeptBy::Operator,
             update,
             agent_image,
         );
@@ -704,13 +721,6 @@ impl Scene {
 
         // Tools and images (cached by the scripts).
         let sdk = tool("OPERATOR_SDK", "operator-sdk");
-        let versions = olm_versions();
-        assert_eq!(
-            versions.get("PREVIOUS_RELEASE"),
-            Some(&release.prev_version),
-            "PREVIOUS_RELEASE in hack/olm/versions.env is the release {} replaces",
-            release.csv_name
-        );
         run(hack("images.sh").arg("build"));
         run(hack("images.sh").arg("operator"));
         let host_images = env_lines(&stdout_of(hack("images.sh").arg("--print-env")));
@@ -735,7 +745,7 @@ impl Scene {
                 })
                 .clone()
         };
-        let decompression = sdk_decompression_image(&versions["OPERATOR_SDK_VERSION"]);
+        let decompression = sdk_decompression_image(&olm_versions()["OPERATOR_SDK_VERSION"]);
 
         // HTTPS: operator-sdk looks the index image up without its --use-http (plain HTTP refused).
         let registry = Registry::start(&work.join("registry"), true);
