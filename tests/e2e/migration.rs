@@ -1,5 +1,6 @@
 //! The move from the Deployments of 0.2.0 to StatefulSets: each Memcached once, within the
-//! rollout budget, with its pods serving throughout and nothing of the Deployment left.
+//! rollout budget, with its pods serving throughout and nothing of the Deployment left; then
+//! the StatefulSets' members adopted, as 0.6.0's are.
 
 use std::time::{Duration, Instant};
 
@@ -142,7 +143,8 @@ async fn an_upgrade_from_deployments_moves_each_memcached_once_within_the_budget
             );
             migrating_seen |= available.1 == "Migrating";
         }
-        if left.is_empty() && created.len() == names.len() {
+        // A Deployment goes once its StatefulSet serves in its place.
+        if left.is_empty() {
             break;
         }
         assert!(
@@ -161,6 +163,12 @@ async fn an_upgrade_from_deployments_moves_each_memcached_once_within_the_budget
     assert!(migrating_seen, "the status said Migrating while moving");
     assert!(fewest_ready >= size as usize, "size pods Ready throughout");
 
+    // Then, as 0.6.0's, the StatefulSets' members are adopted: the operator keeps the pods.
+    wait_for("the StatefulSets' members adopted", CONVERGE, || async {
+        let left = sets.list(&ListParams::default()).await.ok()?.items;
+        left.is_empty().then_some(())
+    })
+    .await;
     let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
     for (name, uid) in names.iter().zip(uids) {
         let members: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
