@@ -215,15 +215,29 @@ pub enum KeptBy<'a> {
     /// A StatefulSet of its name, as releases up to 0.6.0 made them (and their Memcacheds keep
     /// it): the very one of this uid, when given.
     StatefulSet(Option<&'a str>),
-    /// The operator itself, as it keeps those of Memcacheds made since 0.7.0: no StatefulSet,
-    /// one ControllerRevision of the Memcached's.
+    /// The operator itself, as it keeps those of Memcacheds made since 0.7.0 and adopts those of
+    /// StatefulSets of before since 0.8.0: no StatefulSet, ControllerRevisions of the
+    /// Memcached's only.
     Operator,
+}
+
+/// The image of `container` in the pod template that `revision` keeps.
+fn template_image(revision: &ControllerRevision, container: &str) -> Option<String> {
+    let containers = revision
+        .data
+        .as_ref()?
+        .0
+        .pointer("/spec/template/spec/containers")?
+        .as_array()?;
+    let found = containers.iter().find(|c| c["name"] == container)?;
+    Some(found["image"].as_str()?.to_string())
 }
 
 /// What the Memcached `mc` lacks of having every member updated to its current template, kept
 /// as `kept_by` says: a StatefulSet of its name that it controls, `size` replicas,
-/// `updateStrategy: OnDelete`, every replica updated; or no StatefulSet, the one revision
-/// among `revisions` (the ControllerRevisions of its label) the Memcached's, and a status that
+/// `updateStrategy: OnDelete`, every replica updated; or no StatefulSet, `revisions` (the
+/// ControllerRevisions of its label) all the Memcached's, one of them running the agent from
+/// `agent_image`, the members' revision, and a status that
 /// counts `size` members available. Its pods (`pods`: all those of the Memcached, terminating
 /// included) exactly the members `<name>-0 …`, each the keeper's, not terminating, Ready, of the
 /// update revision, with the agent beside memcached running `agent_image`, memcached with its
@@ -259,16 +273,24 @@ pub fn update_missing(
                 ));
             }
             let names: Vec<String> = revisions.iter().map(|r| r.name_any()).collect();
-            let own = revisions
+            // The current template's: the one running the agent from `agent_image` (the one
+            // an earlier update moved from stays until the next update starts).
+            let current: Vec<&ControllerRevision> = revisions
                 .iter()
-                .find(|r| controller_uid(*r) == mc.uid())
-                .filter(|_| revisions.len() == 1);
-            if own.is_none() {
-                missing.push(format!(
-                    "ControllerRevisions [{}], not one of the Memcached's",
-                    names.join(" ")
-                ));
-            }
+                .filter(|r| controller_uid(*r) == mc.uid())
+                .filter(|r| template_image(r, "agent").as_deref() == Some(agent_image))
+                .collect();
+            let theirs = revisions.iter().any(|r| controller_uid(r) != mc.uid());
+            let own = match current.as_slice() {
+                [own] if !theirs => Some(*own),
+                _ => {
+                    missing.push(format!(
+                        "ControllerRevisions [{}], not all the Memcached's, one of them with the agent from {agent_image}",
+                        names.join(" ")
+                    ));
+                    None
+                }
+            };
             let status = mc.status.clone().unwrap_or_default();
             if status.observed_generation != mc.metadata.generation
                 || status.replicas != mc.spec.size

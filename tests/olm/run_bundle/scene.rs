@@ -477,9 +477,9 @@ impl Scene {
 
     /// What the sample still lacks of having every member updated to its template as `update`
     /// says, kept by the operator itself since the upgrade (members::update_missing: no
-    /// StatefulSet, one ControllerRevision of the Memcached's, its pods exactly the members, the
-    /// Memcached's, of that revision, the agent from `agent_image`, ...), all of them Ready on
-    /// the real node. Empty: done.
+    /// StatefulSet, ControllerRevisions of the Memcached's only, its pods exactly the members,
+    /// the Memcached's, of the revision with the agent from `agent_image`, ...), all of them
+    /// Ready on the real node. Empty: done.
     pub async fn update_missing(&self, update: &Update<'_>, agent_image: &str) -> Vec<String> {
         let (name, size) = (&self.release.sample, self.release.sample_size);
         let Ok(mc) = self.memcacheds().get(name).await else {
