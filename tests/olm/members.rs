@@ -74,7 +74,7 @@ pub fn one_at_a_time(
 
 /// The label naming the revision a pod was made from (the StatefulSet controller's, which the
 /// operator gives its own members too).
-const REVISION: &str = "controller-revision-hash";
+pub const REVISION: &str = "controller-revision-hash";
 
 /// An object's controller (its owner reference with `controller: true`): its uid.
 pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {

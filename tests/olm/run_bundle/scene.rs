@@ -455,18 +455,20 @@ impl Scene {
     }
 
     /// The memcached image of the sample's members' template: its StatefulSet's, or where the
-    /// operator keeps the members itself, that of its one revision.
+    /// operator keeps the members itself, that of the revision its first member has.
     pub async fn memcached_image(&self) -> String {
         let template = match self.stateful_set().await {
             Some(sts) => serde_json::to_value(sts.spec.map(|s| s.template)).unwrap_or_default(),
-            None => match self.revisions().await.as_slice() {
-                [only] => only
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.0.pointer("/spec/template").cloned())
-                    .unwrap_or_default(),
-                _ => Value::Null,
-            },
+            None => {
+                let pods = self.memcached_pods().await;
+                let revision = pods.first().and_then(|p| p.labels().get(members::REVISION));
+                self.revisions()
+                    .await
+                    .into_iter()
+                    .find(|r| Some(&r.name_any()) == revision)
+                    .and_then(|r| r.data?.0.pointer("/spec/template").cloned())
+                    .unwrap_or_default()
+            }
         };
         template
             .pointer("/spec/containers/0/image")
