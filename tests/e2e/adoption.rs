@@ -50,6 +50,13 @@ async fn revisions(client: &Client, ns: &str) -> Vec<ControllerRevision> {
         .items
 }
 
+/// No StatefulSet in `sets`' namespace: the operator keeps the members itself.
+pub async fn assert_no_stateful_set(sets: &Api<StatefulSet>) {
+    let left = sets.list(&ListParams::default()).await.unwrap().items;
+    let names: Vec<String> = left.iter().map(ResourceExt::name_any).collect();
+    assert!(names.is_empty(), "StatefulSets left: {names:?}");
+}
+
 /// The Memcached is Available with every member, as a user's `kubectl wait` sees it.
 async fn assert_available(mcs: &Api<Memcached>, when: &str) {
     let mc = mcs.get("cache").await.unwrap();
@@ -172,13 +179,7 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
             .available_replicas,
         3
     );
-    assert!(
-        sets.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert_no_stateful_set(&sets).await;
     assert_eq!(revisions(&client, &ns).await.len(), 1);
     wait_for(
         "an event for the release and each member adopted",
@@ -205,11 +206,5 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
             .collect::<BTreeMap<_, _>>(),
         before
     );
-    assert!(
-        sets.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert_no_stateful_set(&sets).await;
 }

@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 
+use super::adoption::assert_no_stateful_set;
 use super::harness::{
     CONVERGE, Operator, OperatorOptions, admin, create, events_with_reason, memcached, namespace,
     set_size, wait_converged, wait_degraded, wait_for,
@@ -40,14 +41,7 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     .await;
 
     // No StatefulSet: each member is the Memcached's, with its stable address under the Service.
-    let sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    assert!(
-        sets.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert_no_stateful_set(&Api::<StatefulSet>::namespaced(client.clone(), &ns)).await;
     for pod in pods.list(&ListParams::default()).await.unwrap() {
         let owner = &pod.owner_references()[0];
         assert_eq!(
