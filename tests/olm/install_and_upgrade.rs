@@ -231,12 +231,11 @@ fn write_yaml_docs(path: &Path, docs: &[serde_json::Value]) {
 /// releases (and their channel entries), the default channel one that still has entries (the
 /// one holding that release). Its directory and that channel.
 fn previous_catalog(root: &Path, dir: &Path, release: &Release) -> (PathBuf, String) {
-    let version = |csv: &str| -> Vec<u64> {
-        csv.strip_prefix(&format!("{PACKAGE}.v"))
-            .unwrap_or_default()
-            .split('.')
-            .filter_map(|n| n.parse().ok())
-            .collect()
+    let version = |csv: &str| {
+        crate::scripts::version(
+            csv.strip_prefix(&format!("{PACKAGE}.v"))
+                .unwrap_or_default(),
+        )
     };
     let later = |csv: &str| version(csv) > version(&release.prev_csv);
     let catalog = root.join("catalog").join(PACKAGE);

@@ -129,15 +129,19 @@ pub fn upgraded_from(package: &str, csv: &serde_json::Value) -> String {
     name
 }
 
+/// A release's version `X.Y.Z` as numbers, in the order releases follow one another.
+pub fn version(v: &str) -> Vec<u64> {
+    v.split('.').filter_map(|n| n.parse().ok()).collect()
+}
+
 /// Whether `version` is within a skipRange of the form `>=A <B`.
-fn in_range(version: &str, range: &str) -> bool {
-    let parse = |v: &str| -> Vec<u64> { v.split('.').filter_map(|n| n.parse().ok()).collect() };
-    let v = parse(version);
+fn in_range(of: &str, range: &str) -> bool {
+    let v = version(of);
     range.split_whitespace().all(|bound| {
         if let Some(min) = bound.strip_prefix(">=") {
-            v >= parse(min)
+            v >= version(min)
         } else if let Some(max) = bound.strip_prefix('<') {
-            v < parse(max)
+            v < version(max)
         } else {
             false
         }

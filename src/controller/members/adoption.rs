@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use futures::future::try_join_all;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
@@ -136,15 +135,7 @@ pub async fn release(
     let stateful_sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     match stateful_sets.delete(&name, &delete).await {
         Ok(_) => {
-            let released = StatefulSet {
-                metadata: ObjectMeta {
-                    name: Some(name),
-                    namespace: Some(ns),
-                    ..ObjectMeta::default()
-                },
-                ..StatefulSet::default()
-            };
-            ctx.events.applied(mc, &released, &Change::Released);
+            ctx.events.applied(mc, sts, &Change::Released);
             Ok(true)
         }
         // Gone already, or another of that name: the next reconcile reads which.
