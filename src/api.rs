@@ -311,7 +311,7 @@ pub struct MemcachedStatus {
     #[serde(default)]
     pub servers: Vec<String>,
 
-    /// Pods the StatefulSet currently runs (the scale subresource reads this).
+    /// Member pods running (the scale subresource reads this).
     #[serde(default)]
     pub replicas: i32,
 

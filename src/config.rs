@@ -15,18 +15,6 @@ pub const SERVICE_ACCOUNT: &str = "memcached-operator-controller-manager";
 /// The default name of the leader-election Lease (`--leader-election-id`).
 pub const LEASE_NAME: &str = "memcached-operator-lock";
 
-/// What keeps a new Memcached's member pods (`--members`). A Memcached that has a StatefulSet
-/// (made by 0.6.0 or before) keeps it whichever this is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Members {
-    /// A StatefulSet the operator owns, whose controller creates and deletes the pods.
-    #[value(name = "statefulset")]
-    StatefulSet,
-    /// The operator creates and deletes the pods itself, with no StatefulSet.
-    #[default]
-    Pods,
-}
-
 #[derive(Parser, Debug)]
 #[command(
     name = "memcached-operator",
@@ -87,17 +75,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub max_concurrent_reconciles: u16,
 
-    /// StatefulSets that may be rolling at once before the operator starts a rollout of its own
+    /// Memcacheds that may be rolling at once before the operator starts a rollout of its own
     /// (a new default image or pod template after an upgrade); 0 for no limit. Rollouts a
     /// Memcached's spec asks for never wait.
     #[arg(long, env = "MAX_CONCURRENT_ROLLOUTS", default_value_t = 10)]
     pub max_concurrent_rollouts: u16,
-
-    /// What keeps new Memcacheds' members: the operator itself (the default since 0.7.0: half
-    /// the control plane's work, docs/performance.md; since 0.8.0 it also adopts the members of
-    /// StatefulSets of before), or a StatefulSet as up to 0.6.0 (none adopted).
-    #[arg(long, value_enum, env = "MEMBERS", default_value_t = Members::Pods, hide = true)]
-    pub members: Members,
 
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -31,15 +31,10 @@ pub enum Error {
     /// An object of an owned object's name exists and this Memcached does not control it.
     #[error("{kind} of the Memcached's name belongs to someone else")]
     Foreign { kind: String },
-    /// A StatefulSet's members are not handed over as of another template than theirs.
-    #[error(
-        "ControllerRevision {revision} adopts the members of StatefulSet revision {adopted}, not {stateful_set_revision}: the StatefulSet is kept"
-    )]
-    Adoption {
-        revision: String,
-        adopted: String,
-        stateful_set_revision: String,
-    },
+    /// Members of a release up to 0.6.0 are not handed over as of another template than theirs
+    /// (legacy.rs says which).
+    #[error("{0}")]
+    Adoption(String),
 }
 
 /// Why the API server refused to apply an object: the answer will be the same until the spec
@@ -75,7 +70,7 @@ impl Error {
             Error::Status { .. } => "status",
             Error::Scale { .. } => "scale",
             Error::Foreign { .. } => "foreign",
-            Error::Adoption { .. } => "adoption",
+            Error::Adoption(_) => "adoption",
         }
     }
 

@@ -1,11 +1,9 @@
-//! Test fixtures: Memcached and StatefulSet objects as the API server would return them.
+//! Test fixtures: Memcacheds as the API server would return them, and a scripted API server.
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Memcached, MemcachedSpec};
-use crate::controller::owned::OwnedObject;
-use crate::resources;
+use crate::status::Members;
 
 /// A Memcached in namespace `default` with a uid and generation 1, as stored by the API server.
 pub fn memcached(name: &str, size: i32) -> Memcached {
@@ -38,35 +36,13 @@ pub fn monitored_memcached(image: Option<&str>) -> Memcached {
     memcached_with_spec(json)
 }
 
-/// The StatefulSet the operator would create for `mc`, with a status as the API server reports it,
-/// as the cache keeps it.
-pub fn stateful_set_with_status(
-    mc: &Memcached,
-    replicas: i32,
-    ready: i32,
-) -> OwnedObject<StatefulSet> {
-    OwnedObject::of(&stored_stateful_set(mc, replicas, ready))
-}
-
-/// The StatefulSet the operator would create for `mc`, with a status as the API server reports it.
-pub fn stored_stateful_set(mc: &Memcached, replicas: i32, ready: i32) -> StatefulSet {
-    let mut d = resources::stateful_set(mc, &resources::Images::default());
-    d.metadata.generation = Some(1);
-    d.metadata.resource_version = Some("10".into());
-    d.status = Some(stateful_set_status(replicas, ready));
-    d
-}
-
-/// The status of a StatefulSet at generation 1 with `replicas` pods, all updated, `ready` of
-/// them ready.
-pub fn stateful_set_status(replicas: i32, ready: i32) -> StatefulSetStatus {
-    StatefulSetStatus {
-        observed_generation: Some(1),
+/// `replicas` members, all of the current revision, `ready` of them Ready (and available).
+pub fn members(replicas: i32, ready: i32) -> Members {
+    Members {
         replicas,
-        ready_replicas: Some(ready),
-        updated_replicas: Some(replicas),
-        available_replicas: Some(ready),
-        ..StatefulSetStatus::default()
+        ready,
+        available: ready,
+        updated: replicas,
     }
 }
 
@@ -83,7 +59,6 @@ pub mod apiserver {
     use std::time::Duration;
 
     use http::{Request, Response, StatusCode};
-    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -105,9 +80,7 @@ pub mod apiserver {
 
     /// Caches the test fills before reconciling, as the watches would.
     pub struct Caches {
-        pub stateful_sets: Writer<OwnedObject<StatefulSet>>,
         pub services: Writer<OwnedObject<Service>>,
-        pub legacy_deployments: Writer<OwnedObject<Deployment>>,
         pub budgets: Writer<OwnedObject<PodDisruptionBudget>>,
         pub monitors: Writer<OwnedObject<ServiceMonitor>>,
         pub network_policies: Writer<OwnedObject<NetworkPolicy>>,
@@ -115,18 +88,9 @@ pub mod apiserver {
     }
 
     impl Caches {
-        pub fn add_stateful_set(&mut self, d: OwnedObject<StatefulSet>) {
-            self.stateful_sets
-                .apply_watcher_event(&watcher::Event::Apply(d));
-        }
         pub fn add_service(&mut self, s: Service) {
             self.services
                 .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(&s)));
-        }
-        /// A Deployment of before the StatefulSet (0.2.0 and earlier), as its watch keeps it.
-        pub fn add_legacy_deployment(&mut self, d: &Deployment) {
-            self.legacy_deployments
-                .apply_watcher_event(&watcher::Event::Apply(OwnedObject::of(d)));
         }
         pub fn add_budget(&mut self, b: PodDisruptionBudget) {
             self.budgets
@@ -147,14 +111,6 @@ pub mod apiserver {
         context_where_service_monitors_are(false)
     }
 
-    /// A context of an operator that keeps the members' pods itself (the default).
-    pub fn context_keeping_pods() -> (Arc<Context>, ApiServer, Caches) {
-        let (ctx, api, caches) = context();
-        let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
-        ctx.members = crate::config::Members::Pods;
-        (Arc::new(ctx), api, caches)
-    }
-
     /// A context of an operator whose role does not let it watch NetworkPolicies (an install
     /// whose RBAC predates them).
     pub fn context_without_network_policies() -> (Arc<Context>, ApiServer, Caches) {
@@ -167,18 +123,16 @@ pub mod apiserver {
     pub fn context_where_service_monitors_are(served: bool) -> (Arc<Context>, ApiServer, Caches) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let (stateful_sets, stw) = cache::new();
+        let (legacy_stateful_sets, _) = cache::new();
         let (services, sw) = cache::new();
-        let (legacy_deployments, lw) = cache::new();
         let (budgets, bw) = cache::new();
         let (monitors, mw) = cache::new();
         let (network_policies, nw) = cache::new();
         let (certificates, cw) = cache::new();
         let ctx = Context {
             client: client.clone(),
-            stateful_sets,
             services,
-            legacy_deployments,
+            legacy_stateful_sets,
             pod_disruption_budgets: budgets,
             network_policies: Some(network_policies),
             service_monitors: served.then_some(monitors),
@@ -197,9 +151,6 @@ pub mod apiserver {
                 },
             ),
             images: Default::default(),
-            // Most scenarios were scripted for StatefulSets, which Memcacheds of 0.6.0 keep;
-            // context_keeping_pods() is the default's.
-            members: crate::config::Members::StatefulSet,
             operator_namespace: None,
             metrics: Arc::new(Metrics::new()),
             caches: Default::default(),
@@ -208,9 +159,7 @@ pub mod apiserver {
             Arc::new(ctx),
             ApiServer(handle),
             Caches {
-                stateful_sets: stw,
                 services: sw,
-                legacy_deployments: lw,
                 budgets: bw,
                 monitors: mw,
                 network_policies: nw,

@@ -88,7 +88,6 @@ async fn run(args: RunArgs) -> ExitCode {
         },
         operator_namespace: in_cluster_namespace(),
         instance: identity.clone(),
-        members: args.members,
     };
     let (leading_tx, leading) = watch::channel(!args.leader_elect);
     let stop_controller = shutdown.child_token();

@@ -76,7 +76,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), String> {
 }
 
 /// Label and annotation keys and label values, as the API server checks them in a pod template.
-/// The CRD schema cannot check map keys, and a refused StatefulSet would only say so after the
+/// The CRD schema cannot check map keys, and a refused member would only say so after the
 /// fact; here the Memcached's own field is named.
 fn pod_metadata(spec: &MemcachedSpec) -> Result<(), String> {
     let maps = [

@@ -5,7 +5,6 @@
 //! costs it, so that shapes of the owned objects (a StatefulSet, or the pods themselves) can be
 //! compared before an operator is built for each.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -99,14 +98,16 @@ async fn create(
     let apply = PatchParams::apply(MANAGER).force();
     match shape {
         Shape::StatefulSets => {
-            let sts = resources::stateful_set(&mc, images);
+            let sts = stateful_set(&mc, images)?;
             Api::<StatefulSet>::namespaced(client.clone(), ns)
                 .patch(name, &apply, &Patch::Apply(&sts))
                 .await?;
             apply_service(client, &mc, &apply).await
         }
         Shape::Pods => {
-            let pod = member(&resources::stateful_set(&mc, images), 0);
+            let template = resources::pod_template(&mc, images);
+            let revision = resources::members::revision(&mc, &template);
+            let pod = resources::members::member(&mc, &template, &revision, 0);
             Api::<Pod>::namespaced(client.clone(), ns)
                 .patch(&pod.name_any(), &apply, &Patch::Apply(&pod))
                 .await?;
@@ -132,38 +133,21 @@ async fn apply_service(client: &Client, mc: &Memcached, apply: &PatchParams) -> 
     Ok(())
 }
 
-/// Member `ordinal` of `sts` as its own pod, owned by the Memcached as the StatefulSet is.
-fn member(sts: &StatefulSet, ordinal: usize) -> Pod {
-    let name = format!("{}-{ordinal}", sts.name_any());
-    let spec = sts.spec.as_ref().expect("a StatefulSet has a spec");
-    let template = &spec.template;
-    let mut labels: BTreeMap<String, String> = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
-    labels.insert(
-        "statefulset.kubernetes.io/pod-name".to_string(),
-        name.clone(),
-    );
-    let mut pod_spec = template.spec.clone().unwrap_or_default();
-    pod_spec.hostname = Some(name.clone());
-    pod_spec.subdomain = spec.service_name.clone();
-    Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name),
-            namespace: sts.metadata.namespace.clone(),
-            labels: Some(labels),
-            annotations: template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.clone()),
-            owner_references: sts.metadata.owner_references.clone(),
-            ..Default::default()
+/// A StatefulSet of `mc`'s members, as releases up to 0.6.0 of this operator kept them.
+fn stateful_set(mc: &Memcached, images: &Images) -> Result<StatefulSet> {
+    let template = resources::pod_template(mc, images);
+    Ok(serde_json::from_value(json!({
+        "metadata": resources::service(mc).metadata,
+        "spec": {
+            "replicas": mc.spec.size,
+            "selector": {"matchLabels": resources::selector_labels(mc)},
+            "serviceName": mc.name_any(),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "minReadySeconds": mc.spec.rollout.clone().unwrap_or_default().min_ready_seconds,
+            "template": template,
         },
-        spec: Some(pod_spec),
-        status: None,
-    }
+    }))?)
 }
 
 /// The reference operator's Deployment (bench/reference-go/controller.go, deploymentFor).
@@ -216,22 +200,25 @@ mod tests {
     }
 
     #[test]
-    fn a_member_is_the_stateful_sets_pod_as_the_statefulset_controller_would_make_it() {
+    fn the_stateful_set_shape_runs_the_members_template_under_the_headless_service() {
         let mc = created("mc-00001");
-        let sts = resources::stateful_set(&mc, &Images::new(FALLBACK_MEMCACHED_IMAGE));
-        let pod = member(&sts, 0);
-        assert_eq!(pod.name_any(), "mc-00001-0");
-        assert_eq!(pod.namespace().as_deref(), Some("bench-1"));
-        let spec = pod.spec.as_ref().unwrap();
-        assert_eq!(spec.hostname.as_deref(), Some("mc-00001-0"));
-        assert_eq!(spec.subdomain.as_deref(), Some("mc-00001"));
-        let template = &sts.spec.as_ref().unwrap().template;
-        assert_eq!(spec.containers, template.spec.as_ref().unwrap().containers);
-        let owner = &pod.owner_references()[0];
-        assert_eq!((owner.uid.as_str(), owner.controller), ("6f1c", Some(true)));
-        // The Service selects it as it selects the StatefulSet's pods.
+        let images = Images::new(FALLBACK_MEMCACHED_IMAGE);
+        let sts = stateful_set(&mc, &images).unwrap();
+        let spec = sts.spec.as_ref().unwrap();
+        assert_eq!(spec.service_name.as_deref(), Some("mc-00001"));
+        assert_eq!(spec.template, resources::pod_template(&mc, &images));
+        assert_eq!(sts.owner_references()[0].uid, "6f1c");
+        // The Service selects its pods.
         let selector = resources::service(&mc).spec.unwrap().selector.unwrap();
-        assert!(selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)));
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
     }
 
     #[test]

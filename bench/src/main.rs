@@ -80,8 +80,8 @@ struct Args {
     #[arg(long, default_value = "config/local")]
     rbac: PathBuf,
     /// The kind the operator runs each Memcached's pods as, of the Memcached's name: what the
-    /// benchmark waits on and times (this operator: pods, or statefulsets with
-    /// `--members=statefulset`; the reference: deployments).
+    /// benchmark waits on and times (this operator: pods; the reference: deployments; a
+    /// StatefulSet-based operator: statefulsets).
     #[arg(long, value_enum, default_value = "pods")]
     workload: workload::Kind,
     /// Seconds of idle for the steady-state figures (and of each of autoscaling's two windows).

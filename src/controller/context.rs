@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -12,6 +11,7 @@ use kube::Client;
 use super::autoscale::Autoscaler;
 use super::events::Events;
 use super::hpa_index::HpaIndex;
+use super::legacy;
 use super::members::Replacing;
 use super::own_writes::OwnWrites;
 use super::owned::OwnedObject;
@@ -27,10 +27,9 @@ use operator_runtime::readiness::SyncGate;
 /// What a reconcile needs: the API client and the caches of owned objects.
 pub struct Context {
     pub client: Client,
-    pub stateful_sets: Cache<OwnedObject<StatefulSet>>,
     pub services: Cache<OwnedObject<Service>>,
-    /// Deployments owned before the StatefulSet (0.2.0 and earlier), until each is moved from.
-    pub legacy_deployments: Cache<OwnedObject<Deployment>>,
+    /// Of releases up to 0.6.0, until each is adopted.
+    pub legacy_stateful_sets: legacy::Cache,
     pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
     /// Owned NetworkPolicies; None where this process may not watch them.
     pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,
@@ -52,8 +51,6 @@ pub struct Context {
     pub hpas: Option<Arc<HpaIndex>>,
     pub events: Events,
     pub images: Images,
-    /// What keeps the members' pods.
-    pub members: crate::config::Members,
     /// Where this operator runs, when in a cluster: its pods are let through a Memcached's
     /// NetworkPolicy to read the members' `stats`.
     pub operator_namespace: Option<String>,

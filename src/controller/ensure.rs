@@ -30,7 +30,7 @@ pub async fn ensure_optional<K: Owned>(
 ) -> Result<()> {
     let Some(api) = api else { return Ok(()) };
     match (desired, existing) {
-        // Its creation follows from the StatefulSet's, which has the event.
+        // Its creation follows from the members', which have the events.
         (Some(desired), existing) => {
             ensure(ctx, mc, api, existing, desired, Announce::Changes).await?;
         }
@@ -150,23 +150,7 @@ pub enum Announce {
 /// creates the object when there is none, and fails with a conflict when there is one.
 const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
-/// An owned object as it is after `ensure`.
-pub struct Ensured<K: Owned> {
-    pub object: Arc<OwnedObject<K>>,
-    /// Whether `ensure` changed it: its watch will bring the change back, and a status refresh.
-    pub written: bool,
-}
-
-impl<K: Owned> Ensured<K> {
-    pub fn unchanged(object: Arc<OwnedObject<K>>) -> Self {
-        Self {
-            object,
-            written: false,
-        }
-    }
-}
-
-/// Applies `desired` unless `existing` already holds it; returns the object as it now is. With
+/// Applies `desired` unless `existing` already holds it. With
 /// nothing cached, the apply only creates: if an object of that name exists, it is read, and
 /// left alone (`Error::Foreign`) unless this Memcached controls it.
 pub async fn ensure<K: Owned>(
@@ -176,7 +160,7 @@ pub async fn ensure<K: Owned>(
     existing: Option<Arc<OwnedObject<K>>>,
     desired: K,
     announce: Announce,
-) -> Result<Ensured<K>> {
+) -> Result<()> {
     let name = desired.name_any();
     let existing = match existing {
         Some(existing) => Some(existing),
@@ -185,14 +169,11 @@ pub async fn ensure<K: Owned>(
             create.meta_mut().resource_version = Some(NO_OBJECT_HAS_THIS_VERSION.into());
             match apply(api, &create).await {
                 Ok(created) => {
-                    let written = ctx.own_writes.record(None, &created);
+                    ctx.own_writes.record(None, &created);
                     if announce == Announce::Always {
                         ctx.events.applied(mc, &created, &Change::Created);
                     }
-                    return Ok(Ensured {
-                        object: Arc::new(created),
-                        written,
-                    });
+                    return Ok(());
                 }
                 Err(Error::Apply {
                     source: kube::Error::Api(status),
@@ -214,18 +195,18 @@ pub async fn ensure<K: Owned>(
     if let Some(existing) = &existing
         && !existing.needs(&desired)
     {
-        return Ok(Ensured::unchanged(existing.clone()));
+        return Ok(());
     }
     let applied = apply(api, &desired).await?;
-    let written = ctx.own_writes.record(existing.as_deref(), &applied);
-    let change = Change::between(existing.as_deref(), &applied, mc);
+    ctx.own_writes.record(existing.as_deref(), &applied);
+    let change = match existing {
+        Some(_) => Change::Updated,
+        None => Change::Created,
+    };
     if announce == Announce::Always || change != Change::Created {
         ctx.events.applied(mc, &applied, &change);
     }
-    Ok(Ensured {
-        object: Arc::new(applied),
-        written,
-    })
+    Ok(())
 }
 
 /// Applies `desired`; returns the object as the cache keeps it.

@@ -1,4 +1,4 @@
-//! Events on a Memcached: what an apply changed (Created, Scaled, DriftRestored, Updated), why
+//! Events on a Memcached: what a write changed (Created, Updated, Restarted, ...), why
 //! nothing could be applied (a Warning with the Degraded reason), and why its pods are not Ready
 //! (a Warning with the cause, e.g. ImagePullFailed).
 
@@ -17,7 +17,6 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::IgnoredAny;
 use tracing::{info, warn};
 
-use super::owned::{Owned, OwnedObject};
 use crate::api::Memcached;
 use crate::status::{Blocked, Reason, Trouble};
 use operator_runtime::lock;
@@ -26,62 +25,28 @@ use operator_runtime::lock;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     Created,
-    /// The user changed `spec.size`.
-    Scaled {
-        from: i64,
-        to: i64,
-    },
-    /// Someone scaled the object behind our back; put back.
-    DriftRestored {
-        was: i64,
-        to: i64,
-    },
     Updated,
     /// No longer wanted (a disruption budget below two pods).
     Deleted,
-    /// A Deployment of before, once the StatefulSet serves in its place (migration.rs).
-    Replaced,
     /// A member's images patched in place (members.rs).
     Restarted,
     /// A member's containers resized in place, nothing restarted (members.rs).
     Resized,
     /// A member evicted for a pod spec it cannot take in place (members.rs).
     Evicted,
-    /// 0.6.0's StatefulSet deleted, its members left running for the operator to keep.
+    /// The workload of a release up to 0.6.0 deleted, its members left running for the
+    /// operator to keep (legacy.rs).
     Released,
-    /// A member of 0.6.0's StatefulSet now kept by the operator itself.
+    /// A member of such a workload now kept by the operator itself.
     Adopted,
 }
 
 impl Change {
-    /// Compares the object before and after an apply. A replica difference is the user's new
-    /// size when the spec changed since the last status was written, drift otherwise.
-    pub fn between<K: Owned>(
-        before: Option<&OwnedObject<K>>,
-        after: &OwnedObject<K>,
-        mc: &Memcached,
-    ) -> Change {
-        let Some(before) = before else {
-            return Change::Created;
-        };
-        let replicas = |o: &OwnedObject<K>| o.replicas.map(i64::from);
-        match (replicas(before), replicas(after)) {
-            (Some(from), Some(to)) if from != to && crate::status::spec_changed(mc) => {
-                Change::Scaled { from, to }
-            }
-            (Some(was), Some(to)) if was != to => Change::DriftRestored { was, to },
-            _ => Change::Updated,
-        }
-    }
-
     pub fn reason(&self) -> &'static str {
         match self {
             Change::Created => "Created",
-            Change::Scaled { .. } => "Scaled",
-            Change::DriftRestored { .. } => "DriftRestored",
             Change::Updated => "Updated",
             Change::Deleted => "Deleted",
-            Change::Replaced => "Replaced",
             Change::Restarted => "Restarted",
             Change::Resized => "Resized",
             Change::Evicted => "Evicted",
@@ -93,17 +58,8 @@ impl Change {
     pub fn note(&self, kind: &str, name: &str) -> String {
         match self {
             Change::Created => format!("Created {kind} {name}"),
-            Change::Scaled { from, to } => {
-                format!("Scaled {kind} {name} from {from} to {to} replicas")
-            }
-            Change::DriftRestored { was, to } => {
-                format!("Restored {kind} {name} to {to} replicas (was changed to {was})")
-            }
             Change::Updated => format!("Updated {kind} {name} to match the Memcached spec"),
             Change::Deleted => format!("Deleted {kind} {name}: no longer wanted by the spec"),
-            Change::Replaced => {
-                format!("Deleted {kind} {name}: its StatefulSet's members serve in its place")
-            }
             Change::Restarted => format!(
                 "Restarting {kind} {name} in place for new images: memcached keeps its cache"
             ),
@@ -116,9 +72,7 @@ impl Change {
             Change::Released => format!(
                 "Deleted {kind} {name}, leaving its members running: the operator keeps them itself"
             ),
-            Change::Adopted => format!(
-                "Adopted {kind} {name} from its StatefulSet: nothing restarted, its cache kept"
-            ),
+            Change::Adopted => format!("Adopted {kind} {name}: nothing restarted, its cache kept"),
         }
     }
 }
@@ -381,37 +335,13 @@ fn new_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{memcached, stateful_set_with_status};
 
     #[test]
-    fn a_new_object_is_created() {
-        let mc = memcached("cache", 3);
-        let d = stateful_set_with_status(&mc, 3, 0);
-        let change = Change::between(None, &d, &mc);
-        assert_eq!(change, Change::Created);
+    fn a_change_is_noted_with_the_kind_and_name() {
         assert_eq!(
-            change.note("StatefulSet", "cache"),
-            "Created StatefulSet cache"
+            Change::Created.note("Service", "cache"),
+            "Created Service cache"
         );
-    }
-
-    #[test]
-    fn a_replica_change_is_a_scale_after_a_spec_change_and_drift_otherwise() {
-        let mut mc = memcached("cache", 5);
-        mc.status = Some(Default::default());
-        mc.status.as_mut().unwrap().observed_generation = Some(1);
-        let before = stateful_set_with_status(&memcached("cache", 3), 3, 3);
-        let after = stateful_set_with_status(&mc, 5, 3);
-        let drift = Change::between(Some(&before), &after, &mc);
-        assert_eq!(drift, Change::DriftRestored { was: 3, to: 5 });
-        assert_eq!(
-            drift.note("StatefulSet", "cache"),
-            "Restored StatefulSet cache to 5 replicas (was changed to 3)"
-        );
-
-        mc.metadata.generation = Some(2);
-        let scaled = Change::between(Some(&before), &after, &mc);
-        assert_eq!(scaled, Change::Scaled { from: 3, to: 5 });
-        assert_eq!(scaled.reason(), "Scaled");
+        assert_eq!(Change::Adopted.reason(), "Adopted");
     }
 }

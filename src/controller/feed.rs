@@ -77,7 +77,7 @@ impl Feed {
         }
         match priority {
             Priority::High => self.queue.add(scoped(self.scope, key), priority),
-            // A rollout moves pods and the StatefulSet's status through several states within a
+            // A rollout moves pods through several states within a
             // second; one reconcile after them reports the same as one per state, with fewer
             // status writes in the way of the changes users wait for.
             Priority::Low => self

@@ -321,14 +321,10 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<'de, V> {
     }
 }
 
-/// What the cache keeps of a spec as sent: the digests of our part of it and of our part of its
-/// pod template, and `replicas`, which counts whoever owns it (a size put back names the size
-/// it found).
+/// What the cache keeps of a spec as sent: the digest of our part of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpecDigests {
     pub spec: Option<u64>,
-    pub template: Option<u64>,
-    pub replicas: Option<i32>,
 }
 
 impl SpecDigests {
@@ -366,22 +362,11 @@ impl<'de> Visitor<'de> for SpecSeed<'_, '_> {
         let mut spec = SpecDigests::default();
         let mut entries = MapDigest::default();
         while let Some(Key(key)) = map.next_key()? {
-            if key == "replicas" {
-                let replicas = map.next_value::<Option<i64>>()?;
-                spec.replicas = replicas.and_then(|r| i32::try_from(r).ok());
-                if self.0.is_some() {
-                    entries.entry(&key, digest(&replicas));
-                }
-                continue;
-            }
             let Some(ours) = self.0.and_then(|ours| ours.field(&key)) else {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             };
             let value = map.next_value_seed(ours)?;
-            if key == "template" {
-                spec.template = value;
-            }
             entries.entry(&key, value);
         }
         spec.spec = entries.finish();

@@ -1,10 +1,10 @@
-//! Updating the members. The StatefulSet's `OnDelete` strategy leaves its pods to us, so that a
-//! member whose new template differs only in images is updated in place: its images are patched,
+//! Updating the members. A member whose new template differs only in images is updated in
+//! place: its images are patched,
 //! the kubelet restarts the changed containers in the same pod (same name, address and
 //! memory-backed `emptyDir`), and memcached, saved by its `preStop`, comes back with its items.
 //! A larger memory is a restart by the agent, new CPU and memory a resize first (resize.rs).
 //! Any other change replaces the member through the Eviction API (its disruption budget holds),
-//! and the StatefulSet creates it anew under its name, empty.
+//! and the operator creates it anew under its name, empty (own.rs).
 //!
 //! One member at a time, or `rollout.maxUnavailable`: the next waits until every member is Ready
 //! for `minReadySeconds`. A patched member counts as out until its containers have restarted: the
@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
@@ -25,7 +25,6 @@ use serde_json::{Value, json};
 
 use super::context::Context;
 use super::events::Change;
-use super::owned::OwnedObject;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources;
@@ -33,16 +32,16 @@ use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
 use operator_runtime::lock;
 
-pub mod adoption;
 mod in_place;
 mod memory;
 pub mod own;
+pub(super) use own::history;
 mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 
 /// On a member patched in place: the revision it is moving to, and each restarted container's
 /// restart count before the patch. The revision label follows once it is back and available, so
-/// the StatefulSet counts it updated only then.
+/// the member counts updated only then.
 pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
 /// How often an update in progress is looked at when no pod event comes sooner.
 const RECHECK: Duration = Duration::from_secs(5);
@@ -113,7 +112,7 @@ impl Replacing {
     }
 }
 
-/// What an update reads of what keeps the members (the StatefulSet, or the operator itself).
+/// What an update reads of the members' count.
 #[derive(Clone, Copy, Debug)]
 pub struct Keeper<'a> {
     /// The revision every member should have.
@@ -124,23 +123,6 @@ pub struct Keeper<'a> {
     pub all_updated: bool,
     /// Its name, for errors.
     pub name: &'a str,
-}
-
-impl<'a> Keeper<'a> {
-    /// None until the StatefulSet controller has seen its spec: its status event comes.
-    pub fn stateful_set(sts: &'a OwnedObject<StatefulSet>) -> Option<Self> {
-        let status = sts.status.as_ref()?;
-        let update_revision = status.update_revision.as_deref()?;
-        if status.observed_generation < sts.metadata.generation {
-            return None;
-        }
-        Some(Self {
-            update_revision,
-            wanted: sts.replicas.unwrap_or(0),
-            all_updated: status.updated_replicas.unwrap_or(0) >= status.replicas,
-            name: sts.metadata.name.as_deref().unwrap_or_default(),
-        })
-    }
 }
 
 /// Moves the members one step towards the current template; None when there is nothing to do.
@@ -232,7 +214,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
 /// What the next step reads besides the pods.
 struct View<'a> {
     update_revision: &'a str,
-    /// Members the StatefulSet wants.
+    /// Members the spec wants.
     wanted: i32,
     /// Members the update may take out at once.
     at_once: i32,
@@ -257,8 +239,8 @@ impl View<'_> {
             };
         }
         if outdated.is_empty() {
-            // The StatefulSet counts a replaced member updated as soon as it exists; the update
-            // is over once it serves.
+            // A replaced member counts updated as soon as it exists; the update is over once it
+            // serves.
             return if restarting.is_empty() && self.replacing.is_empty() {
                 Step::Done
             } else {
@@ -266,7 +248,7 @@ impl View<'_> {
             };
         }
         // A member already out costs nothing more to update: those first, then from the highest
-        // ordinal down, as the StatefulSet's own rolling update goes.
+        // ordinal down, as Kubernetes' rolling updates of numbered pods go.
         outdated.sort_by_key(|p| (self.available_in(p).is_none(), ordinal(p)));
         let candidate = outdated[outdated.len() - 1];
         if self.available_in(candidate).is_none() {
@@ -339,7 +321,7 @@ fn revision_of(pod: &Pod) -> Option<&str> {
     pod.labels().get(REVISION_LABEL).map(String::as_str)
 }
 
-/// The member's ordinal, from its name `<statefulset>-<ordinal>`.
+/// The member's ordinal, from its name `<memcached>-<ordinal>`.
 fn ordinal(pod: &Pod) -> i64 {
     pod.metadata
         .name
@@ -349,7 +331,7 @@ fn ordinal(pod: &Pod) -> i64 {
         .unwrap_or(-1)
 }
 
-/// The pod template a revision records (its data is a patch replacing the StatefulSet's).
+/// The pod template a revision records (`data.spec.template`).
 async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Value> {
     let revision = revisions
         .get(name)
@@ -432,7 +414,7 @@ fn min_ready(mc: &Memcached) -> SignedDuration {
     SignedDuration::from_secs(i64::from(rollout.min_ready_seconds))
 }
 
-fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
+pub(super) fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
     Error::Read {
         kind: kind.into(),
         name: name.into(),
@@ -440,7 +422,7 @@ fn read_error(kind: &str, name: &str, source: kube::Error) -> Error {
     }
 }
 
-fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
+pub(super) fn apply_error(kind: &str, name: &str, source: kube::Error) -> Error {
     Error::Apply {
         kind: kind.into(),
         name: name.into(),

@@ -4,17 +4,16 @@
 mod autoscale;
 mod binding;
 mod context;
-mod creation;
 mod digest;
 mod ensure;
 mod events;
 mod feed;
 mod hpa_index;
 mod known_fields;
+mod legacy;
 mod managed_fields;
 mod members;
 mod meta;
-mod migration;
 mod outcome;
 mod own_writes;
 pub(crate) mod owned;
@@ -43,7 +42,8 @@ use operator_runtime::watch_namespace::WatchNamespace;
 pub struct Settings {
     pub watch_namespace: WatchNamespace,
     pub max_concurrent_reconciles: u16,
-    /// StatefulSets that may roll at once for a pod template change of the operator's own.
+    /// Memcacheds whose members may roll at once for a pod template change of the operator's
+    /// own.
     pub max_concurrent_rollouts: u16,
     /// Images for CRs that name none (RELATED_IMAGE_MEMCACHED, RELATED_IMAGE_MEMCACHED_EXPORTER).
     pub images: crate::resources::Images,
@@ -62,6 +62,4 @@ pub struct Settings {
     pub operator_namespace: Option<String>,
     /// Identity in events (the pod name when in a cluster).
     pub instance: String,
-    /// What keeps the members' pods.
-    pub members: crate::config::Members,
 }

@@ -23,8 +23,8 @@ pub const SECRET_RECHECK: Duration = Duration::from_secs(10);
 /// within this (plus the kubelet's refresh of an application's mount), well inside the default
 /// rotation grace of 300 s; each such Memcached costs its Secrets' reads this often.
 pub const COPY_RECHECK: Duration = Duration::from_secs(30);
-/// How often a StatefulSet that runs fewer pods than it wants is looked at again: its
-/// controller's retries change nothing the operator watches, and its events say why.
+/// How often members that could not be created are tried again: what refused them (a quota, a
+/// policy) changes nothing the operator watches.
 pub const MISSING_RECHECK: Duration = Duration::from_secs(10);
 /// How often a pod template change waiting for a rollout slot asks again.
 pub const ROLLOUT_WAIT: Duration = Duration::from_secs(15);
@@ -47,8 +47,7 @@ pub enum Outcome {
     /// Members the operator keeps itself are Ready but not yet for `minReadySeconds`: no event
     /// comes when they are, so look again then to report them available.
     MembersBecomingAvailable(Duration),
-    /// The StatefulSet runs fewer pods than it wants (a quota, a policy, or a pod not yet
-    /// replaced): look again for why.
+    /// Members could not be created (a quota, a policy): try again.
     PodsMissing,
     /// Converged, with a binding that copies Secrets the operator does not watch: read again
     /// shortly, so that a rotated password or a renewed CA reaches the binding.

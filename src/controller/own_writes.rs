@@ -1,7 +1,7 @@
 //! The resourceVersions of our own writes to owned objects, so that the watch can tell the echo
 //! of an apply from someone else's change. Without it every size change reconciled twice at high
-//! priority: once for the Memcached's new generation, once for the StatefulSet's that our apply
-//! made, doubling the queue that users' changes wait in.
+//! priority: once for the Memcached's new generation, once for the owned object's that our
+//! apply made, doubling the queue that users' changes wait in.
 //!
 //! A resourceVersion is etcd's revision of the write, unique across every kind, so one set
 //! serves all owned kinds. An entry leaves when its event arrives; a relist (after which events
@@ -60,14 +60,12 @@ impl OwnWrites {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::apps::v1::StatefulSet;
-
     use super::*;
     use crate::fixtures::memcached;
     use crate::resources;
 
-    fn at(version: &str) -> OwnedObject<StatefulSet> {
-        let mut d = resources::stateful_set(&memcached("cache", 1), &Default::default());
+    fn at(version: &str) -> OwnedObject<k8s_openapi::api::core::v1::Service> {
+        let mut d = resources::service(&memcached("cache", 1));
         d.metadata.resource_version = Some(version.into());
         OwnedObject::of(&d)
     }

@@ -96,11 +96,12 @@ struct PodEntry {
 pub enum Controller {
     /// The Memcached: a member the operator keeps.
     Memcached,
-    /// A StatefulSet: a member of 0.6.0's, until its StatefulSet is released (adoption.rs).
-    StatefulSet,
+    /// A workload controller: a member of a release up to 0.6.0, until it is released to the
+    /// Memcached (legacy.rs).
+    Workload,
     /// Nothing: a released member, until it is adopted; or someone else's pod.
     None,
-    /// Anything else (a ReplicaSet of a Deployment of before).
+    /// Anything else.
     Other,
 }
 
@@ -110,7 +111,7 @@ impl Controller {
         match owners.iter().find(|o| o.controller == Some(true)) {
             None => Controller::None,
             Some(o) if o.kind == "Memcached" => Controller::Memcached,
-            Some(o) if o.kind == "StatefulSet" => Controller::StatefulSet,
+            Some(o) if o.api_version.starts_with("apps/") => Controller::Workload,
             Some(_) => Controller::Other,
         }
     }

@@ -1,9 +1,6 @@
 //! Reconcile one Memcached, in the tutorial's steps: fetch it, ensure its members and size, its
 //! Service, report status. The builders in `resources` are pure; this module makes the calls.
 
-use std::sync::Arc;
-
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -14,17 +11,17 @@ use tracing::debug;
 
 use super::context::Context;
 use super::ensure::{
-    Announce, Ensured, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
+    Announce, Kept, StatusPatch, ensure, ensure_optional, kept, lookup, lookup_optional,
     patch_status,
 };
-use super::members::{adoption, own};
+use super::legacy::{self, Adoption};
+use super::members::own;
 use super::outcome::Outcome;
 use super::owned::OwnedObject;
 use super::secrets::{self, Secrets};
-use super::{autoscale, binding, creation, members, migration, rollouts};
+use super::{autoscale, binding, members, rollouts};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
-use crate::config::Members;
 use crate::error::{Error, Refusal, Result};
 use crate::resources::binding::Copied;
 use crate::resources::{self, is_controlled_by};
@@ -51,7 +48,6 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         return Ok(Outcome::Converged);
     }
     let ns = mc.namespace().unwrap_or_default();
-    let stateful_sets: Api<OwnedObject<StatefulSet>> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Kept<PodDisruptionBudget> = (
         Api::namespaced(ctx.client.clone(), &ns),
@@ -70,14 +66,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
     let (
-        existing_stateful_set,
         existing_service,
         existing_budget,
         existing_policy,
         existing_monitor,
         existing_certificate,
     ) = tokio::try_join!(
-        lookup(&stateful_sets, &ctx.stateful_sets, mc),
         lookup(&services, &ctx.services, mc),
         // One we no longer want is deleted only if it is ours, and ours are in the cache.
         lookup_optional(Some(&budgets), mc, desired_budget.is_some()),
@@ -85,13 +79,8 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         lookup_optional(monitors.as_ref(), mc, desired_monitor.is_some()),
         lookup_optional(certificates.as_ref(), mc, desired_certificate.is_some()),
     )?;
-    // 0.6.0's StatefulSet deleted for its members' adoption: the status stays until it is gone.
-    if adoption::releasing(ctx, mc, existing_stateful_set.as_deref()) {
-        return Ok(Outcome::Converged);
-    }
     let mut blocked = blocked(
         mc,
-        existing_stateful_set.as_deref().map(|d| &d.metadata),
         existing_service.as_deref().map(|s| &s.metadata),
         existing_budget.as_deref().map(|b| &b.metadata),
         existing_policy.as_deref().map(|p| &p.metadata),
@@ -112,6 +101,22 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             message: status::CERTIFICATES_UNAVAILABLE.to_string(),
         });
     }
+    // The members of a release up to 0.6.0 are handed over before anything is done with them.
+    if blocked.is_none() {
+        let stateful_set = ctx
+            .legacy_stateful_sets
+            .get_for(mc)
+            .filter(|sts| is_controlled_by(&sts.metadata, mc));
+        match legacy::step(ctx, mc, stateful_set.as_deref()).await? {
+            Adoption::None => {}
+            Adoption::Underway => return Ok(Outcome::Converged),
+            Adoption::Foreign(pod) => {
+                blocked = Some(Blocked::ResourceExists {
+                    message: status::named_conflict_message("Pod", &pod, mc),
+                });
+            }
+        }
+    }
     // The Secrets the pods will mount (auth, TLS) must be there and usable first.
     let (mut copied, mut unissued) = (Copied::default(), None);
     if blocked.is_none() {
@@ -124,26 +129,12 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         }
     }
 
-    let mut legacy = migration::legacy(ctx, mc);
-    let mut rollout_queued = None;
-    let mut stateful_set_written = false;
-    // Members the operator keeps itself, where it does and this Memcached has neither a
-    // StatefulSet nor a Deployment of before.
-    let keeps_pods =
-        ctx.members == Members::Pods && existing_stateful_set.is_none() && legacy.is_none();
-    let mut own_members = None;
-    let stateful_set = match &blocked {
+    let own_members = match &blocked {
         Some(Blocked::ResourceExists { .. }) => None,
-        Some(_) if keeps_pods => {
-            own_members = Some(own::observe(ctx, mc));
-            None
-        }
-        Some(_) => existing_stateful_set,
+        Some(_) => Some(own::observe(ctx, mc)),
         None => {
-            // 2. Ensure the StatefulSet, and with it 3. its size: replicas = spec.size.
+            // 2. Ensure the members, and with them 3. their number: spec.size.
             // 4. Ensure the headless Service, the disruption budget and the network policy.
-            let new = existing_stateful_set.is_none() && existing_service.is_none();
-            let service = resources::service(mc);
             let others = async {
                 tokio::try_join!(
                     ensure(
@@ -151,7 +142,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                         mc,
                         &services,
                         existing_service,
-                        service,
+                        resources::service(mc),
                         Announce::Always
                     ),
                     ensure_optional(ctx, mc, Some(&budgets.0), existing_budget, desired_budget),
@@ -178,38 +169,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                     ),
                 )
             };
-            let stateful_set = ensure_stateful_set(
-                ctx,
-                mc,
-                &stateful_sets,
-                existing_stateful_set.clone(),
-                legacy.is_some(),
-            );
-            let applied = if keeps_pods {
-                // Nothing to wait for: a pod of a member's name that is not ours is refused
-                // by its create.
-                tokio::try_join!(own::ensure(ctx, mc), others).map(|(members, _)| {
-                    own_members = Some(members);
-                    (None, false)
-                })
-            } else if new {
-                // A new Memcached (or one whose objects someone else holds): the StatefulSet
-                // first, so that nothing is created while its name is someone else's.
-                async {
-                    let stateful_set = stateful_set.await?;
-                    others.await?;
-                    Ok(stateful_set)
-                }
-                .await
-            } else {
-                tokio::try_join!(stateful_set, others).map(|(stateful_set, _)| stateful_set)
-            };
-            match applied {
-                Ok((stateful_set, queued)) => {
-                    rollout_queued = queued.then(|| ctx.rollouts.limit());
-                    stateful_set_written = stateful_set.as_ref().is_some_and(|s| s.written);
-                    stateful_set.map(|s| s.object)
-                }
+            // Nothing to wait for: a pod of a member's name that is not ours is refused by its
+            // create.
+            match tokio::try_join!(own::ensure(ctx, mc), others) {
+                Ok((members, _)) => Some(members),
                 Err(Error::Foreign { kind }) => {
                     blocked = Some(Blocked::ResourceExists {
                         message: status::conflict_message(&kind, mc),
@@ -222,14 +185,13 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
                 }
                 Err(error) => {
                     blocked = Some(Blocked::refused(error)?);
-                    own_members = keeps_pods.then(|| own::observe(ctx, mc));
-                    existing_stateful_set
+                    Some(own::observe(ctx, mc))
                 }
             }
         }
     };
 
-    // Someone else's pod in a member's name: left alone, and said, as for a StatefulSet.
+    // Someone else's pod in a member's name: left alone, and said, as for a Service.
     if let Some(pod) = own_members.as_ref().and_then(|o| o.foreign.as_deref())
         && blocked.is_none()
     {
@@ -238,42 +200,25 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         });
     }
 
-    // The Deployment of before leaves once the StatefulSet serves in its place.
-    if let Some(old) = legacy.clone()
-        && blocked.is_none()
-        && migration::done(mc, stateful_set.as_deref())
-    {
-        migration::finish(ctx, mc, &old).await?;
-        legacy = None;
-    }
-
-    // The members take the StatefulSet's template one at a time, in place where they can.
-    let members_written = stateful_set_written || own_members.as_ref().is_some_and(|o| o.written);
+    // The members take the current template one at a time, in place where they can.
+    let members_written = own_members.as_ref().is_some_and(|o| o.written);
+    let mut rollout_queued = None;
     if let Some(own) = &own_members {
-        // No StatefulSet's watch tells the rollout budget of these members: their count does.
-        let rolling = !own.waiting && rollouts::is_status_rolling(mc.spec.size, &own.status);
+        // The rollout budget counts the Memcacheds whose members are rolling.
+        let rolling = !own.waiting && rollouts::is_rolling(mc.spec.size, &own.counts);
         ctx.rollouts.members(&ns, &mc.name_any(), rolling);
         if own.waiting {
             rollout_queued = Some(ctx.rollouts.limit());
         }
     }
-    let keeper = match (&own_members, stateful_set.as_deref()) {
-        (Some(own), _) if own.waiting => None,
-        (Some(own), _) => Some(own.keeper(mc)),
-        (None, Some(sts)) => members::Keeper::stateful_set(sts),
-        (None, None) => None,
-    };
+    let keeper = own_members
+        .as_ref()
+        .filter(|own| !own.waiting)
+        .map(|own| own.keeper(mc));
     let updating = match (&blocked, keeper) {
         (None, Some(keeper)) if !members_written => members::update(ctx, mc, keeper).await?,
         _ => None,
     };
-
-    // 0.6.0's members, once all run the current template, are the operator's (adoption.rs).
-    let quiet = (blocked.is_none() && legacy.is_none() && !members_written)
-        && (updating.is_none() && rollout_queued.is_none());
-    if quiet && adoption::release(ctx, mc, stateful_set.as_deref()).await? {
-        return Ok(Outcome::Converged);
-    }
 
     // 5. Size from the cache's own signals, while autoscaling is on; a blocked Memcached keeps
     //    the last decision.
@@ -286,9 +231,9 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             .filter(|_| autoscale::enabled(mc)),
     };
 
-    // 6. Report status, unless the StatefulSet was just written: its watch event queues a
-    //    status refresh, which sees the rollout the write started, and the queue serves it after
-    //    the spec changes that users wait for.
+    // 6. Report status, unless members were just written: their watch events queue a status
+    //    refresh, which sees what the writes started, and the queue serves it after the spec
+    //    changes that users wait for.
     if members_written && blocked.is_none() {
         ctx.events.unblocked(mc);
         return Ok(Outcome::Converged);
@@ -302,27 +247,11 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
             Err(why) => (blocked, bound) = (Some(why), None),
         }
     }
-    // Pods the StatefulSet wants and does not run: its events may say why. Members of our own
-    // that could not be created say why themselves.
-    let (pods_missing, creation_refused) = match (&own_members, stateful_set.as_deref()) {
-        (Some(own), _) => (own.refused.is_some(), own.refused.clone()),
-        (None, Some(sts)) => {
-            let missing = creation::pods_missing(sts, &pods.names);
-            let refused = match &blocked {
-                None if missing => creation::refused(ctx, sts).await?,
-                _ => None,
-            };
-            (missing, refused)
-        }
-        (None, None) => (false, None),
-    };
+    // Members that could not be created say why themselves.
+    let creation_refused = own_members.as_ref().and_then(|o| o.refused.clone());
     let observed = Observed {
-        stateful_set: match &own_members {
-            Some(own) => Some(own.seen()),
-            None => stateful_set.as_deref().map(OwnedObject::seen),
-        },
+        members: own_members.as_ref().map(|o| o.counts),
         creation_refused: creation_refused.as_deref(),
-        legacy_ready: legacy.as_deref().map(migration::legacy_ready),
         update: updating.map(|u| u.kind),
         autoscaling,
         pods: pods.names,
@@ -354,8 +283,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         return Ok(match (rollout_queued, updating) {
             (Some(_), _) => Outcome::WaitingForRolloutSlot,
             (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
-            // Its controller retries with no change to watch: look again.
-            _ if pods_missing => Outcome::PodsMissing,
+            _ if creation_refused.is_some() => Outcome::PodsMissing,
             _ if let Some(soon) = own_members.as_ref().and_then(|o| o.available_in) => {
                 // The watch tells when a pod is Ready, not when it has been for long enough.
                 Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
@@ -394,34 +322,10 @@ pub fn span(mc: &Memcached) -> tracing::Span {
     span
 }
 
-/// The StatefulSet as the spec wants it, unless that would start a rollout that must wait for
-/// the budget (then the StatefulSet as it is, if any, and true). Creating it beside a
-/// Deployment of before (`legacy`) is such a rollout too.
-async fn ensure_stateful_set(
-    ctx: &Context,
-    mc: &Memcached,
-    api: &Api<OwnedObject<StatefulSet>>,
-    existing: Option<Arc<OwnedObject<StatefulSet>>>,
-    legacy: bool,
-) -> Result<(Option<Ensured<StatefulSet>>, bool)> {
-    let desired = resources::stateful_set(mc, &ctx.images);
-    // Converged (the common case): nothing to apply, nothing to wait for.
-    let rolls = match &existing {
-        None => legacy,
-        Some(existing) => existing.needs(&desired) && existing.template_needs(&desired),
-    };
-    if rolls && ctx.rollouts.must_wait(mc) {
-        return Ok((existing.map(Ensured::unchanged), true));
-    }
-    let applied = ensure(ctx, mc, api, existing, desired, Announce::Always).await?;
-    Ok((Some(applied), false))
-}
-
 /// Why nothing may be applied: an object of our name that this Memcached does not control is
 /// left untouched, and a spec that cannot work is not applied (the pods running now keep serving).
 fn blocked(
     mc: &Memcached,
-    stateful_set: Option<&ObjectMeta>,
     service: Option<&ObjectMeta>,
     budget: Option<&ObjectMeta>,
     policy: Option<&ObjectMeta>,
@@ -429,7 +333,6 @@ fn blocked(
     certificate: Option<&ObjectMeta>,
 ) -> Option<Blocked> {
     let foreign = [
-        ("StatefulSet", stateful_set),
         ("Service", service),
         ("PodDisruptionBudget", budget),
         ("NetworkPolicy", policy),

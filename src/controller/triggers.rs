@@ -8,7 +8,6 @@
 
 use std::marker::PhantomData;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -59,24 +58,11 @@ pub struct OwnedTriggers<K: Owned> {
 }
 
 impl<K: Owned> OwnedTriggers<K> {
-    fn new(on_status: bool) -> Self {
+    pub(super) fn new(on_status: bool) -> Self {
         Self {
             on_status,
             kind: PhantomData,
         }
-    }
-}
-
-impl OwnedTriggers<StatefulSet> {
-    pub fn stateful_sets() -> Self {
-        Self::new(true)
-    }
-}
-
-impl OwnedTriggers<Deployment> {
-    /// A Deployment left from before the StatefulSet: its Ready pods count while it serves.
-    pub fn legacy_deployments() -> Self {
-        Self::new(true)
     }
 }
 
@@ -175,18 +161,18 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::fixtures::{memcached, stateful_set_with_status};
+    use crate::fixtures::memcached;
     use crate::resources;
 
     fn cache_key() -> ObjectRef<Memcached> {
         ObjectRef::new("cache").within("default")
     }
 
-    /// Our StatefulSet for the Memcached "cache", at `generation`.
-    fn stateful_set_at(generation: i64) -> OwnedObject<StatefulSet> {
-        let mut d = resources::stateful_set(&memcached("cache", 1), &Default::default());
-        d.metadata.generation = Some(generation);
-        OwnedObject::of(&d)
+    /// Our Service for the Memcached "cache", at `port`.
+    fn service_at(port: i32) -> OwnedObject<Service> {
+        let mut s = resources::service(&memcached("cache", 1));
+        s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = port;
+        OwnedObject::of(&s)
     }
 
     #[test]
@@ -217,29 +203,23 @@ mod tests {
 
     #[test]
     fn our_own_apply_is_a_status_refresh_and_someone_elses_is_drift() {
-        let stateful_sets = OwnedTriggers::stateful_sets();
-        let (before, after) = (stateful_set_at(1), stateful_set_at(2));
+        let services = OwnedTriggers::services();
+        let (before, after) = (service_at(11211), service_at(11311));
         let applied = watcher::Event::Apply(after.clone());
         let (urgent, refresh) = (
             Some((cache_key(), Priority::High)),
             Some((cache_key(), Priority::Low)),
         );
-        assert_eq!(
-            stateful_sets.trigger(Some(&before), &applied, false),
-            urgent
-        );
-        assert_eq!(
-            stateful_sets.trigger(Some(&before), &applied, true),
-            refresh
-        );
+        assert_eq!(services.trigger(Some(&before), &applied, false), urgent);
+        assert_eq!(services.trigger(Some(&before), &applied, true), refresh);
         let status_only = watcher::Event::Apply(before.clone());
         assert_eq!(
-            stateful_sets.trigger(Some(&before), &status_only, false),
+            services.trigger(Some(&before), &status_only, false),
             refresh,
-            "a status change"
+            "a status change (a load balancer's, say)"
         );
         assert_eq!(
-            stateful_sets.trigger(None, &applied, false),
+            services.trigger(None, &applied, false),
             refresh,
             "a new object"
         );
@@ -247,16 +227,16 @@ mod tests {
 
     #[test]
     fn a_deleted_object_is_urgent_for_the_memcached_that_controls_it() {
-        let gone = watcher::Event::Delete(stateful_set_at(1));
+        let gone = watcher::Event::Delete(service_at(11211));
         assert_eq!(
-            OwnedTriggers::stateful_sets().trigger(None, &gone, false),
+            OwnedTriggers::services().trigger(None, &gone, false),
             Some((cache_key(), Priority::High))
         );
-        let mut orphan = resources::stateful_set(&memcached("cache", 1), &Default::default());
+        let mut orphan = resources::service(&memcached("cache", 1));
         orphan.metadata.owner_references = None;
         let orphan = watcher::Event::Delete(OwnedObject::of(&orphan));
         assert_eq!(
-            OwnedTriggers::stateful_sets().trigger(None, &orphan, false),
+            OwnedTriggers::services().trigger(None, &orphan, false),
             None,
             "no Memcached controls it"
         );
@@ -329,38 +309,8 @@ mod tests {
     }
 
     #[test]
-    fn a_legacy_deployments_ready_pods_refresh_the_status() {
-        use k8s_openapi::api::apps::v1::DeploymentStatus;
-        let mc = memcached("cache", 2);
-        let with_ready = |ready| {
-            let mut d = Deployment {
-                metadata: resources::stateful_set(&mc, &Default::default()).metadata,
-                ..Deployment::default()
-            };
-            d.metadata.generation = Some(1);
-            d.status = Some(DeploymentStatus {
-                ready_replicas: Some(ready),
-                ..DeploymentStatus::default()
-            });
-            OwnedObject::of(&d)
-        };
-        let legacy = OwnedTriggers::legacy_deployments();
-        let (before, after) = (with_ready(1), with_ready(2));
-        assert_eq!(
-            legacy.trigger(Some(&before), &watcher::Event::Apply(after.clone()), false),
-            Some((cache_key(), Priority::Low)),
-            "its pods count in Available while it serves"
-        );
-        assert_eq!(
-            legacy.trigger(Some(&after), &watcher::Event::Delete(after.clone()), false),
-            Some((cache_key(), Priority::High))
-        );
-    }
-
-    #[test]
-    fn the_caches_stateful_set_fixture_is_controlled_by_its_memcached() {
+    fn the_service_fixture_is_controlled_by_its_memcached() {
         // The fixtures above rely on the builders setting a controller reference.
-        let d = stateful_set_with_status(&memcached("cache", 1), 1, 1);
-        assert_eq!(controller_of(&d), Some(cache_key()));
+        assert_eq!(controller_of(&service_at(11211)), Some(cache_key()));
     }
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -28,6 +27,7 @@ use super::context::Context;
 use super::events::Events;
 use super::feed::{Feed, Key, queue_all_on_leading};
 use super::hpa_index::{HpaIndex, HpaSeen};
+use super::legacy;
 use super::outcome;
 use super::own_writes::OwnWrites;
 use super::pod_index::{PodIndex, PodMeta};
@@ -85,7 +85,6 @@ pub fn run(
         events: Events::new(client.clone(), reporter),
         client,
         images: settings.images.clone(),
-        members: settings.members,
         operator_namespace: settings.operator_namespace.clone(),
         service_monitors: settings.service_monitors,
         network_policies: settings.network_policies,
@@ -158,7 +157,6 @@ struct Shared {
     client: Client,
     events: Events,
     images: crate::resources::Images,
-    members: crate::config::Members,
     operator_namespace: Option<String>,
     service_monitors: bool,
     network_policies: bool,
@@ -236,23 +234,8 @@ fn scope_watches(
         future::ready(())
     });
 
-    let rollouts = shared.rollouts.clone();
-    let (stateful_sets, stateful_set_watch) = owned_watch::<StatefulSet>(
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::stateful_sets(),
-        move |event| rollouts.observe(event),
-    );
-    let (legacy_deployments, legacy_watch) = owned_watch::<Deployment>(
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::legacy_deployments(),
-        |_| {},
-    );
+    let (legacy_stateful_sets, legacy_watch) =
+        owned_watch(shared, &scope, &caches, feed(), legacy::triggers(), |_| {});
     let (services, service_watch) = owned_watch::<Service>(
         shared,
         &scope,
@@ -355,8 +338,7 @@ fn scope_watches(
 
     let ctx = Arc::new(Context {
         client: client.clone(),
-        stateful_sets,
-        legacy_deployments,
+        legacy_stateful_sets,
         services,
         pod_disruption_budgets: budgets,
         network_policies,
@@ -370,14 +352,12 @@ fn scope_watches(
         hpas,
         events: shared.events.clone(),
         images: shared.images.clone(),
-        members: shared.members,
         operator_namespace: shared.operator_namespace.clone(),
         metrics: shared.metrics.clone(),
         caches,
     });
     let mut tasks = vec![
         tokio::spawn(mc_watch),
-        tokio::spawn(stateful_set_watch),
         tokio::spawn(legacy_watch),
         tokio::spawn(service_watch),
         tokio::spawn(budget_watch),

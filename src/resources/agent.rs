@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{EXPORTER_PORT, Memcached};
 
-use super::{MEMCACHED_UID, auth, stateful_set::restricted, tls, warm_restart};
+use super::{MEMCACHED_UID, auth, pod_template::restricted, tls, warm_restart};
 
 /// The operator's binary in its image, which is also the agent's.
 const BINARY: &str = "/memcached-operator";

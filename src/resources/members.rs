@@ -1,13 +1,13 @@
-//! The members as pods the operator keeps itself (`--members=pods`): member `<name>-<ordinal>`
-//! is the StatefulSet's pod template with the hostname and subdomain the StatefulSet controller
-//! would give it, labelled with the revision of that template, and owned by the Memcached. The
-//! template of each revision is kept in a ControllerRevision, as the StatefulSet controller
-//! keeps it, so that an update can tell what changed since a member was made.
+//! The members, pods the operator keeps itself: member `<name>-<ordinal>` is the pod template
+//! (pod_template.rs) with a stable hostname under the headless Service, labelled with the
+//! revision of that template, and owned by the Memcached. The template of each revision is kept
+//! in a ControllerRevision (`data.spec.template`, the form Kubernetes' own controllers use), so
+//! that an update can tell what changed since a member was made.
 
 use std::collections::BTreeMap;
 use std::hash::Hasher;
 
-use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::ResourceExt;
@@ -16,17 +16,17 @@ use serde_json::json;
 use super::{REVISION_LABEL, owned_metadata, selector_labels};
 use crate::api::Memcached;
 
-/// The StatefulSet controller's label naming a member's ordinal; kept so that tools which read it
-/// find the members as they did.
+/// Kubernetes' label naming a numbered pod's ordinal, so that tools which read it find the
+/// members.
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// The revision of the members' template: `<name>-<hash of the template>`, as a
 /// ControllerRevision's name.
-pub fn revision(mc: &Memcached, sts: &StatefulSet) -> String {
+pub fn revision(mc: &Memcached, template: &PodTemplateSpec) -> String {
     // FNV-1a over the template's JSON: stable across processes and versions of this crate,
     // unlike the digests of owned objects (foldhash).
     let mut hasher = fnv::FnvHasher::default();
-    hasher.write(&serde_json::to_vec(template(sts)).expect("a pod template serialises"));
+    hasher.write(&serde_json::to_vec(template).expect("a pod template serialises"));
     format!(
         "{}-{:010x}",
         mc.name_any(),
@@ -34,19 +34,10 @@ pub fn revision(mc: &Memcached, sts: &StatefulSet) -> String {
     )
 }
 
-/// The StatefulSet's pod template, which the members are made from.
-fn template(sts: &StatefulSet) -> &PodTemplateSpec {
-    &sts.spec
-        .as_ref()
-        .expect("a StatefulSet has a spec")
-        .template
-}
-
-/// The ControllerRevision that keeps `revision`'s template, in the StatefulSet controller's form
-/// (`data.spec.template`), so members.rs reads both alike.
+/// The ControllerRevision that keeps `revision`'s template.
 pub fn controller_revision(
     mc: &Memcached,
-    sts: &StatefulSet,
+    template: &PodTemplateSpec,
     revision: &str,
 ) -> ControllerRevision {
     let mut metadata = owned_metadata(mc);
@@ -57,18 +48,18 @@ pub fn controller_revision(
         .extend(selector_labels(mc));
     ControllerRevision {
         metadata,
-        data: Some(RawExtension(json!({"spec": {"template": template(sts)}}))),
+        data: Some(RawExtension(json!({"spec": {"template": template}}))),
         // Only one revision is the current one; the number only orders them for people.
         revision: 1,
     }
 }
 
-/// Member `ordinal` of `mc`, made from `sts`'s template of `revision`.
-pub fn member(mc: &Memcached, sts: &StatefulSet, revision: &str, ordinal: i32) -> Pod {
+/// Member `ordinal` of `mc`, made from `template` of `revision`.
+pub fn member(mc: &Memcached, template: &PodTemplateSpec, revision: &str, ordinal: i32) -> Pod {
     let PodTemplateSpec {
         metadata,
         spec: pod_spec,
-    } = template(sts).clone();
+    } = template.clone();
     let name = format!("{}-{ordinal}", mc.name_any());
     let mut meta = metadata.unwrap_or_default();
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
@@ -79,7 +70,8 @@ pub fn member(mc: &Memcached, sts: &StatefulSet, revision: &str, ordinal: i32) -
     meta.owner_references = owned_metadata(mc).owner_references;
     let mut pod_spec = pod_spec.unwrap_or_default();
     pod_spec.hostname = Some(name);
-    pod_spec.subdomain = sts.spec.as_ref().and_then(|s| s.service_name.clone());
+    // The headless Service gives each member its DNS name, `<pod>.<name>.<ns>.svc`.
+    pod_spec.subdomain = Some(mc.name_any());
     Pod {
         metadata: meta,
         spec: Some(pod_spec),
@@ -97,8 +89,8 @@ pub fn ordinal(mc: &Memcached, pod_name: &str) -> Option<i32> {
 
 /// What keeping `size` members asks, given the names of the pods there are (not being deleted)
 /// and of those being deleted: the ordinals to create, and the members to delete (beyond the
-/// size). A member being deleted holds its name until it is gone, as under a StatefulSet. A pod
-/// not named as a member is left alone, as the StatefulSet controller leaves it.
+/// size). A member being deleted holds its name until it is gone. A pod not named as a member is
+/// left alone.
 pub fn plan<'a>(
     mc: &Memcached,
     size: i32,
@@ -123,14 +115,14 @@ pub fn plan<'a>(
 mod tests {
     use super::*;
     use crate::fixtures::memcached;
-    use crate::resources::{Images, stateful_set};
+    use crate::resources::{Images, pod_template};
 
     #[test]
-    fn a_member_is_the_template_named_as_the_stateful_set_would_name_it() {
+    fn a_member_is_the_template_under_its_stable_name() {
         let mc = memcached("cache", 3);
-        let sts = stateful_set(&mc, &Images::default());
-        let rev = revision(&mc, &sts);
-        let pod = member(&mc, &sts, &rev, 2);
+        let template = pod_template(&mc, &Images::default());
+        let rev = revision(&mc, &template);
+        let pod = member(&mc, &template, &rev, 2);
         assert_eq!(pod.name_any(), "cache-2");
         assert_eq!(pod.namespace().as_deref(), Some("default"));
         let spec = pod.spec.as_ref().unwrap();
@@ -150,39 +142,35 @@ mod tests {
             (owner.kind.as_str(), owner.controller),
             ("Memcached", Some(true))
         );
-        let template = sts.spec.unwrap().template.spec.unwrap();
-        assert_eq!(spec.containers, template.containers);
+        assert_eq!(spec.containers, template.spec.unwrap().containers);
     }
 
     #[test]
     fn the_revision_changes_with_the_template_only() {
         let mc = memcached("cache", 3);
-        let sts = |mc: &Memcached| stateful_set(mc, &Images::default());
-        let rev = revision(&mc, &sts(&mc));
+        let template = |mc: &Memcached| pod_template(mc, &Images::default());
+        let rev = revision(&mc, &template(&mc));
         assert!(rev.starts_with("cache-") && rev.len() == "cache-".len() + 10);
         let mut larger = mc.clone();
         larger.spec.size = 5;
         assert_eq!(
-            revision(&larger, &sts(&larger)),
+            revision(&larger, &template(&larger)),
             rev,
             "the size is not the template"
         );
         let mut newer = mc.clone();
         newer.spec.image = Some("memcached:1.6.46".into());
-        assert_ne!(revision(&newer, &sts(&newer)), rev);
+        assert_ne!(revision(&newer, &template(&newer)), rev);
     }
 
     #[test]
-    fn the_revision_keeps_the_template_as_the_stateful_set_controller_does() {
+    fn the_revision_keeps_the_template() {
         let mc = memcached("cache", 1);
-        let sts = stateful_set(&mc, &Images::default());
-        let cr = controller_revision(&mc, &sts, "cache-abc");
+        let template = pod_template(&mc, &Images::default());
+        let cr = controller_revision(&mc, &template, "cache-abc");
         assert_eq!(cr.name_any(), "cache-abc");
         let kept = cr.data.unwrap().0["spec"]["template"].clone();
-        assert_eq!(
-            kept,
-            serde_json::to_value(sts.spec.unwrap().template).unwrap()
-        );
+        assert_eq!(kept, serde_json::to_value(template).unwrap());
         assert_eq!(cr.metadata.owner_references.unwrap()[0].name, "cache");
     }
 

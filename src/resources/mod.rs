@@ -1,5 +1,5 @@
-//! Pure builders for the objects a Memcached owns: its StatefulSet, its headless Service, its
-//! PodDisruptionBudget, its ServiceMonitor and its NetworkPolicy. No API calls here; the controller applies what these return.
+//! Pure builders for the objects a Memcached owns: its members' pod template, its headless
+//! Service, its PodDisruptionBudget, its ServiceMonitor and its NetworkPolicy. No API calls here; the controller applies what these return.
 
 use std::collections::BTreeMap;
 
@@ -17,11 +17,11 @@ pub mod auth;
 pub mod binding;
 pub mod members;
 mod network_policy;
-mod stateful_set;
+mod pod_template;
 pub mod tls;
 pub mod warm_restart;
 pub use network_policy::network_policy;
-pub use stateful_set::stateful_set;
+pub use pod_template::pod_template;
 
 /// memcached image used when neither `spec.image` nor `RELATED_IMAGE_MEMCACHED` is set.
 pub const FALLBACK_MEMCACHED_IMAGE: &str = "memcached:1.6.45-alpine";
@@ -47,8 +47,8 @@ pub const MEMCACHED_CONTAINER: &str = "memcached";
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// The label naming the revision of the template a member was made from: the StatefulSet
-/// controller's, and the operator's own where it keeps the pods itself.
+/// The label naming the revision of the template a member was made from (the name Kubernetes'
+/// own controllers give it).
 pub const REVISION_LABEL: &str = "controller-revision-hash";
 const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
@@ -63,7 +63,7 @@ pub fn managed_by_selector() -> String {
     format!("{LABEL_MANAGED_BY}={MANAGER_NAME}")
 }
 
-/// Labels that pick out one Memcached's pods. Also the StatefulSet's (immutable) selector.
+/// Labels that pick out one Memcached's pods.
 pub fn selector_labels(mc: &Memcached) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_NAME.to_string(), "memcached".to_string()),
@@ -71,8 +71,8 @@ pub fn selector_labels(mc: &Memcached) -> BTreeMap<String, String> {
     ])
 }
 
-/// Every member a Memcached should have, by its stable address (the StatefulSet's pod name
-/// under the headless Service), in ordinal order: `status.servers` and the binding's.
+/// Every member a Memcached should have, by its stable address (the member's name under the
+/// headless Service), in ordinal order: `status.servers` and the binding's.
 pub fn servers(mc: &Memcached) -> Vec<String> {
     let (name, ns) = (mc.name_any(), mc.namespace().unwrap_or_default());
     (0..mc.spec.size)
@@ -283,9 +283,10 @@ mod tests {
             servers(&mc),
             ["web-0.web.shop.svc:11311", "web-1.web.shop.svc:11311"]
         );
-        // The members' names come from the StatefulSet's serviceName: the headless Service's.
-        let sts = stateful_set(&mc, &Images::new("img")).spec.unwrap();
-        assert_eq!(sts.service_name, service(&mc).metadata.name);
+        // The members' names come from their subdomain: the headless Service's.
+        let template = pod_template(&mc, &Images::new("img"));
+        let member = members::member(&mc, &template, "rev", 0);
+        assert_eq!(member.spec.unwrap().subdomain, service(&mc).metadata.name);
         mc.spec.size = 0;
         assert!(servers(&mc).is_empty());
     }
@@ -293,7 +294,7 @@ mod tests {
     #[test]
     fn foreign_owner_is_not_control() {
         let mc = memcached("cache", 1);
-        let mut meta = stateful_set(&mc, &Images::new("img")).metadata;
+        let mut meta = service(&mc).metadata;
         meta.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
         assert!(!is_controlled_by(&meta, &mc));
         meta.owner_references = None;
@@ -377,26 +378,22 @@ mod tests {
         fn every_admitted_spec_builds_objects_that_reflect_it(spec in crate::arbitrary::spec()) {
             let mut mc = memcached("cache", 1);
             mc.spec = spec.clone();
-            let d = stateful_set(&mc, &Images::default());
+            let template = pod_template(&mc, &Images::default());
             let svc = service(&mc);
             if crate::validation::validate(&spec).is_err() {
                 return Ok(());
             }
-            let d_spec = d.spec.unwrap();
-            proptest::prop_assert_eq!(d_spec.replicas, Some(spec.size));
-            let template = d_spec.template.clone();
-            let pod = d_spec.template.spec.unwrap();
+            let pod = template.spec.clone().unwrap();
             let c = &pod.containers[0];
             proptest::prop_assert_eq!(c.image.as_deref(), Some(spec.image.as_deref().unwrap_or(FALLBACK_MEMCACHED_IMAGE)));
-            let args = stateful_set::tests::args_as_started(&template);
+            let args = pod_template::tests::args_as_started(&template);
             let memory = spec.max_memory_mib.to_string();
             proptest::prop_assert!(args.windows(2).any(|w| w[0] == "-m" && w[1] == memory));
             proptest::prop_assert_eq!(c.ports.as_ref().unwrap()[0].container_port, spec.container_port);
             proptest::prop_assert_eq!(c.resources.as_ref(), spec.resources.as_deref());
-            let selector = d_spec.selector.match_labels.unwrap();
-            let template_labels = d_spec.template.metadata.unwrap().labels.unwrap();
+            let selector = selector_labels(&mc);
+            let template_labels = template.metadata.unwrap().labels.unwrap();
             proptest::prop_assert!(selector.iter().all(|(k, v)| template_labels.get(k) == Some(v)));
-            proptest::prop_assert_eq!(d_spec.service_name.as_ref(), svc.metadata.name.as_ref());
             let ports = svc.spec.unwrap().ports.unwrap();
             proptest::prop_assert_eq!(ports[0].port, spec.container_port);
         }

@@ -9,7 +9,8 @@ use crate::error::Refusal;
 /// Why nothing is applied for a Memcached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Blocked {
-    /// A StatefulSet or Service of its name that it does not control: left untouched.
+    /// An object of its name (a Service, a member's pod) that it does not control: left
+    /// untouched.
     ResourceExists { message: String },
     /// A spec that cannot work: not applied, and the pods running now keep serving.
     InvalidSpec { message: String },
@@ -65,7 +66,7 @@ impl Blocked {
     }
 }
 
-/// Why an object of the Memcached's own name is left alone: `StatefulSet default/cache ...`.
+/// Why an object of the Memcached's own name is left alone: `Service default/cache ...`.
 pub fn conflict_message(kind: &str, mc: &Memcached) -> String {
     named_conflict_message(kind, &mc.name_any(), mc)
 }

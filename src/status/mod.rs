@@ -1,7 +1,6 @@
 //! Status of a Memcached computed from what the controller observed. Pure: no API calls, and the
 //! clock is passed in, so every condition transition is unit-tested.
 
-use k8s_openapi::api::apps::v1::StatefulSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
@@ -28,8 +27,8 @@ pub const CONDITION_TYPES: [&str; 3] = [AVAILABLE, PROGRESSING, DEGRADED];
 /// What the controller saw of the cluster for one Memcached.
 #[derive(Debug, Default)]
 pub struct Observed<'a> {
-    /// The StatefulSet this Memcached controls, if any.
-    pub stateful_set: Option<StatefulSetSeen<'a>>,
+    /// Its members as counted from the pod watch; None until they are looked at.
+    pub members: Option<Members>,
     /// Names of its pods that are not being deleted.
     pub pods: Vec<String>,
     /// What its pods that are not Ready say of why.
@@ -42,11 +41,8 @@ pub struct Observed<'a> {
     pub binding: Option<String>,
     /// The certificate Secret the pods mount that cert-manager has not issued yet.
     pub unissued: Option<String>,
-    /// Why pods cannot be created, when pods are missing: the StatefulSet's latest
-    /// `FailedCreate` event, or the refusal of a member's create.
+    /// Why members cannot be created, when some are missing: the API server's refusal.
     pub creation_refused: Option<&'a str>,
-    /// Ready pods of the Deployment it had before its StatefulSet, while it still has it.
-    pub legacy_ready: Option<i32>,
     /// How the members are being updated, while they are.
     pub update: Option<UpdateKind>,
     /// What the autoscaler last saw and decided, while it is on.
@@ -63,11 +59,14 @@ pub enum UpdateKind {
     Replace,
 }
 
-/// What the status reads of a StatefulSet: its generation and its status.
-#[derive(Clone, Copy, Debug)]
-pub struct StatefulSetSeen<'a> {
-    pub generation: Option<i64>,
-    pub status: Option<&'a StatefulSetStatus>,
+/// A Memcached's members, counted: pods not being deleted (`replicas`), of them Ready,
+/// available (Ready for `minReadySeconds`) and of the current revision (`updated`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    pub replicas: i32,
+    pub ready: i32,
+    pub available: i32,
+    pub updated: i32,
 }
 
 /// The status a Memcached should have. Conditions keep their lastTransitionTime while their
@@ -84,46 +83,25 @@ pub fn desired_status_and_trouble(
 ) -> (MemcachedStatus, Option<Trouble>) {
     let size = mc.spec.size;
     let generation = mc.metadata.generation;
-    let workload = observed
-        .stateful_set
-        .and_then(|s| s.status.cloned())
-        .unwrap_or_default();
-    let replicas = workload.replicas;
-    let ready = workload.ready_replicas.unwrap_or(0);
-    let available_replicas = workload.available_replicas.unwrap_or(0);
-    let updated = workload.updated_replicas.unwrap_or(0);
-    let observed_spec = observed
-        .stateful_set
-        .is_some_and(|s| s.generation.is_some() && workload.observed_generation >= s.generation);
-    // The StatefulSet's current revision never moves under `OnDelete`: the updated count says.
+    let Members {
+        replicas,
+        ready,
+        available: available_replicas,
+        updated,
+    } = observed.members.unwrap_or_default();
     // A replaced member counts updated as soon as it exists: the operator says while it does not
     // serve yet (`update`).
-    let updating = observed_spec && (updated < replicas || observed.update.is_some());
+    let updating = observed.members.is_some() && (updated < replicas || observed.update.is_some());
 
-    let all_ready = observed.stateful_set.is_some() && ready >= size;
+    let all_ready = observed.members.is_some() && ready >= size;
     // A member is replaced under its own name, so an update takes it out for a moment: the
     // Memcached stays Available while no more are out than the update may take.
     let updating_within_budget = updating && ready >= size - crate::resources::members_at_once(mc);
-    let converged = all_ready
-        && observed_spec
-        && replicas == size
-        && updated == size
-        && observed.legacy_ready.is_none();
-    // Moving from a Deployment: its pods serve until the members are all available.
-    let migrating = observed.legacy_ready.map(|legacy| {
-        format!(
-            "moving from the Deployment to a StatefulSet: {ready}/{size} members ready; the Deployment's {legacy} ready pods serve until all are"
-        )
-    });
-    let legacy_serving = observed
-        .legacy_ready
-        .is_some_and(|legacy| ready + legacy >= size);
+    let converged = all_ready && replicas == size && updated == size;
     let trouble = trouble(mc, observed);
     let pods_ready = format!("{ready}/{size} pods are ready");
     let available = if all_ready {
         cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)
-    } else if let Some(message) = migrating.as_deref().filter(|_| legacy_serving) {
-        cond(AVAILABLE, true, Reason::Migrating, message)
     } else if updating_within_budget {
         let message = format!(
             "{pods_ready}; {updated}/{size} updated, at most {} at a time",
@@ -146,8 +124,6 @@ pub fn desired_status_and_trouble(
                     "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
                 );
                 cond(PROGRESSING, true, Reason::RolloutQueued, &message)
-            } else if let Some(message) = &migrating {
-                cond(PROGRESSING, true, Reason::Migrating, message)
             } else if let Some(kind) = observed.update.filter(|_| !converged) {
                 let at_once = crate::resources::members_at_once(mc);
                 let (reason, how) = match kind {
@@ -166,13 +142,8 @@ pub fn desired_status_and_trouble(
             } else if converged {
                 let message = format!("{size} pods match the spec");
                 cond(PROGRESSING, false, Reason::Converged, &message)
-            } else if observed.stateful_set.is_none() {
-                cond(
-                    PROGRESSING,
-                    true,
-                    Reason::Creating,
-                    "creating the StatefulSet",
-                )
+            } else if observed.members.is_none() {
+                cond(PROGRESSING, true, Reason::Creating, "creating the members")
             } else if let Some(t) = &trouble {
                 cond(PROGRESSING, true, t.reason, &t.message())
             } else {
@@ -229,7 +200,7 @@ pub fn desired_status_and_trouble(
     (status, trouble)
 }
 
-/// Why not all wanted pods are Ready, from the StatefulSet's refused creations and the pods' own
+/// Why not all wanted pods are Ready, from the members' refused creations and the pods' own
 /// status: for the conditions and the Warning event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trouble {
@@ -237,7 +208,7 @@ pub struct Trouble {
     /// The counts, e.g. "0/2 pods are ready; 2 pods cannot be scheduled": the part of the
     /// message whose change is worth a status write.
     pub summary: String,
-    /// The pods' or the StatefulSet's own words.
+    /// The pods' or the API server's own words.
     pub words: String,
     /// Whether it stays until someone changes something (Degraded=True).
     pub lasting: bool,
@@ -249,14 +220,10 @@ impl Trouble {
     }
 }
 
-/// The trouble of a Memcached, if any: pods the StatefulSet cannot create first (nothing else
-/// can start), then the graver pod cause with the number of pods it holds back.
+/// The trouble of a Memcached, if any: members that cannot be created first (nothing else can
+/// start), then the graver pod cause with the number of pods it holds back.
 fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
-    let ready = observed
-        .stateful_set?
-        .status
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
+    let ready = observed.members?.ready;
     let pods_ready = format!("{ready}/{} pods are ready", mc.spec.size);
     if let Some(words) = observed.creation_refused {
         return Some(Trouble {
@@ -362,25 +329,21 @@ pub fn condition_is_true(status: &MemcachedStatus, type_: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{memcached, stateful_set_status, time};
+    use crate::fixtures::{members, memcached, time};
 
-    /// A StatefulSet at generation 1 with `status`.
-    fn seen(status: &StatefulSetStatus) -> Option<StatefulSetSeen<'_>> {
-        Some(StatefulSetSeen {
-            generation: Some(1),
-            status: Some(status),
-        })
+    fn seen(members: &Members) -> Option<Members> {
+        Some(*members)
     }
 
-    /// The status of `mc` whose StatefulSet (at generation 1) reports `stateful_set` and whose
-    /// pods report `troubles`.
+    /// The status of `mc` whose members are counted as `members` and whose pods report
+    /// `troubles`.
     fn status_seeing(
         mc: &Memcached,
-        stateful_set: &StatefulSetStatus,
+        members: &Members,
         troubles: Vec<PodTrouble>,
     ) -> MemcachedStatus {
         let observed = Observed {
-            stateful_set: seen(stateful_set),
+            members: seen(members),
             troubles,
             ..Default::default()
         };
@@ -392,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn new_cr_without_stateful_set_is_progressing_and_unavailable() {
+    fn a_new_memcached_is_progressing_and_unavailable() {
         let mc = memcached("cache", 3);
         let s = desired_status(&mc, &Observed::default(), &time(0));
         assert_eq!(find(&s, AVAILABLE).status, "False");
@@ -409,13 +372,13 @@ mod tests {
     #[test]
     fn available_only_when_size_pods_are_ready() {
         let mc = memcached("cache", 3);
-        let partly = stateful_set_status(3, 2);
+        let partly = members(3, 2);
         let s = status_seeing(&mc, &partly, vec![]);
         assert_eq!(find(&s, AVAILABLE).status, "False");
         assert_eq!(find(&s, AVAILABLE).message, "2/3 pods are ready");
         assert_eq!(find(&s, PROGRESSING).status, "True");
 
-        let full = stateful_set_status(3, 3);
+        let full = members(3, 3);
         let pods = vec![
             "cache-1".to_string(),
             "cache-0".to_string(),
@@ -424,7 +387,7 @@ mod tests {
         let s = desired_status(
             &mc,
             &Observed {
-                stateful_set: seen(&full),
+                members: seen(&full),
                 pods,
                 ..Default::default()
             },
@@ -440,7 +403,7 @@ mod tests {
     fn servers_name_every_member_by_its_stable_address_ready_or_not() {
         let mut mc = memcached("cache", 3);
         mc.spec.container_port = 11311;
-        let s = status_seeing(&mc, &stateful_set_status(3, 1), vec![]);
+        let s = status_seeing(&mc, &members(3, 1), vec![]);
         assert_eq!(
             s.servers,
             [
@@ -456,14 +419,12 @@ mod tests {
         );
     }
 
-    /// A StatefulSet at generation 1 updating its `size` members from one revision to the next:
-    /// `updated` of them are, `ready` of them are Ready.
-    fn updating(size: i32, updated: i32, ready: i32) -> StatefulSetStatus {
-        StatefulSetStatus {
-            updated_replicas: Some(updated),
-            current_revision: Some("cache-5d8f7c".into()),
-            update_revision: Some("cache-6b9c4d".into()),
-            ..stateful_set_status(size, ready)
+    /// `size` members moving from one revision to the next: `updated` of them are, `ready` of
+    /// them are Ready.
+    fn updating(size: i32, updated: i32, ready: i32) -> Members {
+        Members {
+            updated,
+            ..members(size, ready)
         }
     }
 
@@ -500,15 +461,6 @@ mod tests {
             ),
             ("False", "PodsNotReady")
         );
-        // A member out while the controller has not seen the spec yet is no update of ours.
-        let stale = StatefulSetStatus {
-            observed_generation: Some(0),
-            ..updating(3, 1, 2)
-        };
-        assert_eq!(
-            find(&status_seeing(&mc, &stale, vec![]), AVAILABLE).status,
-            "False"
-        );
     }
 
     #[test]
@@ -517,7 +469,7 @@ mod tests {
         let members = updating(3, 1, 2);
         let during = |kind| {
             let observed = Observed {
-                stateful_set: seen(&members),
+                members: seen(&members),
                 update: Some(kind),
                 ..Default::default()
             };
@@ -539,8 +491,7 @@ mod tests {
         );
         assert_eq!(during(UpdateKind::Replace).0, "ReplacingMembers");
 
-        // Under OnDelete the StatefulSet's current revision never moves: every member updated
-        // and Ready is the end of the update.
+        // Every member updated and Ready is the end of the update.
         let s = status_seeing(&mc, &updating(3, 3, 3), vec![]);
         assert_eq!(find(&s, AVAILABLE).reason, "AllPodsReady");
         assert_eq!(find(&s, PROGRESSING).reason, "Converged");
@@ -564,69 +515,9 @@ mod tests {
     }
 
     #[test]
-    fn while_moving_from_the_deployment_its_pods_keep_the_memcached_available() {
-        let mc = memcached("cache", 3);
-        let migrating = |members: &StatefulSetStatus, legacy| {
-            let observed = Observed {
-                stateful_set: seen(members),
-                legacy_ready: Some(legacy),
-                ..Default::default()
-            };
-            desired_status(&mc, &observed, &time(0))
-        };
-        // One member up, the Deployment's three pods serve.
-        let s = migrating(&stateful_set_status(3, 1), 3);
-        let available = find(&s, AVAILABLE);
-        assert_eq!(
-            (available.status.as_str(), available.reason.as_str()),
-            ("True", "Migrating")
-        );
-        assert_eq!(
-            available.message,
-            "moving from the Deployment to a StatefulSet: 1/3 members ready; the Deployment's 3 ready pods serve until all are"
-        );
-        let progressing = find(&s, PROGRESSING);
-        assert_eq!(
-            (progressing.status.as_str(), progressing.reason.as_str()),
-            ("True", "Migrating")
-        );
-        assert_eq!(find(&s, DEGRADED).status, "False");
-
-        // Fewer than size pods serve between them.
-        let s = migrating(&stateful_set_status(3, 1), 1);
-        assert_eq!(
-            (
-                find(&s, AVAILABLE).status.as_str(),
-                find(&s, AVAILABLE).reason.as_str()
-            ),
-            ("False", "PodsNotReady")
-        );
-        assert_eq!(find(&s, PROGRESSING).reason, "Migrating");
-
-        // Every member Ready: available on its own, but not converged while the Deployment stays.
-        let s = migrating(&stateful_set_status(3, 3), 3);
-        assert_eq!(find(&s, AVAILABLE).reason, "AllPodsReady");
-        assert_eq!(
-            (
-                find(&s, PROGRESSING).status.as_str(),
-                find(&s, PROGRESSING).reason.as_str()
-            ),
-            ("True", "Migrating")
-        );
-        let done = status_seeing(&mc, &stateful_set_status(3, 3), vec![]);
-        assert_eq!(
-            (
-                find(&done, PROGRESSING).status.as_str(),
-                find(&done, PROGRESSING).reason.as_str()
-            ),
-            ("False", "Converged")
-        );
-    }
-
-    #[test]
     fn scaled_to_zero_is_available() {
         let mc = memcached("cache", 0);
-        let d = stateful_set_status(0, 0);
+        let d = members(0, 0);
         let s = status_seeing(&mc, &d, vec![]);
         assert!(condition_is_true(&s, AVAILABLE));
         assert!(s.nodes.is_empty());
@@ -637,7 +528,7 @@ mod tests {
     fn conflict_is_degraded_with_resource_exists() {
         let mc = memcached("cache", 1);
         let blocked = Blocked::ResourceExists {
-            message: conflict_message("StatefulSet", &mc),
+            message: conflict_message("Service", &mc),
         };
         let observed = Observed {
             blocked: Some(blocked),
@@ -649,19 +540,19 @@ mod tests {
             (degraded.status.as_str(), degraded.reason.as_str()),
             ("True", "ResourceExists")
         );
-        assert!(degraded.message.contains("StatefulSet default/cache"));
+        assert!(degraded.message.contains("Service default/cache"));
         assert_eq!(find(&s, AVAILABLE).status, "False");
     }
 
     #[test]
     fn invalid_spec_is_degraded_but_running_pods_still_count() {
         let mc = memcached("cache", 2);
-        let d = stateful_set_status(2, 2);
+        let d = members(2, 2);
         let blocked = Blocked::InvalidSpec {
             message: "spec.resources.limits.memory ...".into(),
         };
         let observed = Observed {
-            stateful_set: seen(&d),
+            members: seen(&d),
             blocked: Some(blocked),
             ..Default::default()
         };
@@ -684,9 +575,9 @@ mod tests {
     fn pods_the_stateful_set_cannot_create_are_degraded() {
         let mc = memcached("cache", 2);
         // One member created, the other refused.
-        let d = stateful_set_status(1, 0);
+        let d = members(1, 0);
         let observed = Observed {
-            stateful_set: seen(&d),
+            members: seen(&d),
             creation_refused: Some("pods \"cache-1\" is forbidden: exceeded quota: pods=2"),
             // The pod it could create is not scheduled either: its creation is the graver cause.
             troubles: vec![unschedulable()],
@@ -722,11 +613,7 @@ mod tests {
     #[test]
     fn pods_no_node_takes_are_unschedulable_but_not_degraded() {
         let mc = memcached("cache", 2);
-        let s = status_seeing(
-            &mc,
-            &stateful_set_status(2, 0),
-            vec![unschedulable(), unschedulable()],
-        );
+        let s = status_seeing(&mc, &members(2, 0), vec![unschedulable(), unschedulable()]);
         let available = find(&s, AVAILABLE);
         assert_eq!(
             (available.status.as_str(), available.reason.as_str()),
@@ -745,7 +632,7 @@ mod tests {
         let mc = memcached("cache", 3);
         let s = status_seeing(
             &mc,
-            &stateful_set_status(3, 1),
+            &members(3, 1),
             vec![unschedulable(), cannot_pull("not found")],
         );
         assert_eq!(find(&s, AVAILABLE).reason, "ImagePullFailed");
@@ -763,7 +650,7 @@ mod tests {
     #[test]
     fn a_retry_in_other_words_is_not_a_status_change_but_a_new_count_is() {
         let mut mc = memcached("cache", 2);
-        let d = stateful_set_status(2, 0);
+        let d = members(2, 0);
         let first = status_seeing(&mc, &d, vec![cannot_pull("rpc error: not found")]);
         mc.status = Some(first.clone());
         let retry = status_seeing(&mc, &d, vec![cannot_pull("Back-off pulling image")]);
@@ -793,7 +680,7 @@ mod tests {
     #[test]
     fn without_a_cause_pods_are_only_not_ready() {
         let mc = memcached("cache", 2);
-        let s = status_seeing(&mc, &stateful_set_status(2, 1), vec![]);
+        let s = status_seeing(&mc, &members(2, 1), vec![]);
         assert_eq!(find(&s, AVAILABLE).reason, "PodsNotReady");
         assert_eq!(find(&s, AVAILABLE).message, "1/2 pods are ready");
         assert_eq!(find(&s, DEGRADED).status, "False");
@@ -802,9 +689,9 @@ mod tests {
     #[test]
     fn unchanged_conditions_keep_their_transition_time() {
         let mut mc = memcached("cache", 1);
-        let d = stateful_set_status(1, 1);
+        let d = members(1, 1);
         let observed = Observed {
-            stateful_set: seen(&d),
+            members: seen(&d),
             ..Default::default()
         };
         let first = desired_status(&mc, &observed, &time(100));
@@ -825,9 +712,9 @@ mod tests {
     #[test]
     fn pods_waiting_for_cert_manager_say_which_certificate_to_look_at() {
         let mc = memcached("cache", 2);
-        let d = stateful_set_status(2, 0);
+        let d = members(2, 0);
         let observed = Observed {
-            stateful_set: seen(&d),
+            members: seen(&d),
             unissued: Some("cache-tls".into()),
             ..Default::default()
         };
@@ -848,9 +735,9 @@ mod tests {
             "issuing takes a moment"
         );
         // Issued and the pods Ready: nothing pending is said.
-        let ready = stateful_set_status(2, 2);
+        let ready = members(2, 2);
         let observed = Observed {
-            stateful_set: seen(&ready),
+            members: seen(&ready),
             ..Default::default()
         };
         let status = desired_status(&mc, &observed, &time(1));

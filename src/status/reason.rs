@@ -18,8 +18,6 @@ pub enum Reason {
     RestartingInPlace,
     /// Members are replaced one at a time for a pod spec they cannot take in place.
     ReplacingMembers,
-    /// The pods of the Deployment of before serve until the StatefulSet's members are available.
-    Migrating,
     /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
     RolloutQueued,
     AsExpected,
@@ -52,7 +50,6 @@ impl Reason {
             Self::Updating => "Updating",
             Self::RestartingInPlace => "RestartingInPlace",
             Self::ReplacingMembers => "ReplacingMembers",
-            Self::Migrating => "Migrating",
             Self::Creating => "Creating",
             Self::Reconciling => "Reconciling",
             Self::RolloutQueued => "RolloutQueued",
@@ -71,7 +68,7 @@ impl Reason {
         }
     }
 
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 21] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -80,7 +77,6 @@ impl Reason {
         Self::Updating,
         Self::RestartingInPlace,
         Self::ReplacingMembers,
-        Self::Migrating,
         Self::RolloutQueued,
         Self::AsExpected,
         Self::ResourceExists,

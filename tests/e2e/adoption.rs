@@ -1,17 +1,19 @@
-//! 0.6.0's members adopted: a Memcached kept by its StatefulSet (made here with
-//! `--members=statefulset`, as releases up to 0.6.0 made them) becomes one whose pods the operator
-//! keeps, with no pod replaced. The adoption's writes are a revision, the StatefulSet's delete
-//! (orphaning its pods), the StatefulSet's revisions collected and the pods patched: an operator
-//! that lacks the right for the next write stops after the one before, and is killed there; the
-//! next one resumes where it stopped.
+//! 0.6.0's members adopted: a Memcached kept by its StatefulSet (made here as releases up to
+//! 0.6.0 made them, with their agent's image) becomes one whose pods the operator keeps, with no
+//! pod replaced. The adoption's writes are a revision, the StatefulSet's delete (orphaning its
+//! pods), the StatefulSet's revisions collected and the pods patched: an operator that lacks the
+//! right for the next write stops after the one before, and is killed there; the next one
+//! resumes where it stopped. Then the members take the current template in place.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::{self, Images};
 
 use super::harness::{
     CONVERGE, Operator, OperatorOptions, Rbac, admin, condition, create, events_with_reason,
@@ -57,6 +59,43 @@ pub async fn assert_no_stateful_set(sets: &Api<StatefulSet>) {
     assert!(names.is_empty(), "StatefulSets left: {names:?}");
 }
 
+/// The agent's image in releases up to 0.6.0's members.
+const OLD_AGENT: &str = "memcached-operator:0.6.0";
+
+/// The StatefulSet a release up to 0.6.0 kept `mc`'s members in, with their agent's image.
+fn stateful_set_of_before(mc: &Memcached) -> StatefulSet {
+    let images = Images {
+        agent: OLD_AGENT.into(),
+        ..Images::default()
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": resources::service(mc).metadata,
+        "spec": {
+            "replicas": mc.spec.size,
+            "selector": {"matchLabels": resources::selector_labels(mc)},
+            "serviceName": mc.name_any(),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "minReadySeconds": 5,
+            "template": resources::pod_template(mc, &images),
+        },
+    }))
+    .unwrap()
+}
+
+/// As 0.6.0 reported it: Available, every member ready.
+async fn report_available(mcs: &Api<Memcached>, size: i32) {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = serde_json::json!({"status": {
+        "replicas": size, "readyReplicas": size, "availableReplicas": size, "observedGeneration": 1,
+        "conditions": [{"type": "Available", "status": "True", "reason": "AllPodsReady",
+                        "message": format!("{size}/{size} pods are ready"), "lastTransitionTime": now}],
+    }});
+    mcs.patch_status("cache", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
 /// The Memcached is Available with every member, as a user's `kubectl wait` sees it.
 async fn assert_available(mcs: &Api<Memcached>, when: &str) {
     let mc = mcs.get("cache").await.unwrap();
@@ -77,27 +116,18 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     // As 0.6.0 left it: three members of a StatefulSet, all of its current revision.
-    let mc = {
-        let _old = Operator::start(
-            &client,
-            OperatorOptions {
-                watch_namespace: Some(ns.clone()),
-                ..OperatorOptions::stateful_sets()
-            },
-        )
-        .await;
-        let mc = create(&client, &ns, &memcached("cache", 3)).await;
-        wait_converged(&client, &ns, "cache", 3).await;
-        wait_for("3 available members reported", CONVERGE, || async {
-            let status = mcs.get("cache").await.ok()?.status?;
-            (status.available_replicas == 3).then_some(())
-        })
-        .await;
-        mc
-    };
+    let mc = create(&client, &ns, &memcached("cache", 3)).await;
+    sets.create(&PostParams::default(), &stateful_set_of_before(&mc))
+        .await
+        .unwrap();
+    let sts_revision = wait_for("3 Ready members of the StatefulSet", CONVERGE, || async {
+        let status = sets.get("cache").await.ok()?.status?;
+        (status.ready_replicas == Some(3)).then_some(status.update_revision?)
+    })
+    .await;
+    report_available(&mcs, 3).await;
     let before = uids(&client, &ns).await;
     let sts = sets.get("cache").await.unwrap();
-    let sts_revision = sts.status.unwrap().update_revision.unwrap();
     let stopped = |resource: &str, verb: &str| OperatorOptions {
         rbac: Rbac::ClusterRules(without(resource, verb)),
         watch_namespace: Some(ns.clone()),
@@ -155,17 +185,26 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
     };
     assert_available(&mcs, "after the revisions' collection").await;
 
-    // 4. The members the Memcached's, of its revision, and nothing else changed.
+    // 4. The members the Memcached's, then of the current template: their agent updated in
+    //    place.
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
-    wait_for("the members adopted", CONVERGE, || async {
+    let current =
+        resources::members::revision(&mc, &resources::pod_template(&mc, &Images::default()));
+    assert_ne!(adopting, current, "adopted as of the template they run");
+    wait_for("the members adopted and updated", CONVERGE, || async {
         let pods = member_pods(&client, &ns, "cache").await;
-        pods.iter()
-            .all(|p| {
-                let owner = p.owner_references().first();
-                owner.is_some_and(|o| o.uid == mc.uid().unwrap() && o.controller == Some(true))
-                    && p.labels().get("controller-revision-hash") == Some(&adopting)
-            })
-            .then_some(())
+        let agent = |p: &Pod| {
+            let spec = p.spec.as_ref()?;
+            let agent = spec.containers.iter().find(|c| c.name == "agent")?;
+            agent.image.clone()
+        };
+        let adopted = |p: &Pod| {
+            let owner = p.owner_references().first();
+            owner.is_some_and(|o| o.uid == mc.uid().unwrap() && o.controller == Some(true))
+                && p.labels().get("controller-revision-hash") == Some(&current)
+                && agent(p) == Some(Images::default().agent)
+        };
+        (pods.len() == 3 && pods.iter().all(adopted)).then_some(())
     })
     .await;
     assert_eq!(uids(&client, &ns).await, before, "no member replaced");
@@ -180,7 +219,18 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
         3
     );
     assert_no_stateful_set(&sets).await;
-    assert_eq!(revisions(&client, &ns).await.len(), 1);
+    let mut kept: Vec<String> = revisions(&client, &ns)
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    kept.sort();
+    let mut expected = vec![adopting.clone(), current.clone()];
+    expected.sort();
+    assert_eq!(
+        kept, expected,
+        "the Memcached's own: the one adopted as, until the next update, and the current one"
+    );
     wait_for(
         "an event for the release and each member adopted",
         CONVERGE,

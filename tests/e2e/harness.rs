@@ -168,15 +168,6 @@ impl OperatorOptions {
         }
     }
 
-    /// The defaults, keeping new Memcacheds' members in a StatefulSet as releases up to 0.6.0
-    /// did (and as Memcacheds made by them still are): for what only that shape has.
-    pub fn stateful_sets() -> Self {
-        OperatorOptions {
-            extra_args: vec!["--members=statefulset".into()],
-            ..Default::default()
-        }
-    }
-
     /// How the suite starts the operator binary as `identity` with these options.
     fn launch(&self, kubeconfig: &Path, identity: &str) -> Launch {
         let mut command = format!(

@@ -1,45 +1,41 @@
-//! The members as the operator keeps them itself (`--members=pods`), with no StatefulSet: the
-//! missing ones are created under their names, those beyond the size deleted, and the template
-//! of each revision kept in a ControllerRevision for the update (members.rs), which goes on as
-//! under the StatefulSet's `OnDelete`. A StatefulSet's controller writes its status and a
-//! ControllerRevision for every new Memcached, and the control plane's time goes to them
-//! (docs/performance.md, round five); here the pod watch counts the members.
-//!
-//! For Memcacheds that have no StatefulSet: one made by an earlier operator keeps it.
+//! The members as the operator keeps them: the missing ones are created under their names,
+//! those beyond the size deleted, and the template of each revision kept in a ControllerRevision
+//! for the update (members.rs). No workload controller stands between: one would write its
+//! status and a revision for every new Memcached, where the control plane's time goes
+//! (docs/performance.md); here the pod watch counts the members.
 
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::adoption::{self, Adopted};
 use super::{Keeper, apply_error, min_ready, read_error};
 use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
-use crate::controller::pod_index::{Controller, Member};
+use crate::controller::pod_index::Member;
 use crate::error::{Refusal, Result, namespace_terminating};
 use crate::resources::{self, MANAGER_NAME, members};
-use crate::status::StatefulSetSeen;
+use crate::status::Members;
 
 /// One Memcached's members as the pod watch shows them, and the revision they should have.
 #[derive(Debug)]
 pub struct OwnMembers {
     pub revision: String,
-    /// Counted as a StatefulSet's status counts its pods, for the Memcached's status.
-    pub status: StatefulSetStatus,
+    /// Counted for the Memcached's status.
+    pub counts: Members,
     /// Pods were created or deleted: their watch events refresh the status.
     pub written: bool,
     /// An update nobody asked for waits for the rollout budget: the members keep their
     /// revision.
     pub waiting: bool,
     /// How soon the next Ready member has been Ready for `minReadySeconds`: no event tells
-    /// when (a StatefulSet's controller writes its status then).
+    /// when.
     pub available_in: Option<Duration>,
     /// Why a member could not be created (a quota, an admission policy), in the API server's
     /// words: reported in the status, and tried again on the next reconcile.
@@ -49,18 +45,11 @@ pub struct OwnMembers {
 }
 
 impl OwnMembers {
-    pub fn seen(&self) -> StatefulSetSeen<'_> {
-        StatefulSetSeen {
-            generation: self.status.observed_generation,
-            status: Some(&self.status),
-        }
-    }
-
     pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
         Keeper {
             update_revision: &self.revision,
             wanted: mc.spec.size,
-            all_updated: self.status.updated_replicas.unwrap_or(0) >= self.status.replicas,
+            all_updated: self.counts.updated >= self.counts.replicas,
             name: mc.metadata.name.as_deref().unwrap_or_default(),
         }
     }
@@ -72,44 +61,30 @@ pub fn observe(ctx: &Context, mc: &Memcached) -> OwnMembers {
 }
 
 /// The template the members should have, the members there are, and both counted.
-fn look(ctx: &Context, mc: &Memcached) -> (StatefulSet, Vec<Member>, OwnMembers) {
-    let sts = resources::stateful_set(mc, &ctx.images);
-    let revision = members::revision(mc, &sts);
+fn look(ctx: &Context, mc: &Memcached) -> (PodTemplateSpec, Vec<Member>, OwnMembers) {
+    let template = resources::pod_template(mc, &ctx.images);
+    let revision = members::revision(mc, &template);
     let seen = ctx
         .pods
         .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
     let now = Timestamp::now();
-    let status = counted(mc, &seen, &revision, now);
+    let counts = counted(mc, &seen, &revision, now);
     let own = OwnMembers {
         available_in: available_in(mc, &seen, now),
         revision,
-        status,
+        counts,
         written: false,
         waiting: false,
         refused: None,
         foreign: None,
     };
-    (sts, seen, own)
+    (template, seen, own)
 }
 
 /// Creates the members missing and deletes those beyond the size; keeps the ControllerRevision
 /// of the current template while members are made from it or an update moves them to it.
 pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
-    let (sts, seen, mut own) = look(ctx, mc);
-    // 0.6.0's members, released by their StatefulSet: adopted before anything else is done
-    // with them. While the garbage collector still has one under its StatefulSet, its update
-    // event is on the way.
-    if seen.iter().any(|m| m.controller == Controller::StatefulSet) {
-        own.written = true;
-        return Ok(own);
-    }
-    if seen.iter().any(|m| m.controller == Controller::None) {
-        match adoption::adopt(ctx, mc, &seen).await? {
-            Adopted::Written => own.written = true,
-            Adopted::Foreign(name) => own.foreign = Some(name),
-        }
-        return Ok(own);
-    }
+    let (template, seen, mut own) = look(ctx, mc);
     let ns = mc.namespace().unwrap_or_default();
     let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
     // Its delete event brings the reconcile that makes it again; a create now would be refused.
@@ -121,8 +96,8 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
         .iter()
         .any(|m| m.revision.as_deref() == Some(own.revision.as_str()));
     let mut update_starts = !seen.is_empty() && !kept;
-    // An update nobody asked for (an operator upgrade) waits for the rollout budget, as a
-    // StatefulSet's would; once started, it goes on.
+    // An update nobody asked for (an operator upgrade) waits for the rollout budget; once
+    // started, it goes on.
     if update_starts && ctx.rollouts.must_wait(mc) {
         (update_starts, own.waiting) = (false, true);
     }
@@ -141,7 +116,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
         if kept || (create.is_empty() && !update_starts) {
             return Ok(());
         }
-        let body = members::controller_revision(mc, &sts, &own.revision);
+        let body = members::controller_revision(mc, &template, &own.revision);
         match revisions.create(&params, &body).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -161,7 +136,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
             .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))
     };
     let creates = join_all(create.iter().map(|ordinal| {
-        let pod = members::member(mc, &sts, &own.revision, *ordinal);
+        let pod = members::member(mc, &template, &own.revision, *ordinal);
         let pods = &pods;
         let params = &params;
         async move {
@@ -213,7 +188,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
 }
 
 /// The Memcached's ControllerRevisions but those named in `keep`.
-pub(super) fn history(mc: &Memcached, keep: &[&str]) -> ListParams {
+pub(in crate::controller) fn history(mc: &Memcached, keep: &[&str]) -> ListParams {
     let mut names: Vec<String> = keep.iter().map(|n| format!("metadata.name!={n}")).collect();
     names.sort();
     names.dedup();
@@ -274,29 +249,25 @@ fn available_in(mc: &Memcached, seen: &[Member], now: Timestamp) -> Option<Durat
         .and_then(|left| Duration::try_from(left).ok())
 }
 
-/// The members counted as a StatefulSet counts its pods: there, Ready, Ready for
-/// `minReadySeconds`, of the current revision.
-fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> StatefulSetStatus {
+/// The members counted: there, Ready, Ready for `minReadySeconds`, of the current revision.
+fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> Members {
     let min_ready = min_ready(mc);
-    let count = |f: &dyn Fn(&Member) -> bool| Some(seen.iter().filter(|m| f(m)).count() as i32);
-    StatefulSetStatus {
+    let count = |f: &dyn Fn(&Member) -> bool| seen.iter().filter(|m| f(m)).count() as i32;
+    Members {
         replicas: seen.len() as i32,
-        ready_replicas: count(&|m| m.ready_since.is_some()),
-        available_replicas: count(&|m| {
+        ready: count(&|m| m.ready_since.is_some()),
+        available: count(&|m| {
             m.ready_since
                 .is_some_and(|since| now.duration_since(since) >= min_ready)
         }),
-        updated_replicas: count(&|m| m.revision.as_deref() == Some(revision)),
-        current_revision: Some(revision.to_string()),
-        update_revision: Some(revision.to_string()),
-        observed_generation: mc.metadata.generation,
-        ..StatefulSetStatus::default()
+        updated: count(&|m| m.revision.as_deref() == Some(revision)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::pod_index::Controller;
     use crate::fixtures::memcached;
     use k8s_openapi::jiff::SignedDuration;
 
@@ -324,7 +295,7 @@ mod tests {
     }
 
     #[test]
-    fn members_are_counted_as_a_stateful_set_counts_its_pods() {
+    fn members_are_counted_there_ready_available_and_updated() {
         let mut mc = memcached("cache", 3);
         mc.spec.rollout = Some(crate::api::RolloutSpec {
             min_ready_seconds: 10,
@@ -336,16 +307,17 @@ mod tests {
             member("cache-1", Some(5), "old", now),
             member("cache-2", None, "new", now),
         ];
-        let status = counted(&mc, &seen, "new", now);
-        assert_eq!(status.replicas, 3);
-        assert_eq!(status.ready_replicas, Some(2));
+        let counts = counted(&mc, &seen, "new", now);
         assert_eq!(
-            status.available_replicas,
-            Some(1),
-            "ready for minReadySeconds"
+            counts,
+            Members {
+                replicas: 3,
+                ready: 2,
+                available: 1,
+                updated: 2
+            },
+            "available: ready for minReadySeconds"
         );
-        assert_eq!(status.updated_replicas, Some(2));
-        assert_eq!(status.update_revision.as_deref(), Some("new"));
         assert_eq!(
             available_in(&mc, &seen, now),
             Some(Duration::from_secs(5)),

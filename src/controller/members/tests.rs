@@ -127,7 +127,7 @@ fn a_member_patched_in_place_counts_as_out_until_it_has_restarted_and_is_availab
     assert!(!restart_pending(&pods[2]));
     assert_eq!(view(1).next_step(&pods), Step::Wait(Duration::from_secs(3)));
 
-    // Available: it takes the revision (the StatefulSet counts it updated only now), and then
+    // Available: it takes the revision (it counts updated only now), and then
     // the next member goes.
     let status = pods[2].status.as_mut().unwrap();
     status.conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(at(NOW - 6)));
@@ -260,7 +260,7 @@ fn a_change_beyond_images_cannot_be_taken_in_place() {
 
 #[test]
 fn the_update_lasts_until_the_last_replaced_member_serves() {
-    // cache-0 was evicted; the StatefulSet made it anew of the new revision (so counts every
+    // cache-0 was evicted and made anew of the new revision (so counts every
     // member updated), and it is not Ready yet.
     let mut pods = [
         member(0, "new", None, 0),
@@ -387,14 +387,14 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     ));
 }
 
-/// A member's pod template as `resources::stateful_set` builds it for a 3-member Memcached of
+/// A member's pod template as `resources::pod_template` builds it for a 3-member Memcached of
 /// `memory` MiB.
 fn built(memory: i32, image: &str) -> Value {
     let mut mc = crate::fixtures::memcached("cache", 3);
     mc.spec.max_memory_mib = memory;
     mc.spec.image = Some(image.to_string());
-    let sts = resources::stateful_set(&mc, &resources::Images::new("unused"));
-    serde_json::to_value(sts.spec.unwrap().template).unwrap()
+    let template = resources::pod_template(&mc, &resources::Images::new("unused"));
+    serde_json::to_value(template).unwrap()
 }
 
 /// The same template as 0.5.0 built it: `-m` a literal argument, the cache's `emptyDir` limited

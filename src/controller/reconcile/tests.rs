@@ -1,5 +1,6 @@
 //! Scenarios of one reconcile against a scripted API server.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -7,16 +8,15 @@ use serde_json::json;
 
 use super::*;
 use crate::controller::Rollouts;
-use crate::controller::outcome::{self, CONFLICT_RECHECK, REFUSED_RECHECK};
+use crate::controller::outcome::{self, REFUSED_RECHECK};
 use crate::controller::pod_index::PodMeta;
 use crate::fixtures::apiserver::{self, ApiServer};
-use crate::fixtures::{memcached, stateful_set_with_status};
-use crate::resources::Images;
+use crate::fixtures::memcached;
+use crate::resources::REVISION_LABEL;
 use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
 use kube::runtime::watcher;
 use operator_runtime::workers::{Next, Retry};
 
-const STATEFUL_SET: &str = "/apis/apps/v1/namespaces/default/statefulsets/cache";
 const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
 const BUDGET: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
 const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
@@ -51,18 +51,6 @@ where
         .expect("reconcile sent a request the script did not expect");
     let api = server.await.expect("the script's assertions hold");
     (result, api)
-}
-
-/// Requests answered in any order that must all be event creations: after a write of the
-/// StatefulSet the status is left to the refresh its watch event queues.
-fn events_only(seen: Vec<apiserver::Seen>) -> Vec<apiserver::Seen> {
-    assert!(
-        seen.iter()
-            .all(|e| (e.method.as_str(), e.path()) == ("POST", EVENTS)),
-        "only events: {:?}",
-        seen.iter().map(|e| e.path()).collect::<Vec<_>>()
-    );
-    seen
 }
 
 /// Splits requests answered in any order into event creations and the one status apply.
@@ -134,106 +122,32 @@ fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
     )
 }
 
-#[tokio::test]
-async fn new_cr_gets_stateful_set_service_and_events_then_status_from_the_refresh() {
-    let (ctx, api, mut caches) = apiserver::context();
-    let mc = memcached("cache", 3);
-    let sent = mc.clone();
-    let (action, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
-        // No reads: an apply that only creates tells whether the name is free.
-        let apply = api.echo("PATCH", STATEFUL_SET).await;
-        assert!(
-            apply
-                .path_and_query
-                .contains("fieldManager=memcached-operator")
+/// `mc`'s members as the pod watch sees them: of the revision of `mc`'s template, Ready for
+/// long.
+fn members_run(ctx: &Context, mc: &Memcached) {
+    let template = resources::pod_template(mc, &ctx.images);
+    let revision = resources::members::revision(mc, &template);
+    for i in 0..mc.spec.size {
+        let mut member = watched_pod(&format!("cache-{i}"), &[(REVISION_LABEL, &revision)], true);
+        member.ready_since = Some(
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1),
         );
-        assert!(apply.path_and_query.contains("force=true"));
-        assert_eq!(apply.body["metadata"]["resourceVersion"], "1");
-        assert_eq!(apply.body["spec"]["replicas"], 3);
-        assert_eq!(
-            apply.body["metadata"]["ownerReferences"][0]["uid"],
-            "uid-cache"
-        );
-        // Then the Service and the budget, and the events going out in the background.
-        let (mut services, rest): (Vec<_>, Vec<_>) = api
-            .echo_any_order(4, &sent)
-            .await
-            .into_iter()
-            .partition(|r| r.path() == SERVICE);
-        let svc = services.pop().expect("the Service is created");
-        assert_eq!(svc.method, "PATCH");
-        assert_eq!(svc.body["metadata"]["resourceVersion"], "1");
-        assert_eq!(svc.body["spec"]["clusterIP"], "None");
-        let budget = rest
-            .iter()
-            .find(|r| r.path() == BUDGET)
-            .expect("the budget is created");
-        assert_eq!(budget.body["metadata"]["resourceVersion"], "1");
-        assert_eq!(budget.body["spec"]["maxUnavailable"], 1);
-        assert_eq!(
-            budget.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
-            "cache"
-        );
-        // The budget's creation has no event of its own (it comes with the StatefulSet's).
-        let rest = rest.into_iter().filter(|r| r.path() != BUDGET).collect();
-        let mut events: Vec<_> = events_only(rest).into_iter().map(|e| e.body).collect();
-        events.sort_by_key(|e| e["note"].to_string());
-        let described: Vec<_> = events
-            .iter()
-            .map(|e| {
-                (
-                    e["reason"].clone(),
-                    e["note"].clone(),
-                    e["related"]["kind"].clone(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            described,
-            [
-                (
-                    json!("Created"),
-                    json!("Created Service cache"),
-                    json!("Service")
-                ),
-                (
-                    json!("Created"),
-                    json!("Created StatefulSet cache"),
-                    json!("StatefulSet")
-                ),
-            ]
-        );
-        api
-    })
-    .await;
-    assert_eq!(action.unwrap(), Outcome::Converged);
-
-    // The StatefulSet's watch event (in the cache, no pods yet) queues the status refresh.
-    caches.add_stateful_set(stateful_set_with_status(&mc, 3, 0));
-    caches.add_service(resources::service(&mc));
-    caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 3 has one"));
-    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
-        let status = api.echo_status(STATUS, &mc).await;
-        assert_eq!(condition(&status.body, AVAILABLE).0, "False");
-        assert_eq!(status.body["status"]["observedGeneration"], 1);
-        api
-    })
-    .await;
-    assert_eq!(action.unwrap(), Outcome::Converged);
+        ctx.pods.observe(&watcher::Event::Apply(member));
+    }
 }
 
-/// Fills the caches as after a converged reconcile of `mc`, and gives `mc` the status the
-/// operator wrote then.
-fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
-    let d = stateful_set_with_status(mc, mc.spec.size, mc.spec.size);
-    caches.add_stateful_set(d.clone());
+/// Fills the caches as after a converged reconcile of `mc` (its Service and budget kept, its
+/// members running), and gives `mc` the status the operator wrote then.
+fn converged(ctx: &Context, mc: &mut Memcached, caches: &mut apiserver::Caches) {
     caches.add_service(resources::service(mc));
     if let Some(mut budget) = resources::pod_disruption_budget(mc) {
         budget.metadata.uid = Some("uid-budget".into());
         caches.add_budget(budget);
     }
+    members_run(ctx, mc);
     let observed = Observed {
-        stateful_set: Some(d.seen()),
+        members: Some(crate::fixtures::members(mc.spec.size, mc.spec.size)),
+        pods: ctx.pods.pods_of("default", "cache").names,
         ..Default::default()
     };
     mc.status = Some(status::desired_status(
@@ -247,7 +161,7 @@ fn converged(mc: &mut Memcached, caches: &mut apiserver::Caches) {
 async fn converged_cr_makes_no_requests() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 3);
-    converged(&mut mc, &mut caches);
+    converged(&ctx, &mut mc, &mut caches);
     let action = scenario(mc, ctx, api, |api| async move { api })
         .await
         .unwrap();
@@ -259,7 +173,7 @@ async fn a_memcached_deleted_meanwhile_is_no_failure() {
     // Its owned objects' deletions, seen before its own, queue one more reconcile of it.
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 3);
-    converged(&mut mc, &mut caches);
+    converged(&ctx, &mut mc, &mut caches);
     mc.status = None;
     let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
     let action = one_request(
@@ -280,29 +194,6 @@ async fn a_memcached_deleted_meanwhile_is_no_failure() {
     );
 }
 
-#[tokio::test]
-async fn a_namespace_being_deleted_is_no_failure() {
-    // Its StatefulSet deleted with the namespace before the Memcached was: creating it again
-    // is refused, and the Memcached goes next.
-    let (ctx, api, _caches) = apiserver::context();
-    let mc = memcached("cache", 1);
-    let terminating = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-        "message": "statefulsets.apps \"cache\" is forbidden: unable to create new content in namespace default because it is being terminated",
-        "details": {"name": "cache", "group": "apps", "kind": "statefulsets",
-                    "causes": [{"reason": "NamespaceTerminating", "message": "namespace default is being terminated", "field": "metadata.namespace"}]}});
-    let action = one_request(
-        mc,
-        &ctx,
-        api,
-        ("PATCH", STATEFUL_SET),
-        StatusCode::FORBIDDEN,
-        terminating,
-    );
-    let outcome = action.await.unwrap();
-    assert_eq!(outcome, Outcome::Gone);
-    assert_eq!(outcome.next(), Next::AwaitChange, "no failure, no recheck");
-}
-
 /// A reconcile whose one request is answered with `status` and `body`.
 async fn one_request(
     mc: Memcached,
@@ -319,133 +210,30 @@ async fn one_request(
     .await
 }
 
-#[tokio::test]
-async fn size_change_scales_the_stateful_set() {
-    let (ctx, api, mut caches) = apiserver::context();
-    let mut mc = memcached("cache", 3);
-    converged(&mut mc, &mut caches);
-    mc.spec.size = 5;
-    mc.metadata.generation = Some(2);
-
-    scenario(mc.clone(), ctx, api, |mut api| async move {
-        let apply = api.echo("PATCH", STATEFUL_SET).await;
-        assert_eq!(apply.body["spec"]["replicas"], 5);
-        let events = events_only(api.echo_any_order(1, &mc).await);
-        let [event] = &events[..] else {
-            panic!("one event, not {}", events.len())
-        };
-        assert_eq!(event.body["reason"], "Scaled");
-        assert_eq!(
-            event.body["note"],
-            "Scaled StatefulSet cache from 3 to 5 replicas"
-        );
-        api
-    })
-    .await
-    .unwrap();
-}
-
 fn conflict(_: &serde_json::Value) -> serde_json::Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-           "message": "Operation cannot be fulfilled on statefulsets.apps \"cache\": the object has been modified"})
+           "message": "Operation cannot be fulfilled on services \"cache\": the object has been modified"})
 }
 
-fn foreign_stateful_set(mc: &Memcached) -> serde_json::Value {
-    let mut foreign = resources::stateful_set(mc, &Images::new("someone/else"));
-    foreign.metadata.owner_references = None;
-    foreign.metadata.labels = None;
-    serde_json::to_value(&foreign).unwrap()
-}
-
-#[tokio::test]
-async fn foreign_stateful_set_is_left_untouched_with_a_warning() {
-    let (ctx, api, _caches) = apiserver::context();
-    let mc = memcached("cache", 1);
-    let foreign = foreign_stateful_set(&mc);
-    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
-        // The create-only apply fails on the existing object, without changing it.
-        let create = api
-            .expect("PATCH", STATEFUL_SET, StatusCode::CONFLICT, conflict)
-            .await;
-        assert_eq!(create.body["metadata"]["resourceVersion"], "1");
-        api.expect("GET", STATEFUL_SET, StatusCode::OK, move |_| foreign)
-            .await;
-        // Nothing else is created.
-        let status = api.echo_status(STATUS, &mc).await;
-        assert_eq!(
-            condition(&status.body, DEGRADED),
-            ("True".into(), "ResourceExists".into())
-        );
-        let event = api.echo("POST", EVENTS).await;
-        assert_eq!(
-            (event.body["type"].as_str(), event.body["reason"].as_str()),
-            (Some("Warning"), Some("ResourceExists"))
-        );
-        api
-    })
-    .await
-    .unwrap();
-    assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
-}
-
-#[tokio::test]
-async fn a_reported_foreign_object_is_rechecked_with_reads_only() {
-    let (ctx, api, _caches) = apiserver::context();
+/// A converged Memcached whose Service the cache does not hold (its watch has not caught up).
+fn uncached_service(ctx: &Context, caches: &mut apiserver::Caches) -> Memcached {
     let mut mc = memcached("cache", 1);
-    let blocked = Blocked::ResourceExists {
-        message: status::conflict_message("StatefulSet", &mc),
-    };
-    let observed = Observed {
-        blocked: Some(blocked),
-        ..Default::default()
-    };
-    mc.status = Some(status::desired_status(
-        &mc,
-        &observed,
-        &crate::fixtures::time(0),
+    converged(ctx, &mut mc, caches);
+    caches.services.apply_watcher_event(&watcher::Event::Delete(
+        crate::controller::owned::OwnedObject::of(&resources::service(&mc)),
     ));
-    let foreign = foreign_stateful_set(&mc);
-    let action = scenario(mc.clone(), ctx, api, |mut api| async move {
-        let mut reads = Vec::new();
-        for _ in 0..2 {
-            let (request, reply) = api.receive_any().await;
-            reads.push(request.path().to_string());
-            match request.path() {
-                STATEFUL_SET => reply.send(StatusCode::OK, &foreign),
-                _ => reply.send(StatusCode::NOT_FOUND, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})),
-            }
-        }
-        reads.sort();
-        assert_eq!(reads, [SERVICE, STATEFUL_SET]);
-        // The status already says so, and the Warning was published: nothing more.
-        api
-    })
-    .await
-    .unwrap();
-    assert_eq!(action.next(), Next::After(CONFLICT_RECHECK));
+    mc
 }
 
 #[tokio::test]
 async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
     let (ctx, api, mut caches) = apiserver::context();
-    let mut mc = memcached("cache", 1);
-    let stored = crate::fixtures::stored_stateful_set(&mc, 1, 1);
-    let d = stateful_set_with_status(&mc, 1, 1);
-    caches.add_service(resources::service(&mc));
-    let observed = Observed {
-        stateful_set: Some(d.seen()),
-        ..Default::default()
-    };
-    mc.status = Some(status::desired_status(
-        &mc,
-        &observed,
-        &crate::fixtures::time(0),
-    ));
-    let ours = serde_json::to_value(&stored).unwrap();
+    let mc = uncached_service(&ctx, &mut caches);
+    let ours = serde_json::to_value(resources::service(&mc)).unwrap();
     scenario(mc, ctx, api, |mut api| async move {
-        api.expect("PATCH", STATEFUL_SET, StatusCode::CONFLICT, conflict)
+        api.expect("PATCH", SERVICE, StatusCode::CONFLICT, conflict)
             .await;
-        api.expect("GET", STATEFUL_SET, StatusCode::OK, move |_| ours)
+        api.expect("GET", SERVICE, StatusCode::OK, move |_| ours)
             .await;
         api
     })
@@ -456,21 +244,15 @@ async fn an_uncached_object_of_ours_is_read_and_not_applied_again() {
 #[tokio::test]
 async fn refused_apply_is_reported_once_and_rechecked_slowly() {
     let (ctx, api, mut caches) = apiserver::context();
-    let mc = memcached("cache", 1);
-    caches.add_service(resources::service(&mc));
+    let mc = uncached_service(&ctx, &mut caches);
     let invalid = |_: &serde_json::Value| {
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
-               "message": "StatefulSet.apps \"cache\" is invalid: spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1"})
+               "message": "Service \"cache\" is invalid: spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive"})
     };
     let reported = mc.clone();
     let outcome = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
-        api.expect(
-            "PATCH",
-            STATEFUL_SET,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            invalid,
-        )
-        .await;
+        api.expect("PATCH", SERVICE, StatusCode::UNPROCESSABLE_ENTITY, invalid)
+            .await;
         let (events, status) = events_and_status(api.echo_any_order(2, &reported).await);
         let (degraded, reason) = condition(&status.body, DEGRADED);
         assert_eq!(
@@ -487,9 +269,14 @@ async fn refused_apply_is_reported_once_and_rechecked_slowly() {
             .unwrap()
             .to_string();
         assert!(
-            message.starts_with("the API server refused StatefulSet cache: ")
-                && message.contains("must be less than or equal to cpu limit"),
+            message.starts_with("the API server refused Service cache: ")
+                && message.contains("must be between 1 and 65535"),
             "{message}"
+        );
+        assert_eq!(
+            condition(&status.body, AVAILABLE),
+            ("True".into(), "AllPodsReady".into()),
+            "the members running still serve"
         );
         let [event] = &events[..] else {
             panic!("one event, not {}", events.len())
@@ -513,13 +300,13 @@ async fn refused_apply_is_reported_once_and_rechecked_slowly() {
 
 #[tokio::test]
 async fn an_api_error_is_retried_with_the_backoff() {
-    let (ctx, api, _caches) = apiserver::context();
-    let mc = memcached("cache", 1);
+    let (ctx, api, mut caches) = apiserver::context();
+    let mc = uncached_service(&ctx, &mut caches);
     let server_error = |_: &serde_json::Value| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is sad"});
     let err = scenario(mc.clone(), ctx.clone(), api, |mut api| async move {
         api.expect(
             "PATCH",
-            STATEFUL_SET,
+            SERVICE,
             StatusCode::INTERNAL_SERVER_ERROR,
             server_error,
         )
@@ -534,36 +321,36 @@ async fn an_api_error_is_retried_with_the_backoff() {
     };
     assert_eq!(retry, Retry::Backoff, "the worker's per-object backoff");
 }
+
 #[tokio::test]
-async fn below_two_pods_the_budget_is_deleted() {
+async fn below_two_pods_the_budget_is_deleted_with_the_members_above_the_size() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 3);
-    converged(&mut mc, &mut caches);
+    converged(&ctx, &mut mc, &mut caches);
     mc.spec.size = 1;
     mc.metadata.generation = Some(2);
     scenario(mc.clone(), ctx, api, |mut api| async move {
-        let apply = api.echo("PATCH", STATEFUL_SET).await;
-        assert_eq!(apply.body["spec"]["replicas"], 1);
-        let delete = api
-            .expect(
-                "DELETE",
-                BUDGET,
-                StatusCode::OK,
-                |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            )
-            .await;
+        let seen = api.echo_any_order(6, &mc).await;
+        let budget = seen
+            .iter()
+            .find(|r| (r.method.as_str(), r.path()) == ("DELETE", BUDGET))
+            .expect("the budget is deleted");
         assert_eq!(
-            delete.body["preconditions"]["uid"], "uid-budget",
+            budget.body["preconditions"]["uid"], "uid-budget",
             "only the budget we saw"
         );
-        let events = events_only(api.echo_any_order(2, &mc).await);
-        let mut notes: Vec<_> = events.iter().map(|e| e.body["note"].to_string()).collect();
+        let mut notes: Vec<_> = seen
+            .iter()
+            .filter(|r| r.path() == EVENTS)
+            .map(|e| e.body["note"].as_str().unwrap().to_string())
+            .collect();
         notes.sort();
         assert_eq!(
             notes,
             [
-                "\"Deleted PodDisruptionBudget cache: no longer wanted by the spec\"",
-                "\"Scaled StatefulSet cache from 3 to 1 replicas\""
+                "Deleted Pod cache-1: no longer wanted by the spec",
+                "Deleted Pod cache-2: no longer wanted by the spec",
+                "Deleted PodDisruptionBudget cache: no longer wanted by the spec",
             ]
         );
         api
@@ -572,72 +359,16 @@ async fn below_two_pods_the_budget_is_deleted() {
     .unwrap();
 }
 
-/// An operator whose pod template differs from the one running, for a Memcached whose spec
-/// did not change: an upgrade.
-fn upgraded_operator(limit: u16) -> (Arc<Context>, ApiServer, apiserver::Caches) {
-    let (ctx, api, caches) = apiserver::context();
-    let mut ctx = Arc::into_inner(ctx).unwrap();
-    ctx.images = Images::new("memcached:next");
-    ctx.rollouts = Arc::new(Rollouts::new(limit));
-    (Arc::new(ctx), api, caches)
-}
-
-#[tokio::test]
-async fn an_upgrade_rolls_only_as_many_stateful_sets_as_the_budget_allows() {
-    let (ctx, api, mut caches) = upgraded_operator(1);
-    let mut first = memcached("cache", 3);
-    converged(&mut first, &mut caches);
-    let mut second = memcached("other", 3);
-    converged(&mut second, &mut caches);
-
-    let (action, api) = scenario_then(first.clone(), ctx.clone(), api, |mut api| async move {
-        let apply = api.echo("PATCH", STATEFUL_SET).await;
-        assert_eq!(
-            apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
-            "memcached:next"
-        );
-        let events = events_only(api.echo_any_order(1, &first).await);
-        assert_eq!(events[0].body["reason"], "Updated");
-        api
-    })
-    .await;
-    assert_eq!(action.unwrap(), Outcome::Converged);
-
-    // The budget of 1 is spent: the second waits, says so, and asks again later.
-    let status_path = STATUS.replace("/cache/", "/other/");
-    let reported = second.clone();
-    let (action, api) = scenario_then(second.clone(), ctx.clone(), api, |mut api| async move {
-        let status = api.echo_status(&status_path, &reported).await;
-        assert_eq!(
-            condition(&status.body, PROGRESSING),
-            ("True".into(), "RolloutQueued".into())
-        );
-        api
-    })
-    .await;
-    assert_eq!(action.unwrap(), Outcome::WaitingForRolloutSlot);
-
-    // Its own spec change never waits.
-    let mut changed = second;
-    changed.spec.size = 4;
-    changed.metadata.generation = Some(2);
-    let path = STATEFUL_SET.replace("/cache", "/other");
-    scenario(changed.clone(), ctx, api, |mut api| async move {
-        let apply = api.echo("PATCH", &path).await;
-        assert_eq!(
-            apply.body["spec"]["template"]["spec"]["containers"][0]["image"],
-            "memcached:next"
-        );
-        events_only(api.echo_any_order(1, &changed).await);
-        api
-    })
-    .await
-    .unwrap();
-}
-
 /// A pod `name` of `mc` as the pod watch reports it, with nothing wrong.
 fn pod_of(mc: &Memcached, name: &str) -> PodMeta {
-    let labels = [(crate::resources::LABEL_INSTANCE.to_string(), mc.name_any())];
+    let revision = resources::members::revision(
+        mc,
+        &resources::pod_template(mc, &resources::Images::default()),
+    );
+    let labels = [
+        (crate::resources::LABEL_INSTANCE.to_string(), mc.name_any()),
+        (REVISION_LABEL.to_string(), revision),
+    ];
     PodMeta {
         metadata: ObjectMeta {
             namespace: mc.namespace(),
@@ -665,8 +396,7 @@ fn pod_that_cannot_pull(mc: &Memcached, name: &str, words: &str) -> PodMeta {
 async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retries_say() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut mc = memcached("cache", 2);
-    converged(&mut mc, &mut caches);
-    caches.add_stateful_set(stateful_set_with_status(&mc, 2, 0));
+    converged(&ctx, &mut mc, &mut caches);
     for pod in ["cache-0", "cache-1"] {
         let pod = pod_that_cannot_pull(&mc, pod, "failed to pull image: not found");
         ctx.pods.observe(&watcher::Event::Apply(pod));
@@ -705,10 +435,9 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
 
     // The kubelet retries: the pods now say "Back-off pulling image". The status written keeps
     // the first words, and the cause was warned about: no request.
-    let stateful_set = stateful_set_with_status(&mc, 2, 0);
     let pods = ctx.pods.pods_of("default", "cache");
     let observed = Observed {
-        stateful_set: Some(stateful_set.seen()),
+        members: Some(crate::fixtures::members(2, 0)),
         pods: pods.names,
         troubles: pods.troubles,
         ..Default::default()
@@ -732,7 +461,5 @@ const NETWORK_POLICY: &str = "/apis/networking.k8s.io/v1/namespaces/default/netw
 
 mod binding;
 mod certificates;
-mod creation;
-mod migration;
 mod optional;
 mod own_pods;

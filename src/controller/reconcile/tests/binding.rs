@@ -11,19 +11,19 @@ use super::*;
 
 const BINDING: &str = "/api/v1/namespaces/default/secrets/cache-binding";
 
-/// The member `name` of the Memcached "cache", as the pod watch reports it.
-fn member(name: &str) -> PodMeta {
-    watched_pod(name, &[], false)
+/// The member `name` of the Memcached "cache", as the pod watch reports it once it is being
+/// deleted.
+fn deleted_member(name: &str) -> PodMeta {
+    let mut member = watched_pod(name, &[], true);
+    member.metadata.deletion_timestamp = Some(crate::fixtures::time(1));
+    member
 }
 
 /// A converged Memcached of two members, `cache-0` and `cache-1`, whose spec turns the binding
 /// on (`binding`) or off.
 fn two_pods(ctx: &Context, caches: &mut apiserver::Caches, binding: bool) -> Memcached {
     let mut mc = memcached("cache", 2);
-    converged(&mut mc, caches);
-    for name in ["cache-0", "cache-1"] {
-        ctx.pods.observe(&watcher::Event::Apply(member(name)));
-    }
+    converged(ctx, &mut mc, caches);
     mc.spec.binding = Some(crate::api::BindingSpec { enabled: binding });
     mc
 }
@@ -97,8 +97,9 @@ async fn a_member_being_replaced_stays_in_the_binding() {
     let (ctx, api, mut caches) = apiserver::context();
     let mc = reporting_the_binding(two_pods(&ctx, &mut caches, true));
     let current = resources::binding::secret(&mc, &Default::default()).unwrap();
-    // cache-1 is gone until the StatefulSet creates it again, under the same name.
-    ctx.pods.observe(&watcher::Event::Delete(member("cache-1")));
+    // cache-1 is out until it is made again, under the same name.
+    ctx.pods
+        .observe(&watcher::Event::Apply(deleted_member("cache-1")));
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         let current = serde_json::to_value(&current).unwrap();

@@ -21,10 +21,10 @@ type Requests = Vec<(String, String, serde_json::Value)>;
 async fn requests_of(
     served: bool,
     n: usize,
-    prepare: impl FnOnce(&mut apiserver::Caches) -> Memcached,
+    prepare: impl FnOnce(&Context, &mut apiserver::Caches) -> Memcached,
 ) -> Requests {
     let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(served);
-    let mc = prepare(&mut caches);
+    let mc = prepare(&ctx, &mut caches);
     let seen = Arc::new(std::sync::Mutex::new(Requests::new()));
     let into = seen.clone();
     let answered = mc.clone();
@@ -43,13 +43,27 @@ async fn requests_of(
     seen
 }
 
-/// A converged Memcached whose spec now turns monitoring on.
-fn turning_monitoring_on(caches: &mut apiserver::Caches) -> Memcached {
+/// A converged Memcached whose spec now turns monitoring on, and whose members run the
+/// exporter already (its update is members.rs's).
+fn turning_monitoring_on(ctx: &Context, caches: &mut apiserver::Caches) -> Memcached {
     let mut mc = memcached("cache", 1);
-    converged(&mut mc, caches);
+    converged(ctx, &mut mc, caches);
     let mut mc = with_monitoring(mc, true);
     mc.metadata.generation = Some(2);
+    members_run(ctx, &mc);
     mc
+}
+
+/// The body of the one request to `path` among `requests`.
+fn body_of<'a>(requests: &'a Requests, path: &str) -> &'a serde_json::Value {
+    let [(_, _, body)] = &requests
+        .iter()
+        .filter(|(_, p, _)| p == path)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("one request to {path}: {:?}", paths(requests));
+    };
+    body
 }
 
 fn paths(requests: &Requests) -> Vec<(&str, &str)> {
@@ -60,41 +74,32 @@ fn paths(requests: &Requests) -> Vec<(&str, &str)> {
 }
 
 #[tokio::test]
-async fn monitoring_without_the_service_monitor_api_adds_the_exporter_and_port_only() {
-    // The status comes with the refresh the StatefulSet's watch event queues.
-    let requests = requests_of(false, 4, turning_monitoring_on).await;
+async fn monitoring_without_the_service_monitor_api_adds_the_metrics_port_only() {
+    let requests = requests_of(false, 3, turning_monitoring_on).await;
     assert_eq!(
         paths(&requests),
-        [
-            ("PATCH", SERVICE),
-            ("PATCH", STATEFUL_SET),
-            ("POST", EVENTS),
-            ("POST", EVENTS)
-        ],
+        [("PATCH", SERVICE), ("PATCH", STATUS), ("POST", EVENTS)],
         "nothing under monitoring.coreos.com"
     );
-    assert_eq!(requests[0].2["spec"]["ports"][1]["name"], "metrics");
-    let stateful_set = &requests[1].2;
     assert_eq!(
-        stateful_set["spec"]["template"]["spec"]["containers"][1]["name"],
-        "exporter"
+        body_of(&requests, SERVICE)["spec"]["ports"][1]["name"],
+        "metrics"
     );
 }
 
 #[tokio::test]
 async fn monitoring_where_the_api_is_served_creates_an_owned_service_monitor() {
-    let requests = requests_of(true, 5, turning_monitoring_on).await;
+    let requests = requests_of(true, 4, turning_monitoring_on).await;
     assert_eq!(
         paths(&requests),
         [
             ("PATCH", SERVICE),
-            ("PATCH", STATEFUL_SET),
+            ("PATCH", STATUS),
             ("PATCH", MONITOR),
-            ("POST", EVENTS),
             ("POST", EVENTS)
         ]
     );
-    let monitor = &requests[2].2;
+    let monitor = body_of(&requests, MONITOR);
     assert_eq!(monitor["metadata"]["resourceVersion"], "1", "create only");
     assert_eq!(
         monitor["metadata"]["ownerReferences"][0]["uid"],
@@ -114,7 +119,8 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
     let mut off = with_monitoring(on.clone(), false);
     off.metadata.generation = Some(2);
     let (ctx, api, mut caches) = apiserver::context_where_service_monitors_are(true);
-    converged(&mut on, &mut caches);
+    converged(&ctx, &mut on, &mut caches);
+    members_run(&ctx, &off);
     let mut monitor = resources::service_monitor(&on).unwrap();
     monitor.metadata.uid = Some("uid-monitor".into());
     caches.add_monitor(monitor);
@@ -122,9 +128,9 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
     scenario(off.clone(), ctx, api, |mut api| async move {
         let mut seen = Vec::new();
         let mut notes = Vec::new();
-        // The monitor's deletion, the StatefulSet and Service applies, and their three
-        // events (two updates, one deletion); the status comes with the refresh.
-        for _ in 0..6 {
+        // The monitor's deletion, the Service's apply, their two events (an update, a
+        // deletion), and the status.
+        for _ in 0..5 {
             let (request, reply) = api.receive_any().await;
             match (request.method.as_str(), request.path()) {
                 ("DELETE", MONITOR) => {
@@ -150,7 +156,7 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
             [
                 ("DELETE".to_string(), MONITOR.to_string()),
                 ("PATCH".to_string(), SERVICE.to_string()),
-                ("PATCH".to_string(), STATEFUL_SET.to_string()),
+                ("PATCH".to_string(), STATUS.to_string()),
                 ("POST".to_string(), EVENTS.to_string()),
             ]
         );
@@ -166,9 +172,9 @@ async fn turning_monitoring_off_deletes_our_service_monitor() {
 }
 
 /// A converged Memcached whose spec now turns the network policy on.
-fn turning_the_network_policy_on(caches: &mut apiserver::Caches) -> Memcached {
+fn turning_the_network_policy_on(ctx: &Context, caches: &mut apiserver::Caches) -> Memcached {
     let mut mc = memcached("cache", 1);
-    converged(&mut mc, caches);
+    converged(ctx, &mut mc, caches);
     mc.spec.network_policy = Some(crate::api::NetworkPolicySpec {
         enabled: true,
         ..Default::default()
@@ -183,7 +189,7 @@ async fn turning_the_network_policy_on_applies_it_and_leaves_the_pods_alone() {
     assert_eq!(
         paths(&requests),
         [("PATCH", STATUS), ("PATCH", NETWORK_POLICY)],
-        "no StatefulSet write: the pods keep running"
+        "no member written: the pods keep running"
     );
     assert_eq!(
         requests[1].2["spec"]["ingress"][0]["from"],
@@ -194,7 +200,7 @@ async fn turning_the_network_policy_on_applies_it_and_leaves_the_pods_alone() {
 #[tokio::test]
 async fn a_policy_the_operator_may_not_keep_blocks_the_memcached_instead_of_leaving_it_open() {
     let (ctx, api, mut caches) = apiserver::context_without_network_policies();
-    let mc = turning_the_network_policy_on(&mut caches);
+    let mc = turning_the_network_policy_on(&ctx, &mut caches);
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         let (events, status) = events_and_status(api.echo_any_order(2, &answered).await);

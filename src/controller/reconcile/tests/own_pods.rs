@@ -1,4 +1,4 @@
-//! An operator that keeps the members' pods itself (`--members=pods`): a new Memcached's members,
+//! The members' pods: a new Memcached's members,
 //! its revision, Service and budget go out together; the pod watch counts them for the status;
 //! a smaller size deletes from the top.
 
@@ -37,7 +37,7 @@ fn with_members(
     let mc = memcached("cache", size);
     caches.add_service(resources::service(&mc));
     caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 and more have one"));
-    let revision = resources::members::revision(&mc, &resources::stateful_set(&mc, &ctx.images));
+    let revision = resources::members::revision(&mc, &resources::pod_template(&mc, &ctx.images));
     for name in ready {
         ctx.pods
             .observe(&watcher::Event::Apply(ready_member(name, &revision)));
@@ -47,7 +47,7 @@ fn with_members(
 
 #[tokio::test]
 async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_then_status() {
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mc = memcached("cache", 3);
     let sent = mc.clone();
     let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
@@ -83,10 +83,6 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
         );
         assert!(seen.iter().any(|r| r.path() == SERVICE));
         assert!(seen.iter().any(|r| r.path() == BUDGET));
-        assert!(
-            !seen.iter().any(|r| r.path().contains("statefulsets")),
-            "no StatefulSet"
-        );
         api
     })
     .await;
@@ -97,8 +93,8 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     );
 
     // The members' watch events: the status counts them, and nothing else is written.
-    let sts = resources::stateful_set(&mc, &ctx.images);
-    let revision = resources::members::revision(&mc, &sts);
+    let template = resources::pod_template(&mc, &ctx.images);
+    let revision = resources::members::revision(&mc, &template);
     for name in ["cache-0", "cache-1", "cache-2"] {
         ctx.pods
             .observe(&watcher::Event::Apply(ready_member(name, &revision)));
@@ -181,7 +177,7 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
 #[tokio::test]
 async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_again() {
     // A quota of two pods: cache-2's create is refused, the rest is kept.
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mc = with_members(&ctx, &mut caches, 3, &["cache-0", "cache-1"]);
     let quota = "pods \"cache-2\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2";
     let reported = mc.clone();
@@ -212,7 +208,7 @@ async fn a_member_the_api_server_refuses_is_reported_in_its_words_and_tried_agai
 async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
     // The namespace controller deleted the members before the Memcached: making them again is
     // refused, and the Memcached goes next. Nothing to report, nothing to recheck.
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         api.expect("POST", PODS, StatusCode::FORBIDDEN, |_| {
@@ -234,7 +230,7 @@ async fn a_member_refused_in_a_namespace_being_deleted_is_no_failure() {
 async fn a_member_being_deleted_is_made_again_once_it_is_gone() {
     // cache-1 was evicted and is shutting down: its name is taken till it is gone (a create
     // would be refused), and its delete event brings the reconcile that makes it again.
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
     let mut going = watched_pod("cache-1", &[], true);
     going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -264,10 +260,10 @@ async fn a_member_being_deleted_is_made_again_once_it_is_gone() {
 
 #[tokio::test]
 async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reported() {
-    // cache-1's name is taken by a pod the Memcached does not control (a StatefulSet's of its
+    // cache-1's name is taken by a pod the Memcached does not control (a workload's of its
     // name, say): its create finds it there, a read says whose it is, and nothing is written
     // to it.
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mc = with_members(&ctx, &mut caches, 2, &["cache-0"]);
     let reported = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
@@ -279,7 +275,7 @@ async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reporte
         api.expect("GET", &format!("{PODS}/cache-1"), StatusCode::OK, |_| {
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "cache-1", "namespace": "default", "uid": "theirs",
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                         "name": "cache", "uid": "their-set", "controller": true}]}})
         })
         .await;
@@ -312,7 +308,7 @@ async fn a_pod_of_a_members_name_that_is_someone_elses_is_left_alone_and_reporte
 async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     // An operator upgrade changed the members' template; another Memcached's members hold the
     // only slot.
-    let (ctx, api, mut caches) = apiserver::context_keeping_pods();
+    let (ctx, api, mut caches) = apiserver::context();
     let mut ctx = Arc::into_inner(ctx).unwrap();
     ctx.rollouts = Arc::new(Rollouts::new(1));
     let ctx = Arc::new(ctx);

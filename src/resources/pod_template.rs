@@ -1,10 +1,8 @@
-//! The StatefulSet a Memcached owns: stable members `<name>-0 … <name>-N-1`, its pod template,
-//! memcached's flags, the exporter sidecar, the update strategy and where the pods may be
-//! scheduled.
+//! The members' pod template: memcached's flags, the exporter sidecar, the agent, and where the
+//! pods may be scheduled. Each member is this template under its own name (members.rs).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
@@ -89,8 +87,8 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
     }
 }
 
-/// The StatefulSet a Memcached should have.
-pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
+/// The pod template every member of a Memcached should run.
+pub fn pod_template(mc: &Memcached, images: &Images) -> PodTemplateSpec {
     let default_image = images.memcached.as_str();
     let port = mc.spec.container_port;
     let rollout = mc.spec.rollout.clone().unwrap_or_default();
@@ -184,36 +182,13 @@ pub fn stateful_set(mc: &Memcached, images: &Images) -> StatefulSet {
         .collect();
     pod.volumes = Some(volumes).filter(|v| !v.is_empty());
     agent::add_to_pod(mc, &mut pod, &images.agent);
-    StatefulSet {
-        metadata: owned_metadata(mc),
-        spec: Some(StatefulSetSpec {
-            replicas: Some(mc.spec.size),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(mc)),
-                ..LabelSelector::default()
-            },
-            // The headless Service gives each member its DNS name, `<pod>.<name>.<ns>.svc`.
-            service_name: Some(mc.name_any()),
-            // Members are independent caches: start and stop them together, not in order.
-            pod_management_policy: Some("Parallel".to_string()),
-            // The operator updates the members (controller/members.rs): in place where only
-            // images change, so that a member keeps its cache through a restart.
-            update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("OnDelete".to_string()),
-                rolling_update: None,
-            }),
-            min_ready_seconds: Some(rollout.min_ready_seconds),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels(mc)),
-                    annotations: pod_annotations(mc),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(pod),
-            },
-            ..StatefulSetSpec::default()
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels(mc)),
+            annotations: pod_annotations(mc),
+            ..ObjectMeta::default()
         }),
-        status: None,
+        spec: Some(pod),
     }
 }
 

@@ -4,29 +4,13 @@ use crate::fixtures::{
 };
 
 #[test]
-fn stateful_set_runs_size_replicas_of_memcached_owned_by_the_cr() {
+fn the_template_runs_memcached_with_its_probes() {
     let mc = memcached("cache", 3);
-    let d = stateful_set(&mc, &Images::new("memcached:test"));
-    let spec = d.spec.as_ref().unwrap();
-    assert_eq!(spec.replicas, Some(3));
-    assert_eq!(d.metadata.name.as_deref(), Some("cache"));
-    // Members `cache-N` get their DNS names from the headless Service of the same name, and
-    // start and stop together.
-    assert_eq!(spec.service_name.as_deref(), Some("cache"));
-    assert_eq!(service(&mc).metadata.name.as_deref(), Some("cache"));
-    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
-    assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
-    assert!(is_controlled_by(&d.metadata, &mc));
-    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!(
-        (owner.kind.as_str(), owner.block_owner_deletion),
-        ("Memcached", Some(true))
-    );
-
-    let c = &spec.template.spec.as_ref().unwrap().containers[0];
+    let template = pod_template(&mc, &Images::new("memcached:test"));
+    let c = &template.spec.as_ref().unwrap().containers[0];
     assert_eq!(c.image.as_deref(), Some("memcached:test"));
     assert_eq!(
-        args_as_started(&spec.template),
+        args_as_started(&template),
         [
             "-m",
             "64",
@@ -47,10 +31,9 @@ fn stateful_set_runs_size_replicas_of_memcached_owned_by_the_cr() {
 #[test]
 fn selector_is_a_subset_of_pod_labels() {
     let mc = memcached("cache", 1);
-    let d = stateful_set(&mc, &Images::new("img"));
-    let spec = d.spec.unwrap();
-    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
-    for (k, v) in spec.selector.match_labels.unwrap() {
+    let template = pod_template(&mc, &Images::new("img"));
+    let pod_labels = template.metadata.unwrap().labels.unwrap();
+    for (k, v) in selector_labels(&mc) {
         assert_eq!(pod_labels.get(&k), Some(&v));
     }
     assert_eq!(
@@ -65,8 +48,7 @@ fn selector_is_a_subset_of_pod_labels() {
 
 #[test]
 fn pod_meets_the_restricted_pod_security_profile() {
-    let d = stateful_set(&memcached("cache", 1), &Images::new("img"));
-    let pod = d.spec.unwrap().template.spec.unwrap();
+    let pod = pod_of(&memcached("cache", 1));
     let psc = pod.security_context.unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
     assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
@@ -83,8 +65,7 @@ fn spec_overrides_reach_the_container() {
     mc.spec.image = Some("memcached:custom".into());
     mc.spec.max_memory_mib = 256;
     mc.spec.container_port = 12345;
-    let d = stateful_set(&mc, &Images::new("default-image"));
-    let template = d.spec.unwrap().template;
+    let template = pod_template(&mc, &Images::new("default-image"));
     let c = &template.spec.as_ref().unwrap().containers[0];
     assert_eq!(c.image.as_deref(), Some("memcached:custom"));
     assert_eq!(
@@ -96,12 +77,7 @@ fn spec_overrides_reach_the_container() {
 }
 
 fn pod_of(mc: &Memcached) -> PodSpec {
-    stateful_set(mc, &Images::new("img"))
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
+    pod_template(mc, &Images::new("img")).spec.unwrap()
 }
 
 /// A Memcached too small for memcached's warm restart.
@@ -111,15 +87,8 @@ fn small(mut mc: Memcached) -> Memcached {
 }
 
 #[test]
-fn the_operator_updates_the_members_and_a_stopping_member_drains() {
-    let d = stateful_set(&small(memcached("cache", 3)), &Images::new("img"))
-        .spec
-        .unwrap();
-    let strategy = d.update_strategy.unwrap();
-    assert_eq!(strategy.type_.as_deref(), Some("OnDelete"));
-    assert_eq!(strategy.rolling_update, None);
-    assert_eq!(d.min_ready_seconds, Some(5));
-    let pod = d.template.spec.unwrap();
+fn a_stopping_member_drains() {
+    let pod = pod_of(&small(memcached("cache", 3)));
     let pre_stop = pod.containers[0]
         .lifecycle
         .clone()
@@ -217,20 +186,16 @@ fn warm_restart_keeps_the_items_in_a_memory_backed_file_the_agent_has_saved() {
 }
 
 #[test]
-fn rollout_settings_reach_the_stateful_set() {
+fn rollout_settings_reach_the_pods() {
     let mc = spec_from(serde_json::json!({"rollout": {
         "maxSurge": 3, "maxUnavailable": 2, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
-    let d = stateful_set(&mc, &Images::new("img")).spec.unwrap();
-    assert_eq!(d.min_ready_seconds, Some(0));
+    let template = pod_template(&mc, &Images::new("img"));
     // A member is replaced under its own name: there is nothing to surge with, and a
     // changed maxSurge changes nothing.
     let surge_one = spec_from(serde_json::json!({"rollout": {
         "maxSurge": 1, "maxUnavailable": 2, "minReadySeconds": 0, "preStopDelaySeconds": 0}}));
-    assert_eq!(
-        stateful_set(&surge_one, &Images::new("img")).spec.unwrap(),
-        d
-    );
-    let pod = d.template.spec.unwrap();
+    assert_eq!(pod_template(&surge_one, &Images::new("img")), template);
+    let pod = template.spec.unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(25));
     let cold = pod_of(&small(mc));
     assert_eq!(
@@ -302,10 +267,7 @@ fn scheduling_fields_reach_the_pod() {
         "podAnnotations": {"prometheus.io/scrape": "true"},
         "podLabels": {"team": "web"},
     }));
-    let template = stateful_set(&mc, &Images::new("img"))
-        .spec
-        .unwrap()
-        .template;
+    let template = pod_template(&mc, &Images::new("img"));
     let pod = template.spec.unwrap();
     assert_eq!(pod.node_selector.unwrap()["disk"], "ssd");
     assert_eq!(pod.tolerations.unwrap()[0].value.as_deref(), Some("cache"));
@@ -322,10 +284,7 @@ fn scheduling_fields_reach_the_pod() {
 fn the_operators_labels_win_over_pod_labels() {
     // Admission refuses these; an object stored before that rule must still be selected.
     let mc = spec_from(serde_json::json!({"podLabels": {LABEL_INSTANCE: "other"}}));
-    let labels = stateful_set(&mc, &Images::new("img"))
-        .spec
-        .unwrap()
-        .template
+    let labels = pod_template(&mc, &Images::new("img"))
         .metadata
         .unwrap()
         .labels
@@ -337,10 +296,7 @@ fn the_operators_labels_win_over_pod_labels() {
 fn tuning_flags_reach_memcached_only_when_set() {
     let mc =
         spec_from(serde_json::json!({"threads": 8, "maxConnections": 4096, "maxItemSizeMiB": 2}));
-    let template = stateful_set(&mc, &Images::new("img"))
-        .spec
-        .unwrap()
-        .template;
+    let template = pod_template(&mc, &Images::new("img"));
     assert_eq!(
         args_as_started(&template),
         [
@@ -394,12 +350,7 @@ fn monitoring_adds_a_restricted_exporter_reading_memcached_over_localhost() {
         exporter: "exporter:default".into(),
         ..Images::new("memcached:x")
     };
-    let pod = stateful_set(&mc, &images)
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod = pod_template(&mc, &images).spec.unwrap();
     let [memcached, exporter] = &pod.containers[..] else {
         panic!("two containers: {:?}", pod.containers)
     };
@@ -465,12 +416,7 @@ fn auth_gives_memcached_a_password_file_kept_by_a_restricted_agent() {
         agent: "operator:1".into(),
         ..Images::new("memcached:x")
     };
-    let pod = stateful_set(&mc, &images)
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod = pod_template(&mc, &images).spec.unwrap();
     let memcached = &pod.containers[0];
     let args = memcached.args.clone().unwrap();
     assert!(
