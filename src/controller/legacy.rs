@@ -52,6 +52,9 @@ pub const ADOPTED_FROM: &str = "cache.example.com/adopted-from";
 /// The StatefulSets of the watched namespaces that the operator labelled as its own.
 pub type Cache = operator_runtime::cache::Cache<OwnedObject<StatefulSet>>;
 
+/// One of them, as the cache holds it.
+pub type Held = std::sync::Arc<OwnedObject<StatefulSet>>;
+
 /// Only to adopt from it: nothing reads its status.
 impl Owned for StatefulSet {
     type Status = serde::de::IgnoredAny;

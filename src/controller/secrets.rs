@@ -30,13 +30,35 @@ struct Mounted {
     issued: bool,
 }
 
-/// The Secrets the pods will mount, as this pass read them.
+/// The Secrets the pods will mount, as this pass read them (`None`: not there).
+pub struct Mounts(Vec<(Mounted, Option<Secret>)>);
+
+impl Mounts {
+    /// `mc`'s Secrets as `there` has them, for plan tests.
+    #[cfg(test)]
+    pub fn as_if(mc: &Memcached, there: impl Fn(&str) -> Option<Secret>) -> Mounts {
+        Mounts(
+            mounted(mc)
+                .into_iter()
+                .map(|m| {
+                    let secret = there(&m.name);
+                    (m, secret)
+                })
+                .collect(),
+        )
+    }
+}
+
+/// What the pods' Secrets allow.
+#[derive(Debug)]
 pub enum Secrets {
-    /// memcached can use them; what the binding repeats of them, and the certificate Secret
-    /// cert-manager has yet to issue, if any (the pods wait for it).
+    /// memcached can use them; what the binding repeats of them, the certificate Secret
+    /// cert-manager has yet to issue, if any (the pods wait for it), and the credentials
+    /// Secret to generate, if missing.
     Usable {
         copied: Copied,
         unissued: Option<String>,
+        generate: Option<String>,
     },
     /// Why the pods cannot mount them.
     Unusable(Blocked),
@@ -92,52 +114,79 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
     auth.into_iter().chain(tls).collect()
 }
 
-/// Whether the pods can mount their Secrets. A generated Secret that is missing is created; an
-/// existing one is never rewritten (that would change the password).
-pub async fn check(ctx: &Context, mc: &Memcached) -> Result<Secrets> {
+/// Reads the Secrets the pods will mount.
+pub async fn read_mounted(ctx: &Context, mc: &Memcached) -> Result<Mounts> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
-    let (mut copied, mut unissued) = (Copied::default(), None);
-    for Mounted {
-        name,
-        field,
-        problem,
-        copy,
-        generated,
-        issued,
-    } in mounted(mc)
-    {
-        let secret = match read(&api, &name).await? {
+    let mut read_all = Vec::new();
+    for mounted in mounted(mc) {
+        let secret = read(&api, &mounted.name).await?;
+        read_all.push((mounted, secret));
+    }
+    Ok(Mounts(read_all))
+}
+
+/// Whether the pods can mount their Secrets, as read. A generated Secret that is missing is to
+/// be created; an existing one is never rewritten (that would change the password). Pure.
+pub fn judge(mc: &Memcached, mounts: &Mounts) -> Secrets {
+    let (mut copied, mut unissued, mut generate) = (Copied::default(), None, None);
+    for (mounted, secret) in &mounts.0 {
+        let Mounted {
+            name,
+            field,
+            problem,
+            copy,
+            generated,
+            issued,
+        } = mounted;
+        let secret = match secret {
             Some(secret) => secret,
             // Not issued yet: the pods wait for it (the kubelet retries the mount).
-            None if issued => {
-                unissued = Some(name);
+            None if *issued => {
+                unissued = Some(name.clone());
                 continue;
             }
-            None if generated => {
-                if let Some(created) = create_credentials(&api, mc, name).await? {
-                    copy(&mut copied, &created);
-                }
+            None if *generated => {
+                generate = Some(name.clone());
                 continue;
             }
             None => {
-                return Ok(Secrets::Unusable(Blocked::InvalidSecret {
+                return Secrets::Unusable(Blocked::InvalidSecret {
                     message: format!("Secret {name} ({field}) not found"),
-                }));
+                });
             }
         };
-        if generated && !is_controlled_by(&secret.metadata, mc) {
-            return Ok(Secrets::Unusable(Blocked::ResourceExists {
-                message: status::named_conflict_message("Secret", &name, mc),
-            }));
+        if *generated && !is_controlled_by(&secret.metadata, mc) {
+            return Secrets::Unusable(Blocked::ResourceExists {
+                message: status::named_conflict_message("Secret", name, mc),
+            });
         }
-        if let Some(problem) = problem(&secret) {
-            return Ok(Secrets::Unusable(Blocked::InvalidSecret {
+        if let Some(problem) = problem(secret) {
+            return Secrets::Unusable(Blocked::InvalidSecret {
                 message: format!("{problem} ({field})"),
-            }));
+            });
         }
-        copy(&mut copied, &secret);
+        copy(&mut copied, secret);
     }
-    Ok(Secrets::Usable { copied, unissued })
+    Secrets::Usable {
+        copied,
+        unissued,
+        generate,
+    }
+}
+
+/// Creates the credentials Secret `name` with a random password; what the binding repeats of
+/// it goes into `copied`.
+pub async fn generate(
+    ctx: &Context,
+    mc: &Memcached,
+    name: &str,
+    copied: &mut Copied,
+) -> Result<()> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    if let Some(created) = create_credentials(&api, mc, name.to_string()).await? {
+        Copied::take_credentials(copied, &created);
+    }
+    Ok(())
 }
 
 /// Secret `name`, if there is one.

@@ -23,28 +23,23 @@ use crate::error::{Refusal, Result, namespace_terminating};
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::Members;
 
-/// One Memcached's members as the pod watch shows them, and the revision they should have.
+/// One Memcached's members as the pod watch shows them, and the template they should run.
 #[derive(Debug)]
-pub struct OwnMembers {
+pub struct Seen {
+    pub template: PodTemplateSpec,
+    /// The template's revision.
     pub revision: String,
+    pub members: Vec<Member>,
+    /// Members being deleted: each holds its name until it is gone.
+    pub terminating: Vec<String>,
     /// Counted for the Memcached's status.
     pub counts: Members,
-    /// Pods were created or deleted: their watch events refresh the status.
-    pub written: bool,
-    /// An update nobody asked for waits for the rollout budget: the members keep their
-    /// revision.
-    pub waiting: bool,
     /// How soon the next Ready member has been Ready for `minReadySeconds`: no event tells
     /// when.
     pub available_in: Option<Duration>,
-    /// Why a member could not be created (a quota, an admission policy), in the API server's
-    /// words: reported in the status, and tried again on the next reconcile.
-    pub refused: Option<String>,
-    /// A pod of a member's name that is someone else's: left alone, and reported.
-    pub foreign: Option<String>,
 }
 
-impl OwnMembers {
+impl Seen {
     pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
         Keeper {
             update_revision: &self.revision,
@@ -56,54 +51,101 @@ impl OwnMembers {
 }
 
 /// The members as they are, with no request.
-pub fn observe(ctx: &Context, mc: &Memcached) -> OwnMembers {
-    look(ctx, mc).2
+pub fn observe(ctx: &Context, mc: &Memcached) -> Seen {
+    let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    let members = ctx.pods.members_of(&ns, &name);
+    let terminating = ctx.pods.terminating_of(&ns, &name);
+    Seen::of(mc, &ctx.images, members, terminating, Timestamp::now())
 }
 
-/// The template the members should have, the members there are, and both counted.
-fn look(ctx: &Context, mc: &Memcached) -> (PodTemplateSpec, Vec<Member>, OwnMembers) {
-    let template = resources::pod_template(mc, &ctx.images);
-    let revision = members::revision(mc, &template);
-    let seen = ctx
-        .pods
-        .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
-    let now = Timestamp::now();
-    let counts = counted(mc, &seen, &revision, now);
-    let own = OwnMembers {
-        available_in: available_in(mc, &seen, now),
-        revision,
-        counts,
-        written: false,
-        waiting: false,
-        refused: None,
-        foreign: None,
-    };
-    (template, seen, own)
+impl Seen {
+    /// `members` and `terminating` as seen at `now`, against the template of `images`.
+    pub fn of(
+        mc: &Memcached,
+        images: &resources::Images,
+        members: Vec<Member>,
+        terminating: Vec<String>,
+        now: Timestamp,
+    ) -> Seen {
+        let template = resources::pod_template(mc, images);
+        let revision = members::revision(mc, &template);
+        Seen {
+            counts: counted(mc, &members, &revision, now),
+            available_in: available_in(mc, &members, now),
+            terminating,
+            template,
+            revision,
+            members,
+        }
+    }
+}
+
+/// What keeping the members asks now.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Moves {
+    /// Ordinals to create, of the current revision.
+    pub create: Vec<i32>,
+    /// Members beyond the size, to delete.
+    pub delete: Vec<String>,
+    /// Whether a member has the current revision (so its ControllerRevision is kept).
+    pub kept: bool,
+    /// Whether an update to the current revision starts: members there are, none of it.
+    pub update_starts: bool,
+}
+
+/// The members missing and those beyond the size, and whether an update starts. Pure.
+pub fn moves(mc: &Memcached, seen: &Seen) -> Moves {
+    let names: Vec<&str> = seen.members.iter().map(|m| m.name.as_str()).collect();
+    // Its delete event brings the reconcile that makes it again; a create now would be refused.
+    let terminating: Vec<&str> = seen.terminating.iter().map(String::as_str).collect();
+    let (create, delete) = members::plan(mc, mc.spec.size, &names, &terminating);
+    let kept = seen
+        .members
+        .iter()
+        .any(|m| m.revision.as_deref() == Some(seen.revision.as_str()));
+    Moves {
+        create,
+        delete: delete.into_iter().map(String::from).collect(),
+        kept,
+        update_starts: !seen.members.is_empty() && !kept,
+    }
+}
+
+/// What the members' writes came to.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Pods were created or deleted: their watch events refresh the status.
+    pub any: bool,
+    /// An update nobody asked for waits for the rollout budget: the members keep their
+    /// revision.
+    pub waiting: bool,
+    /// Why a member could not be created (a quota, an admission policy), in the API server's
+    /// words: reported in the status, and tried again on the next reconcile.
+    pub refused: Option<String>,
+    /// A pod of a member's name that is someone else's: left alone, and reported.
+    pub foreign: Option<String>,
 }
 
 /// Creates the members missing and deletes those beyond the size; keeps the ControllerRevision
 /// of the current template while members are made from it or an update moves them to it.
-pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
-    let (template, seen, mut own) = look(ctx, mc);
-    let ns = mc.namespace().unwrap_or_default();
-    let names: Vec<&str> = seen.iter().map(|m| m.name.as_str()).collect();
-    // Its delete event brings the reconcile that makes it again; a create now would be refused.
-    let terminating = ctx.pods.terminating_of(&ns, &mc.name_any());
-    let terminating: Vec<&str> = terminating.iter().map(String::as_str).collect();
-    let (create, delete) = members::plan(mc, mc.spec.size, &names, &terminating);
-    // A member of the current revision means it is kept already.
-    let kept = seen
-        .iter()
-        .any(|m| m.revision.as_deref() == Some(own.revision.as_str()));
-    let mut update_starts = !seen.is_empty() && !kept;
+pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) -> Result<Written> {
+    let mut written = Written::default();
+    let Moves {
+        create,
+        delete,
+        kept,
+        update_starts,
+    } = moves;
+    let mut update_starts = *update_starts;
     // An update nobody asked for (an operator upgrade) waits for the rollout budget; once
     // started, it goes on.
     if update_starts && ctx.rollouts.must_wait(mc) {
-        (update_starts, own.waiting) = (false, true);
+        (update_starts, written.waiting) = (false, true);
     }
     if create.is_empty() && delete.is_empty() && !update_starts {
-        return Ok(own);
+        return Ok(written);
     }
+    let ns = mc.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let params = PostParams {
@@ -113,22 +155,26 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     // Independent: none waits for another (a reconcile's latency is its longest chain).
     // Kept for the members made from it now, or for an update to it that starts.
     let revision = async {
-        if kept || (create.is_empty() && !update_starts) {
+        if *kept || (create.is_empty() && !update_starts) {
             return Ok(());
         }
-        let body = members::controller_revision(mc, &template, &own.revision);
+        let body = members::controller_revision(mc, &seen.template, &seen.revision);
         match revisions.create(&params, &body).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(source) => return Err(apply_error("ControllerRevision", &own.revision, source)),
+            Err(source) => return Err(apply_error("ControllerRevision", &seen.revision, source)),
         }
         if !update_starts {
             return Ok(());
         }
         // The revisions no member has and no update moves to any more, in one request; those
         // the members have stay until an update has moved them on.
-        let mut keep: Vec<&str> = seen.iter().filter_map(|m| m.revision.as_deref()).collect();
-        keep.push(&own.revision);
+        let mut keep: Vec<&str> = seen
+            .members
+            .iter()
+            .filter_map(|m| m.revision.as_deref())
+            .collect();
+        keep.push(&seen.revision);
         revisions
             .delete_collection(&DeleteParams::default(), &history(mc, &keep))
             .await
@@ -136,7 +182,7 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
             .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))
     };
     let creates = join_all(create.iter().map(|ordinal| {
-        let pod = members::member(mc, &template, &own.revision, *ordinal);
+        let pod = members::member(mc, &seen.template, &seen.revision, *ordinal);
         let pods = &pods;
         let params = &params;
         async move {
@@ -174,17 +220,17 @@ pub async fn ensure(ctx: &Context, mc: &Memcached) -> Result<OwnMembers> {
     revision?;
     for made in creates.into_iter().chain(deletes) {
         match made? {
-            Made::Written => own.written = true,
+            Made::Written => written.any = true,
             Made::There => {}
             Made::Refused(words) => {
-                own.refused.get_or_insert(words);
+                written.refused.get_or_insert(words);
             }
             Made::Foreign(name) => {
-                own.foreign.get_or_insert(name);
+                written.foreign.get_or_insert(name);
             }
         }
     }
-    Ok(own)
+    Ok(written)
 }
 
 /// The Memcached's ControllerRevisions but those named in `keep`.

@@ -12,8 +12,11 @@ use crate::controller::outcome::{self, REFUSED_RECHECK};
 use crate::controller::pod_index::PodMeta;
 use crate::fixtures::apiserver::{self, ApiServer};
 use crate::fixtures::memcached;
+use crate::resources;
 use crate::resources::REVISION_LABEL;
+use crate::status::{self, Blocked, Observed};
 use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use operator_runtime::workers::{Next, Retry};
 

@@ -55,6 +55,11 @@ async fn an_issuer_where_cert_manager_is_not_served_applies_nothing_and_says_so(
     let mc = turning_issued_tls_on(&ctx, &mut caches);
     let answered = mc.clone();
     let outcome = scenario(mc, Arc::new(ctx), api, |mut api| async move {
+        // What the pods would mount is read whatever the plan: nothing else is.
+        api.expect("GET", "/api/v1/namespaces/default/secrets/cache-tls", http::StatusCode::NOT_FOUND, |_| {
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
+        })
+        .await;
         let (events, status) = events_and_status(api.echo_any_order(2, &answered).await);
         assert_eq!(
             condition(&status.body, DEGRADED),

@@ -1,0 +1,191 @@
+//! Apply: the writes a plan asks for, in their order. The members of a release up to 0.6.0
+//! are adopted first (nothing else is done with them meanwhile); then the generated Secret;
+//! then the members and the objects beside them together (a write of an unchanged object is
+//! skipped); then an update of the members, one step; then the autoscaler; then the binding.
+//! A write refused or blocked by someone else's object ends as a reason for the report.
+
+use k8s_openapi::api::core::v1::Service;
+use kube::{Api, ResourceExt};
+use tracing::debug;
+
+use super::observe::Seen;
+use super::plan::{Desired, Plan};
+use crate::api::{AutoscalingStatus, Memcached};
+use crate::controller::context::Context;
+use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};
+use crate::controller::legacy::{self, Adoption};
+use crate::controller::members::own::{self, Written};
+use crate::controller::members::{self, Updating};
+use crate::controller::owned::OwnedObject;
+use crate::controller::{autoscale, binding, rollouts, secrets};
+use crate::error::{Error, Result};
+use crate::status::{self, Blocked};
+
+/// How the writes went.
+pub enum Step {
+    /// The members of a release up to 0.6.0 are being adopted: the status stays as it was.
+    Adopting,
+    /// The namespace is being deleted: nothing to report.
+    Gone,
+    Applied(Box<Applied>),
+}
+
+/// What the writes came to, for the report.
+pub struct Applied {
+    /// The plan's reason, or a write's: nothing more was applied.
+    pub blocked: Option<Blocked>,
+    pub written: Written,
+    /// The operator's own update waits for a rollout slot; the limit.
+    pub rollout_queued: Option<usize>,
+    pub updating: Option<Updating>,
+    pub autoscaling: Option<AutoscalingStatus>,
+    /// The binding Secret's name, while there is one.
+    pub binding: Option<String>,
+    pub unissued: Option<String>,
+}
+
+/// Makes the writes `plan` asks for.
+pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Result<Step> {
+    let Plan {
+        mut blocked,
+        desired,
+        mut copied,
+        unissued,
+        generate,
+        moves,
+    } = plan;
+    if blocked.is_none() {
+        match legacy::step(ctx, mc, seen.legacy.as_deref()).await? {
+            Adoption::None => {}
+            Adoption::Underway => return Ok(Step::Adopting),
+            Adoption::Foreign(pod) => blocked = Some(foreign("Pod", &pod, mc)),
+        }
+    }
+    if let (None, Some(name)) = (&blocked, &generate) {
+        secrets::generate(ctx, mc, name, &mut copied).await?;
+    }
+    let mut written = Written::default();
+    if blocked.is_none() {
+        let kept = async {
+            tokio::try_join!(
+                own::apply(ctx, mc, &seen.members, &moves),
+                objects(ctx, mc, seen, desired)
+            )
+        };
+        match kept.await {
+            Ok((members, ())) => written = members,
+            Err(Error::Foreign { kind }) => blocked = Some(foreign(&kind, &mc.name_any(), mc)),
+            Err(error) if error.namespace_terminating() => {
+                debug!(%error, "the namespace is being deleted");
+                return Ok(Step::Gone);
+            }
+            Err(error) => blocked = Some(Blocked::refused(error)?),
+        }
+    }
+    // Someone else's pod in a member's name: left alone, and said, as for a Service.
+    if let (None, Some(pod)) = (&blocked, &written.foreign) {
+        blocked = Some(foreign("Pod", pod, mc));
+    }
+    let rollout_queued = budget(ctx, mc, seen, &written);
+    let quiet = blocked.is_none() && !written.any;
+    // The members take the current template one at a time, in place where they can.
+    let updating = match quiet && !written.waiting {
+        true => members::update(ctx, mc, seen.members.keeper(mc)).await?,
+        false => None,
+    };
+    // Sized from the cache's own signals, while autoscaling is on; a blocked Memcached keeps
+    // the last decision.
+    let autoscaling = match quiet {
+        true => autoscale::autoscale(ctx, mc).await?,
+        false => last_autoscaling(mc),
+    };
+    // The binding applications mount; a blocked Memcached's stays as it was.
+    let mut bound = binding::reported(mc);
+    if quiet {
+        match binding::ensure(ctx, mc, &copied).await? {
+            Ok(name) => bound = name,
+            Err(why) => (blocked, bound) = (Some(why), None),
+        }
+    }
+    Ok(Step::Applied(Box::new(Applied {
+        blocked,
+        written,
+        rollout_queued,
+        updating,
+        autoscaling,
+        binding: bound,
+        unissued,
+    })))
+}
+
+/// The objects beside the members: applied where they differ, deleted where no longer wanted.
+async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -> Result<()> {
+    let ns = mc.namespace().unwrap_or_default();
+    let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets = kept(ctx, &ns, Some(&ctx.pod_disruption_budgets)).map(|(api, _)| api);
+    let policies = kept(ctx, &ns, ctx.network_policies.as_ref()).map(|(api, _)| api);
+    let monitors = kept(ctx, &ns, ctx.service_monitors.as_ref()).map(|(api, _)| api);
+    let certificates = kept(ctx, &ns, ctx.certificates.as_ref()).map(|(api, _)| api);
+    let service = seen.service.clone();
+    tokio::try_join!(
+        ensure(
+            ctx,
+            mc,
+            &services,
+            service,
+            desired.service,
+            Announce::Always
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            budgets.as_ref(),
+            seen.budget.clone(),
+            desired.budget
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            policies.as_ref(),
+            seen.policy.clone(),
+            desired.policy
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            monitors.as_ref(),
+            seen.monitor.clone(),
+            desired.monitor
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            certificates.as_ref(),
+            seen.certificate.clone(),
+            desired.certificate
+        ),
+    )?;
+    Ok(())
+}
+
+/// Keeps the rollout budget's count of `mc` (rolling or not); the limit while `mc`'s update
+/// waits for a slot.
+fn budget(ctx: &Context, mc: &Memcached, seen: &Seen, written: &Written) -> Option<usize> {
+    let rolling = !written.waiting && rollouts::is_rolling(mc.spec.size, &seen.members.counts);
+    ctx.rollouts
+        .members(&mc.namespace().unwrap_or_default(), &mc.name_any(), rolling);
+    written.waiting.then(|| ctx.rollouts.limit())
+}
+
+fn last_autoscaling(mc: &Memcached) -> Option<AutoscalingStatus> {
+    mc.status
+        .as_ref()
+        .and_then(|s| s.autoscaling.clone())
+        .filter(|_| autoscale::enabled(mc))
+}
+
+fn foreign(kind: &str, name: &str, mc: &Memcached) -> Blocked {
+    Blocked::ResourceExists {
+        message: status::named_conflict_message(kind, name, mc),
+    }
+}

@@ -1,0 +1,84 @@
+//! Observe: every read of a reconcile, before it writes anything. The owned objects come from
+//! the caches (or a read while the status reports someone else's object in the name); the
+//! Secrets the pods mount are read; the members are what the pod watch shows.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::{Api, ResourceExt};
+
+use super::plan::Desired;
+use crate::api::Memcached;
+use crate::certificate::Certificate;
+use crate::controller::context::Context;
+use crate::controller::ensure::{kept, lookup, lookup_optional};
+use crate::controller::legacy;
+use crate::controller::members::own;
+use crate::controller::owned::OwnedObject;
+use crate::controller::secrets::{self, Mounts};
+use crate::error::Result;
+use crate::resources::is_controlled_by;
+use crate::service_monitor::ServiceMonitor;
+use crate::status::pods::PodTrouble;
+
+/// What one reconcile read of the cluster for a Memcached.
+pub struct Seen {
+    pub service: Option<Arc<OwnedObject<Service>>>,
+    pub budget: Option<Arc<OwnedObject<PodDisruptionBudget>>>,
+    pub policy: Option<Arc<OwnedObject<NetworkPolicy>>>,
+    pub monitor: Option<Arc<OwnedObject<ServiceMonitor>>>,
+    pub certificate: Option<Arc<OwnedObject<Certificate>>>,
+    /// Whether this process may keep NetworkPolicies (it may watch them).
+    pub keeps_policies: bool,
+    /// Whether this process may keep cert-manager's Certificates (served and watchable).
+    pub keeps_certificates: bool,
+    /// The Memcached's own workload of a release up to 0.6.0, until it is adopted.
+    pub legacy: Option<legacy::Held>,
+    /// The Secrets the pods mount.
+    pub secrets: Mounts,
+    pub members: own::Seen,
+    /// Names of the Memcached's pods not being deleted, and what those not Ready say.
+    pub pods: Vec<String>,
+    pub troubles: Vec<PodTrouble>,
+}
+
+/// Reads what a reconcile of `mc` decides from; `desired` says which optional objects are
+/// wanted (one not wanted is looked for in the cache only, to delete it if it is ours).
+pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result<Seen> {
+    let ns = mc.namespace().unwrap_or_default();
+    let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets = kept(ctx, &ns, Some(&ctx.pod_disruption_budgets));
+    let policies = kept(ctx, &ns, ctx.network_policies.as_ref());
+    let monitors = kept(ctx, &ns, ctx.service_monitors.as_ref());
+    let certificates = kept(ctx, &ns, ctx.certificates.as_ref());
+    // Independent requests go out together: a reconcile's latency is its longest chain of
+    // round trips.
+    let (service, budget, policy, monitor, certificate, secrets) = tokio::try_join!(
+        lookup(&services, &ctx.services, mc),
+        lookup_optional(budgets.as_ref(), mc, desired.budget.is_some()),
+        lookup_optional(policies.as_ref(), mc, desired.policy.is_some()),
+        lookup_optional(monitors.as_ref(), mc, desired.monitor.is_some()),
+        lookup_optional(certificates.as_ref(), mc, desired.certificate.is_some()),
+        secrets::read_mounted(ctx, mc),
+    )?;
+    let pods = ctx.pods.pods_of(&ns, &mc.name_any());
+    Ok(Seen {
+        service,
+        budget,
+        policy,
+        monitor,
+        certificate,
+        keeps_policies: policies.is_some(),
+        keeps_certificates: certificates.is_some(),
+        legacy: ctx
+            .legacy_stateful_sets
+            .get_for(mc)
+            .filter(|held| is_controlled_by(&held.metadata, mc)),
+        secrets,
+        members: own::observe(ctx, mc),
+        pods: pods.names,
+        troubles: pods.troubles,
+    })
+}

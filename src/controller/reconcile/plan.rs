@@ -1,0 +1,132 @@
+//! Plan: what a reconcile will do, from what it observed. Pure: no client, no clock. What
+//! blocks the Memcached and why, the objects it should have (built once), the Secrets to
+//! generate and the members' moves.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::observe::Seen;
+use crate::api::Memcached;
+use crate::certificate::Certificate;
+use crate::controller::members::own::{self, Moves};
+use crate::controller::secrets::{self, Secrets};
+use crate::error::Refusal;
+use crate::resources::binding::Copied;
+use crate::resources::{self, is_controlled_by};
+use crate::service_monitor::ServiceMonitor;
+use crate::status::{self, Blocked};
+use crate::validation;
+
+/// The objects beside the members that the spec wants.
+pub struct Desired {
+    pub service: Service,
+    pub budget: Option<PodDisruptionBudget>,
+    pub policy: Option<NetworkPolicy>,
+    pub monitor: Option<ServiceMonitor>,
+    pub certificate: Option<Certificate>,
+}
+
+/// The objects `mc`'s spec wants; `operator_namespace` is let through its NetworkPolicy.
+pub fn desired(mc: &Memcached, operator_namespace: Option<&str>) -> Desired {
+    Desired {
+        service: resources::service(mc),
+        budget: resources::pod_disruption_budget(mc),
+        policy: resources::network_policy(mc, operator_namespace),
+        monitor: resources::service_monitor(mc),
+        certificate: resources::tls::certificate(mc),
+    }
+}
+
+/// What a reconcile will do.
+pub struct Plan {
+    /// Why nothing may be applied: the pods running now keep serving.
+    pub blocked: Option<Blocked>,
+    pub desired: Desired,
+    /// What the binding repeats of the Secrets the pods mount.
+    pub copied: Copied,
+    /// The certificate Secret cert-manager has not issued yet: the pods wait for it.
+    pub unissued: Option<String>,
+    /// The credentials Secret to generate.
+    pub generate: Option<String>,
+    pub moves: Moves,
+}
+
+/// The plan for `mc` from what was `seen`.
+pub fn plan(mc: &Memcached, seen: &Seen, desired: Desired) -> Plan {
+    let mut blocked = blocked(mc, seen, &desired);
+    // The Secrets matter only to what would be applied.
+    let (copied, unissued, generate) = match (&blocked, secrets::judge(mc, &seen.secrets)) {
+        (Some(_), _) => Default::default(),
+        (None, Secrets::Unusable(why)) => {
+            blocked = Some(why);
+            Default::default()
+        }
+        (
+            None,
+            Secrets::Usable {
+                copied,
+                unissued,
+                generate,
+            },
+        ) => (copied, unissued, generate),
+    };
+    Plan {
+        blocked,
+        moves: own::moves(mc, &seen.members),
+        desired,
+        copied,
+        unissued,
+        generate,
+    }
+}
+
+/// Why nothing may be applied, in this order: an object of our name that this Memcached does
+/// not control is left untouched; a spec that cannot work is not applied; a policy or
+/// certificate asked for that this process cannot keep (rather than pods running without what
+/// the user counts on). Then (`plan`) Secrets the pods cannot mount.
+fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
+    let foreign: [(&str, Option<&ObjectMeta>); 5] = [
+        ("Service", seen.service.as_deref().map(|o| &o.metadata)),
+        (
+            "PodDisruptionBudget",
+            seen.budget.as_deref().map(|o| &o.metadata),
+        ),
+        ("NetworkPolicy", seen.policy.as_deref().map(|o| &o.metadata)),
+        (
+            "ServiceMonitor",
+            seen.monitor.as_deref().map(|o| &o.metadata),
+        ),
+        (
+            "Certificate",
+            seen.certificate.as_deref().map(|o| &o.metadata),
+        ),
+    ];
+    let foreign = foreign
+        .into_iter()
+        .find(|(_, m)| m.is_some_and(|m| !is_controlled_by(m, mc)));
+    if let Some((kind, _)) = foreign {
+        return Some(Blocked::ResourceExists {
+            message: status::conflict_message(kind, mc),
+        });
+    }
+    if let Err(message) = validation::validate(&mc.spec) {
+        return Some(Blocked::InvalidSpec { message });
+    }
+    if desired.policy.is_some() && !seen.keeps_policies {
+        return Some(Blocked::Refused {
+            refusal: Refusal::Forbidden,
+            message: status::NETWORK_POLICIES_FORBIDDEN.to_string(),
+        });
+    }
+    if desired.certificate.is_some() && !seen.keeps_certificates {
+        return Some(Blocked::InvalidSpec {
+            message: status::CERTIFICATES_UNAVAILABLE.to_string(),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,92 @@
+//! Report: the status, the conditions' metrics, the events, and what the worker does next.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::apply::Applied;
+use super::forget;
+use super::observe::Seen;
+use crate::api::Memcached;
+use crate::controller::autoscale;
+use crate::controller::context::Context;
+use crate::controller::ensure::{StatusPatch, patch_status};
+use crate::controller::outcome::Outcome;
+use crate::error::Result;
+use crate::resources;
+use crate::status::{self, Observed};
+
+/// Past the moment a member is available: a Ready condition's time is whole seconds.
+const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Reports what was seen and applied. After members were written, nothing: their watch events
+/// queue a status refresh, which sees what the writes started, and the queue serves it after
+/// the spec changes that users wait for.
+pub async fn report(
+    ctx: &Context,
+    mc: &Memcached,
+    seen: &Seen,
+    applied: Applied,
+) -> Result<Outcome> {
+    let blocked = applied.blocked.clone();
+    if applied.written.any && blocked.is_none() {
+        ctx.events.unblocked(mc);
+        return Ok(Outcome::Converged);
+    }
+    let observed = Observed {
+        members: Some(seen.members.counts),
+        creation_refused: applied.written.refused.as_deref(),
+        update: applied.updating.map(|u| u.kind),
+        autoscaling: applied.autoscaling.clone(),
+        pods: seen.pods.clone(),
+        troubles: seen.troubles.clone(),
+        blocked: blocked.clone(),
+        rollout_queued: applied.rollout_queued,
+        binding: applied.binding.clone(),
+        unissued: applied.unissued.clone(),
+    };
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
+    if mc.status.as_ref() != Some(&new_status)
+        && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
+    {
+        forget(ctx, &ObjectRef::from_obj(mc));
+        return Ok(Outcome::Gone);
+    }
+    let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    ctx.metrics
+        .set_conditions(&ns, &name, &new_status.conditions);
+    ctx.metrics.autoscaling.set(
+        &ns,
+        &name,
+        mc.spec.autoscaling_on(),
+        new_status.autoscaling.as_ref(),
+    );
+    ctx.events.troubled(mc, trouble.as_ref());
+    match blocked {
+        Some(blocked) => {
+            ctx.events.blocked(mc, &blocked);
+            Ok(Outcome::Blocked(blocked))
+        }
+        None => {
+            ctx.events.unblocked(mc);
+            Ok(next(mc, seen, &applied))
+        }
+    }
+}
+
+/// What the worker does after an unblocked reconcile.
+fn next(mc: &Memcached, seen: &Seen, applied: &Applied) -> Outcome {
+    match (applied.rollout_queued, applied.updating) {
+        (Some(_), _) => Outcome::WaitingForRolloutSlot,
+        (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
+        _ if applied.written.refused.is_some() => Outcome::PodsMissing,
+        // The watch tells when a pod is Ready, not when it has been for long enough.
+        _ if let Some(soon) = seen.members.available_in => {
+            Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
+        }
+        _ if autoscale::enabled(mc) => Outcome::Autoscaling,
+        _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
+        _ => Outcome::Converged,
+    }
+}
