@@ -2,9 +2,7 @@
 //! decide.rs), and set `spec.size` through the scale subresource. While autoscaling is on the
 //! size is the autoscaler's: one set by hand is put back, with a Warning.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -16,79 +14,19 @@ use kube::{Api, ResourceExt};
 use tracing::debug;
 
 use super::context::Context;
+
+pub mod remembered;
 use crate::api::{AutoscalingStatus, LastScale, Memcached};
-use crate::autoscaling::{History, Reading, Reason, decide, stats};
+use crate::autoscaling::{Reading, Reason, decide, stats};
 use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, agent, warm_restart};
-use operator_runtime::lock;
+use remembered::Kept;
 
 /// How often the members are read while autoscaling is on.
 pub const POLL: Duration = Duration::from_secs(10);
 /// Reconciles closer together than this (pod events) reuse the last decision: rates over a
 /// moment say little, and each reading costs every member a connection.
 const MIN_INTERVAL: SignedDuration = SignedDuration::from_secs(5);
-
-/// What the autoscaler remembers per Memcached, in this process: the readings' history and the
-/// size it set last (the status may not show it yet when the size's own watch event comes).
-#[derive(Default)]
-pub struct Autoscaler(Mutex<HashMap<ObjectRef<Memcached>, Remembered>>);
-
-#[derive(Default)]
-struct Remembered {
-    history: History,
-    size: Option<i32>,
-    /// The Memcached's generation after the autoscaler's last write of spec.size.
-    generation: Option<i64>,
-}
-
-/// What this process knows of the size to keep, against the Memcached read.
-enum Kept {
-    /// Its own write of spec.size is the Memcached's latest spec change: that size (its status
-    /// may not say so yet).
-    Latest(i32),
-    /// The Memcached was read before that write reached the cache: nothing to judge.
-    Stale,
-    /// Someone changed the spec since (or nothing was written here): the status says.
-    Unknown,
-}
-
-impl Autoscaler {
-    pub fn forget(&self, key: &ObjectRef<Memcached>) {
-        lock(&self.0).remove(key);
-    }
-
-    fn kept(&self, mc: &Memcached) -> Kept {
-        let all = lock(&self.0);
-        let Some(r) = all.get(&ObjectRef::from_obj(mc)) else {
-            return Kept::Unknown;
-        };
-        match (r.size, r.generation) {
-            (_, Some(written)) if mc.metadata.generation < Some(written) => Kept::Stale,
-            (Some(size), Some(written)) if mc.metadata.generation == Some(written) => {
-                Kept::Latest(size)
-            }
-            _ => Kept::Unknown,
-        }
-    }
-
-    /// The autoscaler wrote `size` into spec.size.
-    fn wrote(&self, mc: &Memcached, size: i32) {
-        let mut all = lock(&self.0);
-        let r = all.entry(ObjectRef::from_obj(mc)).or_default();
-        r.size = Some(size);
-        r.generation = mc.metadata.generation.map(|g| g + 1);
-    }
-
-    fn take(&self, mc: &Memcached) -> Remembered {
-        lock(&self.0)
-            .remove(&ObjectRef::from_obj(mc))
-            .unwrap_or_default()
-    }
-
-    fn keep(&self, mc: &Memcached, remembered: Remembered) {
-        lock(&self.0).insert(ObjectRef::from_obj(mc), remembered);
-    }
-}
 
 /// While autoscaling is on, `spec.size` is the autoscaler's: one set by hand is put back, with a
 /// Warning, before anything is sized from it. True when it was: the write's watch event brings

@@ -8,11 +8,11 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 
-use super::autoscale::Autoscaler;
+use super::autoscale::remembered::Autoscaler;
 use super::events::Events;
 use super::hpa_index::HpaIndex;
-use super::legacy;
-use super::members::Replacing;
+use super::legacy::cache as legacy;
+use super::members::replacing::Replacing;
 use super::own_writes::OwnWrites;
 use super::owned::OwnedObject;
 use super::pod_index::PodIndex;

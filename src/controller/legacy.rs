@@ -1,5 +1,5 @@
 //! The StatefulSets of releases up to 0.6.0, adopted. Those releases kept a Memcached's members
-//! in a StatefulSet; since 0.8.0 the operator keeps the pods itself, and a Memcached that still
+//! in a StatefulSet; since 0.7.0 the operator keeps new ones' pods itself, and a Memcached that still
 //! has its StatefulSet has its members handed over as they run: nothing is restarted, no key is
 //! lost. The only module that knows of StatefulSets.
 //!
@@ -33,12 +33,10 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::context::Context;
-use super::digest::digest_naming;
 use super::events::Change;
 use super::members::{apply_error, history, read_error};
-use super::owned::{Owned, OwnedObject, names};
+use super::owned::OwnedObject;
 use super::pod_index::{Controller, Member};
-use super::triggers::OwnedTriggers;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::members::POD_INDEX_LABEL;
@@ -49,26 +47,7 @@ use crate::validation::quantity_bytes;
 /// members run its template.
 pub const ADOPTED_FROM: &str = "cache.example.com/adopted-from";
 
-/// The StatefulSets of the watched namespaces that the operator labelled as its own.
-pub type Cache = operator_runtime::cache::Cache<OwnedObject<StatefulSet>>;
-
-/// One of them, as the cache holds it.
-pub type Held = std::sync::Arc<OwnedObject<StatefulSet>>;
-
-/// Only to adopt from it: nothing reads its status.
-impl Owned for StatefulSet {
-    type Status = serde::de::IgnoredAny;
-
-    fn spec_digest(&self) -> Option<u64> {
-        digest_naming(&self.spec, &names(&self.metadata))
-    }
-}
-
-/// A StatefulSet's watch queues its Memcached when it changes or goes (its delete ends the
-/// release); its status, which its controller rewrites as pods change, does not.
-pub fn triggers() -> OwnedTriggers<StatefulSet> {
-    OwnedTriggers::new(false)
-}
+pub mod cache;
 
 /// Where a Memcached's adoption stands.
 #[derive(Debug, PartialEq, Eq)]

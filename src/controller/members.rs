@@ -12,9 +12,8 @@
 //!
 //! The patch, and why memcached waits for the agent beside it: in_place.rs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
@@ -30,11 +29,11 @@ use crate::error::{Error, Result};
 use crate::resources;
 use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
-use operator_runtime::lock;
 
 mod in_place;
 mod memory;
 pub mod own;
+pub mod replacing;
 pub(super) use own::history;
 mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
@@ -45,8 +44,6 @@ use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
 /// How often an update in progress is looked at when no pod event comes sooner.
 const RECHECK: Duration = Duration::from_secs(5);
-/// How long an evicted member's replacement counts as part of the update at most.
-const REPLACEMENT_COUNTS: Duration = Duration::from_secs(600);
 
 /// An update in progress: its kind, and when to look again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,50 +63,6 @@ enum Step<'a> {
     Update(&'a Pod),
     /// This member, restarted in place, is back and available: label it with the revision.
     Finish(&'a Pod),
-}
-
-/// The members this process evicted for an update, per Memcached, until their replacements serve
-/// (or, should they never, for as long as a rollout counts: rollouts.rs). Kept in memory: after a
-/// restart the status counts such a member as out for another cause until it serves.
-#[derive(Default)]
-pub struct Replacing(Mutex<HashMap<(String, String), BTreeMap<String, Instant>>>);
-
-impl Replacing {
-    fn of(&self, namespace: &str, memcached: &str) -> BTreeSet<String> {
-        let mut all = lock(&self.0);
-        let key = (namespace.to_string(), memcached.to_string());
-        let Some(members) = all.get_mut(&key) else {
-            return BTreeSet::new();
-        };
-        members.retain(|_, since| since.elapsed() < REPLACEMENT_COUNTS);
-        let names = members.keys().cloned().collect();
-        if members.is_empty() {
-            all.remove(&key);
-        }
-        names
-    }
-
-    fn evicted(&self, namespace: &str, memcached: &str, member: &str) {
-        lock(&self.0)
-            .entry((namespace.to_string(), memcached.to_string()))
-            .or_default()
-            .insert(member.to_string(), Instant::now());
-    }
-
-    /// These members serve: their replacement, if any, is over. The members still replacing.
-    fn served(&self, namespace: &str, memcached: &str, available: &[&str]) -> BTreeSet<String> {
-        let mut all = lock(&self.0);
-        let key = (namespace.to_string(), memcached.to_string());
-        let Some(members) = all.get_mut(&key) else {
-            return BTreeSet::new();
-        };
-        members.retain(|name, _| !available.contains(&name.as_str()));
-        let names = members.keys().cloned().collect();
-        if members.is_empty() {
-            all.remove(&key);
-        }
-        names
-    }
 }
 
 /// What an update reads of the members' count.

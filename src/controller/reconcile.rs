@@ -12,6 +12,7 @@ use crate::api::Memcached;
 use crate::error::Result;
 
 mod apply;
+mod desired;
 mod observe;
 mod plan;
 mod report;
@@ -31,7 +32,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     if autoscale::put_back(ctx, mc).await? {
         return Ok(Outcome::Converged);
     }
-    let desired = plan::desired(mc, ctx.operator_namespace.as_deref());
+    let desired = desired::desired(mc, ctx.operator_namespace.as_deref());
     let seen = observe::observe(ctx, mc, &desired).await?;
     let plan = plan::plan(mc, &seen, desired);
     match apply::apply(ctx, mc, &seen, plan).await? {

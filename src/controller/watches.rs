@@ -234,8 +234,14 @@ fn scope_watches(
         future::ready(())
     });
 
-    let (legacy_stateful_sets, legacy_watch) =
-        owned_watch(shared, &scope, &caches, feed(), legacy::triggers(), |_| {});
+    let (legacy_stateful_sets, legacy_watch) = owned_watch(
+        shared,
+        &scope,
+        &caches,
+        feed(),
+        legacy::cache::triggers(),
+        |_| {},
+    );
     let (services, service_watch) = owned_watch::<Service>(
         shared,
         &scope,

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, SecurityContext, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -18,6 +20,7 @@ pub mod binding;
 pub mod members;
 mod network_policy;
 mod pod_template;
+pub mod ports;
 pub mod tls;
 pub mod warm_restart;
 pub use network_policy::network_policy;
@@ -115,6 +118,22 @@ pub fn owner_reference(mc: &Memcached) -> OwnerReference {
         .expect("a Memcached read from the API server has a name and uid");
     owner.block_owner_deletion = Some(true);
     owner
+}
+
+/// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
+/// no privilege escalation, no capabilities, a read-only root.
+fn restricted(uid: i64) -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
 }
 
 fn mount(volume: &str, path: &str, read_only: bool) -> k8s_openapi::api::core::v1::VolumeMount {

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
+    Affinity, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, SleepAction, TCPSocketAction,
-    TopologySpreadConstraint, VolumeMount,
+    ResourceRequirements, SeccompProfile, SleepAction, TCPSocketAction, TopologySpreadConstraint,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -15,24 +15,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{EXPORTER_PORT, Memcached, Spread};
 
+use super::ports::LocalPorts;
 use super::*;
 use super::{agent, auth, tls, warm_restart};
-
-/// A container as restricted as the Pod Security "restricted" profile asks: non-root as `uid`,
-/// no privilege escalation, no capabilities, a read-only root.
-pub(super) fn restricted(uid: i64) -> SecurityContext {
-    SecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(uid),
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_string()]),
-            ..Capabilities::default()
-        }),
-        ..SecurityContext::default()
-    }
-}
 
 /// The memcached exporter beside memcached: it reads `stats` over localhost and serves them on
 /// :9150/metrics. Only a liveness probe: a readiness probe would take a serving memcached out of
@@ -234,7 +219,7 @@ fn memcached_args(mc: &Memcached) -> Vec<String> {
     if auth::enabled(mc) {
         args.extend(auth::memcached_args());
     }
-    args.extend(tls::memcached_args(mc, agent::LocalPorts::of(mc).plain));
+    args.extend(tls::memcached_args(mc, LocalPorts::of(mc).plain));
     args.extend(["-o", "modern", "-v"].map(String::from));
     args
 }

@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::Memcached;
 
-use super::agent::LocalPorts;
 use super::mount;
+use super::ports::LocalPorts;
 
 /// memcached preallocates its whole memory with `-e`, a page per slab class at least: below this
 /// it refuses to start.

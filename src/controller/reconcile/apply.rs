@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::Service;
 use kube::{Api, ResourceExt};
 use tracing::debug;
 
+use super::desired::Desired;
 use super::observe::Seen;
-use super::plan::{Desired, Plan};
+use super::plan::Plan;
 use crate::api::{AutoscalingStatus, Memcached};
 use crate::controller::context::Context;
 use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};

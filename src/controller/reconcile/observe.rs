@@ -9,7 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::{Api, ResourceExt};
 
-use super::plan::Desired;
+use super::desired::Desired;
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::controller::context::Context;
@@ -35,7 +35,7 @@ pub struct Seen {
     /// Whether this process may keep cert-manager's Certificates (served and watchable).
     pub keeps_certificates: bool,
     /// The Memcached's own workload of a release up to 0.6.0, until it is adopted.
-    pub legacy: Option<legacy::Held>,
+    pub legacy: Option<legacy::cache::Held>,
     /// The Secrets the pods mount.
     pub secrets: Mounts,
     pub members: own::Seen,

@@ -2,42 +2,18 @@
 //! blocks the Memcached and why, the objects it should have (built once), the Secrets to
 //! generate and the members' moves.
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::desired::Desired;
 use super::observe::Seen;
 use crate::api::Memcached;
-use crate::certificate::Certificate;
 use crate::controller::members::own::{self, Moves};
 use crate::controller::secrets::{self, Secrets};
 use crate::error::Refusal;
 use crate::resources::binding::Copied;
-use crate::resources::{self, is_controlled_by};
-use crate::service_monitor::ServiceMonitor;
+use crate::resources::is_controlled_by;
 use crate::status::{self, Blocked};
 use crate::validation;
-
-/// The objects beside the members that the spec wants.
-pub struct Desired {
-    pub service: Service,
-    pub budget: Option<PodDisruptionBudget>,
-    pub policy: Option<NetworkPolicy>,
-    pub monitor: Option<ServiceMonitor>,
-    pub certificate: Option<Certificate>,
-}
-
-/// The objects `mc`'s spec wants; `operator_namespace` is let through its NetworkPolicy.
-pub fn desired(mc: &Memcached, operator_namespace: Option<&str>) -> Desired {
-    Desired {
-        service: resources::service(mc),
-        budget: resources::pod_disruption_budget(mc),
-        policy: resources::network_policy(mc, operator_namespace),
-        monitor: resources::service_monitor(mc),
-        certificate: resources::tls::certificate(mc),
-    }
-}
 
 /// What a reconcile will do.
 pub struct Plan {

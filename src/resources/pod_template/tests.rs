@@ -475,7 +475,7 @@ fn auth_gives_memcached_a_password_file_kept_by_a_restricted_agent() {
         exporter.args.as_ref().unwrap()[0],
         format!(
             "--memcached.address=localhost:{}",
-            agent::LocalPorts::of(&mc).agent
+            ports::LocalPorts::of(&mc).agent
         ),
         "the exporter reads stats through the agent, which logs in"
     );

@@ -8,8 +8,10 @@ use serde_json::json;
 
 use super::*;
 use crate::controller::pod_index::{Controller, Member};
+use crate::controller::reconcile::desired::desired;
 use crate::controller::secrets::Mounts;
 use crate::fixtures::{memcached, memcached_with_spec};
+use crate::resources;
 use crate::resources::Images;
 
 /// What a reconcile of `mc` sees where nothing of it exists yet but `members` (of the current
