@@ -24,8 +24,8 @@
 //! upgrades by itself; NS_MANUAL gets an InstallPlan that waits for approval until the test
 //! approves it; each namespace's operator process is then today's binary (`OPERATOR_BIN`).
 //! Asserts: the new CSV Succeeds and replaces the old one (which is removed); the new operator
-//! updates the members under each Memcached's StatefulSet (`OnDelete`), then adopts them (the
-//! StatefulSet deleted, its pods the Memcached's, of its one ControllerRevision); the
+//! adopts the members of each Memcached's StatefulSet as they run (the StatefulSet deleted, its
+//! pods the Memcached's, its ControllerRevisions the Memcached's own), then updates them; the
 //! pod template changes in the agent's image only as the operator compares templates
 //! (the operator's own, the new CSV's `RELATED_IMAGE_AGENT`), so each member is updated in place:
 //! the same pod (name and uid), its
@@ -1562,9 +1562,9 @@ async fn install_and_upgrade_through_olm() {
                 format!(
                     "{ns}/{name}: {}, pods {} {}, Ready, of its update revision, the agent beside memcached, status.servers by stable names{}",
                     if of_before {
-                        format!("its StatefulSet {name} gone, its members adopted: one ControllerRevision of the Memcached's")
+                        format!("its StatefulSet {name} gone, its members adopted: ControllerRevisions of the Memcached's only")
                     } else {
-                        "no StatefulSet, one ControllerRevision of the Memcached's".to_string()
+                        "no StatefulSet, ControllerRevisions of the Memcached's only".to_string()
                     },
                     pods.join(" "),
                     if of_before {

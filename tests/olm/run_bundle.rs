@@ -25,8 +25,8 @@
 //!      registry, as a release is made): it Succeeds and replaces the previous one, and its
 //!      operator, whose pod template differs in the agent's image only (the operator's own) as
 //!      the operator compares templates (`-m` through an env var or literal counts as equal),
-//!      updates each member in place, then adopts them (no StatefulSet left, the pods the
-//!      Memcached's, of its one revision): the same Memcached UID and pods (names,
+//!      adopts the members as they run, then updates each in place (no StatefulSet left, the
+//!      pods the Memcached's, of its revisions): the same Memcached UID and pods (names,
 //!      uids, addresses), Ready, the agent restarted once on the new
 //!      image, memcached not restarted (its restart count unchanged, memcached's image
 //!      unchanged); a `Restarted` event each, about `minReadySeconds` or more apart, none
@@ -851,7 +851,7 @@ async fn run_bundle_upgrade_restarts_each_members_agent_in_place_keeping_the_key
     wait_updated(
         scene,
         &format!(
-            "Memcached {}'s {size} members updated in place on {node}, then adopted from its StatefulSet (gone): the same pods, Ready, the Memcached's, the agent restarted once on {}, memcached not restarted, still on {}",
+            "Memcached {}'s {size} members adopted from its StatefulSet (gone), then updated in place on {node}: the same pods, Ready, the Memcached's, the agent restarted once on {}, memcached not restarted, still on {}",
             release.sample,
             short(&images.operator),
             short(&images.memcached)
