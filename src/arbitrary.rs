@@ -145,14 +145,19 @@ fn with_tuning(spec: MemcachedSpec) -> impl Strategy<Value = MemcachedSpec> {
             max_unavailable,
         }),
     );
-    let rollout = option::of((0..=3i32, 0..=3i32, 0..=60i32, 0..=30i32).prop_map(
-        |(max_surge, max_unavailable, min_ready_seconds, pre_stop_delay_seconds)| RolloutSpec {
-            max_surge,
-            max_unavailable,
-            min_ready_seconds,
-            pre_stop_delay_seconds,
-        },
-    ));
+    let rollout = option::of(
+        (0..=3i32, 0..=3i32, 0..=60i32, 0..=30i32, 1..=3600i32).prop_map(
+            |(max_surge, max_unavailable, min_ready, pre_stop_delay, progress_deadline)| {
+                RolloutSpec {
+                    max_surge,
+                    max_unavailable,
+                    min_ready_seconds: min_ready,
+                    pre_stop_delay_seconds: pre_stop_delay,
+                    progress_deadline_seconds: progress_deadline,
+                }
+            },
+        ),
+    );
     let spread = option::of(prop_oneof![
         Just(Spread::Preferred),
         Just(Spread::Required),

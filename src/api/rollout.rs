@@ -54,6 +54,13 @@ pub struct RolloutSpec {
     #[serde(default = "default_pre_stop_delay_seconds")]
     #[schemars(range(min = 0, max = 300))]
     pub pre_stop_delay_seconds: i32,
+
+    /// Seconds a member may take to become Ready (after it is made, or restarted for an
+    /// update) before the Memcached reports `Progressing=False` and `Degraded=True` with reason
+    /// `ProgressDeadlineExceeded`, as a Deployment does.
+    #[serde(default = "default_progress_deadline_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub progress_deadline_seconds: i32,
 }
 
 impl Default for RolloutSpec {
@@ -63,6 +70,7 @@ impl Default for RolloutSpec {
             max_unavailable: 0,
             min_ready_seconds: default_min_ready_seconds(),
             pre_stop_delay_seconds: default_pre_stop_delay_seconds(),
+            progress_deadline_seconds: default_progress_deadline_seconds(),
         }
     }
 }
@@ -98,4 +106,9 @@ fn default_min_ready_seconds() -> i32 {
 
 fn default_pre_stop_delay_seconds() -> i32 {
     10
+}
+
+/// A Deployment's default.
+fn default_progress_deadline_seconds() -> i32 {
+    600
 }

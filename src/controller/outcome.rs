@@ -47,6 +47,9 @@ pub enum Outcome {
     /// Members the operator keeps itself are Ready but not yet for `minReadySeconds`: no event
     /// comes when they are, so look again then to report them available.
     MembersBecomingAvailable(Duration),
+    /// A member is not Ready: no event comes when it has not been for the progress deadline,
+    /// so look again then to report it.
+    AwaitingProgress(Duration),
     /// Members could not be created (a quota, a policy): try again.
     PodsMissing,
     /// Converged, with a binding that copies Secrets the operator does not watch: read again
@@ -64,9 +67,9 @@ impl Outcome {
             Outcome::Converged | Outcome::Gone => Next::AwaitChange,
             Outcome::CachesFilling => Next::After(CACHE_WAIT),
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
-            Outcome::UpdatingMembers(recheck) | Outcome::MembersBecomingAvailable(recheck) => {
-                Next::After(*recheck)
-            }
+            Outcome::UpdatingMembers(recheck)
+            | Outcome::MembersBecomingAvailable(recheck)
+            | Outcome::AwaitingProgress(recheck) => Next::After(*recheck),
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
             Outcome::Autoscaling => Next::After(super::autoscale::POLL),
             Outcome::PodsMissing => Next::After(MISSING_RECHECK),

@@ -33,6 +33,8 @@ pub struct PodMeta {
     pub trouble: Option<PodTrouble>,
     pub ip: Option<IpAddr>,
     pub ready_since: Option<Timestamp>,
+    /// Since when it is not Ready: its Ready condition's last change, or its creation.
+    pub not_ready_since: Option<Timestamp>,
 }
 
 impl<'de> Deserialize<'de> for PodMeta {
@@ -45,11 +47,13 @@ impl<'de> Deserialize<'de> for PodMeta {
             status: PodStatusSeen,
         }
         let wire = Wire::deserialize(deserializer)?;
+        let created = wire.metadata.meta.creation_timestamp.as_ref().map(|t| t.0);
         Ok(Self {
-            metadata: wire.metadata.meta,
             trouble: wire.status.trouble(),
             ip: wire.status.pod_ip,
             ready_since: wire.status.ready_since(),
+            not_ready_since: wire.status.not_ready_since(created),
+            metadata: wire.metadata.meta,
         })
     }
 }
@@ -84,6 +88,7 @@ struct PodEntry {
     trouble: Option<Box<PodTrouble>>,
     ip: Option<IpAddr>,
     ready_since: Option<Timestamp>,
+    not_ready_since: Option<Timestamp>,
     /// The revision of the members' template it was made from (`REVISION_LABEL`).
     revision: Option<Box<str>>,
     /// Being deleted: counted for nothing, but its name is taken until it is gone.
@@ -122,6 +127,7 @@ impl Controller {
 pub struct Member {
     pub name: String,
     pub ready_since: Option<Timestamp>,
+    pub not_ready_since: Option<Timestamp>,
     pub revision: Option<String>,
     pub controller: Controller,
 }
@@ -168,6 +174,7 @@ impl Index {
                 trouble: pod.trouble.clone().map(Box::new),
                 ip: pod.ip,
                 ready_since: pod.ready_since,
+                not_ready_since: pod.not_ready_since,
                 revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
                 terminating: pod.metadata.deletion_timestamp.is_some(),
                 controller: Controller::of(&pod.metadata),
@@ -207,6 +214,7 @@ impl PodIndex {
                 .map(|p| Member {
                     name: p.name.clone(),
                     ready_since: p.ready_since,
+                    not_ready_since: p.not_ready_since,
                     revision: p.revision.as_deref().map(str::to_string),
                     controller: p.controller,
                 })
@@ -273,6 +281,7 @@ mod tests {
             trouble: None,
             ip: None,
             ready_since: None,
+            not_ready_since: None,
         }
     }
 

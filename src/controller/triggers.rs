@@ -286,6 +286,7 @@ mod tests {
             trouble: None,
             ip: None,
             ready_since: None,
+            not_ready_since: None,
             metadata: ObjectMeta {
                 name: Some("cache-0".into()),
                 namespace: Some("default".into()),

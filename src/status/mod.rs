@@ -47,6 +47,34 @@ pub struct Observed<'a> {
     pub update: Option<UpdateKind>,
     /// What the autoscaler last saw and decided, while it is on.
     pub autoscaling: Option<crate::api::AutoscalingStatus>,
+    /// The member not Ready for the longest, and since when.
+    pub not_ready: Option<NotReady>,
+}
+
+/// A member not Ready, since when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotReady {
+    pub member: String,
+    pub since: k8s_openapi::jiff::Timestamp,
+}
+
+impl NotReady {
+    /// How long until the member is not Ready for `mc`'s progress deadline (zero: it is).
+    pub fn deadline_in(
+        &self,
+        mc: &Memcached,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> std::time::Duration {
+        let deadline = mc
+            .spec
+            .rollout
+            .clone()
+            .unwrap_or_default()
+            .progress_deadline_seconds;
+        let left = k8s_openapi::jiff::SignedDuration::from_secs(i64::from(deadline))
+            - now.duration_since(self.since);
+        std::time::Duration::try_from(left).unwrap_or_default()
+    }
 }
 
 /// How the members are being updated.
@@ -98,7 +126,7 @@ pub fn desired_status_and_trouble(
     // Memcached stays Available while no more are out than the update may take.
     let updating_within_budget = updating && ready >= size - crate::resources::members_at_once(mc);
     let converged = all_ready && replicas == size && updated == size;
-    let trouble = trouble(mc, observed);
+    let trouble = trouble(mc, observed, now);
     let pods_ready = format!("{ready}/{size} pods are ready");
     let available = if all_ready {
         cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)
@@ -119,7 +147,12 @@ pub fn desired_status_and_trouble(
             cond(DEGRADED, true, b.reason(), b.message()),
         ),
         None => {
-            let progressing = if let Some(limit) = observed.rollout_queued {
+            let stuck = trouble
+                .as_ref()
+                .filter(|t| t.reason == Reason::ProgressDeadlineExceeded);
+            let progressing = if let Some(t) = stuck {
+                cond(PROGRESSING, false, t.reason, &t.message())
+            } else if let Some(limit) = observed.rollout_queued {
                 let message = format!(
                     "the operator's new pod template waits for a rollout slot: at most {limit} roll at once (--max-concurrent-rollouts)"
                 );
@@ -220,11 +253,49 @@ impl Trouble {
     }
 }
 
-/// The trouble of a Memcached, if any: members that cannot be created first (nothing else can
-/// start), then the graver pod cause with the number of pods it holds back.
-fn trouble(mc: &Memcached, observed: &Observed) -> Option<Trouble> {
+/// The trouble of a Memcached, if any: a lasting cause first (see `cause`), then a member not
+/// Ready for longer than the progress deadline, then a passing cause.
+fn trouble(mc: &Memcached, observed: &Observed, now: &Time) -> Option<Trouble> {
     let ready = observed.members?.ready;
     let pods_ready = format!("{ready}/{} pods are ready", mc.spec.size);
+    let cause = cause(mc, observed, &pods_ready);
+    if cause.as_ref().is_some_and(|c| c.lasting) {
+        return cause;
+    }
+    let stuck = observed
+        .not_ready
+        .as_ref()
+        .filter(|n| n.deadline_in(mc, now.0).is_zero());
+    let Some(stuck) = stuck else {
+        return cause;
+    };
+    let deadline = mc
+        .spec
+        .rollout
+        .clone()
+        .unwrap_or_default()
+        .progress_deadline_seconds;
+    Some(Trouble {
+        reason: Reason::ProgressDeadlineExceeded,
+        summary: format!(
+            "{pods_ready}; {} not Ready for {deadline} s (spec.rollout.progressDeadlineSeconds)",
+            stuck.member
+        ),
+        words: match cause {
+            Some(cause) => cause.words,
+            None => format!(
+                "kubectl describe pod {} says why (its readiness probe, say)",
+                stuck.member
+            ),
+        },
+        lasting: true,
+    })
+}
+
+/// What a member's pods say holds them back: members that cannot be created first (nothing
+/// else can start), then the graver pod cause with the number of pods it holds back, then a
+/// certificate not issued yet.
+fn cause(mc: &Memcached, observed: &Observed, pods_ready: &str) -> Option<Trouble> {
     if let Some(words) = observed.creation_refused {
         return Some(Trouble {
             reason: Reason::PodCreationRefused,
@@ -512,6 +583,51 @@ mod tests {
         );
         let s = status_seeing(&mc, &updating(4, 2, 1), vec![]);
         assert_eq!(find(&s, AVAILABLE).status, "False", "three out of four");
+    }
+
+    #[test]
+    fn a_member_not_ready_past_the_progress_deadline_stops_progressing_and_degrades() {
+        let mc = crate::fixtures::memcached_with_spec(
+            serde_json::json!({"size": 2, "rollout": {"progressDeadlineSeconds": 60}}),
+        );
+        let at = |since: i64| Observed {
+            members: seen(&members(2, 1)),
+            not_ready: Some(NotReady {
+                member: "cache-1".into(),
+                since: time(since).0,
+            }),
+            ..Default::default()
+        };
+        // 59 s not Ready: still progressing.
+        let s = desired_status(&mc, &at(1), &time(60));
+        assert_eq!(find(&s, PROGRESSING).status, "True");
+        assert_eq!(find(&s, DEGRADED).status, "False");
+
+        // 60 s: as a Deployment past its deadline says.
+        let (s, trouble) = desired_status_and_trouble(&mc, &at(0), &time(60));
+        for type_ in [PROGRESSING, DEGRADED, AVAILABLE] {
+            assert_eq!(
+                find(&s, type_).reason,
+                "ProgressDeadlineExceeded",
+                "{type_}"
+            );
+        }
+        assert_eq!(find(&s, PROGRESSING).status, "False");
+        assert_eq!(find(&s, DEGRADED).status, "True");
+        assert_eq!(
+            find(&s, DEGRADED).message,
+            "1/2 pods are ready; cache-1 not Ready for 60 s (spec.rollout.progressDeadlineSeconds): kubectl describe pod cache-1 says why (its readiness probe, say)"
+        );
+        assert!(trouble.is_some_and(|t| t.lasting), "one Warning event");
+
+        // A lasting cause of the pods' own says more.
+        let mut pulling = at(0);
+        pulling.troubles = vec![PodTrouble {
+            cause: Cause::ImagePullFailed,
+            words: "not found".into(),
+        }];
+        let s = desired_status(&mc, &pulling, &time(60));
+        assert_eq!(find(&s, DEGRADED).reason, "ImagePullFailed");
     }
 
     #[test]

@@ -108,6 +108,19 @@ impl PodStatusSeen {
         )
     }
 
+    /// Since when the pod is not Ready, if it is not: its Ready condition's last change, or
+    /// (no condition yet) `created`.
+    pub fn not_ready_since(
+        &self,
+        created: Option<k8s_openapi::jiff::Timestamp>,
+    ) -> Option<k8s_openapi::jiff::Timestamp> {
+        match self.conditions.iter().find(|c| c.type_ == "Ready") {
+            Some(c) if c.status == "True" => None,
+            Some(c) => c.last_transition_time.as_ref().map(|t| t.0).or(created),
+            None => created,
+        }
+    }
+
     /// Why this pod is not Ready, if it says; `None` for a Ready pod, or one that is only
     /// starting.
     pub fn trouble(&self) -> Option<PodTrouble> {

@@ -38,6 +38,8 @@ pub enum Reason {
     PodCreationRefused,
     /// The pods wait for the certificate cert-manager is to issue (`tls.issuerRef`).
     CertificatePending,
+    /// A member has not been Ready for `rollout.progressDeadlineSeconds`.
+    ProgressDeadlineExceeded,
     AutoscalerConflict,
 }
 
@@ -64,11 +66,12 @@ impl Reason {
             Self::OOMKilled => "OOMKilled",
             Self::PodCreationRefused => "PodCreationRefused",
             Self::CertificatePending => "CertificatePending",
+            Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
             Self::AutoscalerConflict => "AutoscalerConflict",
         }
     }
 
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -89,6 +92,7 @@ impl Reason {
         Self::OOMKilled,
         Self::PodCreationRefused,
         Self::CertificatePending,
+        Self::ProgressDeadlineExceeded,
         Self::AutoscalerConflict,
     ];
 

@@ -15,6 +15,7 @@ mod issuer;
 mod members;
 mod network_policy;
 mod own_pods;
+mod progress_deadline;
 mod tls;
 
 use std::time::{Duration, Instant};

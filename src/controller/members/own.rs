@@ -321,6 +321,7 @@ mod tests {
         Member {
             name: name.into(),
             ready_since: ready_for.map(|s| now - SignedDuration::from_secs(s)),
+            not_ready_since: None,
             revision: Some(revision.into()),
             controller: Controller::Memcached,
         }

@@ -14,7 +14,7 @@ use crate::controller::ensure::{StatusPatch, patch_status};
 use crate::controller::outcome::Outcome;
 use crate::error::Result;
 use crate::resources;
-use crate::status::{self, Observed};
+use crate::status::{self, NotReady, Observed};
 
 /// Past the moment a member is available: a Ready condition's time is whole seconds.
 const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -44,6 +44,7 @@ pub async fn report(
         rollout_queued: applied.rollout_queued,
         binding: applied.binding.clone(),
         unissued: applied.unissued.clone(),
+        not_ready: not_ready(seen),
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
@@ -75,6 +76,19 @@ pub async fn report(
     }
 }
 
+/// The member not Ready for the longest.
+fn not_ready(seen: &Seen) -> Option<NotReady> {
+    seen.members
+        .members
+        .iter()
+        .filter_map(|m| Some((m.not_ready_since?, m)))
+        .min_by_key(|(since, _)| *since)
+        .map(|(since, m)| NotReady {
+            member: m.name.clone(),
+            since,
+        })
+}
+
 /// What the worker does after an unblocked reconcile.
 fn next(mc: &Memcached, seen: &Seen, applied: &Applied) -> Outcome {
     match (applied.rollout_queued, applied.updating) {
@@ -84,6 +98,14 @@ fn next(mc: &Memcached, seen: &Seen, applied: &Applied) -> Outcome {
         // The watch tells when a pod is Ready, not when it has been for long enough.
         _ if let Some(soon) = seen.members.available_in => {
             Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
+        }
+        // Nothing else comes when a member has been not Ready for the progress deadline.
+        _ if let Some(stuck) = not_ready(seen) => {
+            let left = stuck.deadline_in(mc, k8s_openapi::jiff::Timestamp::now());
+            match left.is_zero() {
+                true => Outcome::Converged,
+                false => Outcome::AwaitingProgress(left + AVAILABLE_MARGIN),
+            }
         }
         _ if autoscale::enabled(mc) => Outcome::Autoscaling,
         _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,

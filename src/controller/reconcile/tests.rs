@@ -109,6 +109,7 @@ fn watched_pod(name: &str, labels: &[(&str, &str)], ready: bool) -> PodMeta {
         trouble: None,
         ip: None,
         ready_since: ready.then(k8s_openapi::jiff::Timestamp::now),
+        not_ready_since: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn seeing(mc: &Memcached, members: &[&str], there: impl Fn(&str) -> Option<Secre
         .map(|name| Member {
             name: name.to_string(),
             ready_since: Some(now - SignedDuration::from_hours(1)),
+            not_ready_since: None,
             revision: Some(revision.clone()),
             controller: Controller::Memcached,
         })
