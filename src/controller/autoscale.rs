@@ -75,25 +75,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
     };
     let previous = mc.status.as_ref().and_then(|s| s.autoscaling.clone());
     if let Some(hpa) = conflict(ctx, mc) {
-        // The HPA's size is the one to keep once it goes: nothing of ours is remembered.
-        ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
-        let message = format!(
-            "HorizontalPodAutoscaler {hpa} also scales this Memcached: the operator decides nothing while it does; delete it, or turn spec.autoscaling off"
-        );
-        let reason = Reason::AutoscalerConflict.as_str();
-        if previous.as_ref().is_none_or(|p| p.reason != reason) {
-            ctx.events
-                .autoscaled(mc, EventType::Warning, reason, message.clone());
-        }
-        return Ok(Some(AutoscalingStatus {
-            size: None,
-            reason: reason.to_string(),
-            message,
-            signals: None,
-            next_scale_time: None,
-            recommendations: Vec::new(),
-            last_scale: previous.and_then(|p| p.last_scale),
-        }));
+        return Ok(Some(stand_aside(ctx, mc, &hpa, previous)));
     }
     let now = Timestamp::now();
     // A Memcached read before the last scale reached the cache would be sized from the old size.
@@ -162,6 +144,34 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         last_scale,
         recommendations: decision.recommendations,
     }))
+}
+
+/// Another autoscaler (`hpa`) sizes `mc`: the operator decides nothing, and says so once. The
+/// HPA's size is the one to keep once it goes: nothing of ours is remembered.
+fn stand_aside(
+    ctx: &Context,
+    mc: &Memcached,
+    hpa: &str,
+    previous: Option<AutoscalingStatus>,
+) -> AutoscalingStatus {
+    ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
+    let message = format!(
+        "HorizontalPodAutoscaler {hpa} also scales this Memcached: the operator decides nothing while it does; delete it, or turn spec.autoscaling off"
+    );
+    let reason = Reason::AutoscalerConflict.as_str();
+    if previous.as_ref().is_none_or(|p| p.reason != reason) {
+        ctx.events
+            .autoscaled(mc, EventType::Warning, reason, message.clone());
+    }
+    AutoscalingStatus {
+        size: None,
+        reason: reason.to_string(),
+        message,
+        signals: None,
+        next_scale_time: None,
+        recommendations: Vec::new(),
+        last_scale: previous.and_then(|p| p.last_scale),
+    }
 }
 
 /// Where a member's `stats` are read.

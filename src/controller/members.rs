@@ -106,18 +106,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
     let pod = match view.next_step(&listed.items) {
         Step::Done => return Ok(None),
         Step::Wait(recheck) => {
-            // The kind of the update still to do, for the status.
-            let kind = match view.outdated(&listed.items).next() {
-                Some(pod) => {
-                    let (old, new) = templates(&revisions, pod, update_revision).await?;
-                    match restart_patch(pod, &old, &new, update_revision) {
-                        Some(_) => Kind::InPlace,
-                        None => Kind::Replace,
-                    }
-                }
-                None if !view.replacing.is_empty() => Kind::Replace,
-                None => Kind::InPlace,
-            };
+            let kind = waiting_kind(&view, &revisions, &listed.items).await?;
             return Ok(Some(Updating { kind, recheck }));
         }
         Step::Finish(pod) => {
@@ -162,6 +151,25 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
         kind,
         recheck: RECHECK,
     }))
+}
+
+/// The kind of the update still to do while it waits, for the status.
+async fn waiting_kind(
+    view: &View<'_>,
+    revisions: &Api<ControllerRevision>,
+    pods: &[Pod],
+) -> Result<Kind> {
+    Ok(match view.outdated(pods).next() {
+        Some(pod) => {
+            let (old, new) = templates(revisions, pod, view.update_revision).await?;
+            match restart_patch(pod, &old, &new, view.update_revision) {
+                Some(_) => Kind::InPlace,
+                None => Kind::Replace,
+            }
+        }
+        None if !view.replacing.is_empty() => Kind::Replace,
+        None => Kind::InPlace,
+    })
 }
 
 /// What the next step reads besides the pods.

@@ -9,9 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::runtime::events::Reporter;
@@ -36,10 +33,8 @@ use super::rollouts::Rollouts;
 use super::triggers::{self, OwnedTriggers};
 use super::watched_memcached::{WatchedMemcached, parse_event};
 use crate::api::Memcached;
-use crate::certificate::Certificate;
 use crate::metrics::Metrics;
 use crate::resources::MANAGER_NAME;
-use crate::service_monitor::ServiceMonitor;
 use operator_runtime::backoff::Backoff;
 use operator_runtime::cache::{self, Cache};
 use operator_runtime::initial_list::InitialList;
@@ -49,10 +44,7 @@ use operator_runtime::watch_namespace::Scope;
 use operator_runtime::workers::{Next, Workers};
 
 mod owned_watch;
-use owned_watch::{
-    cached_before, optional_owned_watch, owned_watch, owned_watch_config, released_on_first_list,
-    watched,
-};
+use owned_watch::{Watching, cached_before, owned_watch_config, released_on_first_list, watched};
 
 /// How often the in-flight work gauges are refreshed (client-go's interval).
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
@@ -76,27 +68,8 @@ pub fn run(
     metrics
         .controller
         .set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
-    let reporter = Reporter {
-        controller: MANAGER_NAME.into(),
-        instance: Some(settings.instance.clone()),
-    };
     let queue = Arc::new(Queue::new(Some(metrics.controller.queue())));
-    let shared = Shared {
-        events: Events::new(client.clone(), reporter),
-        client,
-        images: settings.images.clone(),
-        operator_namespace: settings.operator_namespace.clone(),
-        service_monitors: settings.service_monitors,
-        network_policies: settings.network_policies,
-        certificates: settings.certificates,
-        autoscalers: settings.autoscalers,
-        initial_list: settings.initial_list,
-        own_writes: Arc::new(OwnWrites::default()),
-        // One budget for every scope: an operator upgrade rolls all of them.
-        rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
-        metrics,
-        queue: queue.clone(),
-    };
+    let shared = Shared::new(client, &settings, metrics, queue.clone());
     let (scopes, watches): (Vec<_>, Vec<_>) = settings
         .watch_namespace
         .scopes()
@@ -122,23 +95,7 @@ pub fn run(
                 index,
             )));
         }
-        background.push(tokio::spawn({
-            let queue = queue.clone();
-            async move {
-                let mut every = tokio::time::interval(UNFINISHED_WORK_INTERVAL);
-                loop {
-                    every.tick().await;
-                    queue.update_unfinished_work();
-                }
-            }
-        }));
-        background.push(tokio::spawn({
-            let (queue, shutdown) = (queue.clone(), shutdown.clone());
-            async move {
-                shutdown.cancelled().await;
-                queue.shut_down();
-            }
-        }));
+        background.extend(queue_upkeep(&queue, &shutdown));
         // One set of workers for every scope: the limit is the process's, as in controller-runtime.
         let reconcile = move |key: Key| {
             let scopes = scopes.clone();
@@ -150,6 +107,28 @@ pub fn run(
         }
         info!("controller stopped");
     }
+}
+
+/// The queue's in-flight work gauges, kept current; and the queue shut down with the process.
+fn queue_upkeep(queue: &Arc<Queue<Key>>, shutdown: &CancellationToken) -> [JoinHandle<()>; 2] {
+    let gauges = tokio::spawn({
+        let queue = queue.clone();
+        async move {
+            let mut every = tokio::time::interval(UNFINISHED_WORK_INTERVAL);
+            loop {
+                every.tick().await;
+                queue.update_unfinished_work();
+            }
+        }
+    });
+    let stop = tokio::spawn({
+        let (queue, shutdown) = (queue.clone(), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            queue.shut_down();
+        }
+    });
+    [gauges, stop]
 }
 
 /// What every scope's watches and reconciles share.
@@ -167,6 +146,36 @@ struct Shared {
     rollouts: Arc<Rollouts>,
     metrics: Arc<Metrics>,
     queue: Arc<Queue<Key>>,
+}
+
+impl Shared {
+    fn new(
+        client: Client,
+        settings: &Settings,
+        metrics: Arc<Metrics>,
+        queue: Arc<Queue<Key>>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER_NAME.into(),
+            instance: Some(settings.instance.clone()),
+        };
+        Shared {
+            events: Events::new(client.clone(), reporter),
+            client,
+            images: settings.images.clone(),
+            operator_namespace: settings.operator_namespace.clone(),
+            service_monitors: settings.service_monitors,
+            network_policies: settings.network_policies,
+            certificates: settings.certificates,
+            autoscalers: settings.autoscalers,
+            initial_list: settings.initial_list,
+            own_writes: Arc::new(OwnWrites::default()),
+            // One budget for every scope: an operator upgrade rolls all of them.
+            rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
+            metrics,
+            queue,
+        }
+    }
 }
 
 /// What a worker needs to reconcile a key of one scope.
@@ -204,142 +213,40 @@ fn scope_watches(
     let client = &shared.client;
     let queue = &shared.queue;
 
-    let invalid = shared.metrics.invalid_objects.clone();
-    let events = shared.events.clone();
-    let (memcacheds, mut mc_writer) = cache::new::<Memcached>();
-    let mut mc_unsynced = Some(caches.watch());
     // Each watch queues through a feed of its own (it holds that watch's relist).
     let feed = || Feed::new(queue.clone(), index, &caches, leading);
-    let mut mc_feed = feed();
-    let mc_cache = memcacheds.clone();
-    let mc_watch = watcher(
-        scope.api::<WatchedMemcached>(client),
-        shared
-            .initial_list
-            .configure(watcher::Config::default().any_semantic()),
-    )
-    .default_backoff()
-    .filter_map(move |event| {
-        let report = |meta: &ObjectMeta, error: String| events.invalid(meta, error);
-        future::ready(event.map(|e| parse_event(e, &invalid, report)).transpose())
-    })
-    .for_each(move |event| {
-        if let Some(event) = watched(event, "Memcached") {
-            let trigger =
-                triggers::spec_change(cached_before(&mc_cache, &event).as_deref(), &event);
-            mc_writer.apply_watcher_event(&event);
-            released_on_first_list(&mut mc_unsynced, &event);
-            mc_feed.fire(&event, trigger);
-        }
-        future::ready(())
-    });
+    let (memcacheds, mc_watch) = memcached_watch(shared, &scope, &caches, feed());
 
-    let (legacy_stateful_sets, legacy_watch) = owned_watch(
+    let w = Watching {
         shared,
-        &scope,
-        &caches,
-        feed(),
-        legacy::cache::triggers(),
-        |_| {},
-    );
-    let (services, service_watch) = owned_watch::<Service>(
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::services(),
-        |_| {},
-    );
+        scope: &scope,
+        caches: &caches,
+    };
+    let (legacy_stateful_sets, legacy_watch) = w.owned(feed(), legacy::cache::triggers());
+    let (services, service_watch) = w.owned(feed(), OwnedTriggers::services());
     // The disruption controller rewrites a budget's status whenever a pod's readiness changes;
     // the pod watch already reports that, so a status change triggers nothing.
-    let (budgets, budget_watch) = owned_watch::<PodDisruptionBudget>(
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::budgets(),
-        |_| {},
-    );
-    // Watched only where this process may: a watch it may not run fails forever.
-    let (network_policies, network_policy_watch) = optional_owned_watch::<NetworkPolicy>(
+    let (budgets, budget_watch) = w.owned(feed(), OwnedTriggers::budgets());
+    // Watched only where this process may (a watch it may not run fails forever), and where
+    // the API is served (likewise).
+    let (network_policies, network_policy_watch) = w.optional(
         shared.network_policies,
-        shared,
-        &scope,
-        &caches,
         feed(),
         OwnedTriggers::network_policies(),
     );
-    // Watched only where the API is served: a watch of an unserved resource fails forever.
-    let (service_monitors, monitor_watch) = optional_owned_watch::<ServiceMonitor>(
+    let (service_monitors, monitor_watch) = w.optional(
         shared.service_monitors,
-        shared,
-        &scope,
-        &caches,
         feed(),
         OwnedTriggers::service_monitors(),
     );
-
-    let (certificates, certificate_watch) = optional_owned_watch::<Certificate>(
-        shared.certificates,
-        shared,
-        &scope,
-        &caches,
-        feed(),
-        OwnedTriggers::certificates(),
-    );
-
-    let pods = Arc::new(PodIndex::default());
-    let mut pod_unsynced = Some(caches.watch());
-    let mut pod_feed = feed();
-    let pod_watch = watcher(
-        scope.api::<PodMeta>(client),
-        owned_watch_config(shared.initial_list),
-    )
-    .default_backoff()
-    .for_each({
-        let pods = pods.clone();
-        move |event| {
-            if let Some(event) = watched(event, "Pod") {
-                pods.observe(&event);
-                released_on_first_list(&mut pod_unsynced, &event);
-                let trigger = triggers::pod_change(&event);
-                pod_feed.fire(&event, trigger);
-            }
-            future::ready(())
-        }
-    });
-
+    let (certificates, certificate_watch) =
+        w.optional(shared.certificates, feed(), OwnedTriggers::certificates());
+    let (pods, pod_watch) = pod_watch(shared, &scope, &caches, feed());
     // HorizontalPodAutoscalers, all of them (they are not ours), where this process may watch
     // them: one that targets an autoscaled Memcached stops the operator's autoscaler.
     let (hpas, hpa_watch) = shared
         .autoscalers
-        .then(|| {
-            let hpas = Arc::new(HpaIndex::default());
-            let mut unsynced = Some(caches.watch());
-            let mut feed = feed();
-            let index = hpas.clone();
-            let watch = watcher(
-                scope.api::<HpaSeen>(client),
-                shared
-                    .initial_list
-                    .configure(watcher::Config::default().any_semantic()),
-            )
-            .default_backoff()
-            .for_each(move |event| {
-                if let Some(event) = watched(event, "HorizontalPodAutoscaler") {
-                    let triggers = index.observe(&event);
-                    released_on_first_list(&mut unsynced, &event);
-                    if triggers.is_empty() {
-                        feed.fire(&event, None);
-                    }
-                    for trigger in triggers {
-                        feed.fire(&event, Some(trigger));
-                    }
-                }
-                future::ready(())
-            });
-            (hpas, watch)
-        })
+        .then(|| hpa_watch(shared, &scope, &caches, feed()))
         .unzip();
 
     let ctx = Arc::new(Context {
@@ -374,4 +281,99 @@ fn scope_watches(
     tasks.extend(certificate_watch.map(tokio::spawn));
     tasks.extend(hpa_watch.map(tokio::spawn));
     (ScopeState { memcacheds, ctx }, tasks)
+}
+
+/// The Memcacheds of `scope`: their cache, and the watch that keeps it and queues spec changes.
+fn memcached_watch(
+    shared: &Shared,
+    scope: &Scope,
+    caches: &SyncGate,
+    mut feed: Feed,
+) -> (Cache<Memcached>, impl Future<Output = ()> + use<>) {
+    let invalid = shared.metrics.invalid_objects.clone();
+    let events = shared.events.clone();
+    let (memcacheds, mut writer) = cache::new::<Memcached>();
+    let mut unsynced = Some(caches.watch());
+    let cached = memcacheds.clone();
+    let watch = watcher(
+        scope.api::<WatchedMemcached>(&shared.client),
+        shared
+            .initial_list
+            .configure(watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .filter_map(move |event| {
+        let report = |meta: &ObjectMeta, error: String| events.invalid(meta, error);
+        future::ready(event.map(|e| parse_event(e, &invalid, report)).transpose())
+    })
+    .for_each(move |event| {
+        if let Some(event) = watched(event, "Memcached") {
+            let trigger = triggers::spec_change(cached_before(&cached, &event).as_deref(), &event);
+            writer.apply_watcher_event(&event);
+            released_on_first_list(&mut unsynced, &event);
+            feed.fire(&event, trigger);
+        }
+        future::ready(())
+    });
+    (memcacheds, watch)
+}
+
+/// The pods of `scope`, indexed by Memcached; each change queues its Memcached's status refresh.
+fn pod_watch(
+    shared: &Shared,
+    scope: &Scope,
+    caches: &SyncGate,
+    mut feed: Feed,
+) -> (Arc<PodIndex>, impl Future<Output = ()> + use<>) {
+    let pods = Arc::new(PodIndex::default());
+    let mut unsynced = Some(caches.watch());
+    let index = pods.clone();
+    let watch = watcher(
+        scope.api::<PodMeta>(&shared.client),
+        owned_watch_config(shared.initial_list),
+    )
+    .default_backoff()
+    .for_each(move |event| {
+        if let Some(event) = watched(event, "Pod") {
+            index.observe(&event);
+            released_on_first_list(&mut unsynced, &event);
+            let trigger = triggers::pod_change(&event);
+            feed.fire(&event, trigger);
+        }
+        future::ready(())
+    });
+    (pods, watch)
+}
+
+/// The HorizontalPodAutoscalers of `scope` by the Memcached they target.
+fn hpa_watch(
+    shared: &Shared,
+    scope: &Scope,
+    caches: &SyncGate,
+    mut feed: Feed,
+) -> (Arc<HpaIndex>, impl Future<Output = ()> + use<>) {
+    let hpas = Arc::new(HpaIndex::default());
+    let mut unsynced = Some(caches.watch());
+    let index = hpas.clone();
+    let watch = watcher(
+        scope.api::<HpaSeen>(&shared.client),
+        shared
+            .initial_list
+            .configure(watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .for_each(move |event| {
+        if let Some(event) = watched(event, "HorizontalPodAutoscaler") {
+            let triggers = index.observe(&event);
+            released_on_first_list(&mut unsynced, &event);
+            if triggers.is_empty() {
+                feed.fire(&event, None);
+            }
+            for trigger in triggers {
+                feed.fire(&event, Some(trigger));
+            }
+        }
+        future::ready(())
+    });
+    (hpas, watch)
 }

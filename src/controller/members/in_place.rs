@@ -101,33 +101,8 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
         (Some(now), Some(wanted)) if wanted == now => None,
         _ => return None,
     };
-    let mut restarts = BTreeMap::new();
-    let mut containers = Vec::new();
-    let mut init_containers = Vec::new();
-    for (list, patched) in [
-        ("containers", &mut containers),
-        ("initContainers", &mut init_containers),
-    ] {
-        let pairs = old["spec"][list]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .zip(new["spec"][list].as_array().into_iter().flatten());
-        for (before, after) in pairs {
-            let name = after["name"].as_str().unwrap_or_default();
-            if before["image"] == after["image"]
-                || after["image"].as_str() == running_image(pod, list, name)
-            {
-                continue;
-            }
-            patched.push(json!({"name": name, "image": after["image"]}));
-            // An init container's new image takes effect only in a new pod: nothing restarts.
-            if list == "containers" {
-                let count = container_restarts(pod, name);
-                restarts.insert(name.to_string(), count);
-            }
-        }
-    }
+    let (mut containers, mut restarts) = new_images(pod, old, new, "containers");
+    let (init_containers, _) = new_images(pod, old, new, "initContainers");
     // The agent serves memcached's save.
     let mut memcached_next = restarts.contains_key(resources::agent::CONTAINER)
         && restarts.contains_key(resources::MEMCACHED_CONTAINER);
@@ -176,6 +151,36 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
         "spec": spec,
     });
     Some((record, patch))
+}
+
+/// The images of `list` that changed from `old` to `new` and that `pod` does not run yet, as a
+/// patch's items; with each changed container's restart count before (an init container's new
+/// image takes effect only in a new pod: nothing restarts).
+fn new_images(
+    pod: &Pod,
+    old: &Value,
+    new: &Value,
+    list: &str,
+) -> (Vec<Value>, BTreeMap<String, i32>) {
+    let (mut patched, mut restarts) = (Vec::new(), BTreeMap::new());
+    let pairs = old["spec"][list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(new["spec"][list].as_array().into_iter().flatten());
+    for (before, after) in pairs {
+        let name = after["name"].as_str().unwrap_or_default();
+        if before["image"] == after["image"]
+            || after["image"].as_str() == running_image(pod, list, name)
+        {
+            continue;
+        }
+        patched.push(json!({"name": name, "image": after["image"]}));
+        if list == "containers" {
+            restarts.insert(name.to_string(), container_restarts(pod, name));
+        }
+    }
+    (patched, restarts)
 }
 
 /// A pod spec without what a running pod can take: its containers' images, and the CPU and

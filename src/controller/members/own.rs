@@ -147,44 +147,22 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     }
     let ns = mc.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
     };
     // Independent: none waits for another (a reconcile's latency is its longest chain).
     // Kept for the members made from it now, or for an update to it that starts.
+    let keeps_revision = !*kept && (!create.is_empty() || update_starts);
     let revision = async {
-        if *kept || (create.is_empty() && !update_starts) {
-            return Ok(());
+        match keeps_revision {
+            true => keep_revision(ctx, mc, seen, update_starts).await,
+            false => Ok(()),
         }
-        let body = members::controller_revision(mc, &seen.template, &seen.revision);
-        match revisions.create(&params, &body).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(source) => return Err(apply_error("ControllerRevision", &seen.revision, source)),
-        }
-        if !update_starts {
-            return Ok(());
-        }
-        // The revisions no member has and no update moves to any more, in one request; those
-        // the members have stay until an update has moved them on.
-        let mut keep: Vec<&str> = seen
-            .members
-            .iter()
-            .filter_map(|m| m.revision.as_deref())
-            .collect();
-        keep.push(&seen.revision);
-        revisions
-            .delete_collection(&DeleteParams::default(), &history(mc, &keep))
-            .await
-            .map(|_| ())
-            .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))
     };
     let creates = join_all(create.iter().map(|ordinal| {
         let pod = members::member(mc, &seen.template, &seen.revision, *ordinal);
-        let pods = &pods;
-        let params = &params;
+        let (pods, params) = (&pods, &params);
         async move {
             match pods.create(params, &pod).await {
                 Ok(created) => {
@@ -195,27 +173,11 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
             }
         }
     }));
-    let deletes = join_all(delete.iter().map(|name| {
-        let (pods, ns) = (&pods, &ns);
-        async move {
-            match pods.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {
-                    let pod = Pod {
-                        metadata: ObjectMeta {
-                            name: Some(name.to_string()),
-                            namespace: Some(ns.clone()),
-                            ..ObjectMeta::default()
-                        },
-                        ..Pod::default()
-                    };
-                    ctx.events.applied(mc, &pod, &Change::Deleted);
-                    Ok(Made::Written)
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(Made::There),
-                Err(source) => Err(apply_error("Pod", name, source)),
-            }
-        }
-    }));
+    let deletes = join_all(
+        delete
+            .iter()
+            .map(|name| delete_member(ctx, mc, &pods, name)),
+    );
     let (revision, creates, deletes) = tokio::join!(revision, creates, deletes);
     revision?;
     for made in creates.into_iter().chain(deletes) {
@@ -231,6 +193,63 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
         }
     }
     Ok(written)
+}
+
+/// Keeps the ControllerRevision of the current template; where an update to it starts, also
+/// collects the revisions no member has and no update moves to any more (in one request: those
+/// the members have stay until an update has moved them on).
+async fn keep_revision(
+    ctx: &Context,
+    mc: &Memcached,
+    seen: &Seen,
+    update_starts: bool,
+) -> Result<()> {
+    let ns = mc.namespace().unwrap_or_default();
+    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let params = PostParams {
+        field_manager: Some(MANAGER_NAME.into()),
+        ..PostParams::default()
+    };
+    let body = members::controller_revision(mc, &seen.template, &seen.revision);
+    match revisions.create(&params, &body).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(source) => return Err(apply_error("ControllerRevision", &seen.revision, source)),
+    }
+    if !update_starts {
+        return Ok(());
+    }
+    let mut keep: Vec<&str> = seen
+        .members
+        .iter()
+        .filter_map(|m| m.revision.as_deref())
+        .collect();
+    keep.push(&seen.revision);
+    revisions
+        .delete_collection(&DeleteParams::default(), &history(mc, &keep))
+        .await
+        .map(|_| ())
+        .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))
+}
+
+/// Deletes member `name`, beyond the size.
+async fn delete_member(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, name: &str) -> Result<Made> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            let pod = Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: mc.namespace(),
+                    ..ObjectMeta::default()
+                },
+                ..Pod::default()
+            };
+            ctx.events.applied(mc, &pod, &Change::Deleted);
+            Ok(Made::Written)
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Made::There),
+        Err(source) => Err(apply_error("Pod", name, source)),
+    }
 }
 
 /// The Memcached's ControllerRevisions but those named in `keep`.

@@ -66,35 +66,53 @@ pub(super) fn owned_watch_config(initial_list: InitialList) -> watcher::Config {
     )
 }
 
-/// `owned_watch` of a kind the operator keeps only where `kept` (served, and watchable by it).
-pub(super) fn optional_owned_watch<K: Owned>(
-    kept: bool,
-    shared: &Shared,
-    scope: &Scope,
-    caches: &SyncGate,
-    feed: Feed,
-    owned: OwnedTriggers<K>,
-) -> (
-    Option<Cache<OwnedObject<K>>>,
-    Option<impl Future<Output = ()> + Send + 'static>,
-) {
-    kept.then(|| owned_watch::<K>(shared, scope, caches, feed, owned, |_| {}))
-        .unzip()
+/// What the watches of one scope share.
+pub(super) struct Watching<'a> {
+    pub shared: &'a Shared,
+    pub scope: &'a Scope,
+    pub caches: &'a SyncGate,
 }
 
-/// Watches owned objects by our label into a cache, shows each event (as cached) to `observe`,
-/// and queues their Memcached: at high priority when someone else changed what we set or deleted
-/// the object, else (an object just created, our own write, or its status if `on_status`) at low.
-pub(super) fn owned_watch<K>(
+impl Watching<'_> {
+    /// `owned_watch` of a kind.
+    pub fn owned<K: Owned>(
+        &self,
+        feed: Feed,
+        owned: OwnedTriggers<K>,
+    ) -> (
+        Cache<OwnedObject<K>>,
+        impl Future<Output = ()> + Send + 'static + use<K>,
+    ) {
+        owned_watch(self.shared, self.scope, self.caches, feed, owned)
+    }
+
+    /// `owned_watch` of a kind the operator keeps only where `kept` (served, and watchable by
+    /// it).
+    pub fn optional<K: Owned>(
+        &self,
+        kept: bool,
+        feed: Feed,
+        owned: OwnedTriggers<K>,
+    ) -> (
+        Option<Cache<OwnedObject<K>>>,
+        Option<impl Future<Output = ()> + Send + 'static + use<K>>,
+    ) {
+        kept.then(|| self.owned(feed, owned)).unzip()
+    }
+}
+
+/// Watches owned objects by our label into a cache, and queues their Memcached: at high
+/// priority when someone else changed what we set or deleted the object, else (an object just
+/// created, our own write, or its status if `on_status`) at low.
+fn owned_watch<K>(
     shared: &Shared,
     scope: &Scope,
     caches: &SyncGate,
     mut feed: Feed,
     owned: OwnedTriggers<K>,
-    observe: impl Fn(&watcher::Event<OwnedObject<K>>) + Send + 'static,
 ) -> (
     Cache<OwnedObject<K>>,
-    impl Future<Output = ()> + Send + 'static,
+    impl Future<Output = ()> + Send + 'static + use<K>,
 )
 where
     K: Owned,
@@ -123,7 +141,6 @@ where
                 watcher::Event::Delete(_) | watcher::Event::InitDone => {}
             }
             let trigger = owned.trigger(old.as_deref(), &event, ours);
-            observe(&event);
             writer.apply_watcher_event(&event);
             released_on_first_list(&mut unsynced, &event);
             feed.fire(&event, trigger);
