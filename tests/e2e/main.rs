@@ -1267,9 +1267,21 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
         }
         let revision = resources::members::revision(&mc, &template);
         let member = resources::members::member(&mc, &template, &revision, 0);
-        pods.create(&dry_run, &member)
-            .await
-            .unwrap_or_else(|e| panic!("the API server refused the member for {spec:?}: {e}"));
+        // The Priority admission plugin reads PriorityClasses from its informer: one just made
+        // may not be there for a moment.
+        let mut tries = 0;
+        let admitted = loop {
+            match pods.create(&dry_run, &member).await {
+                Err(kube::Error::Api(e))
+                    if e.message.contains("no PriorityClass with name") && tries < 50 =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => break other,
+            }
+        };
+        admitted.unwrap_or_else(|e| panic!("the API server refused the member for {spec:?}: {e}"));
         let history = resources::members::controller_revision(&mc, &template, &revision);
         revisions
             .create(&dry_run, &history)
