@@ -87,18 +87,13 @@ pub async fn step(
 /// Step 1: a revision of the operator's for each of the StatefulSet's, then the StatefulSet
 /// deleted, its members and revisions orphaned.
 async fn release(ctx: &Context, mc: &Memcached, sts: &OwnedObject<StatefulSet>) -> Result<()> {
-    let ns = mc.namespace().unwrap_or_default();
-    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = revisions
-        .list(&ListParams::default().labels(&resources::selector_string(mc)))
-        .await
-        .map_err(|source| read_error("ControllerRevisions of", &mc.name_any(), source))?;
+    let (revisions, listed) = revisions_of(ctx, mc).await?;
     let desired = resources::pod_template(mc, &ctx.images);
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
     };
-    let of_the_stateful_set = listed.items.iter().filter(|r| {
+    let of_the_stateful_set = listed.iter().filter(|r| {
         r.owner_references()
             .iter()
             .any(|o| Some(&o.uid) == sts.metadata.uid.as_ref())
@@ -141,6 +136,7 @@ async fn release(ctx: &Context, mc: &Memcached, sts: &OwnedObject<StatefulSet>) 
         }),
         ..DeleteParams::default()
     };
+    let ns = mc.namespace().unwrap_or_default();
     let stateful_sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     match stateful_sets.delete(&name, &delete).await {
         Ok(_) => {
@@ -151,6 +147,20 @@ async fn release(ctx: &Context, mc: &Memcached, sts: &OwnedObject<StatefulSet>) 
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
         Err(source) => Err(apply_error("StatefulSet", &name, source)),
     }
+}
+
+/// The ControllerRevisions of `mc`'s pods (its own and its StatefulSet's), and their API.
+async fn revisions_of(
+    ctx: &Context,
+    mc: &Memcached,
+) -> Result<(Api<ControllerRevision>, Vec<ControllerRevision>)> {
+    let ns = mc.namespace().unwrap_or_default();
+    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let listed = revisions
+        .list(&ListParams::default().labels(&resources::selector_string(mc)))
+        .await
+        .map_err(|source| read_error("ControllerRevisions of", &mc.name_any(), source))?;
+    Ok((revisions, listed.items))
 }
 
 /// The pod template a StatefulSet revision records (its data is a patch replacing the
@@ -224,15 +234,9 @@ fn holds(stored: &Value, wanted: &Value) -> bool {
 /// Step 2: the StatefulSet's revisions collected, then the members without a controller made
 /// the Memcached's, each with the revision that names the StatefulSet revision it has.
 async fn adopt(ctx: &Context, mc: &Memcached, members: &[Member]) -> Result<Adoption> {
-    let ns = mc.namespace().unwrap_or_default();
-    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = revisions
-        .list(&ListParams::default().labels(&resources::selector_string(mc)))
-        .await
-        .map_err(|source| read_error("ControllerRevisions of", &mc.name_any(), source))?;
+    let (revisions, listed) = revisions_of(ctx, mc).await?;
     // StatefulSet revision -> the operator's revision of the same template.
     let adopting: BTreeMap<String, String> = listed
-        .items
         .iter()
         .filter(|r| resources::is_controlled_by(&r.metadata, mc))
         .filter_map(|r| Some((r.annotations().get(ADOPTED_FROM)?.clone(), r.name_any())))
@@ -255,7 +259,6 @@ async fn adopt(ctx: &Context, mc: &Memcached, members: &[Member]) -> Result<Adop
     keep.sort_unstable();
     keep.dedup();
     if listed
-        .items
         .iter()
         .any(|r| !keep.contains(&r.name_any().as_str()))
     {
@@ -264,7 +267,7 @@ async fn adopt(ctx: &Context, mc: &Memcached, members: &[Member]) -> Result<Adop
             .await
             .map_err(|source| apply_error("ControllerRevisions of", &mc.name_any(), source))?;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let owner = [resources::owner_reference(mc)];
     try_join_all(moves.iter().map(|(name, revision)| {
         let (pods, owner) = (&pods, &owner);

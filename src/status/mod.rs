@@ -65,12 +65,7 @@ impl NotReady {
         mc: &Memcached,
         now: k8s_openapi::jiff::Timestamp,
     ) -> std::time::Duration {
-        let deadline = mc
-            .spec
-            .rollout
-            .clone()
-            .unwrap_or_default()
-            .progress_deadline_seconds;
+        let deadline = progress_deadline_seconds(mc);
         let left = k8s_openapi::jiff::SignedDuration::from_secs(i64::from(deadline))
             - now.duration_since(self.since);
         std::time::Duration::try_from(left).unwrap_or_default()
@@ -253,6 +248,11 @@ impl Trouble {
     }
 }
 
+fn progress_deadline_seconds(mc: &Memcached) -> i32 {
+    let rollout = mc.spec.rollout.clone().unwrap_or_default();
+    rollout.progress_deadline_seconds
+}
+
 /// The trouble of a Memcached, if any: a lasting cause first (see `cause`), then a member not
 /// Ready for longer than the progress deadline, then a passing cause.
 fn trouble(mc: &Memcached, observed: &Observed, now: &Time) -> Option<Trouble> {
@@ -269,12 +269,7 @@ fn trouble(mc: &Memcached, observed: &Observed, now: &Time) -> Option<Trouble> {
     let Some(stuck) = stuck else {
         return cause;
     };
-    let deadline = mc
-        .spec
-        .rollout
-        .clone()
-        .unwrap_or_default()
-        .progress_deadline_seconds;
+    let deadline = progress_deadline_seconds(mc);
     Some(Trouble {
         reason: Reason::ProgressDeadlineExceeded,
         summary: format!(
