@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 
 use super::context::Context;
 use super::events::Change;
+use super::members::own;
 use super::members::{apply_error, history, read_error};
 use super::owned::OwnedObject;
 use super::pod_index::{Controller, Member};
@@ -61,24 +62,26 @@ pub enum Adoption {
     Foreign(String),
 }
 
-/// The step the Memcached's adoption takes now, given its StatefulSet (`sts`, one it controls).
+/// The step the Memcached's adoption takes now, given its StatefulSet (`sts`, one it controls)
+/// and its members as observed.
 pub async fn step(
     ctx: &Context,
     mc: &Memcached,
     sts: Option<&OwnedObject<StatefulSet>>,
+    seen: &own::Seen,
 ) -> Result<Adoption> {
-    let members = ctx
-        .pods
-        .members_of(&mc.namespace().unwrap_or_default(), &mc.name_any());
+    let members = &seen.members;
     match sts {
         Some(sts) if sts.metadata.deletion_timestamp.is_some() => Ok(Adoption::Underway),
-        Some(sts) => release(ctx, mc, sts).await.map(|()| Adoption::Underway),
+        Some(sts) => release(ctx, mc, sts, &seen.template)
+            .await
+            .map(|()| Adoption::Underway),
         // Released: the garbage collector's update of the member is on its way.
         None if members.iter().any(|m| m.controller == Controller::Workload) => {
             Ok(Adoption::Underway)
         }
         None if members.iter().any(|m| m.controller == Controller::None) => {
-            adopt(ctx, mc, &members).await
+            adopt(ctx, mc, members).await
         }
         None => Ok(Adoption::None),
     }
@@ -86,9 +89,13 @@ pub async fn step(
 
 /// Step 1: a revision of the operator's for each of the StatefulSet's, then the StatefulSet
 /// deleted, its members and revisions orphaned.
-async fn release(ctx: &Context, mc: &Memcached, sts: &OwnedObject<StatefulSet>) -> Result<()> {
+async fn release(
+    ctx: &Context,
+    mc: &Memcached,
+    sts: &OwnedObject<StatefulSet>,
+    desired: &PodTemplateSpec,
+) -> Result<()> {
     let (revisions, listed) = revisions_of(ctx, mc).await?;
-    let desired = resources::pod_template(mc, &ctx.images);
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
@@ -100,7 +107,7 @@ async fn release(ctx: &Context, mc: &Memcached, sts: &OwnedObject<StatefulSet>) 
     });
     for from in of_the_stateful_set {
         let from_name = from.name_any();
-        let template = adopted_template(&desired, stored_template(from));
+        let template = adopted_template(desired, stored_template(from));
         let revision = members::revision(mc, &template);
         let mut body = members::controller_revision(mc, &template, &revision);
         body.metadata

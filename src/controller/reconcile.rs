@@ -38,7 +38,7 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     match apply::apply(ctx, mc, &seen, plan).await? {
         apply::Step::Adopting => Ok(Outcome::Converged),
         apply::Step::Gone => Ok(Outcome::Gone),
-        apply::Step::Applied(applied) => report::report(ctx, mc, &seen, *applied).await,
+        apply::Step::Applied(applied) => report::report(ctx, mc, seen, *applied).await,
     }
 }
 

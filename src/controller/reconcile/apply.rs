@@ -56,7 +56,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         moves,
     } = plan;
     if blocked.is_none() {
-        match legacy::step(ctx, mc, seen.legacy.as_deref()).await? {
+        match legacy::step(ctx, mc, seen.legacy.as_deref(), &seen.members).await? {
             Adoption::None => {}
             Adoption::Underway => return Ok(Step::Adopting),
             Adoption::Foreign(pod) => blocked = Some(foreign("Pod", &pod, mc)),

@@ -11,7 +11,9 @@ use crate::api::Memcached;
 use crate::controller::autoscale;
 use crate::controller::context::Context;
 use crate::controller::ensure::{StatusPatch, patch_status};
+use crate::controller::members::own;
 use crate::controller::outcome::Outcome;
+use crate::controller::pod_index::Member;
 use crate::error::Result;
 use crate::resources;
 use crate::status::{self, NotReady, Observed};
@@ -25,7 +27,7 @@ const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(1
 pub async fn report(
     ctx: &Context,
     mc: &Memcached,
-    seen: &Seen,
+    seen: Seen,
     applied: Applied,
 ) -> Result<Outcome> {
     let blocked = applied.blocked.clone();
@@ -38,14 +40,15 @@ pub async fn report(
         creation_refused: applied.written.refused.as_deref(),
         update: applied.updating.map(|u| u.kind),
         autoscaling: applied.autoscaling.clone(),
-        pods: seen.pods.clone(),
-        troubles: seen.troubles.clone(),
+        pods: seen.pods,
+        troubles: seen.troubles,
         blocked: blocked.clone(),
         rollout_queued: applied.rollout_queued,
         binding: applied.binding.clone(),
         unissued: applied.unissued.clone(),
-        not_ready: not_ready(seen),
+        not_ready: not_ready(&seen.members.members),
     };
+    let stuck = observed.not_ready.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
     if mc.status.as_ref() != Some(&new_status)
@@ -71,15 +74,14 @@ pub async fn report(
         }
         None => {
             ctx.events.unblocked(mc);
-            Ok(next(mc, seen, &applied))
+            Ok(next(mc, &seen.members, &applied, stuck))
         }
     }
 }
 
 /// The member not Ready for the longest.
-fn not_ready(seen: &Seen) -> Option<NotReady> {
-    seen.members
-        .members
+fn not_ready(members: &[Member]) -> Option<NotReady> {
+    members
         .iter()
         .filter_map(|m| Some((m.not_ready_since?, m)))
         .min_by_key(|(since, _)| *since)
@@ -90,17 +92,22 @@ fn not_ready(seen: &Seen) -> Option<NotReady> {
 }
 
 /// What the worker does after an unblocked reconcile.
-fn next(mc: &Memcached, seen: &Seen, applied: &Applied) -> Outcome {
+fn next(
+    mc: &Memcached,
+    members: &own::Seen,
+    applied: &Applied,
+    stuck: Option<NotReady>,
+) -> Outcome {
     match (applied.rollout_queued, applied.updating) {
         (Some(_), _) => Outcome::WaitingForRolloutSlot,
         (None, Some(updating)) => Outcome::UpdatingMembers(updating.recheck),
         _ if applied.written.refused.is_some() => Outcome::PodsMissing,
         // The watch tells when a pod is Ready, not when it has been for long enough.
-        _ if let Some(soon) = seen.members.available_in => {
+        _ if let Some(soon) = members.available_in => {
             Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
         }
         // Nothing else comes when a member has been not Ready for the progress deadline.
-        _ if let Some(stuck) = not_ready(seen) => {
+        _ if let Some(stuck) = stuck => {
             let left = stuck.deadline_in(mc, k8s_openapi::jiff::Timestamp::now());
             match left.is_zero() {
                 true => Outcome::Converged,
