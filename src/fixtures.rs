@@ -70,10 +70,11 @@ pub mod apiserver {
     use tower_test::mock::{self, Handle};
 
     use crate::certificate::Certificate;
-    use crate::controller::owned::OwnedObject;
-    use crate::controller::{Context, Events};
+    use crate::controller::{Config, Context, Events, Remembered};
     use crate::metrics::Metrics;
     use crate::service_monitor::ServiceMonitor;
+    use crate::watch::Cached;
+    use crate::watch::owned::OwnedObject;
     use operator_runtime::cache::{self, Writer};
 
     pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
@@ -116,7 +117,7 @@ pub mod apiserver {
     pub fn context_without_network_policies() -> (Arc<Context>, ApiServer, Caches) {
         let (ctx, api, caches) = context();
         let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
-        ctx.network_policies = None;
+        ctx.cached.network_policies = None;
         (Arc::new(ctx), api, caches)
     }
 
@@ -131,18 +132,23 @@ pub mod apiserver {
         let (certificates, cw) = cache::new();
         let ctx = Context {
             client: client.clone(),
-            services,
-            legacy_stateful_sets,
-            pod_disruption_budgets: budgets,
-            network_policies: Some(network_policies),
-            service_monitors: served.then_some(monitors),
-            certificates: Some(certificates),
-            pods: Default::default(),
+            cached: Cached {
+                services,
+                budgets,
+                network_policies: Some(network_policies),
+                service_monitors: served.then_some(monitors),
+                certificates: Some(certificates),
+                pods: Default::default(),
+                hpas: None,
+                synced: Default::default(),
+            },
+            legacy: legacy_stateful_sets,
             own_writes: Default::default(),
-            rollouts: Arc::new(crate::controller::Rollouts::new(10)),
-            replacing: Default::default(),
-            autoscaler: Default::default(),
-            hpas: None,
+            remembered: Remembered {
+                rollouts: Arc::new(crate::controller::Rollouts::new(10)),
+                replacing: Default::default(),
+                autoscaler: Default::default(),
+            },
             events: Events::new(
                 client.clone(),
                 Reporter {
@@ -150,10 +156,11 @@ pub mod apiserver {
                     instance: Some("test".into()),
                 },
             ),
-            images: Default::default(),
-            operator_namespace: None,
             metrics: Arc::new(Metrics::new()),
-            caches: Default::default(),
+            config: Config {
+                images: Default::default(),
+                operator_namespace: None,
+            },
         };
         (
             Arc::new(ctx),

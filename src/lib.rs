@@ -15,6 +15,7 @@ pub mod resources;
 pub mod service_monitor;
 pub mod status;
 pub mod validation;
+pub mod watch;
 
 #[cfg(test)]
 pub mod fixtures;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -20,6 +21,8 @@ use crate::api::{AutoscalingStatus, LastScale, Memcached};
 use crate::autoscaling::{Reading, Reason, decide, stats};
 use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, agent, warm_restart};
+use crate::watch::hpa_index::HpaIndex;
+use crate::watch::pod_index::PodIndex;
 use remembered::Kept;
 
 /// How often the members are read while autoscaling is on.
@@ -35,10 +38,10 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
     let Some(spec) = mc.spec.autoscaling_on() else {
         return Ok(false);
     };
-    if conflict(ctx, mc).is_some() {
+    if conflict(ctx.cached.hpas.as_deref(), mc).is_some() {
         return Ok(false);
     }
-    let kept = match ctx.autoscaler.kept(mc) {
+    let kept = match ctx.remembered.autoscaler.kept(mc) {
         Kept::Latest(size) => Some(size),
         Kept::Stale => None,
         // The size the autoscaler last reported (this process's, or a previous leader's): a
@@ -56,8 +59,8 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
     else {
         return Ok(false);
     };
-    set_size(ctx, mc, kept).await?;
-    ctx.autoscaler.wrote(mc, kept);
+    set_size(&ctx.client, mc, kept).await?;
+    ctx.remembered.autoscaler.wrote(mc, kept);
     let note = format!(
         "spec.size was set to {} while autoscaling is on: put back to {kept}; change spec.autoscaling's minSize and maxSize, or turn it off, to size by hand",
         mc.spec.size
@@ -70,17 +73,17 @@ pub async fn put_back(ctx: &Context, mc: &Memcached) -> Result<bool> {
 /// The autoscaler's step: its status, or None while autoscaling is off.
 pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<AutoscalingStatus>> {
     let Some(spec) = mc.spec.autoscaling_on() else {
-        ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
+        ctx.remembered.autoscaler.forget(&ObjectRef::from_obj(mc));
         return Ok(None);
     };
     let previous = mc.status.as_ref().and_then(|s| s.autoscaling.clone());
-    if let Some(hpa) = conflict(ctx, mc) {
+    if let Some(hpa) = conflict(ctx.cached.hpas.as_deref(), mc) {
         return Ok(Some(stand_aside(ctx, mc, &hpa, previous)));
     }
     let now = Timestamp::now();
     // A Memcached read before the last scale reached the cache would be sized from the old size.
-    let stale = matches!(ctx.autoscaler.kept(mc), Kept::Stale);
-    let mut remembered = ctx.autoscaler.take(mc);
+    let stale = matches!(ctx.remembered.autoscaler.kept(mc), Kept::Stale);
+    let mut remembered = ctx.remembered.autoscaler.take(mc);
     let recent = remembered
         .history
         .last_at()
@@ -88,12 +91,12 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
     if let Some(previous) = previous.as_ref()
         && (recent || stale)
     {
-        ctx.autoscaler.keep(mc, remembered);
+        ctx.remembered.autoscaler.keep(mc, remembered);
         return Ok(Some(previous.clone()));
     }
     let mut size = mc.spec.size;
     let Some(source) = Source::of(mc) else {
-        ctx.autoscaler.keep(mc, remembered);
+        ctx.remembered.autoscaler.keep(mc, remembered);
         return Ok(Some(AutoscalingStatus {
             size: Some(size),
             reason: Reason::SignalsUnavailable.as_str().to_string(),
@@ -104,7 +107,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
             ..previous.unwrap_or_default()
         }));
     };
-    let reading = read_members(ctx, mc, size, &source).await;
+    let reading = read_members(&ctx.cached.pods, mc, size, &source).await;
     let last_scale = previous
         .as_ref()
         .and_then(|p| p.last_scale.as_ref())
@@ -113,7 +116,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
     remembered.history = history;
     let mut last_scale = previous.and_then(|p| p.last_scale);
     if let Some(to) = decision.scale_to {
-        set_size(ctx, mc, to).await?;
+        set_size(&ctx.client, mc, to).await?;
         // The write makes the next generation: a Memcached read before it is stale.
         remembered.generation = mc.metadata.generation.map(|g| g + 1);
         ctx.events.autoscaled(
@@ -134,7 +137,7 @@ pub async fn autoscale(ctx: &Context, mc: &Memcached) -> Result<Option<Autoscali
         size = to;
     }
     remembered.size = Some(size);
-    ctx.autoscaler.keep(mc, remembered);
+    ctx.remembered.autoscaler.keep(mc, remembered);
     Ok(Some(AutoscalingStatus {
         size: Some(size),
         reason: decision.reason.as_str().to_string(),
@@ -154,7 +157,7 @@ fn stand_aside(
     hpa: &str,
     previous: Option<AutoscalingStatus>,
 ) -> AutoscalingStatus {
-    ctx.autoscaler.forget(&ObjectRef::from_obj(mc));
+    ctx.remembered.autoscaler.forget(&ObjectRef::from_obj(mc));
     let message = format!(
         "HorizontalPodAutoscaler {hpa} also scales this Memcached: the operator decides nothing while it does; delete it, or turn spec.autoscaling off"
     );
@@ -209,9 +212,9 @@ impl Source {
 }
 
 /// Every member's `stats` at once, by ordinal; one without an address or an answer is None.
-async fn read_members(ctx: &Context, mc: &Memcached, size: i32, source: &Source) -> Reading {
+async fn read_members(pods: &PodIndex, mc: &Memcached, size: i32, source: &Source) -> Reading {
     let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
-    let addresses = ctx.pods.addresses_of(&ns, &name);
+    let addresses = pods.addresses_of(&ns, &name);
     let at = Timestamp::now();
     let reads = (0..size).map(|i| {
         let member = format!("{name}-{i}");
@@ -232,9 +235,8 @@ async fn read_members(ctx: &Context, mc: &Memcached, size: i32, source: &Source)
 }
 
 /// `spec.size` through the scale subresource: the autoscaler may change the size and nothing else.
-async fn set_size(ctx: &Context, mc: &Memcached, size: i32) -> Result<()> {
-    let api: Api<Memcached> =
-        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+async fn set_size(client: &Client, mc: &Memcached, size: i32) -> Result<()> {
+    let api: Api<Memcached> = Api::namespaced(client.clone(), &mc.namespace().unwrap_or_default());
     let patch = serde_json::json!({"spec": {"replicas": size}});
     api.patch_scale(
         &mc.name_any(),
@@ -253,8 +255,8 @@ async fn set_size(ctx: &Context, mc: &Memcached, size: i32) -> Result<()> {
 }
 
 /// The HorizontalPodAutoscaler that also scales `mc`, if any.
-fn conflict(ctx: &Context, mc: &Memcached) -> Option<String> {
-    let hpas = ctx.hpas.as_ref()?;
+fn conflict(hpas: Option<&HpaIndex>, mc: &Memcached) -> Option<String> {
+    let hpas = hpas.as_ref()?;
     hpas.targeting(&mc.namespace().unwrap_or_default(), &mc.name_any())
 }
 

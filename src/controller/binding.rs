@@ -4,11 +4,11 @@
 //! `binding` remembers.
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use tracing::info;
 
-use super::context::Context;
 use super::ensure::only_this;
 use super::secrets;
 use crate::api::Memcached;
@@ -25,12 +25,12 @@ pub fn reported(mc: &Memcached) -> Option<String> {
 /// Makes the binding Secret what the spec wants, for the Secrets the pods mount as read: its name while the Memcached has one,
 /// or why it cannot.
 pub async fn ensure(
-    ctx: &Context,
+    client: &Client,
     mc: &Memcached,
     copied: &Copied,
 ) -> Result<std::result::Result<Option<String>, Blocked>> {
     match binding::secret(mc, copied) {
-        Some(desired) => Ok(match keep(ctx, mc, Some(&desired)).await {
+        Some(desired) => Ok(match keep(client, mc, Some(&desired)).await {
             Ok(None) => Ok(desired.metadata.name),
             Ok(Some(why)) => Err(why),
             // Refused for good (RBAC, a policy): reported, as the other objects' refusals are.
@@ -39,7 +39,7 @@ pub async fn ensure(
         // Wanted, but generated credentials not read yet: as it was.
         None if binding::enabled(mc) => Ok(Ok(reported(mc))),
         None => {
-            keep(ctx, mc, None).await?;
+            keep(client, mc, None).await?;
             Ok(Ok(None))
         }
     }
@@ -47,12 +47,16 @@ pub async fn ensure(
 
 /// Makes the binding Secret `desired` (none: deleted if ours); why not, if someone else holds
 /// its name.
-async fn keep(ctx: &Context, mc: &Memcached, desired: Option<&Secret>) -> Result<Option<Blocked>> {
+async fn keep(
+    client: &Client,
+    mc: &Memcached,
+    desired: Option<&Secret>,
+) -> Result<Option<Blocked>> {
     if desired.is_none() && reported(mc).is_none() {
         return Ok(None);
     }
     let name = binding::secret_name(mc);
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let api: Api<Secret> = Api::namespaced(client.clone(), &mc.namespace().unwrap_or_default());
     let existing = secrets::read(&api, &name).await?;
     if let Some(existing) = &existing
         && !is_controlled_by(&existing.metadata, mc)

@@ -1,61 +1,97 @@
-//! What a reconcile reads and shares: the API client, the caches of owned objects, and the
-//! controller's shared parts.
+//! What a reconcile reads and shares, in parts: the API client, the scope's caches (the watch
+//! layer's), what the controller remembers between reconciles, and how it reports. A phase
+//! takes the context; a step of it takes the parts it uses.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
+use tokio::task::JoinHandle;
 
 use super::autoscale::remembered::Autoscaler;
 use super::events::Events;
-use super::hpa_index::HpaIndex;
 use super::legacy::cache as legacy;
 use super::members::replacing::Replacing;
-use super::own_writes::OwnWrites;
-use super::owned::OwnedObject;
-use super::pod_index::PodIndex;
 use super::rollouts::Rollouts;
-use crate::certificate::Certificate;
 use crate::metrics::Metrics;
 use crate::resources::Images;
-use crate::service_monitor::ServiceMonitor;
-use operator_runtime::cache::Cache;
-use operator_runtime::readiness::SyncGate;
+use crate::watch::feed::Feed;
+use crate::watch::own_writes::OwnWrites;
+use crate::watch::{Cached, Kept, Watching};
 
-/// What a reconcile needs: the API client and the caches of owned objects.
+/// What a reconcile needs.
 pub struct Context {
     pub client: Client,
-    pub services: Cache<OwnedObject<Service>>,
-    /// Of releases up to 0.6.0, until each is adopted.
-    pub legacy_stateful_sets: legacy::Cache,
-    pub pod_disruption_budgets: Cache<OwnedObject<PodDisruptionBudget>>,
-    /// Owned NetworkPolicies; None where this process may not watch them.
-    pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,
-    /// Owned ServiceMonitors; None where the cluster does not serve their API.
-    pub service_monitors: Option<Cache<OwnedObject<ServiceMonitor>>>,
-    /// Owned cert-manager Certificates; None where the cluster does not serve their API or this
-    /// process may not watch them.
-    pub certificates: Option<Cache<OwnedObject<Certificate>>>,
-    pub pods: Arc<PodIndex>,
+    /// The scope's caches of owned objects, pods and HorizontalPodAutoscalers.
+    pub cached: Cached,
+    /// The members' workloads of releases up to 0.6.0, until each is adopted.
+    pub legacy: legacy::Cache,
     /// Our writes to owned objects, so that their watches do not take them for drift.
     pub own_writes: Arc<OwnWrites>,
+    pub remembered: Remembered,
+    pub events: Events,
+    pub metrics: Arc<Metrics>,
+    pub config: Config,
+}
+
+/// What the controller remembers of Memcacheds between reconciles (the rest it reads again).
+pub struct Remembered {
+    /// The rollout slots of the operator's own updates, one budget for every scope.
     pub rollouts: Arc<Rollouts>,
     /// Members evicted for an update whose replacements do not serve yet.
     pub replacing: Replacing,
     /// What the autoscaler remembers of each autoscaled Memcached.
     pub autoscaler: Autoscaler,
-    /// HorizontalPodAutoscalers by the Memcached they target; None where this process may not
-    /// watch them.
-    pub hpas: Option<Arc<HpaIndex>>,
-    pub events: Events,
+}
+
+/// The operator's own settings that shape the objects it builds.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Images for CRs that name none.
     pub images: Images,
     /// Where this operator runs, when in a cluster: its pods are let through a Memcached's
     /// NetworkPolicy to read the members' `stats`.
     pub operator_namespace: Option<String>,
+}
+
+/// What the contexts of every scope share.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: Client,
+    pub own_writes: Arc<OwnWrites>,
+    /// One budget for every scope: an operator upgrade rolls all of them.
+    pub rollouts: Arc<Rollouts>,
+    pub events: Events,
     pub metrics: Arc<Metrics>,
-    /// This scope's watch caches: reconciling before they are filled would report a wrong status
-    /// (no pods yet) and correct it a moment later, two needless writes per object.
-    pub caches: SyncGate,
+    pub config: Config,
+}
+
+impl Context {
+    /// One scope's context: the watch layer's caches of the scope (the optional kinds where
+    /// `kept`), and the workloads of before, watched here until the last is adopted; with the
+    /// tasks of their watches, each queueing through a feed of its own.
+    pub fn watching(
+        shared: &Shared,
+        w: &Watching,
+        kept: Kept,
+        feed: impl Fn() -> Feed,
+    ) -> (Context, Vec<JoinHandle<()>>) {
+        let (legacy, legacy_watch) = w.owned(feed(), legacy::triggers());
+        let (cached, mut tasks) = w.cached(kept, feed);
+        tasks.push(tokio::spawn(legacy_watch));
+        let ctx = Context {
+            client: shared.client.clone(),
+            cached,
+            legacy,
+            own_writes: shared.own_writes.clone(),
+            remembered: Remembered {
+                rollouts: shared.rollouts.clone(),
+                replacing: Default::default(),
+                autoscaler: Default::default(),
+            },
+            events: shared.events.clone(),
+            metrics: shared.metrics.clone(),
+            config: shared.config.clone(),
+        };
+        (ctx, tasks)
+    }
 }

@@ -4,18 +4,19 @@
 
 use std::sync::Arc;
 
+use kube::Client;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 
 use super::context::Context;
 use super::events::Change;
-use super::known_fields::KnownFields;
-use super::owned::{Owned, OwnedObject};
-use super::watched_memcached::WatchedMemcached;
 use crate::api::{Memcached, MemcachedStatus};
 use crate::error::{Error, Result};
 use crate::resources::{MANAGER_NAME, is_controlled_by};
 use crate::status;
+use crate::watch::known_fields::KnownFields;
+use crate::watch::memcached::WatchedMemcached;
+use crate::watch::owned::{Owned, OwnedObject};
 use operator_runtime::cache::Cache;
 
 /// An object only some specs want (the disruption budget, the NetworkPolicy, the
@@ -90,11 +91,11 @@ pub type Kept<'a, K> = (Api<OwnedObject<K>>, &'a Cache<OwnedObject<K>>);
 
 /// `Kept` in `ns`, where the operator keeps the kind (`cache` is None where it keeps none).
 pub fn kept<'a, K: Owned>(
-    ctx: &Context,
+    client: &Client,
     ns: &str,
     cache: Option<&'a Cache<OwnedObject<K>>>,
 ) -> Option<Kept<'a, K>> {
-    cache.map(|cache| (Api::namespaced(ctx.client.clone(), ns), cache))
+    cache.map(|cache| (Api::namespaced(client.clone(), ns), cache))
 }
 
 /// An object only some specs want: looked up as `lookup` does while wanted; otherwise only ours
@@ -238,14 +239,14 @@ pub enum StatusPatch {
 }
 
 pub async fn patch_status(
-    ctx: &Context,
+    client: &Client,
     mc: &Memcached,
     status: &MemcachedStatus,
 ) -> Result<StatusPatch> {
     // The answer is decoded as the watch decodes Memcacheds (managedFields skipped): nothing
     // reads it, the watch brings the new version to the cache.
     let api: Api<WatchedMemcached> =
-        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+        Api::namespaced(client.clone(), &mc.namespace().unwrap_or_default());
     let patch = serde_json::json!({
         "apiVersion": Memcached::api_version(&()),
         "kind": Memcached::kind(&()),

@@ -26,6 +26,7 @@ use futures::future::try_join_all;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::Client;
 use kube::api::{
     DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
@@ -36,13 +37,13 @@ use super::context::Context;
 use super::events::Change;
 use super::members::own;
 use super::members::{apply_error, history, read_error};
-use super::owned::OwnedObject;
-use super::pod_index::{Controller, Member};
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::members::POD_INDEX_LABEL;
 use crate::resources::{self, MANAGER_NAME, REVISION_LABEL, members};
 use crate::validation::quantity_bytes;
+use crate::watch::owned::OwnedObject;
+use crate::watch::pod_index::{Controller, Member};
 
 /// On the operator's ControllerRevision made at adoption: the StatefulSet revision whose
 /// members run its template.
@@ -62,16 +63,16 @@ pub enum Adoption {
     Foreign(String),
 }
 
-/// The step the Memcached's adoption takes now, given its StatefulSet (`sts`, one it controls)
-/// and its members as observed.
-pub async fn step(
-    ctx: &Context,
-    mc: &Memcached,
-    sts: Option<&OwnedObject<StatefulSet>>,
-    seen: &own::Seen,
-) -> Result<Adoption> {
+/// The step the Memcached's adoption takes now, given its members as observed. Its StatefulSet
+/// (one it controls) is read from the cache here, not by observe, so that nothing outside this
+/// module needs to know the kind.
+pub async fn step(ctx: &Context, mc: &Memcached, seen: &own::Seen) -> Result<Adoption> {
     let members = &seen.members;
-    match sts {
+    let sts = ctx
+        .legacy
+        .get_for(mc)
+        .filter(|held| resources::is_controlled_by(&held.metadata, mc));
+    match sts.as_deref() {
         Some(sts) if sts.metadata.deletion_timestamp.is_some() => Ok(Adoption::Underway),
         Some(sts) => release(ctx, mc, sts, &seen.template)
             .await
@@ -95,7 +96,7 @@ async fn release(
     sts: &OwnedObject<StatefulSet>,
     desired: &PodTemplateSpec,
 ) -> Result<()> {
-    let (revisions, listed) = revisions_of(ctx, mc).await?;
+    let (revisions, listed) = revisions_of(&ctx.client, mc).await?;
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
@@ -158,11 +159,11 @@ async fn release(
 
 /// The ControllerRevisions of `mc`'s pods (its own and its StatefulSet's), and their API.
 async fn revisions_of(
-    ctx: &Context,
+    client: &Client,
     mc: &Memcached,
 ) -> Result<(Api<ControllerRevision>, Vec<ControllerRevision>)> {
     let ns = mc.namespace().unwrap_or_default();
-    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
     let listed = revisions
         .list(&ListParams::default().labels(&resources::selector_string(mc)))
         .await
@@ -241,7 +242,7 @@ fn holds(stored: &Value, wanted: &Value) -> bool {
 /// Step 2: the StatefulSet's revisions collected, then the members without a controller made
 /// the Memcached's, each with the revision that names the StatefulSet revision it has.
 async fn adopt(ctx: &Context, mc: &Memcached, members: &[Member]) -> Result<Adoption> {
-    let (revisions, listed) = revisions_of(ctx, mc).await?;
+    let (revisions, listed) = revisions_of(&ctx.client, mc).await?;
     // StatefulSet revision -> the operator's revision of the same template.
     let adopting: BTreeMap<String, String> = listed
         .iter()

@@ -24,11 +24,13 @@ use serde_json::{Value, json};
 
 use super::context::Context;
 use super::events::Change;
+use super::events::Events;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources;
 use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
+use replacing::Replacing;
 
 mod in_place;
 mod memory;
@@ -82,7 +84,7 @@ pub struct Keeper<'a> {
 pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result<Option<Updating>> {
     let update_revision = keeper.update_revision;
     let ns = mc.namespace().unwrap_or_default();
-    let replacing = ctx.replacing.of(&ns, &mc.name_any());
+    let replacing = ctx.remembered.replacing.of(&ns, &mc.name_any());
     if keeper.all_updated && replacing.is_empty() {
         return Ok(None);
     }
@@ -99,9 +101,10 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
         now: Timestamp::now(),
         replacing,
     };
-    view.replacing = ctx
-        .replacing
-        .served(&ns, &mc.name_any(), &view.available(&listed.items));
+    view.replacing =
+        ctx.remembered
+            .replacing
+            .served(&ns, &mc.name_any(), &view.available(&listed.items));
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let pod = match view.next_step(&listed.items) {
         Step::Done => return Ok(None),
@@ -127,7 +130,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
                 ctx.events.applied(mc, pod, &Change::Resized);
                 Kind::InPlace
             } else {
-                evict(ctx, mc, &pods, pod).await?;
+                evict(&ctx.events, &ctx.remembered.replacing, mc, &pods, pod).await?;
                 Kind::Replace
             }
         }
@@ -143,7 +146,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
             Kind::InPlace
         }
         Move::Evict => {
-            evict(ctx, mc, &pods, pod).await?;
+            evict(&ctx.events, &ctx.remembered.replacing, mc, &pods, pod).await?;
             Kind::Replace
         }
     };
@@ -322,13 +325,19 @@ async fn templates(
 }
 
 /// Evicts a member for a pod spec it cannot take in place.
-async fn evict(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, pod: &Pod) -> Result<()> {
+async fn evict(
+    events: &Events,
+    replacing: &Replacing,
+    mc: &Memcached,
+    pods: &Api<Pod>,
+    pod: &Pod,
+) -> Result<()> {
     let name = pod.name_any();
     match pods.evict(&name, &EvictParams::default()).await {
         Ok(_) => {
             let ns = mc.namespace().unwrap_or_default();
-            ctx.replacing.evicted(&ns, &mc.name_any(), &name);
-            ctx.events.applied(mc, pod, &Change::Evicted);
+            replacing.evicted(&ns, &mc.name_any(), &name);
+            events.applied(mc, pod, &Change::Evicted);
             Ok(())
         }
         // The disruption budget allows none now: a member is out for another cause.

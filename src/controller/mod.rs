@@ -1,39 +1,27 @@
-//! The Memcached controller: the reconcile (the tutorial's steps), the events it records, the
-//! trigger policy, and the watches that feed the runtime's queue and workers.
+//! The Memcached controller: the reconcile in its phases, the events it records, and the wiring
+//! (run.rs) that joins the watch layer (crate::watch) to the runtime's queue and workers.
 
 mod autoscale;
 mod binding;
 mod context;
-mod digest;
 mod ensure;
 mod events;
-mod feed;
-mod hpa_index;
-mod known_fields;
 mod legacy;
-mod managed_fields;
 mod members;
-mod meta;
 mod outcome;
-mod own_writes;
-pub(crate) mod owned;
-mod pod_index;
 mod reconcile;
 pub(crate) mod rollouts;
+mod run;
 mod secrets;
-mod triggers;
-mod watched_memcached;
-mod watches;
 
-pub use context::Context;
+pub use context::{Config, Context, Remembered};
 pub use events::Events;
 pub use operator_runtime::initial_list::InitialList;
 pub use operator_runtime::queue::Priority;
 pub use outcome::Outcome;
 pub use reconcile::reconcile;
 pub use rollouts::Rollouts;
-pub use watched_memcached::parse_event;
-pub use watches::run;
+pub use run::run;
 
 use operator_runtime::watch_namespace::WatchNamespace;
 

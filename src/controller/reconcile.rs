@@ -25,14 +25,14 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
         forget(ctx, &ObjectRef::from_obj(mc));
         return Ok(Outcome::Gone);
     }
-    if !ctx.caches.synced() {
+    if !ctx.cached.synced.synced() {
         return Ok(Outcome::CachesFilling);
     }
     // While autoscaling is on, a size set by hand is put back before anything is sized from it.
     if autoscale::put_back(ctx, mc).await? {
         return Ok(Outcome::Converged);
     }
-    let desired = desired::desired(mc, ctx.operator_namespace.as_deref());
+    let desired = desired::desired(mc, ctx.config.operator_namespace.as_deref());
     let seen = observe::observe(ctx, mc, &desired).await?;
     let plan = plan::plan(mc, &seen, desired);
     match apply::apply(ctx, mc, &seen, plan).await? {
@@ -46,9 +46,9 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
 pub fn forget(ctx: &Context, key: &ObjectRef<Memcached>) {
     let ns = key.namespace.as_deref().unwrap_or_default();
     ctx.metrics.forget_memcached(ns, &key.name);
-    ctx.rollouts.forget(ns, &key.name);
+    ctx.remembered.rollouts.forget(ns, &key.name);
     ctx.events.forget(key);
-    ctx.autoscaler.forget(key);
+    ctx.remembered.autoscaler.forget(key);
 }
 
 /// The span of one reconcile: the Memcached, and the trace it belongs to.

@@ -5,11 +5,11 @@
 //! them all in the operator's memory.
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use tracing::info;
 
-use super::context::Context;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::binding::Copied;
@@ -115,8 +115,8 @@ fn mounted(mc: &Memcached) -> Vec<Mounted> {
 }
 
 /// Reads the Secrets the pods will mount.
-pub async fn read_mounted(ctx: &Context, mc: &Memcached) -> Result<Mounts> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+pub async fn read_mounted(client: &Client, mc: &Memcached) -> Result<Mounts> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &mc.namespace().unwrap_or_default());
     let mut read_all = Vec::new();
     for mounted in mounted(mc) {
         let secret = read(&api, &mounted.name).await?;
@@ -177,12 +177,12 @@ pub fn judge(mc: &Memcached, mounts: &Mounts) -> Secrets {
 /// Creates the credentials Secret `name` with a random password; what the binding repeats of
 /// it goes into `copied`.
 pub async fn generate(
-    ctx: &Context,
+    client: &Client,
     mc: &Memcached,
     name: &str,
     copied: &mut Copied,
 ) -> Result<()> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let api: Api<Secret> = Api::namespaced(client.clone(), &mc.namespace().unwrap_or_default());
     if let Some(created) = create_credentials(&api, mc, name.to_string()).await? {
         Copied::take_credentials(copied, &created);
     }

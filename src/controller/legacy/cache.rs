@@ -2,15 +2,12 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 
-use crate::controller::digest::digest_naming;
-use crate::controller::owned::{Owned, OwnedObject, names};
-use crate::controller::triggers::OwnedTriggers;
+use crate::watch::digest::digest_naming;
+use crate::watch::owned::{Owned, OwnedObject, names};
+use crate::watch::triggers::OwnedTriggers;
 
 /// The StatefulSets of the watched namespaces that the operator labelled as its own.
 pub type Cache = operator_runtime::cache::Cache<OwnedObject<StatefulSet>>;
-
-/// One of them, as the cache holds it.
-pub type Held = std::sync::Arc<OwnedObject<StatefulSet>>;
 
 /// Only to adopt from it: nothing reads its status.
 impl Owned for StatefulSet {

@@ -11,6 +11,7 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
@@ -18,10 +19,13 @@ use super::{Keeper, apply_error, min_ready, read_error};
 use crate::api::Memcached;
 use crate::controller::context::Context;
 use crate::controller::events::Change;
-use crate::controller::pod_index::Member;
+use crate::controller::events::Events;
 use crate::error::{Refusal, Result, namespace_terminating};
+use crate::resources::Images;
 use crate::resources::{self, MANAGER_NAME, members};
 use crate::status::Members;
+use crate::watch::pod_index::Member;
+use crate::watch::pod_index::PodIndex;
 
 /// One Memcached's members as the pod watch shows them, and the template they should run.
 #[derive(Debug)]
@@ -51,11 +55,11 @@ impl Seen {
 }
 
 /// The members as they are, with no request.
-pub fn observe(ctx: &Context, mc: &Memcached) -> Seen {
+pub fn observe(pods: &PodIndex, images: &Images, mc: &Memcached) -> Seen {
     let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
-    let members = ctx.pods.members_of(&ns, &name);
-    let terminating = ctx.pods.terminating_of(&ns, &name);
-    Seen::of(mc, &ctx.images, members, terminating, Timestamp::now())
+    let members = pods.members_of(&ns, &name);
+    let terminating = pods.terminating_of(&ns, &name);
+    Seen::of(mc, images, members, terminating, Timestamp::now())
 }
 
 impl Seen {
@@ -139,7 +143,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     let mut update_starts = *update_starts;
     // An update nobody asked for (an operator upgrade) waits for the rollout budget; once
     // started, it goes on.
-    if update_starts && ctx.rollouts.must_wait(mc) {
+    if update_starts && ctx.remembered.rollouts.must_wait(mc) {
         (update_starts, written.waiting) = (false, true);
     }
     if create.is_empty() && delete.is_empty() && !update_starts {
@@ -156,7 +160,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     let keeps_revision = !*kept && (!create.is_empty() || update_starts);
     let revision = async {
         match keeps_revision {
-            true => keep_revision(ctx, mc, seen, update_starts).await,
+            true => keep_revision(&ctx.client, mc, seen, update_starts).await,
             false => Ok(()),
         }
     };
@@ -176,7 +180,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     let deletes = join_all(
         delete
             .iter()
-            .map(|name| delete_member(ctx, mc, &pods, name)),
+            .map(|name| delete_member(&ctx.events, mc, &pods, name)),
     );
     let (revision, creates, deletes) = tokio::join!(revision, creates, deletes);
     revision?;
@@ -199,13 +203,13 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
 /// collects the revisions no member has and no update moves to any more (in one request: those
 /// the members have stay until an update has moved them on).
 async fn keep_revision(
-    ctx: &Context,
+    client: &Client,
     mc: &Memcached,
     seen: &Seen,
     update_starts: bool,
 ) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
-    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
     let params = PostParams {
         field_manager: Some(MANAGER_NAME.into()),
         ..PostParams::default()
@@ -233,7 +237,12 @@ async fn keep_revision(
 }
 
 /// Deletes member `name`, beyond the size.
-async fn delete_member(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, name: &str) -> Result<Made> {
+async fn delete_member(
+    events: &Events,
+    mc: &Memcached,
+    pods: &Api<Pod>,
+    name: &str,
+) -> Result<Made> {
     match pods.delete(name, &DeleteParams::default()).await {
         Ok(_) => {
             let pod = Pod {
@@ -244,7 +253,7 @@ async fn delete_member(ctx: &Context, mc: &Memcached, pods: &Api<Pod>, name: &st
                 },
                 ..Pod::default()
             };
-            ctx.events.applied(mc, &pod, &Change::Deleted);
+            events.applied(mc, &pod, &Change::Deleted);
             Ok(Made::Written)
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(Made::There),
@@ -332,8 +341,8 @@ fn counted(mc: &Memcached, seen: &[Member], revision: &str, now: Timestamp) -> M
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::pod_index::Controller;
     use crate::fixtures::memcached;
+    use crate::watch::pod_index::Controller;
     use k8s_openapi::jiff::SignedDuration;
 
     fn member(name: &str, ready_for: Option<i64>, revision: &str, now: Timestamp) -> Member {

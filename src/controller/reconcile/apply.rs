@@ -17,10 +17,11 @@ use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};
 use crate::controller::legacy::{self, Adoption};
 use crate::controller::members::own::{self, Written};
 use crate::controller::members::{self, Updating};
-use crate::controller::owned::OwnedObject;
+use crate::controller::rollouts::Rollouts;
 use crate::controller::{autoscale, binding, rollouts, secrets};
 use crate::error::{Error, Result};
 use crate::status::{self, Blocked};
+use crate::watch::owned::OwnedObject;
 
 /// How the writes went.
 pub enum Step {
@@ -56,14 +57,14 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         moves,
     } = plan;
     if blocked.is_none() {
-        match legacy::step(ctx, mc, seen.legacy.as_deref(), &seen.members).await? {
+        match legacy::step(ctx, mc, &seen.members).await? {
             Adoption::None => {}
             Adoption::Underway => return Ok(Step::Adopting),
             Adoption::Foreign(pod) => blocked = Some(foreign("Pod", &pod, mc)),
         }
     }
     if let (None, Some(name)) = (&blocked, &generate) {
-        secrets::generate(ctx, mc, name, &mut copied).await?;
+        secrets::generate(&ctx.client, mc, name, &mut copied).await?;
     }
     let mut written = Written::default();
     if blocked.is_none() {
@@ -87,7 +88,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
     if let (None, Some(pod)) = (&blocked, &written.foreign) {
         blocked = Some(foreign("Pod", pod, mc));
     }
-    let rollout_queued = budget(ctx, mc, seen, &written);
+    let rollout_queued = budget(&ctx.remembered.rollouts, mc, seen, &written);
     let quiet = blocked.is_none() && !written.any;
     // The members take the current template one at a time, in place where they can.
     let updating = match quiet && !written.waiting {
@@ -103,7 +104,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
     // The binding applications mount; a blocked Memcached's stays as it was.
     let mut bound = binding::reported(mc);
     if quiet {
-        match binding::ensure(ctx, mc, &copied).await? {
+        match binding::ensure(&ctx.client, mc, &copied).await? {
             Ok(name) => bound = name,
             Err(why) => (blocked, bound) = (Some(why), None),
         }
@@ -123,10 +124,10 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
 async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
-    let budgets = kept(ctx, &ns, Some(&ctx.pod_disruption_budgets)).map(|(api, _)| api);
-    let policies = kept(ctx, &ns, ctx.network_policies.as_ref()).map(|(api, _)| api);
-    let monitors = kept(ctx, &ns, ctx.service_monitors.as_ref()).map(|(api, _)| api);
-    let certificates = kept(ctx, &ns, ctx.certificates.as_ref()).map(|(api, _)| api);
+    let budgets = kept(&ctx.client, &ns, Some(&ctx.cached.budgets)).map(|(api, _)| api);
+    let policies = kept(&ctx.client, &ns, ctx.cached.network_policies.as_ref()).map(|(api, _)| api);
+    let monitors = kept(&ctx.client, &ns, ctx.cached.service_monitors.as_ref()).map(|(api, _)| api);
+    let certificates = kept(&ctx.client, &ns, ctx.cached.certificates.as_ref()).map(|(api, _)| api);
     let service = seen.service.clone();
     tokio::try_join!(
         ensure(
@@ -171,11 +172,10 @@ async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -
 
 /// Keeps the rollout budget's count of `mc` (rolling or not); the limit while `mc`'s update
 /// waits for a slot.
-fn budget(ctx: &Context, mc: &Memcached, seen: &Seen, written: &Written) -> Option<usize> {
+fn budget(rollouts: &Rollouts, mc: &Memcached, seen: &Seen, written: &Written) -> Option<usize> {
     let rolling = !written.waiting && rollouts::is_rolling(mc.spec.size, &seen.members.counts);
-    ctx.rollouts
-        .members(&mc.namespace().unwrap_or_default(), &mc.name_any(), rolling);
-    written.waiting.then(|| ctx.rollouts.limit())
+    rollouts.members(&mc.namespace().unwrap_or_default(), &mc.name_any(), rolling);
+    written.waiting.then(|| rollouts.limit())
 }
 
 fn last_autoscaling(mc: &Memcached) -> Option<AutoscalingStatus> {

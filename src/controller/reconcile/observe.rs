@@ -14,14 +14,12 @@ use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::controller::context::Context;
 use crate::controller::ensure::{kept, lookup, lookup_optional};
-use crate::controller::legacy;
 use crate::controller::members::own;
-use crate::controller::owned::OwnedObject;
 use crate::controller::secrets::{self, Mounts};
 use crate::error::Result;
-use crate::resources::is_controlled_by;
 use crate::service_monitor::ServiceMonitor;
 use crate::status::pods::PodTrouble;
+use crate::watch::owned::OwnedObject;
 
 /// What one reconcile read of the cluster for a Memcached.
 pub struct Seen {
@@ -34,8 +32,6 @@ pub struct Seen {
     pub keeps_policies: bool,
     /// Whether this process may keep cert-manager's Certificates (served and watchable).
     pub keeps_certificates: bool,
-    /// The Memcached's own workload of a release up to 0.6.0, until it is adopted.
-    pub legacy: Option<legacy::cache::Held>,
     /// The Secrets the pods mount.
     pub secrets: Mounts,
     pub members: own::Seen,
@@ -49,21 +45,21 @@ pub struct Seen {
 pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result<Seen> {
     let ns = mc.namespace().unwrap_or_default();
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
-    let budgets = kept(ctx, &ns, Some(&ctx.pod_disruption_budgets));
-    let policies = kept(ctx, &ns, ctx.network_policies.as_ref());
-    let monitors = kept(ctx, &ns, ctx.service_monitors.as_ref());
-    let certificates = kept(ctx, &ns, ctx.certificates.as_ref());
+    let budgets = kept(&ctx.client, &ns, Some(&ctx.cached.budgets));
+    let policies = kept(&ctx.client, &ns, ctx.cached.network_policies.as_ref());
+    let monitors = kept(&ctx.client, &ns, ctx.cached.service_monitors.as_ref());
+    let certificates = kept(&ctx.client, &ns, ctx.cached.certificates.as_ref());
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
     let (service, budget, policy, monitor, certificate, secrets) = tokio::try_join!(
-        lookup(&services, &ctx.services, mc),
+        lookup(&services, &ctx.cached.services, mc),
         lookup_optional(budgets.as_ref(), mc, desired.budget.is_some()),
         lookup_optional(policies.as_ref(), mc, desired.policy.is_some()),
         lookup_optional(monitors.as_ref(), mc, desired.monitor.is_some()),
         lookup_optional(certificates.as_ref(), mc, desired.certificate.is_some()),
-        secrets::read_mounted(ctx, mc),
+        secrets::read_mounted(&ctx.client, mc),
     )?;
-    let pods = ctx.pods.pods_of(&ns, &mc.name_any());
+    let pods = ctx.cached.pods.pods_of(&ns, &mc.name_any());
     Ok(Seen {
         service,
         budget,
@@ -72,12 +68,8 @@ pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result
         certificate,
         keeps_policies: policies.is_some(),
         keeps_certificates: certificates.is_some(),
-        legacy: ctx
-            .legacy_stateful_sets
-            .get_for(mc)
-            .filter(|held| is_controlled_by(&held.metadata, mc)),
         secrets,
-        members: own::observe(ctx, mc),
+        members: own::observe(&ctx.cached.pods, &ctx.config.images, mc),
         pods: pods.names,
         troubles: pods.troubles,
     })

@@ -13,10 +13,10 @@ use crate::controller::context::Context;
 use crate::controller::ensure::{StatusPatch, patch_status};
 use crate::controller::members::own;
 use crate::controller::outcome::Outcome;
-use crate::controller::pod_index::Member;
 use crate::error::Result;
 use crate::resources;
 use crate::status::{self, NotReady, Observed};
+use crate::watch::pod_index::Member;
 
 /// Past the moment a member is available: a Ready condition's time is whole seconds.
 const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -52,7 +52,7 @@ pub async fn report(
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
     if mc.status.as_ref() != Some(&new_status)
-        && patch_status(ctx, mc, &new_status).await? == StatusPatch::Gone
+        && patch_status(&ctx.client, mc, &new_status).await? == StatusPatch::Gone
     {
         forget(ctx, &ObjectRef::from_obj(mc));
         return Ok(Outcome::Gone);

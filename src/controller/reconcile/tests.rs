@@ -9,13 +9,13 @@ use serde_json::json;
 use super::*;
 use crate::controller::Rollouts;
 use crate::controller::outcome::{self, REFUSED_RECHECK};
-use crate::controller::pod_index::PodMeta;
 use crate::fixtures::apiserver::{self, ApiServer};
 use crate::fixtures::memcached;
 use crate::resources;
 use crate::resources::REVISION_LABEL;
 use crate::status::{self, Blocked, Observed};
 use crate::status::{AVAILABLE, DEGRADED, PROGRESSING};
+use crate::watch::pod_index::PodMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use operator_runtime::workers::{Next, Retry};
@@ -129,14 +129,14 @@ fn condition(body: &serde_json::Value, type_: &str) -> (String, String) {
 /// `mc`'s members as the pod watch sees them: of the revision of `mc`'s template, Ready for
 /// long.
 fn members_run(ctx: &Context, mc: &Memcached) {
-    let template = resources::pod_template(mc, &ctx.images);
+    let template = resources::pod_template(mc, &ctx.config.images);
     let revision = resources::members::revision(mc, &template);
     for i in 0..mc.spec.size {
         let mut member = watched_pod(&format!("cache-{i}"), &[(REVISION_LABEL, &revision)], true);
         member.ready_since = Some(
             k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1),
         );
-        ctx.pods.observe(&watcher::Event::Apply(member));
+        ctx.cached.pods.observe(&watcher::Event::Apply(member));
     }
 }
 
@@ -151,7 +151,7 @@ fn converged(ctx: &Context, mc: &mut Memcached, caches: &mut apiserver::Caches) 
     members_run(ctx, mc);
     let observed = Observed {
         members: Some(crate::fixtures::members(mc.spec.size, mc.spec.size)),
-        pods: ctx.pods.pods_of("default", "cache").names,
+        pods: ctx.cached.pods.pods_of("default", "cache").names,
         ..Default::default()
     };
     mc.status = Some(status::desired_status(
@@ -224,7 +224,7 @@ fn uncached_service(ctx: &Context, caches: &mut apiserver::Caches) -> Memcached 
     let mut mc = memcached("cache", 1);
     converged(ctx, &mut mc, caches);
     caches.services.apply_watcher_event(&watcher::Event::Delete(
-        crate::controller::owned::OwnedObject::of(&resources::service(&mc)),
+        crate::watch::owned::OwnedObject::of(&resources::service(&mc)),
     ));
     mc
 }
@@ -403,7 +403,7 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
     converged(&ctx, &mut mc, &mut caches);
     for pod in ["cache-0", "cache-1"] {
         let pod = pod_that_cannot_pull(&mc, pod, "failed to pull image: not found");
-        ctx.pods.observe(&watcher::Event::Apply(pod));
+        ctx.cached.pods.observe(&watcher::Event::Apply(pod));
     }
     let reported = mc.clone();
     let (first, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
@@ -439,7 +439,7 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
 
     // The kubelet retries: the pods now say "Back-off pulling image". The status written keeps
     // the first words, and the cause was warned about: no request.
-    let pods = ctx.pods.pods_of("default", "cache");
+    let pods = ctx.cached.pods.pods_of("default", "cache");
     let observed = Observed {
         members: Some(crate::fixtures::members(2, 0)),
         pods: pods.names,
@@ -453,7 +453,7 @@ async fn pods_that_cannot_pull_their_image_are_reported_once_whatever_their_retr
     ));
     for pod in ["cache-0", "cache-1"] {
         let pod = pod_that_cannot_pull(&mc, pod, "Back-off pulling image \"memcached:nope\"");
-        ctx.pods.observe(&watcher::Event::Apply(pod));
+        ctx.cached.pods.observe(&watcher::Event::Apply(pod));
     }
     let outcome = scenario(mc, ctx, api, |api| async move { api })
         .await

@@ -7,12 +7,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
 use super::*;
-use crate::controller::pod_index::{Controller, Member};
 use crate::controller::reconcile::desired::desired;
 use crate::controller::secrets::Mounts;
 use crate::fixtures::{memcached, memcached_with_spec};
 use crate::resources;
 use crate::resources::Images;
+use crate::watch::pod_index::{Controller, Member};
 
 /// What a reconcile of `mc` sees where nothing of it exists yet but `members` (of the current
 /// revision, Ready for long) and the Secrets `there` has.
@@ -38,7 +38,6 @@ fn seeing(mc: &Memcached, members: &[&str], there: impl Fn(&str) -> Option<Secre
         certificate: None,
         keeps_policies: true,
         keeps_certificates: true,
-        legacy: None,
         secrets: Mounts::as_if(mc, there),
         members: own::Seen::of(mc, &Images::default(), members, vec![], now),
         pods: vec![],
@@ -110,7 +109,7 @@ fn someone_elses_object_of_the_memcacheds_name_blocks_it_before_anything_else() 
     let mut theirs = resources::service(&mc);
     theirs.metadata.owner_references = None;
     let mut seen = seeing(&mc, &[], nothing);
-    seen.service = Some(Arc::new(crate::controller::owned::OwnedObject::of(&theirs)));
+    seen.service = Some(Arc::new(crate::watch::owned::OwnedObject::of(&theirs)));
     let plan = plan_of(&mc, &seen);
     assert!(
         matches!(plan.blocked, Some(Blocked::ResourceExists { .. })),

@@ -98,7 +98,8 @@ async fn a_member_being_replaced_stays_in_the_binding() {
     let mc = reporting_the_binding(two_pods(&ctx, &mut caches, true));
     let current = resources::binding::secret(&mc, &Default::default()).unwrap();
     // cache-1 is out until it is made again, under the same name.
-    ctx.pods
+    ctx.cached
+        .pods
         .observe(&watcher::Event::Apply(deleted_member("cache-1")));
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {

@@ -51,7 +51,7 @@ async fn an_issuer_where_cert_manager_is_served_gets_a_certificate_applied() {
 async fn an_issuer_where_cert_manager_is_not_served_applies_nothing_and_says_so() {
     let (ctx, api, mut caches) = apiserver::context();
     let mut ctx = Arc::into_inner(ctx).expect("not shared yet");
-    ctx.certificates = None;
+    ctx.cached.certificates = None;
     let mc = turning_issued_tls_on(&ctx, &mut caches);
     let answered = mc.clone();
     let outcome = scenario(mc, Arc::new(ctx), api, |mut api| async move {

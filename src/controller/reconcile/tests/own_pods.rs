@@ -37,9 +37,11 @@ fn with_members(
     let mc = memcached("cache", size);
     caches.add_service(resources::service(&mc));
     caches.add_budget(resources::pod_disruption_budget(&mc).expect("size 2 and more have one"));
-    let revision = resources::members::revision(&mc, &resources::pod_template(&mc, &ctx.images));
+    let revision =
+        resources::members::revision(&mc, &resources::pod_template(&mc, &ctx.config.images));
     for name in ready {
-        ctx.pods
+        ctx.cached
+            .pods
             .observe(&watcher::Event::Apply(ready_member(name, &revision)));
     }
     mc
@@ -93,10 +95,11 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     );
 
     // The members' watch events: the status counts them, and nothing else is written.
-    let template = resources::pod_template(&mc, &ctx.images);
+    let template = resources::pod_template(&mc, &ctx.config.images);
     let revision = resources::members::revision(&mc, &template);
     for name in ["cache-0", "cache-1", "cache-2"] {
-        ctx.pods
+        ctx.cached
+            .pods
             .observe(&watcher::Event::Apply(ready_member(name, &revision)));
     }
     caches.add_service(resources::service(&mc));
@@ -129,7 +132,7 @@ async fn a_new_memcached_gets_its_members_revision_service_and_budget_at_once_th
     for name in ["cache-0", "cache-1", "cache-2"] {
         let mut member = ready_member(name, &revision);
         member.ready_since = Some(k8s_openapi::jiff::Timestamp::now() - soon);
-        ctx.pods.observe(&watcher::Event::Apply(member));
+        ctx.cached.pods.observe(&watcher::Event::Apply(member));
     }
     let answered = mc.clone();
     let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
@@ -236,7 +239,9 @@ async fn a_member_being_deleted_is_made_again_once_it_is_gone() {
     going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::now(),
     ));
-    ctx.pods.observe(&watcher::Event::Apply(going.clone()));
+    ctx.cached
+        .pods
+        .observe(&watcher::Event::Apply(going.clone()));
     let answered = mc.clone();
     let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
         let status = api.echo_status(STATUS, &answered).await;
@@ -247,7 +252,7 @@ async fn a_member_being_deleted_is_made_again_once_it_is_gone() {
     .await;
     assert!(outcome.is_ok(), "{outcome:?}");
 
-    ctx.pods.observe(&watcher::Event::Delete(going));
+    ctx.cached.pods.observe(&watcher::Event::Delete(going));
     let answered = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         let seen = api.echo_any_order(2, &answered).await;
@@ -310,16 +315,17 @@ async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     // only slot.
     let (ctx, api, mut caches) = apiserver::context();
     let mut ctx = Arc::into_inner(ctx).unwrap();
-    ctx.rollouts = Arc::new(Rollouts::new(1));
+    ctx.remembered.rollouts = Arc::new(Rollouts::new(1));
     let ctx = Arc::new(ctx);
-    ctx.rollouts.members("default", "other", true);
+    ctx.remembered.rollouts.members("default", "other", true);
     let mut mc = memcached("cache", 1);
     mc.status = Some(crate::api::MemcachedStatus {
         observed_generation: mc.metadata.generation,
         ..Default::default()
     });
     caches.add_service(resources::service(&mc));
-    ctx.pods
+    ctx.cached
+        .pods
         .observe(&watcher::Event::Apply(ready_member("cache-0", "cache-old")));
     let reported = mc.clone();
     let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
@@ -334,14 +340,14 @@ async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     .await;
     assert_eq!(outcome.unwrap(), Outcome::WaitingForRolloutSlot);
     assert_eq!(
-        ctx.rollouts.rolling(),
+        ctx.remembered.rollouts.rolling(),
         1,
         "a waiting Memcached holds no slot"
     );
 
     // The other's members are all updated: this one's update starts, with the new revision
     // posted and the revisions no member has collected.
-    ctx.rollouts.members("default", "other", false);
+    ctx.remembered.rollouts.members("default", "other", false);
     let outcome = scenario(mc, ctx.clone(), api, |mut api| async move {
         api.echo("POST", REVISIONS).await;
         let pruned = api
@@ -367,5 +373,9 @@ async fn an_update_nobody_asked_for_waits_for_a_rollout_slot_then_starts() {
     .await;
     let error = outcome.unwrap_err().to_string();
     assert!(error.contains("Pods of cache"), "the update began: {error}");
-    assert_eq!(ctx.rollouts.rolling(), 1, "this one holds the slot now");
+    assert_eq!(
+        ctx.remembered.rollouts.rolling(),
+        1,
+        "this one holds the slot now"
+    );
 }

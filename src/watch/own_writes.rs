@@ -53,7 +53,7 @@ impl OwnWrites {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         lock(&self.versions).len()
     }
 }

@@ -156,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn a_watched_memcached_decodes_whole_without_managed_fields_labels_or_annotations() {
+    fn a_memcached_decodes_whole_without_managed_fields_labels_or_annotations() {
         let mut applied = memcached("good", json!({"size": 3}));
         applied["metadata"]["labels"] = json!({"team": "web"});
         applied["metadata"]["annotations"] = json!({

@@ -286,7 +286,7 @@ fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
 
 /// The strings that name an object, for `digest_naming`, in the order of their placeholders:
 /// its name, and its owner's uid (the agent's save token).
-pub(super) fn names(metadata: &ObjectMeta) -> [&str; 2] {
+pub fn names(metadata: &ObjectMeta) -> [&str; 2] {
     let owner = metadata
         .owner_references
         .iter()

@@ -58,7 +58,7 @@ pub struct OwnedTriggers<K: Owned> {
 }
 
 impl<K: Owned> OwnedTriggers<K> {
-    pub(super) fn new(on_status: bool) -> Self {
+    pub fn new(on_status: bool) -> Self {
         Self {
             on_status,
             kind: PhantomData,
