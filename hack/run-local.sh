@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the operator on the embedded local control plane in DIR (started by `make cluster-up`):
-# installs the CRD and RBAC from config/default, then runs the release binary in the foreground
-# as its own ServiceAccount, exactly as it would run in a cluster.
+# installs the CRD and RBAC from config/default, then runs the binary the operator's image runs
+# (built once per source, cached; with a real node the image itself is built from it) in the
+# foreground as its own ServiceAccount, exactly as it would run in a cluster.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +33,7 @@ if [[ -n "${REAL_NODE_NAME:-}" ]]; then
 	where="the real node ${REAL_NODE_NAME}, as real memcached containers (${MEMCACHED_IMAGE}); try: memcached at the pod IPs, port 11211"
 fi
 
+operator_binary="$("${ROOT}/hack/images.sh" operator-binary)"
 operator_kubeconfig="${DIR}/operator.kubeconfig"
 write_sa_kubeconfig "${NS}" "${SA}" "${operator_kubeconfig}" 24h
 
@@ -50,5 +52,5 @@ cat <<MSG
   Stop the operator with Ctrl-C; stop the control plane with: make cluster-down
 
 MSG
-KUBECONFIG="${operator_kubeconfig}" POD_NAMESPACE="${NS}" exec "${CARGO_TARGET_DIR:-${ROOT}/target}/release/memcached-operator" \
+KUBECONFIG="${operator_kubeconfig}" POD_NAMESPACE="${NS}" exec "${operator_binary}" \
 	--metrics-bind-address=127.0.0.1:8080 --health-probe-bind-address=127.0.0.1:8081 --leader-elect
