@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Runs the operator on the embedded local control plane in DIR (started by `make cluster-up`):
-# installs the CRD and RBAC from config/default, then runs the binary the operator's image runs
-# (built once per source, cached; with a real node the image itself is built from it) in the
+# installs the CRD and RBAC, then runs the image's binary (built once per source) in the
 # foreground as its own ServiceAccount, exactly as it would run in a cluster.
 set -euo pipefail
 
@@ -16,8 +15,7 @@ SA=memcached-operator-controller-manager
 source "${DIR}/env"
 export KUBECONFIG
 
-# config/local is config/default without the operator's Deployment: the operator runs here, as a
-# process, instead of as a pod (kwok's nodes run no containers).
+# config/local is config/default without the operator's Deployment: it runs here, as a process.
 kubectl apply --server-side --field-manager=run-local -k "${ROOT}/config/local" >/dev/null
 kubectl wait --for=condition=Established crd/memcacheds.cache.example.com --timeout=60s >/dev/null
 

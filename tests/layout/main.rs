@@ -4,6 +4,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+mod imports;
+
 /// Lines of code before its tests, in a source file of the operator or the runtime crate.
 const MAX_CODE_LINES: usize = 450;
 /// Lines of a source file, tests included.
