@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::net::http_get;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -192,23 +193,28 @@ fn run_quick_start(real_node: bool) {
         }
     }
     // The endpoints the README names, served by the operator it runs.
-    let readyz = http_get("127.0.0.1:8081", "/readyz");
-    assert!(readyz.starts_with("HTTP/1.1 200"), "/readyz: {readyz}");
-    let metrics = http_get("127.0.0.1:8080", "/metrics");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let readyz = runtime.block_on(http_get(8081, "/readyz"));
+    assert_eq!(
+        readyz.as_ref().map(|(code, _)| *code),
+        Some(200),
+        "/readyz: {readyz:?}"
+    );
+    let metrics = runtime
+        .block_on(http_get(8080, "/metrics"))
+        .unwrap_or_default()
+        .1;
     assert!(
         metrics.contains("controller_runtime_reconcile_total"),
         "/metrics serves the controller's series"
     );
     if real_node {
-        members_answer_as_memcached(&kubeconfig);
+        members_answer_as_memcached(&runtime, &kubeconfig);
     }
     let stopped = run.interrupt(Duration::from_secs(30));
-    let (ok, out) = {
-        let status = make(&cluster, "cluster-down", real_node).status().unwrap();
-        (status.success(), format!("{status}"))
-    };
+    let down = make(&cluster, "cluster-down", real_node).status().unwrap();
     assert!(stopped, "Ctrl-C stopped make run-local within 30 s");
-    assert!(ok, "make cluster-down: {out}");
+    assert!(down.success(), "make cluster-down: {down}");
     let (up, _) = sh(
         "kubectl get --raw /readyz --request-timeout=5s",
         &kubeconfig,
@@ -216,26 +222,9 @@ fn run_quick_start(real_node: bool) {
     assert!(!up, "the control plane is down after make cluster-down");
 }
 
-/// One plain HTTP GET, its response as text.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-}
-
 /// On the real node the sample's members are real memcached: each keeps a key and gives it
 /// back at its pod IP, as run-local's message says.
-fn members_answer_as_memcached(kubeconfig: &Path) {
+fn members_answer_as_memcached(runtime: &tokio::runtime::Runtime, kubeconfig: &Path) {
     let (ok, ips) = sh(
         "kubectl get pods -l app.kubernetes.io/instance=memcached-sample \
          -o jsonpath='{range .items[*]}{.status.podIP}{\"\\n\"}{end}'",
@@ -244,7 +233,6 @@ fn members_answer_as_memcached(kubeconfig: &Path) {
     assert!(ok, "pod IPs: {ips}");
     let ips: Vec<&str> = ips.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ips.len(), 3, "three members: {ips:?}");
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     for ip in ips {
         runtime.block_on(async {
             let addr = format!("{ip}:11211").parse().unwrap();
