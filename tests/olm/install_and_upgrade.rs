@@ -976,8 +976,7 @@ async fn install_and_upgrade_through_olm() {
         .strip_prefix(&format!("{PACKAGE}.v"))
         .unwrap_or_default()
         .to_string();
-    let prev_bin = path_env("PREV_OPERATOR_BIN")
-        .unwrap_or_else(|| crate::previous_release::PreviousRelease::extracted().binary());
+    let prev_bin = path_env("PREV_OPERATOR_BIN").unwrap_or_else(crate::previous_release::binary);
     // The binaries may be rebuilt meanwhile: run copies.
     let bin = path_env("OPERATOR_BIN")
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_memcached-operator")));

@@ -728,12 +728,10 @@ impl Scene {
         let host_images = env_lines(&stdout_of(hack("images.sh").arg("--print-env")));
         // The previous release's operator image, built from its own commit (its RBAC cannot run
         // today's operator).
-        let prev_images: BTreeMap<String, String> =
-            crate::previous_release::PreviousRelease::extracted()
-                .operator()
-                .into_iter()
-                .map(|(key, value)| (format!("PREV_{key}"), value))
-                .collect();
+        let prev_images: BTreeMap<String, String> = crate::previous_release::operator()
+            .into_iter()
+            .map(|(key, value)| (format!("PREV_{key}"), value))
+            .collect();
         let olm_images = env_lines(&stdout_of(hack("olm/images.sh").arg("build")));
         let image = |key: &str| -> String {
             host_images
