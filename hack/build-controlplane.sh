@@ -101,6 +101,7 @@ build_go() {
 	fi
 	[[ -z "${FRESH_ONLY:-}" ]] || return 1
 	log "building ${name} ${version}"
+	rm -rf "${BIN_ROOT}/.tmp.${name}".* # an interrupted build's (the set's lock is held)
 	tmp="$(new_tmp .tmp "${name}")"
 	timed "${name} build" "${build}" "${tmp}" || {
 		rm -rf "${tmp}"
@@ -240,18 +241,17 @@ main() {
 	command -v "${GO}" >/dev/null || die "go not found (set GO=/path/to/go)"
 	command -v kubectl >/dev/null || die "kubectl not found (needed to render kwok stages)"
 	command -v python3 >/dev/null || die "python3 not found"
-	local start=${SECONDS} builds=(build_etcd build_kwok build_kube_controlplane) b
-	if [[ "${NODE_ONLY:-0}" == 1 ]]; then builds=(build_kube_node build_coredns build_netpol); fi
-	if [[ "${CERT_MANAGER_ONLY:-0}" == 1 ]]; then builds=(build_cert_manager); fi
+	local start=${SECONDS} builds=(build_etcd build_kwok build_kube_controlplane) b set=""
+	if [[ "${NODE_ONLY:-0}" == 1 ]]; then builds=(build_kube_node build_coredns build_netpol) set=.node; fi
+	if [[ "${CERT_MANAGER_ONLY:-0}" == 1 ]]; then builds=(build_cert_manager) set=.cert-manager; fi
 	# All fresh: no lock to wait for (`make tools` may hold it, building something else).
 	if (for b in "${builds[@]}"; do FRESH_ONLY=1 "${b}" || exit 1; done); then return 0; fi
 	mkdir -p "${BIN_ROOT}"
-	# One builder at a time (two `cluster.sh up` started together would otherwise both build).
+	# One builder of a set at a time (two `cluster.sh up` started together would both build); the
+	# sets apart, so that the tests never wait on `make tools` building a set they do not need.
 	if command -v flock >/dev/null; then
-		exec 9>"${BIN_ROOT}/.build.lock"
+		exec 9>"${BIN_ROOT}/.build${set}.lock"
 		flock 9
-		# Holding the lock: leftovers of interrupted builds are safe to remove.
-		rm -rf "${BIN_ROOT}"/.tmp.* "${BIN_ROOT}"/.old.*
 	fi
 	for b in "${builds[@]}"; do "${b}"; done
 	log "$(IFS=' '; echo "${builds[*]#build_}") ready in $((SECONDS - start))s"
