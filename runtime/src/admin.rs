@@ -1,9 +1,11 @@
 //! HTTP endpoints: /metrics on one address, /healthz and /readyz on another (controller-runtime's
 //! layout), served by hyper until shutdown.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -14,7 +16,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::Client;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -45,9 +46,25 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// How long a client has to complete a TLS handshake.
     pub handshake_timeout: Duration,
-    /// Connections served at once; past this a new one is closed at once. Each costs a task and
-    /// a socket (about 16 KiB), so this bounds what a flood of connections can take.
+    /// Connections served at once, and at most a quarter of the process's open-file limit (read
+    /// at each accept, so a limit lowered meanwhile counts), which leaves half of it to the
+    /// operator's own files with both endpoints full. Past the cap a new connection takes the
+    /// place of the oldest one that is not in the middle of a request: a kubelet probe sends its
+    /// request at once, so it gets through a flood of clients that never finish theirs.
     pub max_connections: usize,
+}
+
+impl Limits {
+    /// The cap now, under an open-file limit of `open_files` (its soft value, if any).
+    fn cap(&self, open_files: Option<u64>) -> usize {
+        let share = open_files.map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
+        self.max_connections.min(share).max(1)
+    }
+}
+
+/// The process's soft open-file limit, if it has one.
+fn open_file_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
 impl Default for Limits {
@@ -80,7 +97,7 @@ pub async fn bind(
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = TcpListener::bind(addr).await?;
     info!(address = %listener.local_addr()?, ?endpoints, "serving");
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = Arc::new(Mutex::new(Connections::default()));
     Ok(tokio::spawn(async move {
         let mut failures = AcceptFailures::default();
         loop {
@@ -98,39 +115,120 @@ pub async fn bind(
                     }
                 },
             };
-            // Over the cap: closed now rather than left in the backlog, where it would hold up
-            // the connections behind it (a probe among them).
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Every connection mid-request: closed now rather than left in the backlog, where
+            // it would hold up the connections behind it (a probe among them).
+            let cap = limits.cap(open_file_limit());
+            let Some(slot) = Connections::admit(&connections, cap) else {
                 debug!(
                     ?endpoints,
-                    "connection limit reached; closing a new connection"
+                    cap, "every connection is mid-request; closing a new one"
                 );
                 continue;
             };
             let state = state.clone();
             let tls = tls.clone();
             tokio::spawn(async move {
+                let (busy, dropped) = (slot.busy.clone(), slot.dropped.clone());
                 let _slot = slot;
-                let service = service_fn(move |req| handle(req, endpoints, state.clone()));
+                let service = service_fn(move |req| {
+                    let busy = Busy::mark(&busy);
+                    let state = state.clone();
+                    async move {
+                        let _busy = busy;
+                        handle(req, endpoints, state).await
+                    }
+                });
                 let mut http = http1::Builder::new();
                 http.timer(TokioTimer::new())
                     .header_read_timeout(limits.header_read_timeout);
-                let _ = match tls {
-                    Some(tls) => {
-                        match tokio::time::timeout(limits.handshake_timeout, tls.accept(stream))
-                            .await
-                        {
-                            Ok(Ok(stream)) => {
-                                http.serve_connection(TokioIo::new(stream), service).await
+                let served = async {
+                    let _ = match tls {
+                        Some(tls) => {
+                            let handshake = tls.accept(stream);
+                            match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+                                Ok(Ok(stream)) => {
+                                    http.serve_connection(TokioIo::new(stream), service).await
+                                }
+                                _ => return,
                             }
-                            _ => return,
                         }
-                    }
-                    None => http.serve_connection(TokioIo::new(stream), service).await,
+                        None => http.serve_connection(TokioIo::new(stream), service).await,
+                    };
                 };
+                tokio::select! {
+                    () = served => {}
+                    () = dropped.cancelled() => {}
+                }
             });
         }
     }))
+}
+
+/// The connections of one endpoint, oldest first.
+#[derive(Default)]
+struct Connections {
+    next: u64,
+    open: BTreeMap<u64, (Arc<AtomicBool>, CancellationToken)>,
+}
+
+/// One admitted connection: leaves the set when its task ends.
+struct Slot {
+    id: u64,
+    set: Arc<Mutex<Connections>>,
+    /// In the middle of a request (its handler running).
+    busy: Arc<AtomicBool>,
+    /// Cancelled when a new connection takes its place.
+    dropped: CancellationToken,
+}
+
+impl Connections {
+    /// A slot for a new connection under `cap`, the oldest connection not mid-request dropped to
+    /// make room; none if every one is mid-request.
+    fn admit(set: &Arc<Mutex<Connections>>, cap: usize) -> Option<Slot> {
+        let mut this = set.lock().unwrap_or_else(|e| e.into_inner());
+        while this.open.len() >= cap {
+            let idle = this
+                .open
+                .iter()
+                .find(|(_, (busy, _))| !busy.load(Ordering::Acquire))
+                .map(|(id, _)| *id)?;
+            if let Some((_, dropped)) = this.open.remove(&idle) {
+                dropped.cancel();
+            }
+        }
+        let (id, busy, dropped) = (this.next, Arc::default(), CancellationToken::new());
+        this.next += 1;
+        this.open.insert(id, (Arc::clone(&busy), dropped.clone()));
+        Some(Slot {
+            id,
+            set: Arc::clone(set),
+            busy,
+            dropped,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        set.open.remove(&self.id);
+    }
+}
+
+/// Marks a connection mid-request while a handler runs.
+struct Busy(Arc<AtomicBool>);
+
+impl Busy {
+    fn mark(flag: &Arc<AtomicBool>) -> Self {
+        flag.store(true, Ordering::Release);
+        Self(Arc::clone(flag))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// Consecutive failed accepts: how long to wait before the next, and when to say so.
@@ -230,10 +328,12 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let (service, _api) = tower_test::mock::pair::<
+        let (service, api) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,
         >();
+        // An API server that never answers: /readyz waits in its handler until its timeout.
+        Box::leak(Box::new(api));
         let state = Arc::new(State {
             metrics: prometheus::Registry::new(),
             readiness: Arc::new(Readiness::default()),
@@ -311,8 +411,15 @@ mod tests {
         assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
     }
 
+    /// Whether the server has closed `stream` (it reads the end of the stream, or an error).
+    async fn closed(stream: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0) | Err(_)))
+    }
+
     #[tokio::test]
-    async fn connections_over_the_limit_are_closed_and_the_rest_still_served() {
+    async fn past_the_cap_the_oldest_stalled_connection_makes_way_for_a_probe() {
         let limits = Limits {
             max_connections: 20,
             ..Limits::default()
@@ -320,10 +427,57 @@ mod tests {
         let (addr, _stop) = health_endpoint(limits).await;
         let mut held = stalled(addr, 20).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(exchange(addr, HEALTHZ).await, "", "closed unanswered");
-        held.truncate(10);
+        assert!(exchange(addr, HEALTHZ).await.starts_with("HTTP/1.1 200"));
+        assert!(
+            closed(&mut held[0]).await,
+            "the oldest stalled one is dropped"
+        );
+        assert!(!closed(&mut held[19]).await, "the newest stays");
+        // The probe's place, once it has gone, is a stalled one's again: the next probe drops
+        // the second oldest.
+        held.extend(stalled(addr, 1).await);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(exchange(addr, HEALTHZ).await.starts_with("HTTP/1.1 200"));
+        assert!(closed(&mut held[1]).await);
+        assert!(!closed(&mut held[20]).await);
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_with_every_connection_mid_request_a_new_one_is_closed() {
+        let limits = Limits {
+            max_connections: 5,
+            ..Limits::default()
+        };
+        // /readyz asks an API server that never answers: each request stays in its handler (2 s).
+        let (addr, _stop) = health_endpoint(limits).await;
+        let mut waiting = Vec::new();
+        for _ in 0..5 {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream
+                .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            waiting.push(stream);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        assert_eq!(exchange(addr, HEALTHZ).await, "", "closed unanswered");
+        assert!(started.elapsed() < Duration::from_secs(1), "at once");
+        for stream in &mut waiting {
+            assert!(
+                !closed(stream).await,
+                "a request in flight is never dropped"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cap_is_a_quarter_of_the_open_file_limit_at_most() {
+        let limits = Limits::default();
+        assert_eq!(limits.cap(None), 512);
+        assert_eq!(limits.cap(Some(1 << 20)), 512);
+        assert_eq!(limits.cap(Some(512)), 128);
+        assert_eq!(limits.cap(Some(2)), 1);
     }
 
     #[tokio::test]
