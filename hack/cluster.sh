@@ -134,12 +134,12 @@ cmd_down() {
 	}
 	dir="$(abs_dir "$1")"
 	[[ -d "${dir}/pids" ]] || return 0
-	# kwok, scheduler, controller-manager, apiserver first; etcd last so the apiserver
-	# can shut down cleanly.
+	# The apiserver's clients first, then the apiserver; etcd last, so the apiserver stops cleanly.
 	stop_components "${dir}" 20 kwok kube-scheduler kube-controller-manager
 	# The real node (if any) next: its pods are deleted through the apiserver, which still runs.
 	real_node_down "${dir}"
-	stop_components "${dir}" 20 kube-apiserver
+	# 5 s: the connections of pods whose network went with the real node never close (20 s lost).
+	stop_components "${dir}" 5 kube-apiserver
 	stop_components "${dir}" 10 etcd
 	rm -f "${dir}/env"
 	nothing_left "${dir}" || die "cluster in ${dir} is down, but it left the above behind"
