@@ -51,19 +51,21 @@ test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-ch
 
 # Root builds the images too (buildah, umoci and apt need it); otherwise the binaries they hold.
 AS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
-.PHONY: tools tools-control-plane tools-operator tools-node
-tools: tools-operator tools-node ## Build every tool and image the tests use, in the order `make test` needs them (each cached and locked: a test waits for a build in flight). .ci/run starts `make -j2 tools` in the background: two lanes after the control plane, so one builds while the other links.
+.PHONY: tools tools-control-plane tools-operator tools-node tools-olm tools-previous-release
+tools: tools-olm tools-previous-release ## Build every tool and image the tests use, in the order `make test` needs them (each cached and locked: a test waits for a build in flight). .ci/run starts `make -j2 tools` in the background: the real node's parts build beside the operator's image (which links on one core), and what the OLM tests need only once both are done.
 tools-control-plane:
 	hack/build-controlplane.sh
 tools-operator: tools-control-plane
 	hack/build-controlplane.sh --cert-manager
 	hack/images.sh $(if $(AS_ROOT),operator,operator-binary) >/dev/null
-	hack/olm/build-tools.sh --previous-release $(if $(AS_ROOT),operator,operator-binary) >/dev/null
 tools-node: tools-control-plane
 	hack/build-controlplane.sh --node
 	$(if $(AS_ROOT),hack/ensure-packages.sh curl prometheus && hack/images.sh build >/dev/null)
+tools-olm: tools-operator tools-node
 	hack/olm/build-tools.sh operator-sdk scorecard-test opm olm grpc-health-probe
 	$(if $(AS_ROOT),hack/olm/images.sh build >/dev/null)
+tools-previous-release: tools-operator tools-node
+	hack/olm/build-tools.sh --previous-release $(if $(AS_ROOT),operator,operator-binary) >/dev/null
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.
