@@ -247,7 +247,17 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     let dir = cluster().dir.join(format!("prometheus-{ns}"));
     let (prometheus, targets_file) =
         start_prometheus(&dir, &format!("127.0.0.1:{}", op.metrics_port));
-    let targets = service_monitor_targets(&client, &ns, &mc).await;
+    // As Prometheus's discovery does: the Service's endpoints may trail the Memcached's
+    // Available (the EndpointSlice controller writes them), so they are waited for.
+    let targets = wait_for(
+        "the ServiceMonitor's Service to have an endpoint",
+        Duration::from_secs(30),
+        || async {
+            let targets = service_monitor_targets(&client, &ns, &mc).await;
+            (!targets.as_array().unwrap().is_empty()).then_some(targets)
+        },
+    )
+    .await;
     assert_eq!(targets.as_array().unwrap().len(), 1, "{targets}");
     assert_eq!(
         targets[0]["targets"][0],
