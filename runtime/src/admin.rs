@@ -128,8 +128,7 @@ pub async fn bind(
             let state = state.clone();
             let tls = tls.clone();
             tokio::spawn(async move {
-                let (busy, dropped) = (slot.busy.clone(), slot.dropped.clone());
-                let _slot = slot;
+                let busy = slot.busy.clone();
                 let service = service_fn(move |req| {
                     let busy = Busy::mark(&busy);
                     let state = state.clone();
@@ -157,7 +156,7 @@ pub async fn bind(
                 };
                 tokio::select! {
                     () = served => {}
-                    () = dropped.cancelled() => {}
+                    () = slot.dropped.cancelled() => {}
                 }
             });
         }
@@ -358,13 +357,15 @@ mod tests {
 
     /// `n` connections that each send the start of a request and stop there.
     async fn stalled(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+        sent(addr, n, b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await
+    }
+
+    /// `n` connections that have each sent `bytes`, kept open.
+    async fn sent(addr: SocketAddr, n: usize, bytes: &[u8]) -> Vec<TcpStream> {
         let mut streams = Vec::with_capacity(n);
         for _ in 0..n {
             let mut stream = TcpStream::connect(addr).await.unwrap();
-            stream
-                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-                .await
-                .unwrap();
+            stream.write_all(bytes).await.unwrap();
             streams.push(stream);
         }
         streams
@@ -450,15 +451,7 @@ mod tests {
         };
         // /readyz asks an API server that never answers: each request stays in its handler (2 s).
         let (addr, _stop) = health_endpoint(limits).await;
-        let mut waiting = Vec::new();
-        for _ in 0..5 {
-            let mut stream = TcpStream::connect(addr).await.unwrap();
-            stream
-                .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            waiting.push(stream);
-        }
+        let mut waiting = sent(addr, 5, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let started = std::time::Instant::now();
         assert_eq!(exchange(addr, HEALTHZ).await, "", "closed unanswered");

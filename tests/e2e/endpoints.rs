@@ -33,6 +33,13 @@ async fn healthz_latency(port: u16) -> Option<Duration> {
         .then(|| started.elapsed())
 }
 
+/// A connection to `port` that sends the start of a request and never finishes it.
+async fn stalled_on(port: u16) -> std::io::Result<TcpStream> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n").await;
+    Ok(stream)
+}
+
 /// TokenReviews the API server has answered, from its own metrics.
 async fn token_reviews(client: &kube::Client) -> f64 {
     let text = client
@@ -158,17 +165,14 @@ async fn the_endpoints_hold_under_stalled_connections_and_random_tokens() {
     let phase = Instant::now();
     let mut flood = Vec::new();
     for _ in 0..FLOOD {
-        let mut stream = TcpStream::connect(("127.0.0.1", health)).await.unwrap();
-        let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n").await;
-        flood.push(stream);
+        flood.push(stalled_on(health).await.unwrap());
     }
     let mut latencies = Vec::new();
     for _ in 0..10 {
         latencies.push(healthz_latency(health).await);
         // Another hundred stalled connections between probes: the flood goes on.
         for _ in 0..FLOOD / 6 {
-            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", health)).await {
-                let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n").await;
+            if let Ok(stream) = stalled_on(health).await {
                 flood.push(stream);
             }
         }
