@@ -12,7 +12,7 @@
 //!
 //! With a memory file (`-e`), it saves memcached's items when the kubelet is about to stop
 //! memcached (`save`), so that the next memcached restores them, and restarts memcached with its
-//! items when the pod asks for a larger cache (`grow`).
+//! items when the pod asks for other settings: a larger cache, threads, connections (`settings`).
 
 use std::io;
 use std::path::PathBuf;
@@ -27,10 +27,10 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 mod endpoint;
-mod grow;
 mod loopback;
 mod passwords;
 mod save;
+mod settings;
 
 use endpoint::SaveToken;
 use loopback::{proxy, refresh_certs};
@@ -97,8 +97,9 @@ pub struct RunArgs {
     /// memcached's memory file (its -e flag): memcached writes `<file>.meta` as it saves.
     #[arg(long)]
     pub memory_file: Option<PathBuf>,
-    /// With a memory file: the file of the pod annotation memcached takes its `-m` from; when it
-    /// says more, memcached is restarted with its items (grow.rs).
+    /// With a memory file: the file of the pod annotation memcached takes its `-m` from, beside
+    /// those of its other settings; when they say more memory or other threads or connections,
+    /// memcached is restarted with its items (settings.rs).
     #[arg(long, requires = "save_listen")]
     pub max_memory_file: Option<PathBuf>,
 }
@@ -296,7 +297,7 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
             info!(address = %listener.local_addr()?, "serving saves");
             tokio::spawn(endpoint::serve(listener, token.clone(), saver.clone()));
             if let Some(file) = &agent.args.max_memory_file {
-                tokio::spawn(grow::watch(saver.clone(), file.clone()));
+                tokio::spawn(settings::watch(saver.clone(), file.clone()));
             }
             Some(saver)
         }

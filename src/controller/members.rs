@@ -33,9 +33,9 @@ use crate::status::UpdateKind as Kind;
 use replacing::Replacing;
 
 mod in_place;
-mod memory;
 pub mod own;
 pub mod replacing;
+mod settings;
 pub(super) use own::history;
 mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};

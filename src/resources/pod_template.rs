@@ -119,7 +119,7 @@ pub fn pod_template(mc: &Memcached, images: &Images) -> PodTemplateSpec {
             })
         },
         liveness_probe: Some(tcp_probe(10, 10)),
-        env: warm_restart::enabled(mc).then(|| vec![warm_restart::memory_env()]),
+        env: warm_restart::enabled(mc).then(warm_restart::settings_env),
         resources: mc.spec.resources.as_deref().cloned(),
         volume_mounts: Some(memcached_mounts(mc)).filter(|m| !m.is_empty()),
         security_context: Some(restricted(MEMCACHED_UID)),
@@ -177,43 +177,35 @@ pub fn pod_template(mc: &Memcached, images: &Images) -> PodTemplateSpec {
     }
 }
 
-/// The user's pod annotations, and with warm restart memcached's memory size, which a running
-/// member takes from there.
+/// The user's pod annotations, and with warm restart the settings a running member takes from
+/// there (memory, threads, connections).
 fn pod_annotations(mc: &Memcached) -> Option<BTreeMap<String, String>> {
     let mut all = mc.spec.pod_annotations.clone().unwrap_or_default();
     if warm_restart::enabled(mc) {
-        all.insert(
-            warm_restart::MEMORY_ANNOTATION.to_string(),
-            mc.spec.max_memory_mib.to_string(),
-        );
+        all.extend(warm_restart::annotations(mc));
     }
     Some(all).filter(|a| !a.is_empty())
 }
 
-/// memcached's command-line flags for a spec; tuning flags only when set, so memcached's own
-/// defaults apply otherwise.
+/// memcached's command-line flags for a spec. With warm restart, the settings a member takes in
+/// place come from its annotations; without, tuning flags only when set, so memcached's own
+/// defaults apply otherwise (a member without warm restart has no cache to keep).
 fn memcached_args(mc: &Memcached) -> Vec<String> {
     let spec = &mc.spec;
-    let memory = match warm_restart::enabled(mc) {
-        true => warm_restart::MEMORY_ARG.to_string(),
-        false => spec.max_memory_mib.to_string(),
+    let warm = warm_restart::enabled(mc);
+    let flag = |setting: warm_restart::Setting, value: Option<i32>| match (warm, value) {
+        (true, _) => vec![setting.flag.to_string(), setting.arg()],
+        (false, Some(value)) => vec![setting.flag.to_string(), value.to_string()],
+        (false, None) => vec![],
     };
-    let mut args = vec![
-        "-m".to_string(),
-        memory,
-        "-p".to_string(),
-        spec.container_port.to_string(),
-    ];
-    for (flag, value, unit) in [
-        ("-t", spec.threads, ""),
-        ("-c", spec.max_connections, ""),
-        ("-I", spec.max_item_size_mib, "m"),
-    ] {
-        if let Some(value) = value {
-            args.extend([flag.to_string(), format!("{value}{unit}")]);
-        }
+    let mut args = flag(warm_restart::MEMORY, Some(spec.max_memory_mib));
+    args.extend(["-p".to_string(), spec.container_port.to_string()]);
+    args.extend(flag(warm_restart::THREADS, spec.threads));
+    args.extend(flag(warm_restart::MAX_CONNECTIONS, spec.max_connections));
+    if let Some(mib) = spec.max_item_size_mib {
+        args.extend(["-I".to_string(), format!("{mib}m")]);
     }
-    if warm_restart::enabled(mc) {
+    if warm {
         args.extend(warm_restart::memcached_args());
     }
     if auth::enabled(mc) {

@@ -36,35 +36,98 @@ pub fn memcached_args() -> [String; 2] {
     ["-e".to_string(), MEMORY_FILE.to_string()]
 }
 
-/// The pod annotation holding memcached's `-m`. A container's args cannot change in a running
-/// pod, an annotation can: memcached reads it through `MEMORY_ENV`, which the kubelet evaluates
-/// at each start, so a larger cache is a restart in the same pod, with the items kept (the
-/// agent, which sees the annotation through its own volume, restarts memcached for it).
-pub const MEMORY_ANNOTATION: &str = "cache.example.com/max-memory-mib";
-pub const MEMORY_ENV: &str = "MEMCACHED_MAX_MEMORY_MIB";
-/// memcached's `-m` value, expanded by the kubelet from `MEMORY_ENV`.
-pub const MEMORY_ARG: &str = "$(MEMCACHED_MAX_MEMORY_MIB)";
+/// A memcached setting a running member takes from a pod annotation. A container's args cannot
+/// change in a running pod, an annotation can: memcached reads it through an environment
+/// variable, which the kubelet evaluates at each start, so another value is a restart in the
+/// same pod, with the items kept (the agent, which sees the annotations through its own volume,
+/// restarts memcached for it). Only settings memcached does not check against its memory file
+/// (and `-m`, larger, whose check the agent satisfies) may be here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Setting {
+    pub flag: &'static str,
+    pub annotation: &'static str,
+    pub env: &'static str,
+    /// The annotation's file in the agent's volume.
+    pub file: &'static str,
+}
+
+impl Setting {
+    /// memcached's argument after `flag`, expanded by the kubelet from `env`.
+    pub fn arg(&self) -> String {
+        format!("$({})", self.env)
+    }
+
+    /// The value a Memcached gives it: memcached's own default written out when the spec leaves
+    /// it unset, so that setting it later changes a value, not the args.
+    pub fn value(&self, mc: &Memcached) -> i32 {
+        match self.flag {
+            "-m" => mc.spec.max_memory_mib,
+            "-t" => mc.spec.threads.unwrap_or(DEFAULT_THREADS),
+            _ => mc.spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        }
+    }
+
+    fn env_var(&self) -> EnvVar {
+        EnvVar {
+            name: self.env.to_string(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(annotation_field(self.annotation)),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }
+    }
+}
+
+/// memcached's `-m`: only a larger one is taken in place (the agent rewrites the size its file
+/// records); the annotation is named for it alone, as 0.6.0 made it.
+pub const MEMORY: Setting = Setting {
+    flag: "-m",
+    annotation: "cache.example.com/max-memory-mib",
+    env: "MEMCACHED_MAX_MEMORY_MIB",
+    file: "mib",
+};
+pub const THREADS: Setting = Setting {
+    flag: "-t",
+    annotation: "cache.example.com/threads",
+    env: "MEMCACHED_THREADS",
+    file: "threads",
+};
+pub const MAX_CONNECTIONS: Setting = Setting {
+    flag: "-c",
+    annotation: "cache.example.com/max-connections",
+    env: "MEMCACHED_MAX_CONNECTIONS",
+    file: "max-connections",
+};
+/// Every setting a member takes in place, in the order of memcached's args.
+pub const SETTINGS: [Setting; 3] = [MEMORY, THREADS, MAX_CONNECTIONS];
+/// memcached's defaults of `-t` and `-c` (1.6).
+pub const DEFAULT_THREADS: i32 = 4;
+pub const DEFAULT_MAX_CONNECTIONS: i32 = 1024;
+
+pub const MEMORY_ANNOTATION: &str = MEMORY.annotation;
+/// The agent's volume of the settings' annotations (named for the memory, its first).
 pub const MEMORY_VOLUME: &str = "max-memory";
 const MEMORY_DIR: &str = "/etc/memcached-agent/max-memory";
-const MEMORY_FILE_NAME: &str = "mib";
 
-pub fn memory_env() -> EnvVar {
-    EnvVar {
-        name: MEMORY_ENV.to_string(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(annotation_field()),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
+/// The environment memcached reads its settings from.
+pub fn settings_env() -> Vec<EnvVar> {
+    SETTINGS.iter().map(Setting::env_var).collect()
+}
+
+/// The settings' annotations a member's pod carries.
+pub fn annotations(mc: &Memcached) -> impl Iterator<Item = (String, String)> + '_ {
+    SETTINGS
+        .iter()
+        .map(|s| (s.annotation.to_string(), s.value(mc).to_string()))
 }
 
 /// With the `apiVersion` the API server would default: the volume's `items` is an atomic list,
 /// all of it ours, so a default added there would read as drift after every restart.
-fn annotation_field() -> ObjectFieldSelector {
+fn annotation_field(annotation: &str) -> ObjectFieldSelector {
     ObjectFieldSelector {
         api_version: Some("v1".to_string()),
-        field_path: format!("metadata.annotations['{MEMORY_ANNOTATION}']"),
+        field_path: format!("metadata.annotations['{annotation}']"),
     }
 }
 
@@ -82,17 +145,22 @@ pub fn volume() -> Volume {
     }
 }
 
-/// The annotation `MEMORY_ANNOTATION` as a file for the agent, refreshed by the kubelet when it
-/// changes (so once the kubelet has it, which memcached's next start then reads too).
+/// The settings' annotations as files for the agent, refreshed by the kubelet when they change
+/// (so once the kubelet has them, which memcached's next start then reads too).
 pub fn memory_volume() -> Volume {
     Volume {
         name: MEMORY_VOLUME.to_string(),
         downward_api: Some(DownwardAPIVolumeSource {
-            items: Some(vec![DownwardAPIVolumeFile {
-                path: MEMORY_FILE_NAME.to_string(),
-                field_ref: Some(annotation_field()),
-                ..DownwardAPIVolumeFile::default()
-            }]),
+            items: Some(
+                SETTINGS
+                    .iter()
+                    .map(|s| DownwardAPIVolumeFile {
+                        path: s.file.to_string(),
+                        field_ref: Some(annotation_field(s.annotation)),
+                        ..DownwardAPIVolumeFile::default()
+                    })
+                    .collect(),
+            ),
             ..DownwardAPIVolumeSource::default()
         }),
         ..Volume::default()
@@ -118,14 +186,14 @@ pub fn token(mc: &Memcached) -> String {
     mc.metadata.uid.clone().unwrap_or_default()
 }
 
-/// The agent's flag naming the file of `MEMORY_ANNOTATION`.
+/// The agent's flag naming the file of `MEMORY`; the other settings' files are beside it.
 pub const MEMORY_FILE_FLAG: &str = "--max-memory-file=";
 
 pub fn agent_args(mc: &Memcached) -> Vec<String> {
     vec![
         format!("--save-listen=0.0.0.0:{}", LocalPorts::of(mc).save),
         format!("--memory-file={MEMORY_FILE}"),
-        format!("{MEMORY_FILE_FLAG}{MEMORY_DIR}/{MEMORY_FILE_NAME}"),
+        format!("{MEMORY_FILE_FLAG}{MEMORY_DIR}/{}", MEMORY.file),
     ]
 }
 

@@ -13,8 +13,8 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::IN_PLACE_ANNOTATION;
-use super::memory::{annotated, without_memory};
 use super::resize::{Actuation, RESIZABLE, actuation, resize_patch};
+use super::settings::{Values, annotated, without_settings};
 use crate::resources::{self, warm_restart};
 
 /// What a member patched in place records (`IN_PLACE_ANNOTATION`).
@@ -23,12 +23,13 @@ pub(super) struct InPlace {
     pub(super) revision: String,
     pub(super) restarts: BTreeMap<String, i32>,
     /// memcached has a change still to take, after this restart: its image after the agent's,
-    /// or a larger memory after an image.
+    /// or new settings after an image.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) memcached_next: bool,
-    /// memcached restarts for a larger memory: the agent makes that restart, not the kubelet.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(super) grows: bool,
+    /// memcached restarts for new settings (a larger memory, other threads or connections): the
+    /// agent makes that restart, not the kubelet. (`grows` on the pod: the memory came first.)
+    #[serde(default, rename = "grows", skip_serializing_if = "std::ops::Not::not")]
+    pub(super) settings: bool,
 }
 
 impl InPlace {
@@ -68,7 +69,7 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
         Actuation::Infeasible => Move::Evict,
         Actuation::Pending => Move::AwaitResize,
         Actuation::Applied
-            if restarts_memcached(&record) && (!agent_can_save(pod) || growing(pod)) =>
+            if restarts_memcached(&record) && (!agent_can_save(pod) || settings_pending(pod)) =>
         {
             Move::AwaitAgent
         }
@@ -77,30 +78,23 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
 }
 
 /// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
-/// a larger memory (which the pod takes from its annotation), containers' CPU and memory (a
-/// resize before it, resize.rs) and the pod's labels and annotations differ between them; it
-/// records the `revision` it moves to and the restart counts of the containers it restarts.
-/// What the pod already has is left out; memcached's image waits for a patch of its own while
-/// the agent's changes, and a larger memory for the images'.
+/// settings its memcached reads from annotations (a larger memory, threads, connections:
+/// settings.rs), containers' CPU and memory (a resize before it, resize.rs) and the pod's labels
+/// and annotations differ between them; it records the `revision` it moves to and the restart
+/// counts of the containers it restarts. What the pod already has is left out; memcached's image
+/// waits for a patch of its own while the agent's changes, and new settings for the images'.
 pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
     in_place(pod, old, new, revision).map(|(_, patch)| patch)
 }
 
 /// `restart_patch`, and the record it writes on the pod.
 fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
-    let (old_spec, old_memory) = without_memory(old);
-    let (new_spec, new_memory) = without_memory(new);
+    let (old_spec, old_values) = without_settings(old);
+    let (new_spec, new_values) = without_settings(new);
     if beyond_in_place(&old_spec) != beyond_in_place(&new_spec) {
         return None;
     }
-    // The memory the agent has memcached restart with: a larger one than the pod's own (which
-    // an earlier update may have raised past its revision's), of the annotation.
-    let grow = match (annotated(pod), new_memory) {
-        (None, _) if old_memory == new_memory => None,
-        (Some(now), Some(wanted)) if wanted > now => Some(wanted),
-        (Some(now), Some(wanted)) if wanted == now => None,
-        _ => return None,
-    };
+    let settings = new_settings(&annotated(pod), &old_values, &new_values)?;
     let (mut containers, mut restarts) = new_images(pod, old, new, "containers");
     let (init_containers, _) = new_images(pod, old, new, "initContainers");
     // The agent serves memcached's save.
@@ -115,14 +109,15 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
         &old["metadata"]["annotations"],
         &new["metadata"]["annotations"],
     );
-    // The pod's own annotation, not its revision's: a deferred change is still to make.
-    annotations.remove(warm_restart::MEMORY_ANNOTATION);
-    if let Some(wanted) = grow {
+    // The pod's own annotations, not its revision's: a deferred change is still to make.
+    for setting in warm_restart::SETTINGS {
+        annotations.remove(setting.annotation);
+    }
+    if !settings.is_empty() {
         if restarts.is_empty() {
-            annotations.insert(
-                warm_restart::MEMORY_ANNOTATION.to_string(),
-                json!(wanted.to_string()),
-            );
+            for (annotation, value) in &settings {
+                annotations.insert(annotation.to_string(), json!(value.to_string()));
+            }
             let memcached = resources::MEMCACHED_CONTAINER;
             restarts.insert(memcached.to_string(), container_restarts(pod, memcached));
         } else {
@@ -131,7 +126,7 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
     }
     let record = InPlace {
         revision: revision.to_string(),
-        grows: grow.is_some() && !memcached_next,
+        settings: !settings.is_empty() && !memcached_next,
         restarts,
         memcached_next,
     };
@@ -151,6 +146,29 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
         "spec": spec,
     });
     Some((record, patch))
+}
+
+/// The settings' annotations `pod` takes to move from `old` values to `new` ones, by the values
+/// its memcached takes from annotations (`now`); None if it cannot in place: a setting of the
+/// literal form changed, or a smaller memory (memcached refuses its file at a smaller `-m`).
+fn new_settings(now: &Values, old: &Values, new: &Values) -> Option<BTreeMap<&'static str, i64>> {
+    let mut changes = BTreeMap::new();
+    for setting in warm_restart::SETTINGS {
+        let wanted = new.get(setting.flag);
+        match now.get(setting.flag) {
+            None if old.get(setting.flag) == wanted => {}
+            None => return None,
+            Some(now) if Some(now) == wanted => {}
+            Some(now) => {
+                let wanted = *wanted?;
+                if setting == warm_restart::MEMORY && wanted < *now {
+                    return None;
+                }
+                changes.insert(setting.annotation, wanted);
+            }
+        }
+    }
+    Some(changes)
 }
 
 /// The images of `list` that changed from `old` to `new` and that `pod` does not run yet, as a
@@ -232,8 +250,8 @@ fn running_image<'p>(pod: &'p Pod, list: &str, name: &str) -> Option<&'p str> {
     containers.iter().find(|c| c.name == name)?.image.as_deref()
 }
 
-/// Whether the update `record`s restarts memcached: by its image, or by the agent for a larger
-/// memory.
+/// Whether the update `record`s restarts memcached: by its image, or by the agent for new
+/// settings.
 fn restarts_memcached(record: &InPlace) -> bool {
     record.restarts.contains_key(resources::MEMCACHED_CONTAINER)
 }
@@ -250,12 +268,12 @@ fn agent_can_save(pod: &Pod) -> bool {
     container_status(pod, name).is_some_and(|s| s.restart_count > before && s.ready)
 }
 
-/// Whether the agent is about to restart memcached for a larger memory: until then, another
+/// Whether the agent is about to restart memcached for new settings: until then, another
 /// restart of memcached (a new image's `preStop` save) would race it, and the file saved at the
 /// old size could be started at the new one, empty. Not with the agent down: it cannot.
-fn growing(pod: &Pod) -> bool {
+fn settings_pending(pod: &Pod) -> bool {
     let memcached = resources::MEMCACHED_CONTAINER;
-    let Some(record) = InPlace::of(pod).filter(|r| r.grows) else {
+    let Some(record) = InPlace::of(pod).filter(|r| r.settings) else {
         return false;
     };
     let pending = record.restarts.get(memcached).is_some_and(|before| {

@@ -16,6 +16,10 @@ fn the_template_runs_memcached_with_its_probes() {
             "64",
             "-p",
             "11211",
+            "-t",
+            "4",
+            "-c",
+            "1024",
             "-e",
             "/cache/memory_file",
             "-o",
@@ -293,7 +297,7 @@ fn the_operators_labels_win_over_pod_labels() {
 }
 
 #[test]
-fn tuning_flags_reach_memcached_only_when_set() {
+fn tuning_flags_reach_memcached_from_annotations_a_running_member_can_change() {
     let mc =
         spec_from(serde_json::json!({"threads": 8, "maxConnections": 4096, "maxItemSizeMiB": 2}));
     let template = pod_template(&mc, &Images::new("img"));
@@ -317,7 +321,40 @@ fn tuning_flags_reach_memcached_only_when_set() {
             "-v"
         ]
     );
-    let defaults = pod_of(&memcached("cache", 1)).containers[0]
+    let memcached = &template.spec.as_ref().unwrap().containers[0];
+    let args = memcached.args.as_ref().unwrap();
+    assert_eq!(
+        args[4..8],
+        [
+            "-t",
+            "$(MEMCACHED_THREADS)",
+            "-c",
+            "$(MEMCACHED_MAX_CONNECTIONS)"
+        ]
+    );
+    // The agent sees them too, to restart memcached when they change.
+    let volumes = template.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+    let files: Vec<_> = volumes
+        .iter()
+        .find(|v| v.name == warm_restart::MEMORY_VOLUME)
+        .and_then(|v| v.downward_api.as_ref()?.items.as_ref())
+        .unwrap()
+        .iter()
+        .map(|i| i.path.as_str())
+        .collect();
+    assert_eq!(files, ["mib", "threads", "max-connections"]);
+}
+
+#[test]
+fn without_warm_restart_tuning_flags_reach_memcached_only_when_set() {
+    let set = small(spec_from(
+        serde_json::json!({"threads": 8, "maxConnections": 4096}),
+    ));
+    assert_eq!(
+        pod_of(&set).containers[0].args.as_ref().unwrap()[..8],
+        ["-m", "38", "-p", "11211", "-t", "8", "-c", "4096"]
+    );
+    let defaults = pod_of(&small(memcached("cache", 1))).containers[0]
         .args
         .clone()
         .unwrap();
