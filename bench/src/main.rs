@@ -392,9 +392,10 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
 
     if scenarios.contains(&"failover") {
         let elect = format!(
-            "{} --leader-elect --leader-election-namespace={}",
+            "{} --leader-elect --leader-election-namespace={} {}",
             args.operator_command(),
-            memcached_operator::config::OPERATOR_NAMESPACE
+            memcached_operator::config::OPERATOR_NAMESPACE,
+            shipped_lease_args().join(" ")
         );
         let mut gaps = BTreeMap::new();
         for (signal, target_size) in [("KILL", 3), ("TERM", 4)] {
@@ -1010,6 +1011,22 @@ fn print_table(results: &Value) {
         }
     }
     println!("machine: {}", results["machine"]);
+}
+
+/// The Lease flags config/manager ships (`--leader-election-*`), so that the failover measured
+/// is the installed operator's.
+fn shipped_lease_args() -> Vec<String> {
+    let manager = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/manager/manager.yaml"
+    );
+    std::fs::read_to_string(manager)
+        .expect("config/manager/manager.yaml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .filter(|arg| arg.starts_with("--leader-election-"))
+        .map(String::from)
+        .collect()
 }
 
 #[cfg(test)]

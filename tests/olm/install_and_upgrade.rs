@@ -799,7 +799,8 @@ impl Env {
             .is_ok_and(|l| l.items.len() == 5)
     }
 
-    /// The Deployment runs the new CSV's template, its one pod from it.
+    /// The Deployment runs the new CSV's template, its two replicas (the previous release ran
+    /// one) from it.
     async fn rolled(&self, ns: &str) -> bool {
         let Some(d) = self.deployment(ns).await else {
             return false;
@@ -813,8 +814,8 @@ impl Env {
             .unwrap_or_default();
         let status = d.status.unwrap_or_default();
         image == self.release.image
-            && status.updated_replicas == Some(1)
-            && status.replicas == Some(1)
+            && status.updated_replicas == Some(2)
+            && status.replicas == Some(2)
     }
 
     /// The CSV replaced the previous one in `ns`: its spec.replaces, the Subscription's

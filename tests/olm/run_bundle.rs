@@ -384,7 +384,7 @@ async fn run_bundle_installs_the_previous_release_and_its_memcached_serves(
             short(&images.operator_prev)
         ),
         scene.timeout,
-        || scene.operator_pod_runs(&images.operator_prev),
+        || scene.operator_pods_run(&images.operator_prev, 1),
     )
     .await;
 
@@ -836,11 +836,11 @@ async fn run_bundle_upgrade_restarts_each_members_agent_in_place_keeping_the_key
     .await;
     wait_until(
         &format!(
-            "the operator pod Running and Ready on {node} from {}",
+            "the operator's two pods Running and Ready on {node} from {}",
             short(&images.operator)
         ),
         scene.timeout,
-        || scene.operator_pod_runs(&images.operator),
+        || scene.operator_pods_run(&images.operator, 2),
     )
     .await;
     let t_operator = Instant::now();
@@ -990,10 +990,10 @@ async fn a_release_by_digest_restarts_each_member_in_place_keeping_the_keys(
     ));
     wait_until(
         &format!(
-            "the operator pod Running and Ready on {node} from the patch release's image (by digest)"
+            "the operator's two pods Running and Ready on {node} from the patch release's image (by digest)"
         ),
         scene.timeout,
-        || scene.operator_pod_runs(&operator_pinned),
+        || scene.operator_pods_run(&operator_pinned, 2),
     )
     .await;
     let t_operator = Instant::now();

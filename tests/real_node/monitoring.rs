@@ -453,8 +453,28 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
         "all {} metric names used by the alerts and the dashboard exist: {names:?}",
         names.len()
     );
+    // With no operator running (uninstalled but its rule kept, or every replica down), the
+    // MemcachedOperatorDown expression fires (the alert after its `for`).
+    let down = &expressions["MemcachedOperatorDown"];
+    let scraped = prometheus.query(down).await;
+    assert_eq!(
+        scraped,
+        Some(vec![]),
+        "no MemcachedOperatorDown while it is scraped"
+    );
     // Later tests deploy an operator that watches every namespace, with other default images.
     drop(op);
+    let stopped = Instant::now();
+    let fired = wait_for(
+        "the MemcachedOperatorDown expression once no operator runs",
+        Duration::from_secs(60),
+        || async { prometheus.query(down).await.filter(|s| !s.is_empty()) },
+    )
+    .await;
+    println!(
+        "MemcachedOperatorDown expression {:.1} s after the operator stopped: {fired:?}",
+        stopped.elapsed().as_secs_f64()
+    );
     Api::<Namespace>::all(client.clone())
         .delete(&ns, &Default::default())
         .await

@@ -365,7 +365,9 @@ impl Scene {
 
     /// The operator's one pod: Running and Ready on the real node, from `image` (by tag or
     /// digest) as pulled from the registry (its imageID the registry's digest).
-    pub async fn operator_pod_runs(&self, image: &str) -> bool {
+    /// The operator's Deployment runs `replicas` pods on the node, Running and Ready from
+    /// `image`, and no other (the previous release ran one, this one runs two).
+    pub async fn operator_pods_run(&self, image: &str, replicas: usize) -> bool {
         let repo = match image.split_once('@') {
             Some((repo, _)) => repo,
             None => image.rsplit_once(':').unwrap().0,
@@ -377,23 +379,24 @@ impl Scene {
         else {
             return false;
         };
-        let [pod] = &pods.items[..] else {
-            return false;
-        };
-        let (Some(spec), Some(status)) = (&pod.spec, &pod.status) else {
-            return false;
-        };
-        let manager = status
-            .container_statuses
-            .iter()
-            .flatten()
-            .find(|c| c.name == "manager");
-        spec.node_name.as_deref() == Some(self.node.as_str())
-            && status.phase.as_deref() == Some("Running")
-            && pod.metadata.deletion_timestamp.is_none()
-            && spec.containers[0].image.as_deref() == Some(image)
-            && manager
-                .is_some_and(|c| c.ready && c.image_id.starts_with(&format!("{repo}@sha256:")))
+        pods.items.len() == replicas
+            && pods.items.iter().all(|pod| {
+                let (Some(spec), Some(status)) = (&pod.spec, &pod.status) else {
+                    return false;
+                };
+                let manager = status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .find(|c| c.name == "manager");
+                spec.node_name.as_deref() == Some(self.node.as_str())
+                    && status.phase.as_deref() == Some("Running")
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && spec.containers[0].image.as_deref() == Some(image)
+                    && manager.is_some_and(|c| {
+                        c.ready && c.image_id.starts_with(&format!("{repo}@sha256:"))
+                    })
+            })
     }
 
     pub async fn memcached_available(&self) -> bool {
