@@ -1,7 +1,7 @@
 //! The settings a member's memcached takes in place (memory, threads, connections), in the forms
 //! a template has had.
 //!
-//! Since 0.6.0 memcached takes `-m` from a pod annotation, and since 0.10.0 `-t` and `-c` too
+//! Since 0.6.0 memcached takes `-m` from a pod annotation, and since 0.9.0 `-t` and `-c` too
 //! (`warm_restart::SETTINGS`), so that another value is a restart in the same pod; before, they
 //! were literal arguments (`-t` and `-c` only when set) and the cache's `emptyDir` had a
 //! `sizeLimit` of the memory. A member made before keeps its form for its life (a pod's args and

@@ -397,9 +397,9 @@ fn built(memory: i32, image: &str) -> Value {
     serde_json::to_value(template).unwrap()
 }
 
-/// The same template as 0.6–0.9 built it: `-m` from its annotation, `-t` and `-c` literal
+/// The same template as 0.6–0.8 built it: `-m` from its annotation, `-t` and `-c` literal
 /// arguments, here left unset.
-fn as_before_0_10(template: &Value) -> Value {
+fn as_before_0_9(template: &Value) -> Value {
     let mut t = template.clone();
     let wr = resources::warm_restart::SETTINGS;
     let annotations = t["metadata"]["annotations"].as_object_mut().unwrap();
@@ -428,7 +428,7 @@ fn as_before_0_10(template: &Value) -> Value {
 /// The same template as 0.5.0 built it: `-m` a literal argument, the cache's `emptyDir` limited
 /// to it, the agent's view of the file read-only and no annotation for it to read.
 fn as_before_0_6(template: &Value) -> Value {
-    let mut t = as_before_0_10(template);
+    let mut t = as_before_0_9(template);
     let memory = t["metadata"]["annotations"]
         .as_object_mut()
         .unwrap()
@@ -936,11 +936,11 @@ fn each_field_of_the_pod_takes_the_path_memcached_allows() {
     }
 }
 
-/// A member made by 0.6–0.9 has `-t` and `-c` as literal arguments: kept by the operator's
+/// A member made by 0.6–0.8 has `-t` and `-c` as literal arguments: kept by the operator's
 /// upgrade, but replaced for other threads (its memcached would not read the annotation).
 #[test]
 fn a_member_made_before_threads_came_from_an_annotation_is_kept_but_cannot_change_them() {
-    let old = as_before_0_10(&built_with(json!({})));
+    let old = as_before_0_9(&built_with(json!({})));
     let pod = running(&old);
     let same = built_with(json!({"image": "memcached:2"}));
     let patch = restart_patch(&pod, &old, &same, "new").expect("the same member in another form");
