@@ -18,7 +18,7 @@
 #                                            (olm: the directory holding olm, catalog and cpb)
 #   hack/olm/build-tools.sh --print-env      print the binaries' paths (shell-sourceable), build nothing
 #   hack/olm/build-tools.sh --previous-release [ARG...]  PREVIOUS_RELEASE's own hack/images.sh ARGs
-#                                            (operator-binary), on caches of its own (cache/, target/)
+#                      (operator-binary), on a cache of its own, and this tree's cargo target (shared crates)
 #
 # A cached build is reused when its stamp (tool, version, recipe) matches. Builds go to a
 # temporary directory renamed into place only on success. Logs go to stderr.
@@ -275,7 +275,7 @@ extract_previous_release() {
 }
 previous_release() { # IMAGES_ARG...
 	[[ $# -gt 0 ]] || set -- operator-binary
-	env -u RUSTFLAGS MEMCACHED_OPERATOR_CACHE="${PREVIOUS_DIR}/cache" CARGO_TARGET_DIR="${PREVIOUS_DIR}/target" \
+	env -u RUSTFLAGS MEMCACHED_OPERATOR_CACHE="${PREVIOUS_DIR}/cache" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${OLM_HACK_DIR%/hack/olm}/target}" \
 		OPERATOR_IMAGE="localhost/memcached-operator:${PREVIOUS_RELEASE}" GIT_DIR="${PREVIOUS_DIR}/git" \
 		GIT_WORK_TREE="${PREVIOUS_DIR}/src" "${PREVIOUS_DIR}/src/hack/images.sh" "$@"
 }
