@@ -16,11 +16,17 @@ pub mod promql;
 pub use cluster::LocalCluster;
 pub use operator::{Launch, OperatorProcess};
 
-/// The repository's root (this crate lives in `testkit/`).
+/// The repository's root (this crate lives in `testkit/`): the checkout under test, as cargo
+/// names it to the running test. Two checkouts sharing a cargo target (CI's cache) share this
+/// crate's build, so the path compiled in may be the other checkout's.
 pub fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("testkit/ has a parent")
+    let running = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+    let compiled = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    running
+        .iter()
+        .flat_map(|dir| dir.ancestors())
+        .find(|dir| dir.join("testkit/Cargo.toml").is_file())
+        .unwrap_or_else(|| compiled.parent().expect("testkit/ has a parent"))
         .to_path_buf()
 }
 
