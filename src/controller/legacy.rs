@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 use super::context::Context;
 use super::events::Change;
 use super::members::own;
-use super::members::{apply_error, history, read_error};
+use super::members::{apply_error, history, read_error, without_any_settings};
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources::members::POD_INDEX_LABEL;
@@ -187,7 +187,8 @@ fn stored_template(revision: &ControllerRevision) -> Value {
 }
 
 /// The template adopted members are recorded with: the operator's own (`desired`) with the
-/// images of the StatefulSet's (`stored`), if `stored` holds all of that; else `stored`.
+/// images of the StatefulSet's (`stored`), if `stored` holds all of that but the form of
+/// memcached's settings; else `stored`.
 fn adopted_template(desired: &PodTemplateSpec, stored: Value) -> PodTemplateSpec {
     let mut running = serde_json::to_value(desired).expect("a pod template serialises");
     for list in ["containers", "initContainers"] {
@@ -206,7 +207,13 @@ fn adopted_template(desired: &PodTemplateSpec, stored: Value) -> PodTemplateSpec
             }
         }
     }
-    let chosen = if holds(&stored, &running) {
+    // memcached's settings may take another form in the operator's template (since 0.9.0, `-t`
+    // and `-c` from annotations): the same members all the same (members/settings.rs).
+    let (theirs, ours) = (
+        without_any_settings(&stored),
+        without_any_settings(&running),
+    );
+    let chosen = if holds(&theirs, &ours) {
         running
     } else {
         stored
@@ -337,6 +344,37 @@ mod tests {
         assert_eq!(
             members::revision(&mc, &adopted_template(&desired, as_stored(&desired))),
             members::revision(&mc, &desired)
+        );
+    }
+
+    #[test]
+    fn members_of_0_6_are_adopted_as_of_the_operators_template_whatever_their_settings_form() {
+        let mc = memcached("cache", 3);
+        let desired = resources::pod_template(&mc, &Images::new("memcached:new"));
+        let mut stored = as_stored(&resources::pod_template(&mc, &Images::new("memcached:old")));
+        // 0.6.0's form: only the memory from an annotation, -t and -c memcached's defaults.
+        let memcached = &mut stored["spec"]["containers"][0];
+        let args = memcached["args"].as_array_mut().unwrap();
+        for flag in ["-t", "-c"] {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args.drain(at..at + 2);
+        }
+        memcached["env"].as_array_mut().unwrap().truncate(1);
+        let memory = resources::warm_restart::MEMORY_ANNOTATION;
+        let annotations = stored["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.retain(|k, _| k == memory);
+        for volume in stored["spec"]["volumes"].as_array_mut().unwrap() {
+            if let Some(items) = volume["downwardAPI"]["items"].as_array_mut() {
+                items.truncate(1);
+            }
+        }
+        let adopted = adopted_template(&desired, stored);
+        assert_eq!(image(&adopted).as_deref(), Some("memcached:old"));
+        let args = |t: &PodTemplateSpec| t.spec.as_ref().unwrap().containers[0].args.clone();
+        assert_eq!(
+            args(&adopted),
+            args(&desired),
+            "recorded as the operator's own template: its update compares the settings by value"
         );
     }
 

@@ -37,6 +37,7 @@ pub mod own;
 pub mod replacing;
 mod settings;
 pub(super) use own::history;
+pub(super) use settings::without_any_settings;
 mod resize;
 use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
 

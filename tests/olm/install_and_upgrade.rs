@@ -779,7 +779,11 @@ impl Env {
                 orphans.push(format!("StatefulSet {}", s.name_any()));
             }
         }
-        for b in &budgets {
+        // The operator's own budget (the bundle's) is OLM's to keep.
+        let operators = |b: &&PodDisruptionBudget| {
+            b.labels().get("control-plane").map(String::as_str) == Some("controller-manager")
+        };
+        for b in budgets.iter().filter(|b| !operators(b)) {
             if orphaned(controller_uid(b), &memcacheds) {
                 orphans.push(format!("PodDisruptionBudget {}", b.name_any()));
             }

@@ -79,6 +79,20 @@ pub(super) fn without_settings(template: &Value) -> (Value, Values) {
     (spec, values)
 }
 
+/// `template` without the settings, in either form, nor their annotations: what tells two
+/// templates of the same members apart besides the settings' form (the adoption's check that
+/// a StatefulSet's template holds the operator's, legacy.rs).
+pub(in crate::controller) fn without_any_settings(template: &Value) -> Value {
+    let mut template = template.clone();
+    template["spec"] = without_settings(&template).0;
+    if let Some(annotations) = template["metadata"]["annotations"].as_object_mut() {
+        for setting in wr::SETTINGS {
+            annotations.remove(setting.annotation);
+        }
+    }
+    template
+}
+
 /// Removes `flag` and the argument after it from `args`; that argument.
 fn take_flag(args: &mut Vec<Value>, flag: &str) -> Option<Value> {
     let at = args.iter().position(|a| a == flag)?;
