@@ -49,6 +49,8 @@ pub struct Setting {
     pub env: &'static str,
     /// The annotation's file in the agent's volume.
     pub file: &'static str,
+    /// What memcached runs with when its args leave the flag out (none for `-m`: always set).
+    pub default: Option<i32>,
 }
 
 impl Setting {
@@ -60,11 +62,12 @@ impl Setting {
     /// The value a Memcached gives it: memcached's own default written out when the spec leaves
     /// it unset, so that setting it later changes a value, not the args.
     pub fn value(&self, mc: &Memcached) -> i32 {
-        match self.flag {
-            "-m" => mc.spec.max_memory_mib,
-            "-t" => mc.spec.threads.unwrap_or(DEFAULT_THREADS),
-            _ => mc.spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
-        }
+        let set = match *self {
+            MEMORY => Some(mc.spec.max_memory_mib),
+            THREADS => mc.spec.threads,
+            _ => mc.spec.max_connections,
+        };
+        set.or(self.default).unwrap_or_default()
     }
 
     fn env_var(&self) -> EnvVar {
@@ -86,18 +89,21 @@ pub const MEMORY: Setting = Setting {
     annotation: "cache.example.com/max-memory-mib",
     env: "MEMCACHED_MAX_MEMORY_MIB",
     file: "mib",
+    default: None,
 };
 pub const THREADS: Setting = Setting {
     flag: "-t",
     annotation: "cache.example.com/threads",
     env: "MEMCACHED_THREADS",
     file: "threads",
+    default: Some(DEFAULT_THREADS),
 };
 pub const MAX_CONNECTIONS: Setting = Setting {
     flag: "-c",
     annotation: "cache.example.com/max-connections",
     env: "MEMCACHED_MAX_CONNECTIONS",
     file: "max-connections",
+    default: Some(DEFAULT_MAX_CONNECTIONS),
 };
 /// Every setting a member takes in place, in the order of memcached's args.
 pub const SETTINGS: [Setting; 3] = [MEMORY, THREADS, MAX_CONNECTIONS];

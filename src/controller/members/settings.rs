@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use crate::resources::warm_restart::{self as wr, Setting};
+use crate::resources::warm_restart as wr;
 use crate::resources::{self, agent};
 
 /// Each setting's value, by flag.
@@ -38,7 +38,8 @@ pub(super) fn without_settings(template: &Value) -> (Value, Values) {
                             false => value,
                         }
                     });
-                    if let Some(value) = value.as_ref().and_then(number).or(default(setting)) {
+                    let default = setting.default.map(i64::from);
+                    if let Some(value) = value.as_ref().and_then(number).or(default) {
                         values.insert(setting.flag, value);
                     }
                 }
@@ -103,15 +104,6 @@ fn take_flag(args: &mut Vec<Value>, flag: &str) -> Option<Value> {
 
 fn number(value: &Value) -> Option<i64> {
     value.as_str()?.parse().ok()
-}
-
-/// What memcached runs with when its args leave `setting` out.
-fn default(setting: Setting) -> Option<i64> {
-    match setting {
-        wr::THREADS => Some(wr::DEFAULT_THREADS.into()),
-        wr::MAX_CONNECTIONS => Some(wr::DEFAULT_MAX_CONNECTIONS.into()),
-        _ => None,
-    }
 }
 
 /// Keeps the items of a list for which `keep` holds; drops the list if none is left.
