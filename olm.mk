@@ -102,15 +102,6 @@ olm-check: bundle-check bundle-validate scorecard-static ## Offline OLM checks: 
 olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); print their directory.
 	@hack/olm/build-tools.sh --path olm
 
-# test-olm runs on fake nodes and spends most of its minutes waiting on OLM: the real node's two
-# suites (one real node at a time, so one after the other) run beside it.
-.PHONY: test-olm-suites
-test-olm-suites: ## test-olm beside test-digests then test-run-bundle.
-	$(MAKE) -j2 --output-sync=line test-olm test-olm-real-node
-.PHONY: test-olm-real-node
-test-olm-real-node:
-	$(MAKE) -j1 test-digests test-run-bundle
-
 .PHONY: test-digests
 test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root; tests/olm/digests.rs).
 	$(CARGO) test --locked --features olm --test olm -- --test-threads=1 --nocapture digests::
