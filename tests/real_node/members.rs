@@ -16,7 +16,7 @@ use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::dns::lookup_a;
-use memcached_operator_testkit::probe::Prober;
+use memcached_operator_testkit::probe::{Probed, Prober};
 use serde_json::{Value, json};
 
 use crate::harness::{CONVERGE, admin, create, memcached, set_size, wait_converged, wait_for};
@@ -224,6 +224,50 @@ fn memory_of(pod_uid: &str) -> String {
     )
 }
 
+/// Each member before a change: its pod's UID, its address and memcached's restarts.
+type Before = BTreeMap<String, (String, std::net::SocketAddr, i32)>;
+
+/// A prober on every member of `before`.
+fn probe(before: &Before) -> Prober {
+    Prober::start(
+        before
+            .iter()
+            .map(|(n, (_, a, _))| (n.clone(), *a))
+            .collect(),
+    )
+}
+
+/// The figure of a change made in place, and what must hold at every moment of it: at least 2
+/// of 3 members answer.
+fn report(what: &str, took: Duration, found: u64, probed: &Probed) {
+    println!(
+        "{what} in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
+        took.as_secs_f64(),
+        probed.fewest,
+        probed.windows()
+    );
+    assert!(
+        probed.fewest >= 2,
+        "at least 2 of 3 members answer at every moment"
+    );
+}
+
+/// Each member of `before` is the same pod, its memcached restarted `more` times since; the pods.
+async fn same_pods(pods: &Api<Pod>, before: &Before, more: i32, restarted: &str) -> Vec<Pod> {
+    let mut now = Vec::new();
+    for (name, (uid, _, restarts)) in before {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
+        assert_eq!(
+            memcached_status(&pod).unwrap().restart_count,
+            restarts + more,
+            "{name} {restarted}"
+        );
+        now.push(pod);
+    }
+    now
+}
+
 #[tokio::test]
 async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_keys() {
     let client = admin().await;
@@ -242,22 +286,16 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     assert_eq!(found, KEYS, "every key written at size 3 reads back");
     println!("cache-0 with its keys: {}", memory_of(&cache_0));
 
-    let before: BTreeMap<String, (String, std::net::SocketAddr, i32)> =
-        crate::harness::member_pods(&client, &ns, "cache")
-            .await
-            .into_iter()
-            .map(|p| {
-                let restarts = memcached_status(&p).unwrap().restart_count;
-                let addr = std::net::SocketAddr::new(crate::pod_ip(&p).into(), 11211);
-                (p.name_any(), (p.uid().unwrap(), addr, restarts))
-            })
-            .collect();
-    let prober = Prober::start(
-        before
-            .iter()
-            .map(|(n, (_, a, _))| (n.clone(), *a))
-            .collect(),
-    );
+    let before: Before = crate::harness::member_pods(&client, &ns, "cache")
+        .await
+        .into_iter()
+        .map(|p| {
+            let restarts = memcached_status(&p).unwrap().restart_count;
+            let addr = std::net::SocketAddr::new(crate::pod_ip(&p).into(), 11211);
+            (p.name_any(), (p.uid().unwrap(), addr, restarts))
+        })
+        .collect();
+    let prober = probe(&before);
 
     // 1.6.18 (Debian trixie) to 1.6.45 (sid): another memcached, the same file format.
     let image = node.var("MEMCACHED_SID_IMAGE").to_string();
@@ -275,7 +313,6 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     wait_converged(&client, &ns, "cache", 3).await;
     let took = started.elapsed();
     let probed = prober.stop().await;
-    let (fewest, windows) = (probed.fewest, probed.windows());
 
     println!("cache-0 restarted: {}", memory_of(&cache_0));
 
@@ -300,27 +337,12 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     }
     println!("cold-0 with {} keys: {}", KEYS / 3, memory_of(&cold_uid));
     let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
-    println!(
-        "image change in place ({:.0} s): {found} of {KEYS} keys found; at least {fewest} of 3 members answered throughout; each member without an answer: {windows}",
-        took.as_secs_f64()
-    );
+    report("image change", took, found, &probed);
     assert!(
         percent(found) >= 99.0,
         "at least 99 % of the keys kept: {found}"
     );
-    assert!(
-        fewest >= 2,
-        "at least 2 of 3 members answer at every moment"
-    );
-    for (name, (uid, _, restarts)) in &before {
-        let pod = pods.get(name).await.unwrap();
-        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
-        let memcached = memcached_status(&pod).unwrap();
-        assert_eq!(
-            memcached.restart_count,
-            restarts + 1,
-            "{name} restarted once"
-        );
+    for pod in same_pods(&pods, &before, 1, "restarted once").await {
         assert_eq!(
             pod.spec.unwrap().containers[0].image.as_deref(),
             Some(&*image)
@@ -329,12 +351,7 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
 
     // A larger cache and its limit: the kubelet resizes memcached's container, and the agent
     // restarts memcached with its items and the new -m.
-    let prober = Prober::start(
-        before
-            .iter()
-            .map(|(n, (_, a, _))| (n.clone(), *a))
-            .collect(),
-    );
+    let prober = probe(&before);
     let started = Instant::now();
     change_spec(
         &client,
@@ -370,39 +387,21 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     let took = started.elapsed();
     let probed = prober.stop().await;
     let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
-    println!(
-        "maxMemoryMiB 64 -> 128 and its limit 160Mi -> 256Mi in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
-        took.as_secs_f64(),
-        probed.fewest,
-        probed.windows()
+    report(
+        "maxMemoryMiB 64 -> 128 and its limit 160Mi -> 256Mi",
+        took,
+        found,
+        &probed,
     );
     assert_eq!(found, KEYS, "every key kept through a larger memory");
-    assert!(
-        probed.fewest >= 2,
-        "at least 2 of 3 members answer at every moment"
-    );
-    for (name, (uid, _, restarts)) in &before {
-        let pod = pods.get(name).await.unwrap();
-        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
-        let memcached = memcached_status(&pod).unwrap();
-        // memcached cannot grow a memory file at run time: one restart, in the same pod; the
-        // resize restarted nothing.
-        assert_eq!(
-            memcached.restart_count,
-            restarts + 2,
-            "{name} restarted once more"
-        );
-    }
+    // memcached cannot grow a memory file at run time: one restart, in the same pod; the resize
+    // restarted nothing.
+    same_pods(&pods, &before, 2, "restarted once more").await;
 
     // Other threads and connections: memcached restores its file under either, so the agent
     // restarts it with its items, in the same pod. Within 10 minutes of the larger memory's
     // restart, the kubelet's crash-loop back-off keeps each member out 10 s more.
-    let prober = Prober::start(
-        before
-            .iter()
-            .map(|(n, (_, a, _))| (n.clone(), *a))
-            .collect(),
-    );
+    let prober = probe(&before);
     let started = Instant::now();
     change_spec(&client, &ns, json!({"threads": 2, "maxConnections": 2048})).await;
     let what = "threads 4 -> 2 and maxConnections 1024 -> 2048";
@@ -425,27 +424,10 @@ async fn a_new_memcached_version_restarts_each_member_in_place_and_keeps_the_key
     let took = started.elapsed();
     let probed = prober.stop().await;
     let (found, _) = hash_client(&client, &node, &ns, 3, false).await;
-    println!(
-        "{what} in place ({:.0} s): {found} of {KEYS} keys found; at least {} of 3 members answered throughout; each member without an answer: {}",
-        took.as_secs_f64(),
-        probed.fewest,
-        probed.windows()
-    );
+    report(what, took, found, &probed);
     assert!(
         percent(found) >= 99.0,
         "at least 99 % of the keys kept: {found}"
     );
-    assert!(
-        probed.fewest >= 2,
-        "at least 2 of 3 members answer at every moment"
-    );
-    for (name, (uid, _, restarts)) in &before {
-        let pod = pods.get(name).await.unwrap();
-        assert_eq!(pod.uid().as_ref(), Some(uid), "{name} is the same pod");
-        assert_eq!(
-            memcached_status(&pod).unwrap().restart_count,
-            restarts + 3,
-            "{name} restarted once more, for both"
-        );
-    }
+    same_pods(&pods, &before, 3, "restarted once more, for both").await;
 }
