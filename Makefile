@@ -5,6 +5,9 @@ SHELL := /usr/bin/env bash -o pipefail
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
 CARGO ?= cargo
+# The tests build with every suite's feature (Cargo.toml's test-suites): one build of the crate and
+# its binaries for all of them.
+CARGO_TEST := $(CARGO) test --locked --features test-suites
 CRD := config/crd/bases/cache.example.com_memcacheds.yaml
 # The embedded local control plane used by `make run-local`.
 LOCAL_CLUSTER_DIR ?= $(CURDIR)/.cluster/local
@@ -40,7 +43,7 @@ SHELLCHECK ?= $(or $(shell command -v shellcheck),$(SHELLCHECK_DIR)/bin/shellche
 lint: $(SHELLCHECK) ## cargo fmt --check, clippy -D warnings, shellcheck, the layout's limits (lines per file, shell in hack/).
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features --locked -- -D warnings
-	$(CARGO) test --locked --test layout
+	$(CARGO_TEST) --test layout
 	$(SHELLCHECK) hack/*.sh hack/olm/*.sh bench/reference-go/build.sh
 
 $(SHELLCHECK_DIR)/bin/shellcheck:
@@ -72,9 +75,9 @@ tools-previous-release: tools-operator tools-node
 
 .PHONY: test-unit
 test-unit: ## Unit and scripted-API-server tests (includes the CRD drift check), the alerts (promtool) and the dashboard.
-	$(CARGO) test --locked --workspace --lib --bins
+	$(CARGO_TEST) --workspace --lib --bins
 	hack/ensure-packages.sh prometheus
-	$(CARGO) test --locked --test monitoring
+	$(CARGO_TEST) --test monitoring
 
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, tears it down.
@@ -82,7 +85,7 @@ test-e2e: ## End-to-end tests: brings a local control plane up, runs tests/e2e, 
 
 .PHONY: test-quick-start
 test-quick-start: ## The README's quick start as written (make run-local, the sample Available, Ctrl-C, make cluster-down); as root, with REAL_NODE=1 too.
-	$(CARGO) test --locked --features quick-start --test quick_start -- --test-threads=1
+	$(CARGO_TEST) --test quick_start -- --test-threads=1
 
 .PHONY: test-chaos
 test-chaos: ## Chaos suite: API server hung and killed, etcd killed, watch expiry, unparseable object, leader churn.

@@ -52,8 +52,8 @@ scorecard-test: ## Build operator-sdk's scorecard-test program (cached); print i
 		hack/olm/build-tools.sh --path scorecard-test; else echo "$(SCORECARD_TEST)"; fi
 
 # bundle.Dockerfile's LABELs against bundle/metadata/annotations.yaml, and that the check finds a
-# disagreement (tests/bundle; its scorecard test needs the olm feature: make scorecard-static).
-CHECK_BUNDLE_DOCKERFILE = $(CARGO) test --locked --quiet --test bundle
+# disagreement (tests/bundle; its scorecard test is make scorecard-static's).
+CHECK_BUNDLE_DOCKERFILE = $(CARGO_TEST) --quiet --test bundle -- --skip the_scorecards_built_in_tests
 
 .PHONY: bundle
 bundle: operator-sdk ## Regenerate bundle/ and bundle.Dockerfile from config/ (operator-sdk generate bundle), then validate.
@@ -67,7 +67,7 @@ bundle-validate: operator-sdk ## operator-sdk bundle validate ./bundle --select-
 
 .PHONY: scorecard-static
 scorecard-static: scorecard-test ## Run the scorecard's built-in (static) tests on bundle/ offline.
-	SCORECARD_TEST=$(SCORECARD_TEST) $(CARGO) test --locked --features olm --test bundle -- --nocapture the_scorecards_built_in_tests
+	SCORECARD_TEST=$(SCORECARD_TEST) $(CARGO_TEST) --test bundle -- --nocapture the_scorecards_built_in_tests
 
 .PHONY: bundle-check
 bundle-check: operator-sdk opm ## Fail if bundle/, bundle.Dockerfile, catalog/ or catalog.Dockerfile drift from config/.
@@ -104,7 +104,7 @@ olm: ## Build OLM's olm and catalog operators from the OLM Go module (cached); p
 
 .PHONY: test-digests
 test-digests: operator-sdk ## A release bundle pinned by digest: images pushed to a registry on 127.0.0.1, make bundle USE_IMAGE_DIGESTS=true, every CSV image by digest (root; tests/olm/digests.rs).
-	$(CARGO) test --locked --features olm --test olm -- --test-threads=1 --nocapture digests::
+	$(CARGO_TEST) --test olm -- --test-threads=1 --nocapture digests::
 
 .PHONY: test-run-bundle
 test-run-bundle: ## On a local control plane with a real node (root): operator-sdk run bundle, run bundle-upgrade, scorecard and cleanup with images from a registry on 127.0.0.1; the catalog image through OLM (tests/olm/run_bundle.rs).
@@ -112,8 +112,5 @@ test-run-bundle: ## On a local control plane with a real node (root): operator-s
 
 .PHONY: test-olm
 test-olm: opm ## Through real OLM on a local control plane: install the previous release (its own operator, built from its commit), upgrade to bundle/'s (automatic, manual), least privilege; tear down.
-	$(CARGO) build --locked
 	OLM_DIR="$$(hack/olm/build-tools.sh --path olm)" && \
-		OPM=$(OPM) OLM_DIR="$$OLM_DIR" \
-		OPERATOR_BIN=$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/memcached-operator \
-		SUITE=olm hack/e2e.sh install_and_upgrade --nocapture
+		OPM=$(OPM) OLM_DIR="$$OLM_DIR" SUITE=olm hack/e2e.sh install_and_upgrade --nocapture

@@ -8,8 +8,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
-cargo build --locked --features chaos --tests --quiet
-mapfile -t scenarios < <(cargo test --locked --features chaos --test chaos --quiet -- --list 2>/dev/null |
+cargo test --locked --features test-suites --test chaos --no-run --quiet
+mapfile -t scenarios < <(cargo test --locked --features test-suites --test chaos --quiet -- --list 2>/dev/null |
 	sed -n 's/: test$//p')
 failed=()
 for scenario in "${scenarios[@]}"; do
@@ -31,7 +31,7 @@ for scenario in "${scenarios[@]}"; do
 		exit 1
 	}
 	status=0
-	E2E_CLUSTER_DIR="${dir}" cargo test --locked --features chaos --test chaos -- \
+	E2E_CLUSTER_DIR="${dir}" cargo test --locked --features test-suites --test chaos -- \
 		--exact "${scenario}" --nocapture || status=$?
 	if [[ -f "${dir}/logs/restarts.log" ]]; then
 		echo "----- control-plane restarts" >&2

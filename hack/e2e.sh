@@ -4,22 +4,19 @@
 #   REAL_NODE=1 hack/e2e.sh [FILTER...]  tests/real_node: memcached and the operator as real
 #                                        containers on a real node (root; skipped without root
 #                                        unless REQUIRE_REAL_NODE=1, as in CI)
-#   SUITE=olm hack/e2e.sh [FILTER...]    tests/olm (feature olm) on fake (kwok) nodes, e.g.
-#                                        install_and_upgrade (`make test-olm`)
-#   SUITE=olm REAL_NODE=1 NODES=0 hack/e2e.sh run_bundle
-#                                        tests/olm with the real node (features olm, real-node;
-#                                        root, skipped as above): `make test-run-bundle`
+#   SUITE=olm hack/e2e.sh [FILTER...]    tests/olm on fake (kwok) nodes (`make test-olm`), or
+#                                        with REAL_NODE=1 NODES=0 (`make test-run-bundle`)
 # Set E2E_KEEP=1 to keep the cluster directory (logs, kubeconfig) after a failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REAL_NODE="${REAL_NODE:-0}"
-suite=e2e features=e2e
+suite=e2e
 if [[ "${SUITE:-}" == olm ]]; then
-	suite=olm features=olm
+	suite=olm
 fi
 if [[ "${REAL_NODE}" == 1 ]]; then
-	if [[ "${suite}" == olm ]]; then features=olm,real-node; else suite=real_node features=real-node; fi
+	[[ "${suite}" == olm ]] || suite=real_node
 	if [[ "$(id -u)" -ne 0 ]]; then
 		echo "SKIPPED: the ${suite} suite on the real node needs root (containerd, runc, bridges, iptables)" >&2
 		[[ -z "${REQUIRE_REAL_NODE:-}" ]] || exit 2
@@ -30,6 +27,7 @@ dir="$(mktemp -d "${TMPDIR:-/tmp}/memcached-operator-${suite}.XXXXXX")"
 status=1
 
 cleanup() {
+	[[ -z "${build:-}" ]] || kill "${build}" 2>/dev/null || true # the suite's build, if still going
 	if [[ ${status} -ne 0 ]]; then
 		for log in "${dir}"/logs/*.log "${dir}"/operators/*.log "${dir}"/operators/*/logs/*.log; do
 			[[ -f "${log}" ]] || continue
@@ -75,17 +73,19 @@ if [[ "${REAL_NODE}" == 1 ]]; then
 	if [[ "${suite}" == olm ]]; then timed "OLM's tool images" "${ROOT}/hack/olm/images.sh" build >/dev/null; fi
 fi
 
+cd "${ROOT}"
+# E2E_PROFILE: a cargo profile, e.g. bench-client for the data-path benchmark's optimized client.
+tests=(cargo test --locked --features test-suites --test "${suite}")
+[[ -z "${E2E_PROFILE:-}" ]] || tests+=(--profile "${E2E_PROFILE}")
+# The suite (built with every suite's features, as `make test` builds) builds while the control
+# plane comes up. Then one test at a time: each runs its own operator processes, and two cores are
+# shared with the control plane. The output is kept for the summary at the end (cleanup).
+"${tests[@]}" --no-run --quiet &
+build=$!
 start=${SECONDS}
 REAL_NODE="${REAL_NODE}" "${ROOT}/hack/cluster.sh" up "${dir}"
 echo "control plane up in $((SECONDS - start))s"
-
+wait "${build}"
 export E2E_CLUSTER_DIR="${dir}"
-cd "${ROOT}"
-# One test at a time: each runs its own operator processes, and two cores are shared with the
-# control plane.
-# Its output is also kept, for the summary at the end (cleanup).
-# E2E_PROFILE: a cargo profile, e.g. bench-client for the data-path benchmark's optimized client.
-cargo test --locked ${E2E_PROFILE:+--profile "${E2E_PROFILE}"} --features "${features}" --test "${suite}" -- \
-	--test-threads=1 "$@" 2>&1 |
-	tee "${dir}/tests.out"
+"${tests[@]}" -- --test-threads=1 "$@" 2>&1 | tee "${dir}/tests.out"
 status=0
