@@ -10,12 +10,12 @@
 # Usage:
 #   hack/build-controlplane.sh                   build whatever is missing or stale
 #   hack/build-controlplane.sh --print-env       print BIN paths (shell-sourceable), build nothing
-#   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd,netpol,certmanager}/go.{mod,sum}
+#   hack/build-controlplane.sh --update-modules  regenerate hack/{controlplane,etcd,certmanager}/go.{mod,sum}
 #                                                from hack/versions.env (needs the module proxy)
 #   hack/build-controlplane.sh --node            build only the real node's binaries (REAL_NODE=1):
 #                                                kube-node (multi-call kubelet / kube-proxy, from
 #                                                hack/controlplane/node), coredns and
-#                                                kube-network-policies (from hack/netpol)
+#                                                kube-network-policies (from hack/controlplane/netpol)
 #
 # A cached build is reused when its stamp (version + hash of the wrapper's go.mod,
 # go.sum, main.go and the build recipe) matches; otherwise it is rebuilt. Builds go to
@@ -127,9 +127,9 @@ kube_controlplane() { wrapper_build "${HACK_DIR}/controlplane" "$1/kube-controlp
 # kube-node: kubelet and kube-proxy, a second main package of the same wrapper module.
 kube_node() { wrapper_build "${HACK_DIR}/controlplane" "$1/kube-node" ./node "$(cd "${HACK_DIR}/controlplane" && kube_ldflags)"; }
 etcd() { wrapper_build "${HACK_DIR}/etcd" "$1/etcd" . "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"; }
-# kube-network-policies: the real node's NetworkPolicy engine, a wrapper main (hack/netpol) around
-# the upstream package, as upstream's own main reads in-cluster credentials only.
-kube_network_policies() { wrapper_build "${HACK_DIR}/netpol" "$1/kube-network-policies" . "-s -w"; }
+# kube-network-policies: the real node's NetworkPolicy engine (upstream's main reads in-cluster
+# credentials only), a main of the control plane's module: one client-go, compiled once for both.
+kube_network_policies() { wrapper_build "${HACK_DIR}/controlplane" "$1/kube-network-policies" ./netpol "-s -w"; }
 # cert-manager: its controllers (hack/certmanager) and the cert-manager.io CRDs of its module.
 cert_manager() {
 	wrapper_build "${HACK_DIR}/certmanager" "$1/cert-manager" . "-s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=${CERT_MANAGER_VERSION}" &&
@@ -156,10 +156,7 @@ build_kube_controlplane() {
 	build_go kube-controlplane "${KUBE_VERSION}" "${KUBE_CONTROLPLANE_DIR}" kube_controlplane "${mod}"/{go.mod,go.sum,main.go}
 }
 
-build_kube_node() {
-	local mod="${HACK_DIR}/controlplane"
-	build_go kube-node "${KUBE_VERSION}" "${KUBE_NODE_DIR}" kube_node "${mod}"/{go.mod,go.sum,node/main.go}
-}
+build_kube_node() { build_go kube-node "${KUBE_VERSION}" "${KUBE_NODE_DIR}" kube_node "${HACK_DIR}"/controlplane/{go.mod,go.sum,node/main.go}; }
 
 build_coredns() { build_go coredns "${COREDNS_VERSION}" "${COREDNS_DIR}" coredns; }
 
@@ -170,7 +167,10 @@ build_wrapper() {
 	requires "${mod}" "$5" "$2"
 	build_go "$1" "$2" "$3" "$4" "${mod}"/{go.mod,go.sum,main.go}
 }
-build_netpol() { build_wrapper kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" "${NETPOL_DIR}" kube_network_policies sigs.k8s.io/kube-network-policies netpol; }
+build_netpol() {
+	requires "${HACK_DIR}/controlplane" sigs.k8s.io/kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}"
+	build_go kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" "${NETPOL_DIR}" kube_network_policies "${HACK_DIR}"/controlplane/{go.mod,go.sum,netpol/main.go}
+}
 build_etcd() { build_wrapper etcd "${ETCD_VERSION}" "${ETCD_DIR}" etcd go.etcd.io/etcd/server/v3 etcd; }
 build_cert_manager() { build_wrapper cert-manager "${CERT_MANAGER_VERSION}" "${CERT_MANAGER_DIR}" cert_manager github.com/cert-manager/cert-manager certmanager; }
 build_kwok() { build_go kwok "${KWOK_VERSION}" "${KWOK_DIR}" kwok; }
@@ -193,15 +193,15 @@ wrapper_mod() {
 
 # --update-modules: regenerate the wrapper go.mod/go.sum files from versions.env.
 update_modules() {
-	local cp="${HACK_DIR}/controlplane" et="${HACK_DIR}/etcd" np="${HACK_DIR}/netpol" modfile staging_version required m
+	local cp="${HACK_DIR}/controlplane" et="${HACK_DIR}/etcd" modfile staging_version required m
 	staging_version="v0.${KUBE_VERSION#v1.}"
 	modfile="$(module_field "k8s.io/kubernetes@${KUBE_VERSION}" GoMod)"
 	# Staging modules that k8s.io/kubernetes requires (it also replaces a couple of
 	# sample-* modules it never requires; those are left out as they may not be published).
 	required="$(awk '/^require \(/{r=1; next} r && /^\)/{r=0} r{print $1}' "${modfile}" | sort -u)"
 	{
-		echo "// Wrapper module: builds kube-apiserver, kube-controller-manager and"
-		echo "// kube-scheduler from k8s.io/kubernetes as one multi-call binary."
+		echo "// Wrapper module: kube-apiserver, kube-controller-manager and kube-scheduler from"
+		echo "// k8s.io/kubernetes as one multi-call binary; kubelet and kube-proxy (node/); the NetworkPolicy engine (netpol/)."
 		echo "// Generated by hack/build-controlplane.sh --update-modules; pins live in hack/versions.env."
 		echo "module memcached-operator/hack/controlplane"
 		echo
@@ -211,6 +211,7 @@ update_modules() {
 		awk '$1=="godebug"{print; found=1} END{if(!found) print "godebug default=go1.25"}' "${modfile}"
 		echo
 		echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+		echo "require sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}"
 		echo
 		echo "replace ("
 		grep '=> ./staging/' "${modfile}" | awk '{print $1}' | sort -u | while read -r m; do
@@ -221,12 +222,9 @@ update_modules() {
 	rm -f "${cp}/go.sum"
 	(cd "${cp}" && GOFLAGS=-mod=mod "${GO}" mod tidy)
 	wrapper_mod "${et}" go.etcd.io/etcd/server/v3 "${ETCD_VERSION}" "builds etcd's server from go.etcd.io/etcd/server/v3."
-	# Upstream's own dependency versions (client-go included): what its release was tested with.
-	wrapper_mod "${np}" sigs.k8s.io/kube-network-policies "${KUBE_NETWORK_POLICIES_VERSION}" \
-		"builds the NetworkPolicy engine of sigs.k8s.io/kube-network-policies (pkg/networkpolicy)."
 	wrapper_mod "${HACK_DIR}/certmanager" github.com/cert-manager/cert-manager "${CERT_MANAGER_VERSION}" \
 		"runs cert-manager's CA and SelfSigned issuers and its Certificate controllers."
-	log "updated the go.mod of ${cp}, ${et}, ${np} and ${HACK_DIR}/certmanager"
+	log "updated the go.mod of ${cp}, ${et} and ${HACK_DIR}/certmanager"
 }
 
 main() {

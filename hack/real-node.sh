@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The real node of hack/cluster.sh (REAL_NODE=1): containerd + runc + CNI (Debian's packages),
 # kubelet and kube-proxy (kube-node, built from the control plane's module), CoreDNS, a
-# NetworkPolicy engine (kube-network-policies, hack/netpol), and the images of hack/images.sh.
+# NetworkPolicy engine (kube-network-policies, hack/controlplane/netpol), and the images of hack/images.sh.
 # Sourced by cluster.sh; uses its start/wait_for/kctl/stop_components.
 #
 # Layout under DIR/real-node/: containerd/{config.toml,root,state,containerd.sock}, cni/{net.d,ipam},
