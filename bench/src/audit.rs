@@ -13,8 +13,8 @@ const DEPLOYMENT_CONTROLLER: &str = "system:serviceaccount:kube-system:deploymen
 const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
 
 /// Audit policy: request metadata for the operator's ServiceAccounts, for the deployment
-/// controller's ReplicaSet writes and for the statefulset controller's pod writes, nothing for
-/// anyone else.
+/// controller's ReplicaSet writes, for the statefulset controller's pod writes and for everyone's
+/// lists and watches of pods (a few hundred at most), nothing else.
 pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -28,6 +28,9 @@ rules:
 - level: Metadata
   users: ["system:serviceaccount:kube-system:statefulset-controller"]
   verbs: ["create", "update", "patch", "delete"]
+  resources: [{group: "", resources: ["pods"]}]
+- level: Metadata
+  verbs: ["list", "watch"]
   resources: [{group: "", resources: ["pods"]}]
 - level: None
 "#;
@@ -164,6 +167,30 @@ pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
     Ok(counts)
 }
 
+/// Who listed and watched pods between `from` and `to`: "verb user" -> requests completed. A
+/// watch completes when it ends: at its timeout, or when the API server closes a client that
+/// reads too slowly, which then watches again, or lists everything again.
+pub fn pod_reads(log: &Path, from: Timestamp, to: Timestamp) -> BTreeMap<String, u64> {
+    let mut reads = BTreeMap::new();
+    for event in completed(log) {
+        let object = &event["objectRef"];
+        let verb = event["verb"].as_str().unwrap_or_default();
+        let at = event["stageTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        if object["resource"] != "pods"
+            || !object["subresource"].is_null()
+            || !matches!(verb, "list" | "watch")
+            || !at.is_some_and(|at| from <= at && at <= to)
+        {
+            continue;
+        }
+        let user = event["user"]["username"].as_str().unwrap_or("(unknown)");
+        *reads.entry(format!("{verb} {user}")).or_default() += 1;
+    }
+    reads
+}
+
 /// When the API server received and answered a write.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Write {
@@ -275,6 +302,36 @@ mod tests {
             counts.by_key.get("update replicasets 200"),
             None,
             "only the operator's requests count"
+        );
+    }
+
+    #[test]
+    fn every_clients_ended_watches_and_lists_of_pods_are_counted_by_user() {
+        let read = |user: &str, verb: &str, resource: &str, at: &str| {
+            line(verb, resource, 200, at).replace(OPERATOR, user)
+        };
+        let dir = std::env::temp_dir().join(format!("audit-reads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines = [
+            read("kwok", "watch", "pods", "2026-01-01T00:00:01Z"),
+            read("kwok", "watch", "pods", "2026-01-01T00:00:02Z"),
+            read("admin", "list", "pods", "2026-01-01T00:00:03Z"),
+            read("admin", "watch", "memcacheds", "2026-01-01T00:00:03Z"),
+            read("admin", "get", "pods", "2026-01-01T00:00:03Z"),
+            read("kwok", "watch", "pods", "2026-01-01T00:00:09Z"),
+            // A watch that has started answering has not ended.
+            read("kwok", "watch", "pods", "2026-01-01T00:00:04Z")
+                .replace("ResponseComplete", "ResponseStarted"),
+        ];
+        std::fs::write(dir.join("audit.log"), lines.join("\n")).unwrap();
+        let from = "2026-01-01T00:00:00Z".parse().unwrap();
+        let to = "2026-01-01T00:00:05Z".parse().unwrap();
+        let reads = pod_reads(&dir.join("audit.log"), from, to);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        assert_eq!(
+            reads,
+            BTreeMap::from([("list admin".to_string(), 1), ("watch kwok".to_string(), 2)])
         );
     }
 

@@ -1,6 +1,7 @@
 //! What the whole control plane was asked to do over a window, from the API server's own
-//! counters: writes by every client, and watch events (and their bytes) it sent, per resource.
-//! The audit log covers only the operator; these show what the operator's writes set off.
+//! counters: writes and lists by every client, watch events (and their bytes) it sent, and the
+//! watchers it closed because they read too slowly, per resource. The audit log covers only the
+//! operator (and who lists and watches pods); these show what the operator's writes set off.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,9 @@ pub struct Counters(BTreeMap<(&'static str, String), f64>);
 const WRITES: &str = "writes";
 const WATCH_EVENTS: &str = "watch_events";
 const WATCH_BYTES: &str = "watch_bytes";
+const LISTS: &str = "lists";
+/// A watcher whose client fell behind its buffer: the client re-watches, or lists again.
+const WATCHERS_CLOSED: &str = "watchers_closed_unresponsive";
 
 impl Counters {
     pub async fn read(client: &Client) -> Result<Self> {
@@ -51,6 +55,8 @@ impl Counters {
             let label = |name: &str| labels.get(name).copied().unwrap_or_default();
             let key = match series {
                 "apiserver_request_total" if WRITE_VERBS.contains(&label("verb")) => WRITES,
+                "apiserver_request_total" if label("verb") == "LIST" => LISTS,
+                "apiserver_terminated_watchers_total" => WATCHERS_CLOSED,
                 "apiserver_watch_events_total" => WATCH_EVENTS,
                 "apiserver_watch_events_sizes_sum" => WATCH_BYTES,
                 _ => continue,
@@ -67,7 +73,7 @@ impl Counters {
     /// What changed from `before` to `self`: per resource and in total, for each series.
     pub fn since(&self, before: &Counters) -> Value {
         let mut by_series: BTreeMap<&str, BTreeMap<&str, f64>> =
-            [WRITES, WATCH_EVENTS, WATCH_BYTES]
+            [WRITES, LISTS, WATCH_EVENTS, WATCH_BYTES, WATCHERS_CLOSED]
                 .map(|series| (series, BTreeMap::new()))
                 .into();
         for (key @ (series, resource), after) in &self.0 {
@@ -102,7 +108,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writes_and_watch_events_are_counted_per_resource_over_a_window() {
+    fn writes_lists_watch_events_and_closed_watchers_are_counted_per_resource_over_a_window() {
         let before = Counters::parse(concat!(
             "apiserver_request_total{code=\"201\",component=\"apiserver\",dry_run=\"\",group=\"apps\",resource=\"deployments\",scope=\"resource\",subresource=\"\",verb=\"APPLY\",version=\"v1\"} 10\n",
             "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"apps\",resource=\"deployments\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 3\n",
@@ -113,6 +119,8 @@ mod tests {
             "apiserver_request_total{code=\"201\",component=\"apiserver\",dry_run=\"\",group=\"apps\",resource=\"deployments\",scope=\"resource\",subresource=\"\",verb=\"APPLY\",version=\"v1\"} 15\n",
             "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"apps\",resource=\"deployments\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 9\n",
             "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"pods\",scope=\"resource\",subresource=\"status\",verb=\"PATCH\",version=\"v1\"} 4\n",
+            "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"pods\",scope=\"cluster\",subresource=\"\",verb=\"LIST\",version=\"v1\"} 2\n",
+            "apiserver_terminated_watchers_total{group=\"\",resource=\"pods\",version=\"v1\"} 3\n",
             "apiserver_watch_events_total{group=\"apps\",resource=\"deployments\",version=\"v1\"} 130\n",
             "apiserver_watch_events_sizes_sum{group=\"apps\",resource=\"deployments\",version=\"v1\"} 65536\n",
         ));
@@ -120,6 +128,8 @@ mod tests {
             after.since(&before),
             json!({
                 "writes_total": 9.0, "writes": {"deployments": 5.0, "pods/status": 4.0},
+                "lists_total": 2.0, "lists": {"pods": 2.0},
+                "watchers_closed_unresponsive_total": 3.0, "watchers_closed_unresponsive": {"pods": 3.0},
                 "watch_events_total": 30.0, "watch_events": {"deployments": 30.0},
                 "watch_bytes_total": 65536.0, "watch_bytes": {"deployments": 65536.0},
             })
