@@ -82,7 +82,7 @@ pub(super) fn without_settings(template: &Value) -> (Value, Values) {
 
 /// `template` without the settings, in either form, nor their annotations: what tells two
 /// templates of the same members apart besides the settings' form (the adoption's check that
-/// a StatefulSet's template holds the operator's, legacy.rs).
+/// a 0.6.0 member template holds the operator's, legacy.rs).
 pub(in crate::controller) fn without_any_settings(template: &Value) -> Value {
     let mut template = template.clone();
     template["spec"] = without_settings(&template).0;
