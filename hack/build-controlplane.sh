@@ -150,14 +150,9 @@ kwok() {
 	kubectl kustomize "${src}/kustomize/stage/fast" >"$1/stages.yaml"
 }
 
-build_kube_controlplane() {
-	local mod="${HACK_DIR}/controlplane"
-	requires "${mod}" k8s.io/kubernetes "${KUBE_VERSION}"
-	# Cold: 15-30 min on 2 cores.
-	build_go kube-controlplane "${KUBE_VERSION}" "${KUBE_CONTROLPLANE_DIR}" kube_controlplane "${mod}"/{go.mod,go.sum,main.go}
-}
-
-build_kube_node() { build_go kube-node "${KUBE_VERSION}" "${KUBE_NODE_DIR}" kube_node "${HACK_DIR}"/controlplane/{go.mod,go.sum,node/main.go}; }
+# Cold: 15-30 min on 2 cores.
+build_kube_controlplane() { build_wrapper kube-controlplane "${KUBE_VERSION}" "${KUBE_CONTROLPLANE_DIR}" kube_controlplane k8s.io/kubernetes controlplane; }
+build_kube_node() { build_wrapper kube-node "${KUBE_VERSION}" "${KUBE_NODE_DIR}" kube_node k8s.io/kubernetes controlplane/node; }
 
 build_coredns() { build_wrapper coredns "${COREDNS_VERSION}" "${COREDNS_DIR}" coredns github.com/coredns/coredns controlplane/coredns; }
 

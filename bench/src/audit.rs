@@ -66,6 +66,10 @@ pub fn now() -> Timestamp {
 #[derive(Debug, Default)]
 pub struct Counts {
     pub writes: u64,
+    /// Every client's lists and ended watches of pods: "verb user" -> requests completed. A watch
+    /// completes when it ends: at its timeout, or when the API server closes a client that reads
+    /// too slowly, which then watches again, or lists everything again.
+    pub pod_reads: BTreeMap<String, u64>,
     /// "verb resource code" -> count, reads included.
     pub by_key: BTreeMap<String, u64>,
     /// "verb resource" -> each request's time in the API server (received to answered), in ms.
@@ -116,10 +120,10 @@ fn completed(log: &Path) -> impl Iterator<Item = serde_json::Value> {
 }
 
 /// The operator's requests completed between `from` and `to`, by verb, resource (with
-/// subresource) and code.
+/// subresource) and code; and everyone's lists and watches of pods, in the same pass over the log.
 pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
     let mut counts = Counts::default();
-    for event in completed(log).filter(|e| By::Operator.made(e)) {
+    for event in completed(log) {
         let Some(at) = event["stageTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<Timestamp>().ok())
@@ -130,7 +134,18 @@ pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
             continue;
         }
         let verb = event["verb"].as_str().unwrap_or_default();
-        if verb == "watch" {
+        let object = &event["objectRef"];
+        if object["resource"] == "pods"
+            && object["subresource"].is_null()
+            && matches!(verb, "list" | "watch")
+        {
+            let user = event["user"]["username"].as_str().unwrap_or("(unknown)");
+            *counts
+                .pod_reads
+                .entry(format!("{verb} {user}"))
+                .or_default() += 1;
+        }
+        if verb == "watch" || !By::Operator.made(&event) {
             continue;
         }
         let object = &event["objectRef"];
@@ -165,30 +180,6 @@ pub fn count(log: &Path, from: Timestamp, to: Timestamp) -> Result<Counts> {
         }
     }
     Ok(counts)
-}
-
-/// Who listed and watched pods between `from` and `to`: "verb user" -> requests completed. A
-/// watch completes when it ends: at its timeout, or when the API server closes a client that
-/// reads too slowly, which then watches again, or lists everything again.
-pub fn pod_reads(log: &Path, from: Timestamp, to: Timestamp) -> BTreeMap<String, u64> {
-    let mut reads = BTreeMap::new();
-    for event in completed(log) {
-        let object = &event["objectRef"];
-        let verb = event["verb"].as_str().unwrap_or_default();
-        let at = event["stageTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<Timestamp>().ok());
-        if object["resource"] != "pods"
-            || !object["subresource"].is_null()
-            || !matches!(verb, "list" | "watch")
-            || !at.is_some_and(|at| from <= at && at <= to)
-        {
-            continue;
-        }
-        let user = event["user"]["username"].as_str().unwrap_or("(unknown)");
-        *reads.entry(format!("{verb} {user}")).or_default() += 1;
-    }
-    reads
 }
 
 /// When the API server received and answered a write.
@@ -326,11 +317,11 @@ mod tests {
         std::fs::write(dir.join("audit.log"), lines.join("\n")).unwrap();
         let from = "2026-01-01T00:00:00Z".parse().unwrap();
         let to = "2026-01-01T00:00:05Z".parse().unwrap();
-        let reads = pod_reads(&dir.join("audit.log"), from, to);
+        let counts = count(&dir.join("audit.log"), from, to).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
 
         assert_eq!(
-            reads,
+            counts.pod_reads,
             BTreeMap::from([("list admin".to_string(), 1), ("watch kwok".to_string(), 2)])
         );
     }

@@ -125,15 +125,6 @@ impl Cluster {
         audit::count(&self.audit_log, from, to)
     }
 
-    /// Who listed and watched pods between `from` and `to` (audit::pod_reads).
-    pub fn pod_reads(
-        &self,
-        from: Timestamp,
-        to: Timestamp,
-    ) -> std::collections::BTreeMap<String, u64> {
-        audit::pod_reads(&self.audit_log, from, to)
-    }
-
     /// The first successful write by `by` to each object of `resource` since `from`.
     pub fn first_writes(
         &self,

@@ -242,7 +242,6 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             .since(&counters_before);
         tokio::time::sleep(Duration::from_secs(5)).await;
         let writes = cluster.audit_counts(t_audit, audit::now())?;
-        let pod_reads = cluster.pod_reads(t_audit, audit::now());
         let (workload_writes, controller_writes) = first_writes(cluster, kind, t_audit);
         let available: BTreeMap<(String, String), Timestamp> = memcacheds
             .state()
@@ -283,7 +282,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
             "control_plane": control_plane,
             // Every client's lists and ended watches of pods: a client that reads too slowly is
             // cut off and watches or lists again.
-            "pod_reads": pod_reads,
+            "pod_reads": writes.pod_reads,
             // How much slower a core was over the window than before the run.
             "speed": speed,
         });
