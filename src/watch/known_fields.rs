@@ -32,8 +32,9 @@ impl KnownFields {
     const MOST: usize = 32;
 
     /// Our entry's `fields` (FieldsV1 text; `None` without an entry), split into what of the
-    /// metadata and of the spec is ours.
-    pub fn split<'k, 't>(&'k mut self, fields: Option<&'t str>) -> OurParts<'k, 't> {
+    /// metadata and of the spec is ours; `content` names the spec's field (a ConfigMap's is
+    /// `data`).
+    pub fn split<'k, 't>(&'k mut self, fields: Option<&'t str>, content: &str) -> OurParts<'k, 't> {
         let top = fields.and_then(|text| serde_json::from_str::<Entries<&RawValue>>(text).ok());
         // With no entry of ours, or one that names nothing, all of it counts.
         let Some(Entries(top)) = top.filter(|Entries(top)| top.iter().any(|(Key(k), _)| k != "."))
@@ -46,7 +47,7 @@ impl KnownFields {
                 .map(|(_, text)| text.get())
         };
         let metadata = part("metadata").and_then(Fields::parse);
-        let Some(text) = part("spec") else {
+        let Some(text) = part(content) else {
             return OurParts::Parts {
                 metadata,
                 spec: None,
@@ -219,8 +220,11 @@ mod tests {
         // their specs have one shape.
         let entry = r#"{"f:spec":{"f:x":{"v:\"a\"":{}}}}"#;
         let mut known = KnownFields::default();
-        let mut digests =
-            |spec: &str, name: &str| known.split(Some(entry)).spec_digests(spec, &[name, ""]);
+        let mut digests = |spec: &str, name: &str| {
+            known
+                .split(Some(entry), "spec")
+                .spec_digests(spec, &[name, ""])
+        };
         let a = digests(r#"{"x":["a"]}"#, "a");
         let b = digests(r#"{"x":["b"]}"#, "b");
         assert!(a.spec.is_some());

@@ -23,7 +23,8 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -55,6 +56,9 @@ pub trait Owned:
     /// Whether every spec change moves the generation (so an update at the same generation
     /// keeps the spec, and its digest).
     const GENERATION_TRACKS_SPEC: bool = true;
+    /// The field that holds what our apply sets beside the metadata: `spec`, or a ConfigMap's
+    /// `data`.
+    const CONTENT: &str = "spec";
 
     /// Drops from a decoded status what nothing reads.
     fn drop_unread(_status: &mut Self::Status) {}
@@ -95,6 +99,33 @@ impl Owned for Certificate {
 
     fn spec_digest(&self) -> Option<u64> {
         digest_naming(&self.spec, &names(&self.metadata))
+    }
+}
+
+impl Owned for Deployment {
+    type Status = DeploymentSeen;
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest_naming(&self.spec, &names(&self.metadata))
+    }
+}
+
+/// What a reconcile reads of a Deployment's status (the proxy's).
+#[derive(Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentSeen {
+    #[serde(default)]
+    pub ready_replicas: i32,
+}
+
+impl Owned for ConfigMap {
+    type Status = IgnoredAny;
+    // ConfigMaps have no generation, and hold `data` where others hold a spec.
+    const GENERATION_TRACKS_SPEC: bool = false;
+    const CONTENT: &str = "data";
+
+    fn spec_digest(&self) -> Option<u64> {
+        digest_naming(&self.data, &names(&self.metadata))
     }
 }
 
@@ -145,6 +176,8 @@ impl<'de, K: Owned> Deserialize<'de> for OwnedObject<K> {
         struct Wire<S> {
             #[serde(default)]
             metadata: Meta,
+            // No kind kept has both.
+            #[serde(alias = "data")]
             spec: Option<Box<RawValue>>,
             status: Option<S>,
         }
@@ -234,7 +267,7 @@ impl<K: Owned> OwnedObject<K> {
             .managed_fields
             .as_deref()
             .and_then(|m| our_fields(m.get()));
-        let mut ours = known.split(entry);
+        let mut ours = known.split(entry, K::CONTENT);
         let spec = self
             .sent_spec
             .as_deref()
@@ -244,7 +277,7 @@ impl<K: Owned> OwnedObject<K> {
             .metadata()
             .and_then(|ours| ours.digest_of(&OurMetadata::of(&self.metadata)));
         self.ours = Some(Digests {
-            object: map_digest([("metadata", metadata), ("spec", spec.spec)]),
+            object: map_digest([("metadata", metadata), (K::CONTENT, spec.spec)]),
             metadata: metadata_seen,
         });
     }
@@ -281,7 +314,7 @@ pub struct Observation {
 /// The digest of what an apply of `desired` sets: the metadata it carries and the spec.
 fn object_digest<K: Owned>(desired: &K) -> Option<u64> {
     let metadata = digest(&OurMetadata::of(desired.meta()));
-    map_digest([("metadata", metadata), ("spec", desired.spec_digest())])
+    map_digest([("metadata", metadata), (K::CONTENT, desired.spec_digest())])
 }
 
 /// The strings that name an object, for `digest_naming`, in the order of their placeholders:
@@ -328,24 +361,15 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+    use k8s_openapi::api::apps::v1::DeploymentSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     use crate::fixtures::memcached;
     use crate::resources;
     use crate::resources::MANAGER_NAME;
 
-    /// A kind with a pod template, for what walks nested keyed lists: no kind the operator
-    /// keeps has one.
-    impl Owned for Deployment {
-        type Status = IgnoredAny;
-
-        fn spec_digest(&self) -> Option<u64> {
-            digest_naming(&self.spec, &names(&self.metadata))
-        }
-    }
-
-    /// A Deployment of `mc`'s members' template, as the operator would apply one.
+    /// A Deployment of `mc`'s members' template (a kind with a pod template, for what walks
+    /// nested keyed lists), as the operator would apply one.
     fn workload(mc: &crate::api::Memcached, images: &resources::Images) -> Deployment {
         Deployment {
             metadata: resources::service(mc).metadata,
@@ -747,5 +771,32 @@ mod tests {
         let image = observe(&image, &mut known);
         assert!(image.needs(&desired));
         assert!(!observe(&stored, &mut known).needs(&desired));
+    }
+
+    #[test]
+    fn a_config_map_is_digested_by_its_data() {
+        let mc = memcached("cache", 3);
+        let mut applied = ConfigMap {
+            metadata: resources::service(&mc).metadata,
+            data: Some(BTreeMap::from([("layout.json".into(), "{}".into())])),
+            ..ConfigMap::default()
+        };
+        let mut stored = serde_json::to_value(&applied).unwrap();
+        stored["metadata"]["managedFields"] = json!([{
+            "manager": MANAGER_NAME, "operation": "Apply", "fieldsType": "FieldsV1",
+            "fieldsV1": fields_of(&json!({
+                "metadata": {"labels": stored["metadata"]["labels"], "ownerReferences": stored["metadata"]["ownerReferences"]},
+                "data": stored["data"],
+            })),
+        }]);
+        let stored: OwnedObject<ConfigMap> = serde_json::from_value(stored).unwrap();
+        let mut kept = stored.clone();
+        kept.observe(None, None, &mut KnownFields::default());
+        assert!(!kept.needs(&applied), "as applied");
+        applied.data = Some(BTreeMap::from([(
+            "layout.json".into(),
+            "{\"members\": []}".into(),
+        )]));
+        assert!(kept.needs(&applied), "new data");
     }
 }
