@@ -16,9 +16,11 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 mod autoscaling;
+mod proxy;
 mod rollout;
 mod security;
 pub use autoscaling::{AutoscalingSpec, AutoscalingStatus, LastScale, Signals};
+pub use proxy::{Handover, ProxySpec, ProxyStatus};
 pub use rollout::{DisruptionBudgetSpec, RolloutSpec, Spread};
 pub use security::{AuthSpec, BindingSpec, IssuerRef, NetworkPolicySpec, TlsSpec};
 
@@ -92,6 +94,9 @@ pub const EXPORTER_PORT: i32 = 9150;
 #[x_kube(validation = Rule::new("!has(self.monitoring) || !self.monitoring.enabled || self.containerPort != 9150")
     .message("must not be 9150 while monitoring is enabled: the exporter listens on 9150 in the same pod")
     .field_path(".containerPort"))]
+#[x_kube(validation = Rule::new("!has(self.proxy) || !self.proxy.enabled || ((!has(self.auth) || !self.auth.enabled) && (!has(self.tls) || !self.tls.enabled))")
+    .message("cannot be enabled with auth or tls yet: the proxy would serve the members' data without them")
+    .field_path(".proxy.enabled"))]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the cluster down without deleting it.
     #[schemars(range(min = 0, max = 1000))]
@@ -225,7 +230,13 @@ pub struct MemcachedSpec {
     /// one pod at a time between minSize and maxSize, through `spec.size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
+
+    /// One address for every client: memcached's own proxy in front of the members (see
+    /// ProxySpec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
 }
+
 /// memcached's own metrics: an exporter beside each memcached.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -345,6 +356,10 @@ pub struct MemcachedStatus {
     /// What the autoscaler last saw and decided, while spec.autoscaling is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingStatus>,
+
+    /// Where clients reach the proxy, while spec.proxy is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyStatus>,
 }
 
 /// A Provisioned Service's `status.binding`.

@@ -333,6 +333,7 @@ pub fn spec() -> impl Strategy<Value = MemcachedSpec> {
                 network_policy: None,
                 binding: None,
                 autoscaling: None,
+                proxy: None,
             },
         )
         .prop_flat_map(with_tuning)

@@ -135,6 +135,8 @@ pub mod apiserver {
             cached: Cached {
                 services,
                 budgets,
+                deployments: cache::new().0,
+                config_maps: cache::new().0,
                 network_policies: Some(network_policies),
                 service_monitors: served.then_some(monitors),
                 certificates: Some(certificates),

@@ -1,4 +1,5 @@
-//! The agent beside memcached (`memcached-operator agent`), for `spec.auth` and `spec.tls`.
+//! The agent beside memcached (`memcached-operator agent`), for `spec.auth` and `spec.tls`
+//! (and, beside the proxy, for its routes: route.rs).
 //!
 //! memcached reads its password file (`-Y`) at start and again on SIGHUP, in the same process
 //! and without losing an item. The kubelet refreshes the mounted Secret within about a minute
@@ -29,6 +30,7 @@ use tracing::{info, warn};
 mod endpoint;
 mod loopback;
 mod passwords;
+mod route;
 mod save;
 mod settings;
 
@@ -54,6 +56,9 @@ pub enum Command {
     /// Keep the password file current, signal memcached, and log in for the exporter.
     // Boxed: the operator's command line holds this enum beside variants far smaller.
     Run(Box<RunArgs>),
+    /// Beside memcached in proxy mode: render its route configuration from the operator's
+    /// layout, and have it load each new one (SIGHUP).
+    Route(route::RouteArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -333,6 +338,10 @@ pub fn main(command: Command) -> std::process::ExitCode {
             .enable_all()
             .build()
             .and_then(|rt| rt.block_on(run(*args))),
+        Command::Route(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .and_then(|rt| rt.block_on(route::run(args))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

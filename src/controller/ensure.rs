@@ -77,13 +77,23 @@ pub async fn lookup<K: Owned>(
     cache: &Cache<OwnedObject<K>>,
     mc: &Memcached,
 ) -> Result<Option<Arc<OwnedObject<K>>>> {
-    if let Some(cached) = cache.get_for(mc) {
+    lookup_named(api, cache, mc, &mc.name_any()).await
+}
+
+/// `lookup` of the object `name` (the proxy's are `<name>-proxy`).
+pub async fn lookup_named<K: Owned>(
+    api: &Api<OwnedObject<K>>,
+    cache: &Cache<OwnedObject<K>>,
+    mc: &Memcached,
+    name: &str,
+) -> Result<Option<Arc<OwnedObject<K>>>> {
+    if let Some(cached) = cache.get(&mc.namespace().unwrap_or_default(), name) {
         return Ok(Some(cached));
     }
     if !reports_foreign_object(mc) {
         return Ok(None);
     }
-    read(api, &mc.name_any()).await
+    read(api, name).await
 }
 
 /// The API (in one namespace) and the cache of a kind the operator keeps.
@@ -105,12 +115,22 @@ pub async fn lookup_optional<K: Owned>(
     mc: &Memcached,
     wanted: bool,
 ) -> Result<Option<Arc<OwnedObject<K>>>> {
+    lookup_optional_named(kept, mc, &mc.name_any(), wanted).await
+}
+
+/// `lookup_optional` of the object `name`.
+pub async fn lookup_optional_named<K: Owned>(
+    kept: Option<&Kept<'_, K>>,
+    mc: &Memcached,
+    name: &str,
+    wanted: bool,
+) -> Result<Option<Arc<OwnedObject<K>>>> {
     let Some((api, cache)) = kept else {
         return Ok(None);
     };
     match wanted {
-        true => lookup(api, cache, mc).await,
-        false => Ok(cache.get_for(mc)),
+        true => lookup_named(api, cache, mc, name).await,
+        false => Ok(cache.get(&mc.namespace().unwrap_or_default(), name)),
     }
 }
 

@@ -52,6 +52,9 @@ pub enum Outcome {
     AwaitingProgress(Duration),
     /// Members could not be created (a quota, a policy): try again.
     PodsMissing,
+    /// The proxy's handover from its previous layout ends then: nothing else comes when it
+    /// does.
+    HandingOver(Duration),
     /// Converged, with a binding that copies Secrets the operator does not watch: read again
     /// shortly, so that a rotated password or a renewed CA reaches the binding.
     CopyingSecrets,
@@ -69,7 +72,8 @@ impl Outcome {
             Outcome::WaitingForRolloutSlot => Next::After(ROLLOUT_WAIT),
             Outcome::UpdatingMembers(recheck)
             | Outcome::MembersBecomingAvailable(recheck)
-            | Outcome::AwaitingProgress(recheck) => Next::After(*recheck),
+            | Outcome::AwaitingProgress(recheck)
+            | Outcome::HandingOver(recheck) => Next::After(*recheck),
             Outcome::CopyingSecrets => Next::After(COPY_RECHECK),
             Outcome::Autoscaling => Next::After(super::autoscale::POLL),
             Outcome::PodsMissing => Next::After(MISSING_RECHECK),

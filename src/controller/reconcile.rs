@@ -32,7 +32,11 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     if autoscale::put_back(ctx, mc).await? {
         return Ok(Outcome::Converged);
     }
-    let desired = desired::desired(mc, ctx.config.operator_namespace.as_deref());
+    let desired = desired::desired(
+        mc,
+        ctx.config.operator_namespace.as_deref(),
+        &ctx.config.images,
+    );
     let seen = observe::observe(ctx, mc, &desired).await?;
     let plan = plan::plan(mc, &seen, desired);
     match apply::apply(ctx, mc, &seen, plan).await? {

@@ -71,9 +71,14 @@ pub fn secret(mc: &Memcached, copied: &Copied) -> Option<Secret> {
     }
     let port = u16::try_from(mc.spec.container_port).ok()?;
     let servers = super::servers(mc);
+    // With the proxy, `host` is its one address; `servers` still lists the members for
+    // clients that hash keys themselves.
     let host = format!(
         "{}.{}.svc",
-        mc.name_any(),
+        match super::proxy::enabled(mc) {
+            true => super::proxy::name(mc),
+            false => mc.name_any(),
+        },
         mc.namespace().unwrap_or_default()
     );
     let mut data: BTreeMap<String, ByteString> = [
@@ -148,6 +153,16 @@ mod tests {
         );
         let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(owner.uid, "uid-cache");
+    }
+
+    #[test]
+    fn with_the_proxy_the_host_is_its_one_address() {
+        let mc =
+            memcached_with_spec(json!({"binding": {"enabled": true}, "proxy": {"enabled": true}}));
+        let secret = secret(&mc, &Copied::default()).unwrap();
+        let entries = entries(&secret);
+        assert_eq!(entries["host"], "cache-proxy.default.svc");
+        assert!(entries["servers"].starts_with("cache-0.cache.default.svc:11211,"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, SecurityContext, Service, ServicePort, ServiceSpec,
+    Capabilities, PodSecurityContext, SeccompProfile, SecurityContext, Service, ServicePort,
+    ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -21,6 +22,7 @@ pub mod members;
 mod network_policy;
 mod pod_template;
 pub mod ports;
+pub mod proxy;
 pub mod tls;
 pub mod warm_restart;
 pub use network_policy::network_policy;
@@ -77,8 +79,13 @@ pub fn selector_labels(mc: &Memcached) -> BTreeMap<String, String> {
 /// Every member a Memcached should have, by its stable address (the member's name under the
 /// headless Service), in ordinal order: `status.servers` and the binding's.
 pub fn servers(mc: &Memcached) -> Vec<String> {
+    member_addresses(mc, mc.spec.size)
+}
+
+/// The stable addresses of `mc`'s first `n` members (beyond `spec.size`, those still draining).
+pub fn member_addresses(mc: &Memcached, n: i32) -> Vec<String> {
     let (name, ns) = (mc.name_any(), mc.namespace().unwrap_or_default());
-    (0..mc.spec.size)
+    (0..n)
         .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{}", mc.spec.container_port))
         .collect()
 }
@@ -133,6 +140,18 @@ fn restricted(uid: i64) -> SecurityContext {
             ..Capabilities::default()
         }),
         ..SecurityContext::default()
+    }
+}
+
+/// Every pod's: non-root, and the runtime's default seccomp profile.
+fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            ..SeccompProfile::default()
+        }),
+        ..PodSecurityContext::default()
     }
 }
 

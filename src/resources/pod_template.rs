@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SleepAction, TCPSocketAction, TopologySpreadConstraint,
-    VolumeMount,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SleepAction, TCPSocketAction, TopologySpreadConstraint, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -148,14 +147,7 @@ pub fn pod_template(mc: &Memcached, images: &Images) -> PodTemplateSpec {
         image_pull_secrets: mc.spec.image_pull_secrets.clone(),
         // memcached needs no API access.
         automount_service_account_token: Some(false),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..SeccompProfile::default()
-            }),
-            ..PodSecurityContext::default()
-        }),
+        security_context: Some(super::pod_security_context()),
         ..PodSpec::default()
     };
     let volumes: Vec<_> = warm_restart::enabled(mc)

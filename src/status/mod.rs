@@ -49,6 +49,8 @@ pub struct Observed<'a> {
     pub autoscaling: Option<crate::api::AutoscalingStatus>,
     /// The member not Ready for the longest, and since when.
     pub not_ready: Option<NotReady>,
+    /// The proxy's status, while `spec.proxy` is on.
+    pub proxy: Option<crate::api::ProxyStatus>,
 }
 
 /// A member not Ready, since when.
@@ -224,6 +226,7 @@ pub fn desired_status_and_trouble(
             .clone()
             .map(|name| crate::api::BindingStatus { name }),
         autoscaling: observed.autoscaling.clone(),
+        proxy: observed.proxy.clone(),
     };
     (status, trouble)
 }

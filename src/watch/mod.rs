@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
@@ -52,6 +53,9 @@ pub struct Kept {
 pub struct Cached {
     pub services: Cache<OwnedObject<Service>>,
     pub budgets: Cache<OwnedObject<PodDisruptionBudget>>,
+    /// The proxies' (`spec.proxy`), and the ConfigMaps of their routes.
+    pub deployments: Cache<OwnedObject<Deployment>>,
+    pub config_maps: Cache<OwnedObject<ConfigMap>>,
     /// None where this process does not keep NetworkPolicies.
     pub network_policies: Option<Cache<OwnedObject<NetworkPolicy>>>,
     /// None where the cluster does not serve their API.

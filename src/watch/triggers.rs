@@ -8,7 +8,8 @@
 
 use std::marker::PhantomData;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::ObjectRef;
@@ -76,6 +77,19 @@ impl OwnedTriggers<PodDisruptionBudget> {
     /// The disruption controller rewrites a budget's status whenever a pod's readiness changes;
     /// the pod watch already reports that, so a status change triggers nothing.
     pub fn budgets() -> Self {
+        Self::new(false)
+    }
+}
+
+impl OwnedTriggers<Deployment> {
+    /// The proxy's: its Ready pods are in the Memcached's status.
+    pub fn deployments() -> Self {
+        Self::new(true)
+    }
+}
+
+impl OwnedTriggers<ConfigMap> {
+    pub fn config_maps() -> Self {
         Self::new(false)
     }
 }

@@ -121,6 +121,8 @@ impl Watching<'_> {
         // The disruption controller rewrites a budget's status whenever a pod's readiness
         // changes; the pod watch already reports that, so a status change triggers nothing.
         let (budgets, budget_watch) = self.owned(feed(), OwnedTriggers::budgets());
+        let (deployments, deployment_watch) = self.owned(feed(), OwnedTriggers::deployments());
+        let (config_maps, config_map_watch) = self.owned(feed(), OwnedTriggers::config_maps());
         // Watched only where this process may (a watch it may not run fails forever), and where
         // the API is served (likewise).
         let (network_policies, network_policy_watch) = self.optional(
@@ -142,6 +144,8 @@ impl Watching<'_> {
         let mut tasks = vec![
             tokio::spawn(service_watch),
             tokio::spawn(budget_watch),
+            tokio::spawn(deployment_watch),
+            tokio::spawn(config_map_watch),
             tokio::spawn(pod_watch),
         ];
         tasks.extend(monitor_watch.map(tokio::spawn));
@@ -151,6 +155,8 @@ impl Watching<'_> {
         let cached = Cached {
             services,
             budgets,
+            deployments,
+            config_maps,
             network_policies,
             service_monitors,
             certificates,

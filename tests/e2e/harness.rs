@@ -493,7 +493,7 @@ pub fn condition(mc: &Memcached, type_: &str) -> Option<(String, String)> {
 pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) -> Vec<String> {
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let selector = format!("app.kubernetes.io/instance={name}");
+    let selector = format!("app.kubernetes.io/name=memcached,app.kubernetes.io/instance={name}");
     wait_for(
         &format!("{ns}/{name} converged at size {size}"),
         CONVERGE,
@@ -525,7 +525,7 @@ pub async fn wait_converged(client: &Client, ns: &str, name: &str, size: i32) ->
 
 /// The Memcached's member pods, by name: those of its instance label not being deleted.
 pub async fn member_pods(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
-    let selector = format!("app.kubernetes.io/instance={name}");
+    let selector = format!("app.kubernetes.io/name=memcached,app.kubernetes.io/instance={name}");
     let mut pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&selector))
         .await

@@ -16,6 +16,7 @@ mod members;
 mod network_policy;
 mod own_pods;
 mod progress_deadline;
+mod proxy;
 mod tls;
 
 use std::time::{Duration, Instant};

@@ -44,6 +44,13 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// Whether the member of ordinal `n` is there and Ready.
+    pub fn is_ready(&self, mc: &Memcached, n: i32) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.ready_since.is_some() && members::ordinal(mc, &m.name) == Some(n))
+    }
+
     pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
         Keeper {
             update_revision: &self.revision,
@@ -97,12 +104,17 @@ pub struct Moves {
     pub update_starts: bool,
 }
 
-/// The members missing and those beyond the size, and whether an update starts. Pure.
-pub fn moves(mc: &Memcached, seen: &Seen) -> Moves {
+/// The members missing and those beyond `keep` (the size, or more while the proxy's previous
+/// layout still reads from them), and whether an update starts. Pure.
+pub fn moves(mc: &Memcached, seen: &Seen, keep: i32) -> Moves {
     let names: Vec<&str> = seen.members.iter().map(|m| m.name.as_str()).collect();
     // Its delete event brings the reconcile that makes it again; a create now would be refused.
     let terminating: Vec<&str> = seen.terminating.iter().map(String::as_str).collect();
     let (create, delete) = members::plan(mc, mc.spec.size, &names, &terminating);
+    let delete = delete
+        .into_iter()
+        .filter(|name| members::ordinal(mc, name).is_some_and(|n| n >= keep))
+        .collect::<Vec<_>>();
     let kept = seen
         .members
         .iter()

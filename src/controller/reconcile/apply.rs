@@ -4,13 +4,15 @@
 //! skipped); then an update of the members, one step; then the autoscaler; then the binding.
 //! A write refused or blocked by someone else's object ends as a reason for the report.
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::{Api, ResourceExt};
 use tracing::debug;
 
-use super::desired::Desired;
+use super::desired::{Desired, Proxy};
 use super::observe::Seen;
-use super::plan::Plan;
+use super::plan::{Plan, ProxyPlan};
 use crate::api::{AutoscalingStatus, Memcached};
 use crate::controller::context::Context;
 use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};
@@ -44,6 +46,8 @@ pub struct Applied {
     /// The binding Secret's name, while there is one.
     pub binding: Option<String>,
     pub unissued: Option<String>,
+    /// The proxy's layout as written; None if it is off, or nothing was applied.
+    pub proxy: Option<ProxyPlan>,
 }
 
 /// Makes the writes `plan` asks for.
@@ -55,6 +59,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         unissued,
         generate,
         moves,
+        proxy,
     } = plan;
     if blocked.is_none() {
         match legacy::step(ctx, mc, &seen.members).await? {
@@ -109,6 +114,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
             Err(why) => (blocked, bound) = (Some(why), None),
         }
     }
+    let proxy = proxy.filter(|_| blocked.is_none());
     Ok(Step::Applied(Box::new(Applied {
         blocked,
         written,
@@ -117,6 +123,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         autoscaling,
         binding: bound,
         unissued,
+        proxy,
     })))
 }
 
@@ -130,6 +137,8 @@ async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -
     let certificates = kept(&ctx.client, &ns, ctx.cached.certificates.as_ref()).map(|(api, _)| api);
     let service = seen.service.clone();
     tokio::try_join!(
+        // Boxed: its futures would grow every reconcile's, and the debug build's stack.
+        Box::pin(proxy(ctx, mc, seen, desired.proxy)),
         ensure(
             ctx,
             mc,
@@ -165,6 +174,49 @@ async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -
             certificates.as_ref(),
             seen.certificate.clone(),
             desired.certificate
+        ),
+    )?;
+    Ok(())
+}
+
+/// The proxy's objects (`spec.proxy`), applied where they differ, deleted when it is turned
+/// off. Its Service is ours to delete too, unlike the members'.
+async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Result<()> {
+    let ns = mc.namespace().unwrap_or_default();
+    let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
+    let config_maps: Api<OwnedObject<ConfigMap>> = Api::namespaced(ctx.client.clone(), &ns);
+    let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
+    // The layout before the Deployment: the proxy's first pods mount it.
+    ensure_optional(
+        ctx,
+        mc,
+        Some(&config_maps),
+        seen.proxy.config_map.clone(),
+        desired.config_map,
+    )
+    .await?;
+    tokio::try_join!(
+        ensure_optional(
+            ctx,
+            mc,
+            Some(&deployments),
+            seen.proxy.deployment.clone(),
+            desired.deployment
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            Some(&services),
+            seen.proxy.service.clone(),
+            desired.service
+        ),
+        ensure_optional(
+            ctx,
+            mc,
+            Some(&budgets),
+            seen.proxy.budget.clone(),
+            desired.budget
         ),
     )?;
     Ok(())

@@ -4,16 +4,18 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
 use kube::{Api, ResourceExt};
 
-use super::desired::Desired;
+use super::desired::{self, Desired};
 use crate::api::Memcached;
 use crate::certificate::Certificate;
 use crate::controller::context::Context;
-use crate::controller::ensure::{kept, lookup, lookup_optional};
+use crate::controller::ensure::{kept, lookup, lookup_optional, lookup_optional_named};
 use crate::controller::members::own;
 use crate::controller::secrets::{self, Mounts};
 use crate::error::Result;
@@ -28,6 +30,7 @@ pub struct Seen {
     pub policy: Option<Arc<OwnedObject<NetworkPolicy>>>,
     pub monitor: Option<Arc<OwnedObject<ServiceMonitor>>>,
     pub certificate: Option<Arc<OwnedObject<Certificate>>>,
+    pub proxy: SeenProxy,
     /// Whether this process may keep NetworkPolicies (it may watch them).
     pub keeps_policies: bool,
     /// Whether this process may keep cert-manager's Certificates (served and watchable).
@@ -38,6 +41,17 @@ pub struct Seen {
     /// Names of the Memcached's pods not being deleted, and what those not Ready say.
     pub pods: Vec<String>,
     pub troubles: Vec<PodTrouble>,
+    /// When it looked.
+    pub now: Timestamp,
+}
+
+/// The proxy's objects as they are (`spec.proxy`).
+#[derive(Default)]
+pub struct SeenProxy {
+    pub deployment: Option<Arc<OwnedObject<Deployment>>>,
+    pub service: Option<Arc<OwnedObject<Service>>>,
+    pub config_map: Option<Arc<OwnedObject<ConfigMap>>>,
+    pub budget: Option<Arc<OwnedObject<PodDisruptionBudget>>>,
 }
 
 /// Reads what a reconcile of `mc` decides from; `desired` says which optional objects are
@@ -51,12 +65,13 @@ pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result
     let certificates = kept(&ctx.client, &ns, ctx.cached.certificates.as_ref());
     // Independent requests go out together: a reconcile's latency is its longest chain of
     // round trips.
-    let (service, budget, policy, monitor, certificate, secrets) = tokio::try_join!(
+    let (service, budget, policy, monitor, certificate, proxy, secrets) = tokio::try_join!(
         lookup(&services, &ctx.cached.services, mc),
         lookup_optional(budgets.as_ref(), mc, desired.budget.is_some()),
         lookup_optional(policies.as_ref(), mc, desired.policy.is_some()),
         lookup_optional(monitors.as_ref(), mc, desired.monitor.is_some()),
         lookup_optional(certificates.as_ref(), mc, desired.certificate.is_some()),
+        Box::pin(proxy(ctx, mc, &desired.proxy)),
         secrets::read_mounted(&ctx.client, mc),
     )?;
     let pods = ctx.cached.pods.pods_of(&ns, &mc.name_any());
@@ -66,11 +81,38 @@ pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result
         policy,
         monitor,
         certificate,
+        proxy,
         keeps_policies: policies.is_some(),
         keeps_certificates: certificates.is_some(),
         secrets,
         members: own::observe(&ctx.cached.pods, &ctx.config.images, mc),
         pods: pods.names,
         troubles: pods.troubles,
+        now: Timestamp::now(),
+    })
+}
+
+/// The proxy's objects: looked up while it is wanted, else only ours in the caches (to delete).
+async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Result<SeenProxy> {
+    let ns = mc.namespace().unwrap_or_default();
+    let name = crate::resources::proxy::name(mc);
+    let wanted = desired.deployment.is_some();
+    let (deployments, services, config_maps, budgets) = (
+        kept(&ctx.client, &ns, Some(&ctx.cached.deployments)),
+        kept(&ctx.client, &ns, Some(&ctx.cached.services)),
+        kept(&ctx.client, &ns, Some(&ctx.cached.config_maps)),
+        kept(&ctx.client, &ns, Some(&ctx.cached.budgets)),
+    );
+    let (deployment, service, config_map, budget) = tokio::try_join!(
+        lookup_optional_named(deployments.as_ref(), mc, &name, wanted),
+        lookup_optional_named(services.as_ref(), mc, &name, wanted),
+        lookup_optional_named(config_maps.as_ref(), mc, &name, wanted),
+        lookup_optional_named(budgets.as_ref(), mc, &name, desired.budget.is_some()),
+    )?;
+    Ok(SeenProxy {
+        deployment,
+        service,
+        config_map,
+        budget,
     })
 }

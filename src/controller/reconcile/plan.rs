@@ -3,6 +3,7 @@
 //! generate and the members' moves.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 
 use super::desired::Desired;
 use super::observe::Seen;
@@ -11,7 +12,7 @@ use crate::controller::members::own::{self, Moves};
 use crate::controller::secrets::{self, Secrets};
 use crate::error::Refusal;
 use crate::resources::binding::Copied;
-use crate::resources::is_controlled_by;
+use crate::resources::{self, is_controlled_by};
 use crate::status::{self, Blocked};
 use crate::validation;
 
@@ -27,11 +28,19 @@ pub struct Plan {
     /// The credentials Secret to generate.
     pub generate: Option<String>,
     pub moves: Moves,
+    /// The proxy's layout, while it is on.
+    pub proxy: Option<ProxyPlan>,
 }
 
 /// The plan for `mc` from what was `seen`.
-pub fn plan(mc: &Memcached, seen: &Seen, desired: Desired) -> Plan {
+pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
     let mut blocked = blocked(mc, seen, &desired);
+    let ready = |n| seen.members.is_ready(mc, n);
+    let proxy = proxy::layout(mc, ready, seen.now);
+    desired.proxy.config_map = proxy
+        .as_ref()
+        .map(|p| resources::proxy::config_map(mc, &p.layout));
+    let keep = proxy.as_ref().map_or(mc.spec.size, |p| p.keep);
     // The Secrets matter only to what would be applied.
     let (copied, unissued, generate) = match (&blocked, secrets::judge(mc, &seen.secrets)) {
         (Some(_), _) => Default::default(),
@@ -50,7 +59,8 @@ pub fn plan(mc: &Memcached, seen: &Seen, desired: Desired) -> Plan {
     };
     Plan {
         blocked,
-        moves: own::moves(mc, &seen.members),
+        moves: own::moves(mc, &seen.members, keep),
+        proxy,
         desired,
         copied,
         unissued,
@@ -63,28 +73,61 @@ pub fn plan(mc: &Memcached, seen: &Seen, desired: Desired) -> Plan {
 /// certificate asked for that this process cannot keep (rather than pods running without what
 /// the user counts on). Then (`plan`) Secrets the pods cannot mount.
 fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
-    let foreign: [(&str, Option<&ObjectMeta>); 5] = [
-        ("Service", seen.service.as_deref().map(|o| &o.metadata)),
+    let name = mc.name_any();
+    let proxy = crate::resources::proxy::name(mc);
+    let foreign: [(&str, &str, Option<&ObjectMeta>); 9] = [
+        (
+            "Service",
+            &name,
+            seen.service.as_deref().map(|o| &o.metadata),
+        ),
         (
             "PodDisruptionBudget",
+            &name,
             seen.budget.as_deref().map(|o| &o.metadata),
         ),
-        ("NetworkPolicy", seen.policy.as_deref().map(|o| &o.metadata)),
+        (
+            "NetworkPolicy",
+            &name,
+            seen.policy.as_deref().map(|o| &o.metadata),
+        ),
         (
             "ServiceMonitor",
+            &name,
             seen.monitor.as_deref().map(|o| &o.metadata),
         ),
         (
             "Certificate",
+            &name,
             seen.certificate.as_deref().map(|o| &o.metadata),
+        ),
+        (
+            "Deployment",
+            &proxy,
+            seen.proxy.deployment.as_deref().map(|o| &o.metadata),
+        ),
+        (
+            "Service",
+            &proxy,
+            seen.proxy.service.as_deref().map(|o| &o.metadata),
+        ),
+        (
+            "ConfigMap",
+            &proxy,
+            seen.proxy.config_map.as_deref().map(|o| &o.metadata),
+        ),
+        (
+            "PodDisruptionBudget",
+            &proxy,
+            seen.proxy.budget.as_deref().map(|o| &o.metadata),
         ),
     ];
     let foreign = foreign
         .into_iter()
-        .find(|(_, m)| m.is_some_and(|m| !is_controlled_by(m, mc)));
-    if let Some((kind, _)) = foreign {
+        .find(|(_, _, m)| m.is_some_and(|m| !is_controlled_by(m, mc)));
+    if let Some((kind, name, _)) = foreign {
         return Some(Blocked::ResourceExists {
-            message: status::conflict_message(kind, mc),
+            message: status::named_conflict_message(kind, name, mc),
         });
     }
     if let Err(message) = validation::validate(&mc.spec) {
@@ -103,6 +146,9 @@ fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
     }
     None
 }
+
+mod proxy;
+pub use proxy::ProxyPlan;
 
 #[cfg(test)]
 mod tests;

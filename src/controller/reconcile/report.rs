@@ -7,16 +7,17 @@ use kube::runtime::reflector::ObjectRef;
 use super::apply::Applied;
 use super::forget;
 use super::observe::Seen;
-use crate::api::Memcached;
+use crate::api::{Memcached, ProxyStatus};
 use crate::controller::autoscale;
 use crate::controller::context::Context;
 use crate::controller::ensure::{StatusPatch, patch_status};
 use crate::controller::members::own;
-use crate::controller::outcome::Outcome;
+use crate::controller::outcome::{COPY_RECHECK, Outcome};
 use crate::error::Result;
-use crate::resources;
+use crate::resources::{self, proxy};
 use crate::status::{self, NotReady, Observed};
 use crate::watch::pod_index::Member;
+use std::time::Duration;
 
 /// Past the moment a member is available: a Ready condition's time is whole seconds.
 const AVAILABLE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -35,6 +36,7 @@ pub async fn report(
         ctx.events.unblocked(mc);
         return Ok(Outcome::Converged);
     }
+    let proxy = proxy_status(mc, &seen, &applied);
     let observed = Observed {
         members: Some(seen.members.counts),
         creation_refused: applied.written.refused.as_deref(),
@@ -47,6 +49,7 @@ pub async fn report(
         binding: applied.binding.clone(),
         unissued: applied.unissued.clone(),
         not_ready: not_ready(&seen.members.members),
+        proxy,
     };
     let stuck = observed.not_ready.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -114,8 +117,53 @@ fn next(
                 false => Outcome::AwaitingProgress(left + AVAILABLE_MARGIN),
             }
         }
+        // Unless a periodic look comes first.
+        _ if let Some(ends) = handover_ends(mc, applied) => Outcome::HandingOver(ends),
         _ if autoscale::enabled(mc) => Outcome::Autoscaling,
         _ if resources::binding::copies_secrets(mc) => Outcome::CopyingSecrets,
         _ => Outcome::Converged,
     }
+}
+
+/// When the proxy's handover ends, if that comes before the next periodic look.
+fn handover_ends(mc: &Memcached, applied: &Applied) -> Option<Duration> {
+    let ends = applied.proxy.as_ref()?.ends_in? + AVAILABLE_MARGIN;
+    let periodic = match () {
+        _ if autoscale::enabled(mc) => autoscale::POLL,
+        _ if resources::binding::copies_secrets(mc) => COPY_RECHECK,
+        _ => Duration::MAX,
+    };
+    (ends < periodic).then_some(ends)
+}
+
+/// The proxy's status, while it is on: its Ready pods, and the layout as written (as last
+/// reported, when nothing was applied).
+fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyStatus> {
+    if !proxy::enabled(mc) {
+        return None;
+    }
+    let last = mc.status.as_ref().and_then(|s| s.proxy.clone());
+    let (members, handover, keep) = match (&applied.proxy, last) {
+        (Some(plan), _) => (plan.members, plan.handover.clone(), plan.keep),
+        (None, Some(last)) => {
+            let keep = mc.spec.size + i32::try_from(last.draining.len()).unwrap_or(0);
+            (last.members, last.handover, keep)
+        }
+        (None, None) => (0, None, mc.spec.size),
+    };
+    let ready_replicas = seen
+        .proxy
+        .deployment
+        .as_deref()
+        .and_then(|d| d.status.as_ref())
+        .map_or(0, |s| s.ready_replicas);
+    Some(ProxyStatus {
+        address: proxy::address(mc),
+        ready_replicas,
+        members,
+        handover,
+        draining: (mc.spec.size.max(0)..keep)
+            .map(|n| format!("{}-{n}", mc.name_any()))
+            .collect(),
+    })
 }

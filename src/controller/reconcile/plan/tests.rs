@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::*;
 use crate::controller::reconcile::desired::desired;
+use crate::controller::reconcile::observe::SeenProxy;
 use crate::controller::secrets::Mounts;
 use crate::fixtures::{memcached, memcached_with_spec};
 use crate::resources;
@@ -36,12 +37,14 @@ fn seeing(mc: &Memcached, members: &[&str], there: impl Fn(&str) -> Option<Secre
         policy: None,
         monitor: None,
         certificate: None,
+        proxy: SeenProxy::default(),
         keeps_policies: true,
         keeps_certificates: true,
         secrets: Mounts::as_if(mc, there),
         members: own::Seen::of(mc, &Images::default(), members, vec![], now),
         pods: vec![],
         troubles: vec![],
+        now,
     }
 }
 
@@ -50,7 +53,7 @@ fn nothing(_: &str) -> Option<Secret> {
 }
 
 fn plan_of(mc: &Memcached, seen: &Seen) -> Plan {
-    plan(mc, seen, desired(mc, None))
+    plan(mc, seen, desired(mc, None, &Images::default()))
 }
 
 fn message(blocked: &Option<Blocked>) -> String {

@@ -1,0 +1,146 @@
+//! `agent route`: beside memcached in proxy mode, keeps its route configuration current.
+//!
+//! The operator writes the layout (the members' addresses) into a ConfigMap; the kubelet
+//! refreshes the mounted file. The agent checks each new layout, renders memcached's
+//! configuration from it, and has memcached load it by SIGHUP, in the same process and with its
+//! clients' connections kept. memcached exits on a configuration it cannot load, so a layout
+//! that fails the check is never rendered: the proxy keeps routing by the last good one.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use rustix::process::Signal;
+use tracing::{info, warn};
+
+use super::{MEMCACHED, signal_processes};
+use crate::resources::proxy::Layout;
+
+/// How often the agent reads the mounted layout.
+const POLL: Duration = Duration::from_secs(1);
+
+#[derive(Args, Debug, Clone)]
+pub struct RouteArgs {
+    /// The layout the operator keeps (the mounted ConfigMap's `layout.json`).
+    #[arg(long)]
+    pub layout: PathBuf,
+    /// memcached's route configuration (its `proxy_arg`), rendered from the layout.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Render the configuration once and exit (the pod's init container): memcached starts
+    /// with it.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// What the agent last rendered, to tell a new layout from the same one.
+struct Rendered {
+    layout: Option<Layout>,
+}
+
+impl Rendered {
+    /// Reads the layout; when it is new and passes the check, writes the configuration and
+    /// returns true. A layout that fails the check is logged and left unrendered.
+    fn sync(&mut self, args: &RouteArgs) -> io::Result<bool> {
+        let text = std::fs::read_to_string(&args.layout)?;
+        let layout = match Layout::check(&text) {
+            Ok(layout) => layout,
+            Err(why) => {
+                warn!(layout = %args.layout.display(), %why, "layout refused: memcached keeps the last one");
+                return Ok(false);
+            }
+        };
+        if self.layout.as_ref() == Some(&layout) {
+            return Ok(false);
+        }
+        write_atomically(&args.config, &layout.render())?;
+        info!(members = layout.members.len(), "configuration written");
+        self.layout = Some(layout);
+        Ok(true)
+    }
+}
+
+/// Writes `text` to `path` by a rename, so that memcached never reads half a file.
+fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)
+}
+
+/// `agent route`: with `--once`, the first configuration; else keeps it current until SIGTERM.
+pub async fn run(args: RouteArgs) -> io::Result<()> {
+    let mut rendered = Rendered { layout: None };
+    if args.once {
+        return match rendered.sync(&args)? {
+            true => Ok(()),
+            false => Err(io::Error::other("the layout is refused: see the log")),
+        };
+    }
+    // The init container wrote what is there: taken as rendered, so that the first look does
+    // not signal a memcached that has just read it.
+    if let Ok(text) = std::fs::read_to_string(&args.layout) {
+        rendered.layout = Layout::check(&text).ok();
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        match rendered.sync(&args) {
+            Ok(true) => {
+                let signalled = signal_processes(MEMCACHED, Signal::HUP)?;
+                info!(
+                    processes = signalled.pids.len(),
+                    "memcached asked to load the new configuration"
+                );
+            }
+            Ok(false) => {}
+            Err(error) => warn!(%error, "cannot read the layout"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = terminate.recv() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(dir: &Path) -> RouteArgs {
+        RouteArgs {
+            layout: dir.join("layout.json"),
+            config: dir.join("config.lua"),
+            once: false,
+        }
+    }
+
+    #[test]
+    fn a_new_layout_is_rendered_once_and_a_refused_one_never() {
+        let dir = std::env::temp_dir().join(format!("agent-route-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let args = args(&dir);
+        let mut rendered = Rendered { layout: None };
+        std::fs::write(&args.layout, r#"{"members": ["a-0.a.ns.svc:11211"]}"#).unwrap();
+        assert!(rendered.sync(&args).unwrap());
+        let first = std::fs::read_to_string(&args.config).unwrap();
+        assert!(first.contains("\"a-0.a.ns.svc:11211\""), "{first}");
+        assert!(!rendered.sync(&args).unwrap(), "the same layout again");
+
+        std::fs::write(&args.layout, r#"{"members": ["a-0\"):11211"]}"#).unwrap();
+        assert!(!rendered.sync(&args).unwrap());
+        assert_eq!(std::fs::read_to_string(&args.config).unwrap(), first);
+
+        std::fs::write(
+            &args.layout,
+            r#"{"members": ["a-0.a.ns.svc:11211", "a-1.a.ns.svc:11211"]}"#,
+        )
+        .unwrap();
+        assert!(rendered.sync(&args).unwrap());
+        assert!(
+            std::fs::read_to_string(&args.config)
+                .unwrap()
+                .contains("a-1.a.ns.svc:11211")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

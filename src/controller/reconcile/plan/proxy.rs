@@ -1,0 +1,157 @@
+//! The proxy's layout (`spec.proxy`): which members it routes to, and the handover from the
+//! layout before. Pure: the time is observed.
+//!
+//! A member joins the layout once it and every member before it is Ready, so that no key is
+//! routed to a member that refuses it; keys move by the jump hash's share (a quarter, 3 → 4).
+//! For `handoverSeconds` after a change, reads that miss ask the previous layout and deletes go
+//! to both; a member leaving the layout keeps serving until then, and is deleted after. A
+//! change during a handover starts a new one from the layout it replaces.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::api::{Handover, Memcached};
+use crate::resources::proxy::{self, Layout};
+
+/// What the proxy routes to, as planned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProxyPlan {
+    pub layout: Layout,
+    /// Members in the layout (`status.proxy.members`).
+    pub members: i32,
+    pub handover: Option<Handover>,
+    /// Members kept running: `spec.size`, or the previous layout's while it still serves.
+    pub keep: i32,
+    /// When the handover ends, from now.
+    pub ends_in: Option<Duration>,
+}
+
+/// The layout of `mc`'s proxy, from the members Ready (`ready(ordinal)`) at `now`; None while
+/// the proxy is off.
+pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Option<ProxyPlan> {
+    let spec = mc.spec.proxy.as_ref().filter(|_| proxy::enabled(mc))?;
+    let size = mc.spec.size.max(0);
+    let last = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
+    let (routed, running) = match last {
+        // The first layout, or a status from before the proxy routed: the spec's.
+        Some(last) if last.members > 0 || size == 0 => (
+            last.members,
+            last.handover.clone().filter(|h| h.until.0 > now),
+        ),
+        _ => (size, None),
+    };
+    let members = match size > routed {
+        true if (routed..size).all(&ready) => size,
+        true => routed,
+        false => size,
+    };
+    let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
+    let handover = match members == routed {
+        true => running,
+        false if spec.handover_seconds > 0 => Some(Handover {
+            previous_members: routed,
+            until: Time(now + window),
+        }),
+        false => None,
+    };
+    let previous = handover.as_ref().map(|h| h.previous_members);
+    Some(ProxyPlan {
+        layout: Layout::of(mc, members, previous),
+        members,
+        keep: size.max(previous.unwrap_or(0)),
+        ends_in: handover
+            .as_ref()
+            .map(|h| h.until.0.duration_since(now).unsigned_abs()),
+        handover,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ProxySpec, ProxyStatus};
+    use crate::fixtures::memcached;
+
+    fn proxied(size: i32, last: Option<(i32, Option<(i32, i64)>)>, now: Timestamp) -> Memcached {
+        let mut mc = memcached("cache", size);
+        mc.spec.proxy = Some(ProxySpec {
+            enabled: true,
+            handover_seconds: 600,
+            ..ProxySpec::default()
+        });
+        if let Some((members, handover)) = last {
+            mc.status.get_or_insert_default().proxy = Some(ProxyStatus {
+                members,
+                handover: handover.map(|(previous_members, left)| Handover {
+                    previous_members,
+                    until: Time(now + SignedDuration::from_secs(left)),
+                }),
+                ..ProxyStatus::default()
+            });
+        }
+        mc
+    }
+
+    fn all(_: i32) -> bool {
+        true
+    }
+
+    #[test]
+    fn the_first_layout_is_the_spec_s_without_a_handover() {
+        let now = Timestamp::now();
+        let plan = layout(&proxied(3, None, now), all, now).unwrap();
+        assert_eq!((plan.members, plan.keep, plan.handover), (3, 3, None));
+        assert!(plan.layout.previous.is_empty());
+        assert!(layout(&memcached("cache", 3), all, now).is_none(), "off");
+    }
+
+    #[test]
+    fn a_new_member_joins_once_ready_and_the_previous_layout_serves_misses_for_the_window() {
+        let now = Timestamp::now();
+        let mc = proxied(4, Some((3, None)), now);
+        let waiting = layout(&mc, |n| n < 3, now).unwrap();
+        assert_eq!((waiting.members, waiting.handover.is_none()), (3, true));
+        let joined = layout(&mc, all, now).unwrap();
+        assert_eq!(joined.members, 4);
+        let handover = joined.handover.unwrap();
+        assert_eq!(handover.previous_members, 3);
+        assert_eq!(handover.until.0, now + SignedDuration::from_secs(600));
+        assert_eq!(joined.layout.previous.len(), 3);
+        assert_eq!(joined.ends_in, Some(Duration::from_secs(600)));
+    }
+
+    #[test]
+    fn a_member_leaving_drains_until_the_window_ends_and_is_then_let_go() {
+        let now = Timestamp::now();
+        let scaled_in = layout(&proxied(3, Some((4, None)), now), all, now).unwrap();
+        assert_eq!((scaled_in.members, scaled_in.keep), (3, 4));
+        assert_eq!(scaled_in.layout.previous.len(), 4);
+        // Later in the window: the same; after it: the previous layout dropped, the member too.
+        let during = layout(&proxied(3, Some((3, Some((4, 60)))), now), all, now).unwrap();
+        assert_eq!((during.keep, during.layout.previous.len()), (4, 4));
+        assert_eq!(during.ends_in, Some(Duration::from_secs(60)));
+        let after = layout(&proxied(3, Some((3, Some((4, -1)))), now), all, now).unwrap();
+        assert_eq!((after.keep, after.handover, after.ends_in), (3, None, None));
+        assert!(after.layout.previous.is_empty());
+    }
+
+    #[test]
+    fn without_a_window_a_change_is_at_once() {
+        let now = Timestamp::now();
+        let mut mc = proxied(3, Some((4, None)), now);
+        mc.spec.proxy.as_mut().unwrap().handover_seconds = 0;
+        let plan = layout(&mc, all, now).unwrap();
+        assert_eq!((plan.members, plan.keep, plan.handover), (3, 3, None));
+    }
+
+    #[test]
+    fn a_change_during_a_handover_hands_over_from_the_layout_it_replaces() {
+        let now = Timestamp::now();
+        let plan = layout(&proxied(5, Some((4, Some((3, 300)))), now), all, now).unwrap();
+        let handover = plan.handover.unwrap();
+        assert_eq!((plan.members, handover.previous_members), (5, 4));
+        assert_eq!(handover.until.0, now + SignedDuration::from_secs(600));
+    }
+}

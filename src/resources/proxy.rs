@@ -1,0 +1,429 @@
+//! The proxy tier (`spec.proxy`): memcached in proxy mode in front of the members, by one
+//! address.
+//!
+//! The operator declares the layout, the members' addresses in ordinal order, as data
+//! (`layout.json` in the ConfigMap `<name>-proxy`); the agent beside each proxy checks it and
+//! renders memcached's route configuration from it (`render`), then has memcached load it by
+//! SIGHUP. memcached exits on a configuration it cannot load, so what it loads is only ever
+//! text this module wrote from a checked layout. The pod template never carries the layout:
+//! a change of members must not roll the proxies.
+//!
+//! Keys are placed by memcached's default jump hash over the backends' order: a member added at
+//! the end takes its share from every other, and a member keeps its place (and its keys) when
+//! it is replaced under its own name.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort, ServiceSpec,
+    TCPSocketAction, Volume,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, labels, mount, owner_reference,
+    restricted,
+};
+use crate::api::{Memcached, ProxySpec};
+
+/// The key of the layout in the ConfigMap.
+pub const LAYOUT_KEY: &str = "layout.json";
+/// Where the proxy's pods mount the ConfigMap.
+pub const LAYOUT_DIR: &str = "/etc/memcached-proxy";
+/// Where the agent writes the configuration memcached loads.
+pub const CONFIG_DIR: &str = "/run/memcached-proxy";
+/// The container running memcached in proxy mode.
+pub const CONTAINER: &str = "proxy";
+/// The agent beside it.
+pub const AGENT_CONTAINER: &str = "route-agent";
+/// `app.kubernetes.io/name` of the proxy's pods: not the members' (`memcached`), so that
+/// nothing selecting members selects them.
+pub const NAME_LABEL: &str = "memcached-proxy";
+/// Largest layout the agent reads: 1,000 members' addresses take about 60 KiB.
+pub const MAX_LAYOUT_BYTES: usize = 256 * 1024;
+/// Longest address of a member (a DNS name of 253, a colon and a port).
+const MAX_ADDRESS: usize = 253 + 6;
+const LAYOUT_VOLUME: &str = "layout";
+const CONFIG_VOLUME: &str = "config";
+const BINARY: &str = "/memcached-operator";
+
+/// Whether the Memcached runs the proxy.
+pub fn enabled(mc: &Memcached) -> bool {
+    spec(mc).is_some()
+}
+
+fn spec(mc: &Memcached) -> Option<&ProxySpec> {
+    mc.spec.proxy.as_ref().filter(|p| p.enabled)
+}
+
+/// The name of the proxy's Deployment, Service, ConfigMap and disruption budget.
+pub fn name(mc: &Memcached) -> String {
+    format!("{}-proxy", mc.name_any())
+}
+
+/// The proxy's address for clients (`status.proxy.address`, the binding's `host` and `port`).
+pub fn address(mc: &Memcached) -> String {
+    format!(
+        "{}.{}.svc:{}",
+        name(mc),
+        mc.namespace().unwrap_or_default(),
+        mc.spec.container_port
+    )
+}
+
+/// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
+/// layout before the last change too, where reads that miss fall back and deletes also go.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub members: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous: Vec<String>,
+}
+
+/// The commands that read a key: on a miss in the layout, they ask the previous one.
+const READS: [&str; 5] = ["get", "gets", "gat", "gats", "mg"];
+/// The commands that delete a key: sent to both layouts, so no old value comes back.
+const DELETES: [&str; 2] = ["delete", "md"];
+
+impl Layout {
+    /// The first `members` of `mc`'s members; `previous` the first that many, during a
+    /// handover.
+    pub fn of(mc: &Memcached, members: i32, previous: Option<i32>) -> Self {
+        Self {
+            members: super::member_addresses(mc, members),
+            previous: previous
+                .map(|n| super::member_addresses(mc, n))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The layout in `text`, if it is one memcached can load: JSON of this shape, within
+    /// `MAX_LAYOUT_BYTES`, every member a `host:port` whose host is a DNS name or an IPv4
+    /// address and whose port is 1 to 65535, none twice.
+    pub fn check(text: &str) -> Result<Self, String> {
+        if text.len() > MAX_LAYOUT_BYTES {
+            return Err(format!(
+                "the layout has {} bytes, more than {MAX_LAYOUT_BYTES}",
+                text.len()
+            ));
+        }
+        let layout: Layout =
+            serde_json::from_str(text).map_err(|e| format!("the layout is not JSON: {e}"))?;
+        for list in [&layout.members, &layout.previous] {
+            let mut seen = std::collections::HashSet::new();
+            for member in list {
+                check_address(member)?;
+                if !seen.insert(member) {
+                    return Err(format!("member {member:?} is listed twice"));
+                }
+            }
+        }
+        if layout.members.is_empty() && !layout.previous.is_empty() {
+            return Err("a previous layout without members".to_string());
+        }
+        Ok(layout)
+    }
+
+    /// memcached's route configuration (its embedded route library's) for this layout: one
+    /// pool of the members, every command routed to the member its key hashes to. Without
+    /// members every command gets a miss (`route_null`): memcached refuses an empty pool.
+    /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
+    /// written into a Lua string as is.
+    pub fn render(&self) -> String {
+        let mut lua = String::from(
+            "-- Written by memcached-operator's agent from the layout the operator keeps.\n",
+        );
+        // Fail fast on a member that is down (the route library's defaults wait seconds).
+        lua.push_str(
+            "settings{\n    backend_connect_timeout = 1,\n    backend_read_timeout = 1,\n    backend_retry_waittime = 1,\n}\n",
+        );
+        if self.members.is_empty() {
+            lua.push_str("routes{\n    default = route_null{},\n}\n");
+            return lua;
+        }
+        let pool = |lua: &mut String, name: &str, members: &[String]| {
+            lua.push_str(&format!("    {name} = {{\n        backends = {{\n"));
+            for member in members {
+                lua.push_str(&format!("            \"{member}\",\n"));
+            }
+            lua.push_str("        },\n    },\n");
+        };
+        lua.push_str("pools{\n");
+        pool(&mut lua, "members", &self.members);
+        if !self.previous.is_empty() {
+            pool(&mut lua, "previous", &self.previous);
+        }
+        lua.push_str("}\nroutes{\n");
+        if !self.previous.is_empty() {
+            lua.push_str("    cmap = {\n");
+            for read in READS {
+                lua.push_str(&format!(
+                    "        {read} = route_failover{{ children = {{ \"members\", \"previous\" }}, miss = true }},\n"
+                ));
+            }
+            for delete in DELETES {
+                lua.push_str(&format!(
+                    "        {delete} = route_allsync{{ children = {{ \"members\", \"previous\" }} }},\n"
+                ));
+            }
+            lua.push_str("    },\n");
+        }
+        lua.push_str("    default = route_direct{ child = \"members\" },\n}\n");
+        lua
+    }
+}
+
+/// A member's address as the layout may hold it (see `Layout::check`).
+fn check_address(address: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("member {address:?}: {why}"));
+    if address.len() > MAX_ADDRESS {
+        return bad("too long");
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return bad("not host:port");
+    };
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) || port.starts_with('0') {
+        return bad("the port is not 1 to 65535");
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if host.is_empty() || !host.split('.').all(label_ok) {
+        return bad("the host is not a DNS name or IPv4 address");
+    }
+    Ok(())
+}
+
+/// The labels of the proxy's pods, which its Deployment and Service select.
+fn selector(mc: &Memcached) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), NAME_LABEL.to_string()),
+        (LABEL_INSTANCE.to_string(), mc.name_any()),
+    ])
+}
+
+/// The proxy objects' metadata: the operator's labels (its watches select them), but the
+/// proxy's name.
+fn metadata(mc: &Memcached) -> ObjectMeta {
+    let mut labels = labels(mc);
+    labels.insert(LABEL_NAME.to_string(), NAME_LABEL.to_string());
+    labels.insert(
+        "app.kubernetes.io/component".to_string(),
+        "proxy".to_string(),
+    );
+    ObjectMeta {
+        name: Some(name(mc)),
+        namespace: mc.namespace(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner_reference(mc)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The ConfigMap holding `layout`.
+pub fn config_map(mc: &Memcached, layout: &Layout) -> ConfigMap {
+    let layout = serde_json::to_string(layout).expect("a layout serialises");
+    ConfigMap {
+        metadata: metadata(mc),
+        data: Some(BTreeMap::from([(LAYOUT_KEY.to_string(), layout)])),
+        ..ConfigMap::default()
+    }
+}
+
+/// The ClusterIP Service clients use, on the members' port; None without the proxy.
+pub fn service(mc: &Memcached) -> Option<Service> {
+    spec(mc)?;
+    Some(Service {
+        metadata: metadata(mc),
+        spec: Some(ServiceSpec {
+            selector: Some(selector(mc)),
+            ports: Some(vec![ServicePort {
+                name: Some("memcached".to_string()),
+                port: mc.spec.container_port,
+                target_port: Some(IntOrString::String("memcached".to_string())),
+                protocol: Some("TCP".to_string()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The proxy's disruption budget: a drain takes one proxy at a time. None without the proxy
+/// or with a single one.
+pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
+    let proxy = spec(mc)?;
+    (proxy.replicas >= 2).then(|| PodDisruptionBudget {
+        metadata: metadata(mc),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector(mc)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The proxy's Deployment; None without the proxy. `memcached_image` is the members' image
+/// (the proxy's default), `agent_image` the operator's own.
+pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> Option<Deployment> {
+    let proxy = spec(mc)?;
+    let port = mc.spec.container_port;
+    let config = format!("{CONFIG_DIR}/config.lua");
+    let layout = format!("{LAYOUT_DIR}/{LAYOUT_KEY}");
+    let proxy_container = Container {
+        name: CONTAINER.to_string(),
+        image: Some(
+            proxy
+                .image
+                .as_deref()
+                .unwrap_or(memcached_image)
+                .to_string(),
+        ),
+        command: Some(vec!["memcached".to_string()]),
+        args: Some(vec![
+            format!("--port={port}"),
+            "--listen=0.0.0.0".to_string(),
+            "-o".to_string(),
+            format!("proxy_config=routelib,proxy_arg={config}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("memcached".to_string()),
+            container_port: port,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::String("memcached".to_string()),
+                ..TCPSocketAction::default()
+            }),
+            period_seconds: Some(5),
+            ..Probe::default()
+        }),
+        resources: proxy
+            .resources
+            .as_deref()
+            .cloned()
+            .or_else(|| Some(requests(&[("cpu", "50m"), ("memory", "64Mi")], &[]))),
+        volume_mounts: Some(vec![mount(CONFIG_VOLUME, CONFIG_DIR, true)]),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        ..Container::default()
+    };
+    let agent = |name: &str, once: bool| Container {
+        name: name.to_string(),
+        image: Some(agent_image.to_string()),
+        command: Some(vec![BINARY.to_string(), "agent".to_string()]),
+        args: Some(
+            [
+                "route".to_string(),
+                format!("--layout={layout}"),
+                format!("--config={config}"),
+            ]
+            .into_iter()
+            .chain(once.then(|| "--once".to_string()))
+            .collect(),
+        ),
+        volume_mounts: Some(vec![
+            mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
+            mount(CONFIG_VOLUME, CONFIG_DIR, false),
+        ]),
+        resources: (!once)
+            .then(|| requests(&[("cpu", "5m"), ("memory", "8Mi")], &[("memory", "32Mi")])),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        ..Container::default()
+    };
+    let pod = PodSpec {
+        init_containers: Some(vec![agent("route-init", true)]),
+        containers: vec![proxy_container, agent(AGENT_CONTAINER, false)],
+        // The agent signals memcached (SIGHUP) as memcached's own user.
+        share_process_namespace: Some(true),
+        volumes: Some(vec![
+            Volume {
+                name: LAYOUT_VOLUME.to_string(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: name(mc),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            Volume {
+                name: CONFIG_VOLUME.to_string(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+        ]),
+        security_context: Some(super::pod_security_context()),
+        node_selector: mc.spec.node_selector.clone(),
+        tolerations: mc.spec.tolerations.clone(),
+        priority_class_name: mc.spec.priority_class_name.clone(),
+        image_pull_secrets: mc.spec.image_pull_secrets.clone(),
+        ..PodSpec::default()
+    };
+    let mut pod_labels = selector(mc);
+    pod_labels.insert(LABEL_PART_OF.to_string(), "memcached-operator".to_string());
+    Some(Deployment {
+        metadata: metadata(mc),
+        spec: Some(DeploymentSpec {
+            replicas: Some(proxy.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector(mc)),
+                ..LabelSelector::default()
+            },
+            // A new proxy Ready before an old one goes: clients keep an address that answers.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+fn requests(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> ResourceRequirements {
+    let map = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect::<BTreeMap<_, _>>(),
+        )
+        .filter(|m| !m.is_empty())
+    };
+    ResourceRequirements {
+        requests: map(requests),
+        limits: map(limits),
+        ..ResourceRequirements::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

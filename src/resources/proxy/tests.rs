@@ -1,0 +1,177 @@
+use super::*;
+use crate::fixtures::memcached;
+
+fn proxied(size: i32) -> Memcached {
+    let mut mc = memcached("cache", size);
+    mc.spec.proxy = Some(ProxySpec {
+        enabled: true,
+        ..ProxySpec::default()
+    });
+    mc
+}
+
+#[test]
+fn the_layout_is_the_members_addresses_in_ordinal_order() {
+    let layout = Layout::of(&proxied(3), 3, None);
+    assert_eq!(
+        layout.members,
+        [
+            "cache-0.cache.default.svc:11211",
+            "cache-1.cache.default.svc:11211",
+            "cache-2.cache.default.svc:11211"
+        ]
+    );
+    let lua = layout.render();
+    let at = |m: &str| lua.find(&format!("\"{m}\"")).unwrap();
+    assert!(at(&layout.members[0]) < at(&layout.members[1]));
+    assert!(at(&layout.members[1]) < at(&layout.members[2]));
+    assert!(lua.contains("route_direct{ child = \"members\" }"), "{lua}");
+}
+
+#[test]
+fn no_members_route_every_command_to_a_miss_not_to_an_empty_pool() {
+    let lua = Layout::of(&proxied(0), 0, None).render();
+    assert!(lua.contains("route_null"), "{lua}");
+    assert!(!lua.contains("pools{"), "{lua}");
+}
+
+#[test]
+fn the_check_takes_what_the_operator_writes_even_for_a_thousand_members() {
+    let mc = proxied(1000);
+    let cm = config_map(&mc, &Layout::of(&mc, 1000, Some(999)));
+    let text = &cm.data.as_ref().unwrap()[LAYOUT_KEY];
+    assert!(text.len() < MAX_LAYOUT_BYTES, "{}", text.len());
+    assert_eq!(Layout::check(text).unwrap().members.len(), 1000);
+}
+
+#[test]
+fn the_check_refuses_what_memcached_could_not_load_or_should_not_run() {
+    let refused = [
+        ("not json", "{\"members\": [", "not JSON"),
+        (
+            "no port",
+            r#"{"members": ["cache-0.cache"]}"#,
+            "not host:port",
+        ),
+        ("port 0", r#"{"members": ["a:0"]}"#, "port"),
+        ("port too big", r#"{"members": ["a:70000"]}"#, "port"),
+        (
+            "a quote",
+            r#"{"members": ["a\"}os.exit(1)--:11211"]}"#,
+            "host",
+        ),
+        ("a space", r#"{"members": ["a b:11211"]}"#, "host"),
+        ("upper case", r#"{"members": ["A:11211"]}"#, "host"),
+        ("an empty label", r#"{"members": ["a..b:11211"]}"#, "host"),
+        ("twice", r#"{"members": ["a:1", "a:1"]}"#, "twice"),
+    ];
+    for (what, text, says) in refused {
+        let error = Layout::check(text).expect_err(what);
+        assert!(error.contains(says), "{what}: {error}");
+    }
+    let huge = format!(r#"{{"members": ["{}"]}}"#, "a".repeat(MAX_LAYOUT_BYTES));
+    assert!(Layout::check(&huge).unwrap_err().contains("bytes"));
+    assert_eq!(
+        Layout::check(r#"{"members": ["10.0.0.7:11211", "m-1.svc:1"]}"#)
+            .unwrap()
+            .members
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn nothing_without_the_proxy_and_no_budget_for_a_single_proxy() {
+    let mut mc = memcached("cache", 3);
+    assert!(service(&mc).is_none());
+    assert!(deployment(&mc, "m", "a").is_none() && pod_disruption_budget(&mc).is_none());
+    mc.spec.proxy = Some(ProxySpec::default());
+    assert!(!enabled(&mc), "off unless enabled");
+    mc.spec.proxy = Some(ProxySpec {
+        enabled: true,
+        replicas: 1,
+        ..ProxySpec::default()
+    });
+    assert!(pod_disruption_budget(&mc).is_none());
+    assert!(pod_disruption_budget(&proxied(3)).is_some());
+}
+
+#[test]
+fn a_change_of_members_changes_the_layout_but_never_the_proxies_pods() {
+    let (three, four) = (proxied(3), proxied(4));
+    assert_eq!(
+        deployment(&three, "memcached:1.6.45", "agent"),
+        deployment(&four, "memcached:1.6.45", "agent")
+    );
+}
+
+#[test]
+fn the_proxy_pods_are_not_members_and_run_restricted() {
+    let mc = proxied(3);
+    let deployment = deployment(&mc, "memcached:1.6.45", "agent:1").unwrap();
+    let spec = deployment.spec.unwrap();
+    let labels = spec.template.metadata.unwrap().labels.unwrap();
+    assert_eq!(labels[LABEL_NAME], NAME_LABEL);
+    assert!(!labels.contains_key(super::super::LABEL_MANAGED_BY));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.share_process_namespace, Some(true));
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+        assert_eq!(sc.run_as_user, Some(MEMCACHED_UID), "{}", c.name);
+    }
+    let proxy = &pod.containers[0];
+    assert_eq!(proxy.image.as_deref(), Some("memcached:1.6.45"));
+    assert!(
+        proxy
+            .args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a == "proxy_config=routelib,proxy_arg=/run/memcached-proxy/config.lua"),
+        "{:?}",
+        proxy.args
+    );
+    assert_eq!(address(&mc), "cache-proxy.default.svc:11211");
+    assert_eq!(
+        service(&mc).unwrap().spec.unwrap().selector.unwrap()[LABEL_NAME],
+        NAME_LABEL
+    );
+}
+
+#[test]
+fn during_a_handover_reads_that_miss_ask_the_previous_layout_and_deletes_go_to_both() {
+    let mc = proxied(4);
+    let layout = Layout::of(&mc, 4, Some(3));
+    assert_eq!(layout.previous.len(), 3);
+    assert_eq!(layout.previous[..], layout.members[..3]);
+    let lua = layout.render();
+    for read in ["get", "gets", "gat", "gats", "mg"] {
+        assert!(
+            lua.contains(&format!(
+                "{read} = route_failover{{ children = {{ \"members\", \"previous\" }}, miss = true }}"
+            )),
+            "{lua}"
+        );
+    }
+    for delete in ["delete", "md"] {
+        assert!(
+            lua.contains(&format!("{delete} = route_allsync{{")),
+            "{lua}"
+        );
+    }
+    assert!(
+        lua.contains("default = route_direct{ child = \"members\" }"),
+        "{lua}"
+    );
+    // Scaled in: the previous layout holds the member that drains.
+    let layout = Layout::of(&proxied(3), 3, Some(4));
+    assert_eq!(layout.previous[3], "cache-3.cache.default.svc:11211");
+    let text = serde_json::to_string(&layout).unwrap();
+    assert_eq!(Layout::check(&text).unwrap(), layout);
+    assert!(Layout::check(r#"{"members": [], "previous": ["a:1"]}"#).is_err());
+}

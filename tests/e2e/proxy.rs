@@ -1,0 +1,216 @@
+//! `spec.proxy` on the API server: the proxy's Deployment, Service, disruption budget and
+//! layout are kept; the layout follows the members (a new one once Ready, the previous layout
+//! kept for the handover, a member leaving drained until it ends) without touching the proxy's
+//! pods; the binding names the proxy; turning it off removes it all. (Clients through the
+//! proxy are shown on the real node.)
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use memcached_operator::api::Memcached;
+use memcached_operator::resources::proxy::{LAYOUT_KEY, Layout};
+use serde_json::json;
+
+use crate::harness::{
+    CONVERGE, Operator, OperatorOptions, admin, create, member_pods, namespace, set_size,
+    wait_converged, wait_for, wait_gone,
+};
+
+/// The layout the proxy is given, once its ConfigMap is there.
+async fn layout(config_maps: &Api<ConfigMap>) -> Option<Layout> {
+    let cm = config_maps.get_opt("cache-proxy").await.ok()??;
+    Layout::check(cm.data?.get(LAYOUT_KEY)?).ok()
+}
+
+/// `cache-N.cache.<ns>.svc:11211` for N below `n`.
+fn addresses(ns: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("cache-{i}.cache.{ns}.svc:11211"))
+        .collect()
+}
+
+async fn wait_layout(
+    config_maps: &Api<ConfigMap>,
+    what: &str,
+    members: Vec<String>,
+    previous: Vec<String>,
+) {
+    let want = Layout { members, previous };
+    wait_for(what, CONVERGE, || async {
+        (layout(config_maps).await? == want).then_some(())
+    })
+    .await;
+}
+
+fn proxied(handover_seconds: i32) -> Memcached {
+    serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "cache"},
+        "spec": {
+            "size": 3, "binding": {"enabled": true},
+            "proxy": {"enabled": true, "handoverSeconds": handover_seconds},
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() {
+    let client = admin().await;
+    let ns = namespace(&client, "proxy").await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
+    create(&client, &ns, &proxied(15)).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    wait_layout(&config_maps, "the first layout", addresses(&ns, 3), vec![]).await;
+    let deployment = wait_for("the proxy's pods Ready", CONVERGE, || async {
+        let d = deployments.get_opt("cache-proxy").await.ok()??;
+        (d.status.as_ref()?.ready_replicas? == 2).then_some(d)
+    })
+    .await;
+    assert_eq!(deployment.owner_references()[0].name, "cache");
+    let service = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("cache-proxy")
+        .await
+        .unwrap();
+    let spec = service.spec.unwrap();
+    assert_ne!(
+        spec.cluster_ip.as_deref(),
+        Some("None"),
+        "one address, not headless"
+    );
+    assert_eq!(spec.ports.unwrap()[0].port, 11211);
+    let budget = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns)
+        .get("cache-proxy")
+        .await
+        .unwrap();
+    assert!(budget.spec.unwrap().max_unavailable.is_some());
+
+    // The proxy's pods are not members; the status and the binding name its address.
+    assert_eq!(member_pods(&client, &ns, "cache").await.len(), 3);
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let address = format!("cache-proxy.{ns}.svc:11211");
+    wait_for("status.proxy", CONVERGE, || async {
+        let proxy = mcs.get("cache").await.ok()?.status?.proxy?;
+        (proxy.address == address && proxy.ready_replicas == 2 && proxy.members == 3).then_some(())
+    })
+    .await;
+    let binding = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get("cache-binding")
+        .await
+        .unwrap();
+    let host = binding.data.unwrap()["host"].0.clone();
+    assert_eq!(
+        String::from_utf8(host).unwrap(),
+        format!("cache-proxy.{ns}.svc")
+    );
+
+    // Scaled out: the new member joins with the previous layout behind it, which is dropped
+    // when the window ends; the proxy's pods are never rolled.
+    let generation = deployment.metadata.generation;
+    set_size(&client, &ns, "cache", 4).await;
+    wait_layout(
+        &config_maps,
+        "4 members, 3 behind",
+        addresses(&ns, 4),
+        addresses(&ns, 3),
+    )
+    .await;
+    let handover = mcs
+        .get("cache")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .proxy
+        .unwrap();
+    assert_eq!(handover.handover.unwrap().previous_members, 3);
+    wait_layout(&config_maps, "the window over", addresses(&ns, 4), vec![]).await;
+
+    // Scaled in: the member leaving stays, draining, until the window ends.
+    set_size(&client, &ns, "cache", 3).await;
+    wait_layout(
+        &config_maps,
+        "3 members, 4 behind",
+        addresses(&ns, 3),
+        addresses(&ns, 4),
+    )
+    .await;
+    let status = mcs.get("cache").await.unwrap().status.unwrap();
+    assert_eq!(status.proxy.unwrap().draining, ["cache-3"]);
+    assert!(
+        member_pods(&client, &ns, "cache")
+            .await
+            .iter()
+            .any(|p| p.name_any() == "cache-3"),
+        "cache-3 drains"
+    );
+    wait_layout(&config_maps, "the window over", addresses(&ns, 3), vec![]).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let after = deployments.get("cache-proxy").await.unwrap();
+    assert_eq!(
+        after.metadata.generation, generation,
+        "the proxy's pods were not rolled"
+    );
+
+    // Someone's edit of the layout is put back.
+    let edit = json!({"data": {LAYOUT_KEY: "{\"members\": []}"}});
+    config_maps
+        .patch("cache-proxy", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    wait_layout(
+        &config_maps,
+        "the layout put back",
+        addresses(&ns, 3),
+        vec![],
+    )
+    .await;
+
+    // Off: the proxy's objects go; the members stay.
+    let off = json!({"spec": {"proxy": {"enabled": false}}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&off))
+        .await
+        .unwrap();
+    wait_gone(
+        "the proxy's Deployment",
+        CONVERGE,
+        &deployments,
+        "cache-proxy",
+    )
+    .await;
+    wait_gone("the layout", CONVERGE, &config_maps, "cache-proxy").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    wait_gone("the proxy's Service", CONVERGE, &services, "cache-proxy").await;
+    assert!(services.get_opt("cache").await.unwrap().is_some());
+    wait_for("status.proxy gone", CONVERGE, || async {
+        mcs.get("cache")
+            .await
+            .ok()?
+            .status?
+            .proxy
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_proxy_with_auth_is_refused_at_admission_naming_the_field() {
+    let client = admin().await;
+    let ns = namespace(&client, "proxy-auth").await;
+    let mut mc = proxied(600);
+    mc.spec.auth = serde_json::from_value(json!({"enabled": true})).unwrap();
+    let refused = Api::<Memcached>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &mc)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("spec.proxy.enabled"),
+        "{refused}"
+    );
+}
