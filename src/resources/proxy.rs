@@ -25,7 +25,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use serde::{Deserialize, Serialize};
 
 use super::{
     LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, labels, mount, owner_reference,
@@ -46,13 +45,17 @@ pub const AGENT_CONTAINER: &str = "route-agent";
 /// `app.kubernetes.io/name` of the proxy's pods: not the members' (`memcached`), so that
 /// nothing selecting members selects them.
 pub const NAME_LABEL: &str = "memcached-proxy";
+/// On the proxy's pods: the digest of the layout last written, which has the kubelet refresh
+/// the mounted ConfigMap at once.
+pub const LAYOUT_ANNOTATION: &str = "cache.example.com/proxy-layout";
 /// Largest layout the agent reads: 1,000 members' addresses take about 60 KiB.
 pub const MAX_LAYOUT_BYTES: usize = 256 * 1024;
-/// Longest address of a member (a DNS name of 253, a colon and a port).
-const MAX_ADDRESS: usize = 253 + 6;
 const LAYOUT_VOLUME: &str = "layout";
 const CONFIG_VOLUME: &str = "config";
 const BINARY: &str = "/memcached-operator";
+
+mod layout;
+pub use layout::Layout;
 
 /// Whether the Memcached runs the proxy.
 pub fn enabled(mc: &Memcached) -> bool {
@@ -78,133 +81,48 @@ pub fn address(mc: &Memcached) -> String {
     )
 }
 
-/// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
-/// layout before the last change too, where reads that miss fall back and deletes also go.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    pub members: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub previous: Vec<String>,
+/// The first memcached with the proxy.
+pub const FIRST_VERSION: (u32, u32, u32) = (1, 6, 23);
+
+/// The memcached version `image`'s tag names (`memcached:1.6.18-bookworm` → 1.6.18), when it
+/// is older than the proxy; None for a newer one, or a tag that names no version (a digest, a
+/// name of one's own), which the proxy's pods themselves will tell.
+pub fn too_old(image: &str) -> Option<String> {
+    let tag = image.rsplit_once(':').map(|(_, tag)| tag)?;
+    if tag.contains('/') || image.contains('@') {
+        return None;
+    }
+    let numbers: Vec<u32> = tag
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    let [major, minor, patch] = numbers[..] else {
+        return None;
+    };
+    let version = format!("{major}.{minor}.{patch}");
+    tag.starts_with(&version)
+        .then_some(())
+        .filter(|()| (major, minor, patch) < FIRST_VERSION)
+        .map(|()| version)
 }
 
-/// The commands that read a key: on a miss in the layout, they ask the previous one.
-const READS: [&str; 5] = ["get", "gets", "gat", "gats", "mg"];
-/// The commands that delete a key: sent to both layouts, so no old value comes back.
-const DELETES: [&str; 2] = ["delete", "md"];
-
-impl Layout {
-    /// The first `members` of `mc`'s members; `previous` the first that many, during a
-    /// handover.
-    pub fn of(mc: &Memcached, members: i32, previous: Option<i32>) -> Self {
-        Self {
-            members: super::member_addresses(mc, members),
-            previous: previous
-                .map(|n| super::member_addresses(mc, n))
-                .unwrap_or_default(),
-        }
-    }
-
-    /// The layout in `text`, if it is one memcached can load: JSON of this shape, within
-    /// `MAX_LAYOUT_BYTES`, every member a `host:port` whose host is a DNS name or an IPv4
-    /// address and whose port is 1 to 65535, none twice.
-    pub fn check(text: &str) -> Result<Self, String> {
-        if text.len() > MAX_LAYOUT_BYTES {
-            return Err(format!(
-                "the layout has {} bytes, more than {MAX_LAYOUT_BYTES}",
-                text.len()
-            ));
-        }
-        let layout: Layout =
-            serde_json::from_str(text).map_err(|e| format!("the layout is not JSON: {e}"))?;
-        for list in [&layout.members, &layout.previous] {
-            let mut seen = std::collections::HashSet::new();
-            for member in list {
-                check_address(member)?;
-                if !seen.insert(member) {
-                    return Err(format!("member {member:?} is listed twice"));
-                }
-            }
-        }
-        if layout.members.is_empty() && !layout.previous.is_empty() {
-            return Err("a previous layout without members".to_string());
-        }
-        Ok(layout)
-    }
-
-    /// memcached's route configuration (its embedded route library's) for this layout: one
-    /// pool of the members, every command routed to the member its key hashes to. Without
-    /// members every command gets a miss (`route_null`): memcached refuses an empty pool.
-    /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
-    /// written into a Lua string as is.
-    pub fn render(&self) -> String {
-        let mut lua = String::from(
-            "-- Written by memcached-operator's agent from the layout the operator keeps.\n",
-        );
-        // Fail fast on a member that is down (the route library's defaults wait seconds).
-        lua.push_str(
-            "settings{\n    backend_connect_timeout = 1,\n    backend_read_timeout = 1,\n    backend_retry_waittime = 1,\n}\n",
-        );
-        if self.members.is_empty() {
-            lua.push_str("routes{\n    default = route_null{},\n}\n");
-            return lua;
-        }
-        let pool = |lua: &mut String, name: &str, members: &[String]| {
-            lua.push_str(&format!("    {name} = {{\n        backends = {{\n"));
-            for member in members {
-                lua.push_str(&format!("            \"{member}\",\n"));
-            }
-            lua.push_str("        },\n    },\n");
-        };
-        lua.push_str("pools{\n");
-        pool(&mut lua, "members", &self.members);
-        if !self.previous.is_empty() {
-            pool(&mut lua, "previous", &self.previous);
-        }
-        lua.push_str("}\nroutes{\n");
-        if !self.previous.is_empty() {
-            lua.push_str("    cmap = {\n");
-            for read in READS {
-                lua.push_str(&format!(
-                    "        {read} = route_failover{{ children = {{ \"members\", \"previous\" }}, miss = true }},\n"
-                ));
-            }
-            for delete in DELETES {
-                lua.push_str(&format!(
-                    "        {delete} = route_allsync{{ children = {{ \"members\", \"previous\" }} }},\n"
-                ));
-            }
-            lua.push_str("    },\n");
-        }
-        lua.push_str("    default = route_direct{ child = \"members\" },\n}\n");
-        lua
-    }
-}
-
-/// A member's address as the layout may hold it (see `Layout::check`).
-fn check_address(address: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("member {address:?}: {why}"));
-    if address.len() > MAX_ADDRESS {
-        return bad("too long");
-    }
-    let Some((host, port)) = address.rsplit_once(':') else {
-        return bad("not host:port");
+/// Why the proxy cannot run, naming the field that chose its image: one too old for the proxy.
+pub fn invalid_image(mc: &Memcached, memcached_image: &str) -> Option<String> {
+    let proxy = spec(mc)?;
+    let (field, image) = match (&proxy.image, &mc.spec.image) {
+        (Some(image), _) => ("spec.proxy.image", image.as_str()),
+        (None, Some(image)) => ("spec.image (the proxy's default)", image.as_str()),
+        (None, None) => (
+            "the operator's default memcached image (the proxy's default)",
+            memcached_image,
+        ),
     };
-    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) || port.starts_with('0') {
-        return bad("the port is not 1 to 65535");
-    }
-    let label_ok = |label: &str| {
-        !label.is_empty()
-            && label.len() <= 63
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    };
-    if host.is_empty() || !host.split('.').all(label_ok) {
-        return bad("the host is not a DNS name or IPv4 address");
-    }
-    Ok(())
+    let version = too_old(image)?;
+    let (a, b, c) = FIRST_VERSION;
+    Some(format!(
+        "{field}: {image} is memcached {version}, which has no proxy (memcached {a}.{b}.{c} or later has it); set spec.proxy.image to one that does"
+    ))
 }
 
 /// The labels of the proxy's pods, which its Deployment and Service select.
@@ -213,6 +131,15 @@ fn selector(mc: &Memcached) -> BTreeMap<String, String> {
         (LABEL_NAME.to_string(), NAME_LABEL.to_string()),
         (LABEL_INSTANCE.to_string(), mc.name_any()),
     ])
+}
+
+/// `selector` as a label selector string.
+pub fn selector_string(mc: &Memcached) -> String {
+    selector(mc)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The proxy objects' metadata: the operator's labels (its watches select them), but the

@@ -20,6 +20,8 @@ pub enum Reason {
     ReplacingMembers,
     /// The operator's own pod template change waits for a rollout slot (controller/rollouts.rs).
     RolloutQueued,
+    /// Members beyond the size serve the proxy's previous layout until its handover ends.
+    DrainingMembers,
     AsExpected,
     /// An object of the Memcached's name belongs to someone else.
     ResourceExists,
@@ -55,6 +57,7 @@ impl Reason {
             Self::Creating => "Creating",
             Self::Reconciling => "Reconciling",
             Self::RolloutQueued => "RolloutQueued",
+            Self::DrainingMembers => "DrainingMembers",
             Self::AsExpected => "AsExpected",
             Self::ResourceExists => "ResourceExists",
             Self::InvalidSpec => "InvalidSpec",
@@ -71,7 +74,7 @@ impl Reason {
         }
     }
 
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 23] = [
         Self::AllPodsReady,
         Self::PodsNotReady,
         Self::Converged,
@@ -81,6 +84,7 @@ impl Reason {
         Self::RestartingInPlace,
         Self::ReplacingMembers,
         Self::RolloutQueued,
+        Self::DrainingMembers,
         Self::AsExpected,
         Self::ResourceExists,
         Self::InvalidSpec,

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::harness::{
     CONVERGE, Operator, OperatorOptions, admin, create, member_pods, namespace, set_size,
-    wait_converged, wait_for, wait_gone,
+    wait_converged, wait_degraded_saying, wait_for, wait_gone,
 };
 
 /// The layout the proxy is given, once its ConfigMap is there.
@@ -200,17 +200,29 @@ async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() 
 }
 
 #[tokio::test]
-async fn the_proxy_with_auth_is_refused_at_admission_naming_the_field() {
+async fn a_proxy_it_cannot_run_is_refused_naming_the_field() {
     let client = admin().await;
-    let ns = namespace(&client, "proxy-auth").await;
+    let ns = namespace(&client, "proxy-refused").await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let mut mc = proxied(600);
     mc.spec.auth = serde_json::from_value(json!({"enabled": true})).unwrap();
-    let refused = Api::<Memcached>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &mc)
-        .await
-        .unwrap_err();
+    let refused = mcs.create(&PostParams::default(), &mc).await.unwrap_err();
     assert!(
         refused.to_string().contains("spec.proxy.enabled"),
         "{refused}"
+    );
+
+    // An image too old for the proxy: Degraded, the field named, nothing applied.
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
+    let mut mc = proxied(600);
+    mc.spec.proxy.as_mut().unwrap().image = Some("memcached:1.6.18".into());
+    create(&client, &ns, &mc).await;
+    let said = "spec.proxy.image: memcached:1.6.18";
+    wait_degraded_saying(&mcs, "cache", "InvalidSpec", said, CONVERGE).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(deployments.get_opt("cache-proxy").await.unwrap().is_none());
+    assert!(
+        member_pods(&client, &ns, "cache").await.is_empty(),
+        "nothing applied"
     );
 }

@@ -18,6 +18,7 @@ mod network_policy;
 mod node;
 mod operator_pod;
 mod prometheus;
+mod proxy;
 mod tls;
 mod users_version;
 mod why_not_ready;

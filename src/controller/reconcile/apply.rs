@@ -5,10 +5,12 @@
 //! A write refused or blocked by someone else's object ends as a reason for the report.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use tracing::debug;
+use serde_json::json;
+use tracing::{debug, warn};
 
 use super::desired::{Desired, Proxy};
 use super::observe::Seen;
@@ -22,6 +24,7 @@ use crate::controller::members::{self, Updating};
 use crate::controller::rollouts::Rollouts;
 use crate::controller::{autoscale, binding, rollouts, secrets};
 use crate::error::{Error, Result};
+use crate::resources::proxy;
 use crate::status::{self, Blocked};
 use crate::watch::owned::OwnedObject;
 
@@ -188,6 +191,10 @@ async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Re
     let config_maps: Api<OwnedObject<ConfigMap>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets: Api<OwnedObject<PodDisruptionBudget>> = Api::namespaced(ctx.client.clone(), &ns);
     // The layout before the Deployment: the proxy's first pods mount it.
+    let new_layout = match (&seen.proxy.config_map, &desired.config_map) {
+        (Some(kept), Some(wanted)) => kept.needs(wanted).then(|| layout_digest(wanted)),
+        _ => None,
+    };
     ensure_optional(
         ctx,
         mc,
@@ -196,6 +203,9 @@ async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Re
         desired.config_map,
     )
     .await?;
+    if let Some(digest) = new_layout {
+        nudge_proxies(ctx, mc, &digest).await;
+    }
     tokio::try_join!(
         ensure_optional(
             ctx,
@@ -220,6 +230,40 @@ async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Re
         ),
     )?;
     Ok(())
+}
+
+/// The kubelet refreshes a mounted ConfigMap when it syncs the pod, once a minute unless the
+/// pod changes: annotating the proxy's pods with the new layout's digest has it do so at once,
+/// and their agents load the layout within seconds. Best effort: the periodic sync still
+/// comes.
+async fn nudge_proxies(ctx: &Context, mc: &Memcached, digest: &str) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let selector = proxy::selector_string(mc);
+    let listed = match pods
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(listed) => listed,
+        Err(error) => return warn!(%error, "cannot list the proxy's pods to refresh their layout"),
+    };
+    let patch = json!({"metadata": {"annotations": {proxy::LAYOUT_ANNOTATION: digest}}});
+    for pod in listed.items {
+        let name = pod.name_any();
+        if let Err(error) = pods
+            .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(pod = %name, %error, "cannot annotate a proxy's pod with its new layout");
+        }
+    }
+}
+
+/// A short digest of the layout the ConfigMap holds.
+fn layout_digest(config_map: &ConfigMap) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    config_map.data.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Keeps the rollout budget's count of `mc` (rolling or not); the limit while `mc`'s update

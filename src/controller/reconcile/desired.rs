@@ -28,6 +28,8 @@ pub struct Proxy {
     /// The layout; set by the plan.
     pub config_map: Option<ConfigMap>,
     pub budget: Option<PodDisruptionBudget>,
+    /// Why its image cannot run the proxy (one too old for it).
+    pub invalid_image: Option<String>,
 }
 
 /// The objects `mc`'s spec wants; `operator_namespace` is let through its NetworkPolicy.
@@ -45,6 +47,7 @@ pub fn desired(mc: &Memcached, operator_namespace: Option<&str>, images: &Images
             // From the members as they are: the plan's.
             config_map: None,
             budget: proxy::pod_disruption_budget(mc),
+            invalid_image: proxy::invalid_image(mc, memcached_image),
         },
     }
 }

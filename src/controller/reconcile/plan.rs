@@ -133,6 +133,9 @@ fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
     if let Err(message) = validation::validate(&mc.spec) {
         return Some(Blocked::InvalidSpec { message });
     }
+    if let Some(message) = desired.proxy.invalid_image.clone() {
+        return Some(Blocked::InvalidSpec { message });
+    }
     if desired.policy.is_some() && !seen.keeps_policies {
         return Some(Blocked::Refused {
             refusal: Refusal::Forbidden,

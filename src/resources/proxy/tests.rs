@@ -175,3 +175,40 @@ fn during_a_handover_reads_that_miss_ask_the_previous_layout_and_deletes_go_to_b
     assert_eq!(Layout::check(&text).unwrap(), layout);
     assert!(Layout::check(r#"{"members": [], "previous": ["a:1"]}"#).is_err());
 }
+
+#[test]
+fn an_image_older_than_the_proxy_is_named_with_its_field() {
+    assert_eq!(
+        too_old("localhost/memcached:1.6.18-debian").as_deref(),
+        Some("1.6.18")
+    );
+    assert_eq!(too_old("memcached:1.5.22").as_deref(), Some("1.5.22"));
+    for has_it in [
+        "memcached:1.6.23",
+        "memcached:1.6.45-alpine",
+        "localhost/memcached:1.6.45-sid",
+        "registry:5000/memcached",
+        "memcached@sha256:0123",
+        "memcached:latest",
+        "memcached",
+    ] {
+        assert_eq!(too_old(has_it), None, "{has_it}");
+    }
+    let mut mc = proxied(3);
+    assert_eq!(invalid_image(&mc, "memcached:1.6.45-alpine"), None);
+    let default = invalid_image(&mc, "memcached:1.6.18").unwrap();
+    assert!(
+        default.starts_with("the operator's default memcached image"),
+        "{default}"
+    );
+    mc.spec.image = Some("memcached:1.6.9".into());
+    assert!(invalid_image(&mc, "x").unwrap().starts_with("spec.image"));
+    mc.spec.proxy.as_mut().unwrap().image = Some("memcached:1.6.22".into());
+    let named = invalid_image(&mc, "x").unwrap();
+    assert!(
+        named.starts_with("spec.proxy.image: memcached:1.6.22 is memcached 1.6.22"),
+        "{named}"
+    );
+    mc.spec.proxy.as_mut().unwrap().image = Some("memcached:1.6.45".into());
+    assert_eq!(invalid_image(&mc, "x"), None);
+}

@@ -49,7 +49,8 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
     };
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
     let handover = match members == routed {
-        true => running,
+        // Turned off (0), a handover under way ends at once.
+        true => running.filter(|_| spec.handover_seconds > 0),
         false if spec.handover_seconds > 0 => Some(Handover {
             previous_members: routed,
             until: Time(now + window),
@@ -144,6 +145,10 @@ mod tests {
         mc.spec.proxy.as_mut().unwrap().handover_seconds = 0;
         let plan = layout(&mc, all, now).unwrap();
         assert_eq!((plan.members, plan.keep, plan.handover), (3, 3, None));
+        let mut draining = proxied(3, Some((3, Some((4, 60)))), now);
+        draining.spec.proxy.as_mut().unwrap().handover_seconds = 0;
+        let plan = layout(&draining, all, now).unwrap();
+        assert_eq!((plan.keep, plan.handover), (3, None), "ended at once");
     }
 
     #[test]

@@ -194,3 +194,39 @@ fn a_certificate_not_issued_yet_is_waited_for_not_blocked() {
     assert_eq!(plan.unissued.as_deref(), Some("cache-tls"));
     assert!(plan.desired.certificate.is_some());
 }
+
+#[test]
+fn the_proxy_s_layout_keeps_a_member_leaving_until_its_handover_ends() {
+    let mc = memcached_with_spec(json!({"size": 3, "proxy": {"enabled": true}}));
+    let mut scaled_in = mc.clone();
+    scaled_in.status.get_or_insert_default().proxy = Some(crate::api::ProxyStatus {
+        members: 4,
+        ..Default::default()
+    });
+    let members = ["cache-0", "cache-1", "cache-2", "cache-3"];
+    let plan = plan_of(&scaled_in, &seeing(&scaled_in, &members, nothing));
+    assert!(plan.moves.delete.is_empty(), "cache-3 drains");
+    let layout = plan.desired.proxy.config_map.as_ref().unwrap();
+    assert!(layout.data.as_ref().unwrap()["layout.json"].contains("\"previous\""));
+    let mut off = scaled_in;
+    off.spec.proxy = None;
+    let plan = plan_of(&off, &seeing(&off, &members, nothing));
+    assert_eq!(plan.moves.delete, ["cache-3"], "no proxy, no drain");
+    assert!(plan.desired.proxy.config_map.is_none());
+}
+
+#[test]
+fn the_proxy_blocks_on_an_image_without_it_and_on_someone_elses_object_of_its_name() {
+    let old = memcached_with_spec(json!({"proxy": {"enabled": true, "image": "memcached:1.6.18"}}));
+    let plan = plan_of(&old, &seeing(&old, &[], nothing));
+    assert!(matches!(plan.blocked, Some(Blocked::InvalidSpec { .. })));
+    assert!(message(&plan.blocked).starts_with("spec.proxy.image: memcached:1.6.18"));
+
+    let mc = memcached_with_spec(json!({"proxy": {"enabled": true}}));
+    let mut theirs = crate::resources::proxy::service(&mc).unwrap();
+    theirs.metadata.owner_references = None;
+    let mut seen = seeing(&mc, &[], nothing);
+    seen.proxy.service = Some(Arc::new(crate::watch::owned::OwnedObject::of(&theirs)));
+    let plan = plan_of(&mc, &seen);
+    assert!(message(&plan.blocked).starts_with("Service default/cache-proxy already exists"));
+}

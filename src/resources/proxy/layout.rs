@@ -1,0 +1,141 @@
+//! The proxy's layout: the members it routes to, as the operator declares it and the agent
+//! checks it, and the route configuration rendered from it (see the parent module).
+
+use serde::{Deserialize, Serialize};
+
+use super::MAX_LAYOUT_BYTES;
+
+/// Longest address of a member (a DNS name of 253, a colon and a port).
+const MAX_ADDRESS: usize = 253 + 6;
+use crate::api::Memcached;
+
+/// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
+/// layout before the last change too, where reads that miss fall back and deletes also go.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub members: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous: Vec<String>,
+}
+
+/// The commands that read a key: on a miss in the layout, they ask the previous one.
+const READS: [&str; 5] = ["get", "gets", "gat", "gats", "mg"];
+/// The commands that delete a key: sent to both layouts, so no old value comes back.
+const DELETES: [&str; 2] = ["delete", "md"];
+
+impl Layout {
+    /// The first `members` of `mc`'s members; `previous` the first that many, during a
+    /// handover.
+    pub fn of(mc: &Memcached, members: i32, previous: Option<i32>) -> Self {
+        Self {
+            members: crate::resources::member_addresses(mc, members),
+            previous: previous
+                .map(|n| crate::resources::member_addresses(mc, n))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The layout in `text`, if it is one memcached can load: JSON of this shape, within
+    /// `MAX_LAYOUT_BYTES`, every member a `host:port` whose host is a DNS name or an IPv4
+    /// address and whose port is 1 to 65535, none twice.
+    pub fn check(text: &str) -> Result<Self, String> {
+        if text.len() > MAX_LAYOUT_BYTES {
+            return Err(format!(
+                "the layout has {} bytes, more than {MAX_LAYOUT_BYTES}",
+                text.len()
+            ));
+        }
+        let layout: Layout =
+            serde_json::from_str(text).map_err(|e| format!("the layout is not JSON: {e}"))?;
+        for list in [&layout.members, &layout.previous] {
+            let mut seen = std::collections::HashSet::new();
+            for member in list {
+                check_address(member)?;
+                if !seen.insert(member) {
+                    return Err(format!("member {member:?} is listed twice"));
+                }
+            }
+        }
+        if layout.members.is_empty() && !layout.previous.is_empty() {
+            return Err("a previous layout without members".to_string());
+        }
+        Ok(layout)
+    }
+
+    /// memcached's route configuration (its embedded route library's) for this layout: one
+    /// pool of the members, every command routed to the member its key hashes to. Without
+    /// members every command gets a miss (`route_null`): memcached refuses an empty pool.
+    /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
+    /// written into a Lua string as is.
+    pub fn render(&self) -> String {
+        let mut lua = String::from(
+            "-- Written by memcached-operator's agent from the layout the operator keeps.\n",
+        );
+        // A member that is down fails its requests within 0.75 s (a read's wait, then a
+        // reconnection's), and at once after the third (the route library's defaults wait
+        // seconds); it is tried again every second.
+        lua.push_str(
+            "settings{\n    backend_connect_timeout = 0.25,\n    backend_read_timeout = 0.5,\n    backend_retry_waittime = 1,\n}\n",
+        );
+        if self.members.is_empty() {
+            lua.push_str("routes{\n    default = route_null{},\n}\n");
+            return lua;
+        }
+        let pool = |lua: &mut String, name: &str, members: &[String]| {
+            lua.push_str(&format!("    {name} = {{\n        backends = {{\n"));
+            for member in members {
+                lua.push_str(&format!("            \"{member}\",\n"));
+            }
+            lua.push_str("        },\n    },\n");
+        };
+        lua.push_str("pools{\n");
+        pool(&mut lua, "members", &self.members);
+        if !self.previous.is_empty() {
+            pool(&mut lua, "previous", &self.previous);
+        }
+        lua.push_str("}\nroutes{\n");
+        if !self.previous.is_empty() {
+            lua.push_str("    cmap = {\n");
+            for read in READS {
+                lua.push_str(&format!(
+                    "        {read} = route_failover{{ children = {{ \"members\", \"previous\" }}, miss = true }},\n"
+                ));
+            }
+            for delete in DELETES {
+                lua.push_str(&format!(
+                    "        {delete} = route_allsync{{ children = {{ \"members\", \"previous\" }} }},\n"
+                ));
+            }
+            lua.push_str("    },\n");
+        }
+        lua.push_str("    default = route_direct{ child = \"members\" },\n}\n");
+        lua
+    }
+}
+
+/// A member's address as the layout may hold it (see `Layout::check`).
+fn check_address(address: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("member {address:?}: {why}"));
+    if address.len() > MAX_ADDRESS {
+        return bad("too long");
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return bad("not host:port");
+    };
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) || port.starts_with('0') {
+        return bad("the port is not 1 to 65535");
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if host.is_empty() || !host.split('.').all(label_ok) {
+        return bad("the host is not a DNS name or IPv4 address");
+    }
+    Ok(())
+}

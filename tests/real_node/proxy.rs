@@ -1,0 +1,347 @@
+//! One address for every client, for real: a plain pymemcache `Client` given only the proxy's
+//! Service writes 10,000 keys that spread over the members; a reader keeps reading through
+//! scaling out and in (the previous layout serves what misses) and through a member lost,
+//! while the proxy's memcached keeps running in the same process.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_operator::api::Memcached;
+use memcached_operator_testkit::memcached::Connection;
+use serde_json::json;
+
+use crate::harness::{CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_for};
+use crate::{RealNode, operator_with_agent, pod_ip, pymemcache, real_namespace, restart_counts};
+
+const KEYS: u64 = 10_000;
+/// The share of the keys that must read back.
+const KEPT: f64 = 0.99;
+
+/// The proxy's pods, once `n` are Ready.
+async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=cache";
+    wait_for(&format!("{n} proxies Ready"), CONVERGE, || async {
+        let listed = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .ok()?;
+        let ready: Vec<Pod> = listed
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && crate::harness::pod_is_ready(p))
+            .collect();
+        (ready.len() == n).then_some(ready)
+    })
+    .await
+}
+
+/// Waits until a write through the proxy's address reaches a member: the proxy marks a member
+/// it could not reach (not Ready yet, so not in the DNS) as down, and tries again every second.
+async fn wait_serving(addr: SocketAddr) {
+    wait_for("the proxy to reach every member", CONVERGE, || async {
+        let mut conn = Connection::connect(addr).await.ok()?;
+        // Enough keys that each member holds some.
+        for i in 0..30 {
+            conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+        }
+        Some(())
+    })
+    .await;
+}
+
+/// A proxy's `stats` value `name`.
+async fn proxy_stat(pod: &Pod, name: &str) -> u64 {
+    let mut conn = Connection::connect(SocketAddr::new(pod_ip(pod).into(), 11211))
+        .await
+        .unwrap();
+    conn.stat("", name).await.unwrap().parse().unwrap()
+}
+
+/// Each proxy's configuration loads so far.
+async fn loads(pods: &[Pod]) -> Vec<u64> {
+    let mut loads = Vec::new();
+    for pod in pods {
+        loads.push(proxy_stat(pod, "proxy_config_reloads").await);
+    }
+    loads
+}
+
+/// Waits until every proxy has loaded a configuration since `before`, none failing; how long.
+async fn wait_loaded(pods: &[Pod], before: &[u64], started: Instant) -> Duration {
+    wait_for("every proxy to load the new layout", CONVERGE, || async {
+        (loads(pods)
+            .await
+            .iter()
+            .zip(before)
+            .all(|(now, was)| now > was))
+        .then_some(())
+    })
+    .await;
+    for pod in pods {
+        assert_eq!(proxy_stat(pod, "proxy_config_reload_fails").await, 0);
+    }
+    started.elapsed()
+}
+
+/// A plain client given only the proxy's address: writes the keys (unless `write` is false),
+/// reads them back; how many were found.
+async fn through_proxy(ns: &str, ip: &str, write: bool) -> u64 {
+    let host = format!("cache-proxy.{ns}.svc");
+    let answer = pymemcache(json!({
+        "servers": [format!("{host}:11211")], "addresses": {host: ip}, "keys": KEYS, "write": write,
+    }))
+    .await;
+    assert!(answer.get("error").is_none(), "{answer}");
+    answer["found"].as_u64().unwrap()
+}
+
+/// Items each member holds.
+async fn items(client: &Client, ns: &str) -> BTreeMap<String, u64> {
+    let mut held = BTreeMap::new();
+    for pod in member_pods(client, ns, "cache").await {
+        let mut conn = Connection::connect(SocketAddr::new(pod_ip(&pod).into(), 11211))
+            .await
+            .unwrap();
+        let n = conn.stat("", "curr_items").await.unwrap().parse().unwrap();
+        held.insert(pod.name_any(), n);
+    }
+    held
+}
+
+/// What a reader through the proxy saw.
+#[derive(Debug, Default)]
+struct Read {
+    gets: u64,
+    hits: u64,
+    errors: Vec<String>,
+    slowest: Duration,
+}
+
+/// An application reading the keys through the proxy's address, one after the other, until
+/// stopped; on an error it reconnects.
+struct Reader {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Read>,
+}
+
+impl Reader {
+    fn start(addr: SocketAddr) -> Reader {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut read = Read::default();
+            let mut conn = None;
+            let mut i = 0;
+            while !*stopped.borrow() {
+                let started = Instant::now();
+                let got = async {
+                    if conn.is_none() {
+                        conn = Some(Connection::connect(addr).await?);
+                    }
+                    conn.as_mut().unwrap().get(&format!("app-{i}")).await
+                };
+                let got = tokio::time::timeout(Duration::from_secs(5), got).await;
+                read.slowest = read.slowest.max(started.elapsed());
+                read.gets += 1;
+                match got {
+                    Ok(Ok(Some(value))) if value == format!("value-{i}") => read.hits += 1,
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        read.errors.push(format!("{e:#}"));
+                        conn = None;
+                    }
+                    Err(_) => {
+                        read.errors.push("no answer within 5 s".into());
+                        conn = None;
+                    }
+                }
+                i = (i + 1) % KEYS;
+            }
+            read
+        });
+        Reader { stop, task }
+    }
+
+    async fn finish(self) -> Read {
+        self.stop.send_replace(true);
+        self.task.await.unwrap()
+    }
+}
+
+/// The proxies' memcached: pid and container restarts, by pod.
+fn processes(pods: &[Pod]) -> BTreeMap<String, (u32, i32)> {
+    pods.iter()
+        .map(|p| {
+            let pid =
+                crate::Process::in_pod(p.metadata.uid.as_deref().unwrap(), "memcached")[0].pid;
+            (p.name_any(), (pid, restart_counts(p)["proxy"]))
+        })
+        .collect()
+}
+
+/// Scales to `size` and waits for the members and for every proxy to load the layout; prints
+/// and returns the keys then found through the proxy.
+async fn scale(client: &Client, ns: &str, ip: &str, pods: &[Pod], size: i32, what: &str) -> u64 {
+    let before = loads(pods).await;
+    let started = Instant::now();
+    set_size(client, ns, "cache", size).await;
+    let loaded = wait_loaded(pods, &before, started).await;
+    let found = through_proxy(ns, ip, false).await;
+    println!(
+        "{what}: the layout loaded by every proxy after {:.1} s; {found} of {KEYS} keys found through the proxy",
+        loaded.as_secs_f64()
+    );
+    found
+}
+
+#[tokio::test]
+async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "proxy").await;
+    let _op = operator_with_agent(&client, &node, &ns).await;
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "cache"},
+        "spec": {
+            "size": 3, "image": node.var("MEMCACHED_SID_IMAGE"),
+            "proxy": {"enabled": true, "handoverSeconds": 300},
+        },
+    }))
+    .unwrap();
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+    let pods = proxies(&client, &ns, 2).await;
+    let service = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("cache-proxy")
+        .await
+        .unwrap();
+    let ip = service.spec.unwrap().cluster_ip.unwrap();
+    wait_serving(SocketAddr::new(ip.parse().unwrap(), 11211)).await;
+
+    // A plain client, one address: every key reads back, spread over the members.
+    let found = through_proxy(&ns, &ip, true).await;
+    let held = items(&client, &ns).await;
+    println!("written through the proxy: {found} of {KEYS} found; held by member: {held:?}");
+    assert!(found as f64 >= KEPT * KEYS as f64, "{found}");
+    for (member, n) in &held {
+        let share = *n as f64 / KEYS as f64;
+        assert!((0.20..=0.45).contains(&share), "{member} holds {n}");
+    }
+    let running = processes(&pods);
+
+    // Scaled out and in with a reader all the while: the previous layout serves what misses.
+    let reader = Reader::start(SocketAddr::new(ip.parse().unwrap(), 11211));
+    let out = scale(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        4,
+        "scale 3 -> 4 with the handover",
+    )
+    .await;
+    assert!(out as f64 >= KEPT * KEYS as f64, "{out}");
+    let back = scale(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        3,
+        "scale 4 -> 3 with the handover",
+    )
+    .await;
+    assert!(back as f64 >= KEPT * KEYS as f64, "{back}");
+    assert!(
+        member_pods(&client, &ns, "cache")
+            .await
+            .iter()
+            .any(|p| p.name_any() == "cache-3"),
+        "cache-3 drains until the handover ends"
+    );
+    let read = reader.finish().await;
+    println!(
+        "a reader through the scaling: {} gets, {} hits, {} errors, slowest {:?}",
+        read.gets,
+        read.hits,
+        read.errors.len(),
+        read.slowest
+    );
+    assert!(read.errors.is_empty(), "{:?}", read.errors);
+    assert!(read.hits as f64 >= KEPT * read.gets as f64, "{read:?}");
+    let pods = proxies(&client, &ns, 2).await;
+    assert_eq!(
+        processes(&pods),
+        running,
+        "the same memcached in each proxy, never restarted"
+    );
+
+    // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
+    let reader = Reader::start(SocketAddr::new(ip.parse().unwrap(), 11211));
+    let members: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let lost = members.get("cache-1").await.unwrap().uid();
+    members
+        .delete("cache-1", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_for("cache-1 back", CONVERGE, || async {
+        let pod = members.get_opt("cache-1").await.ok()??;
+        (pod.uid() != lost && crate::harness::pod_is_ready(&pod)).then_some(())
+    })
+    .await;
+    // The proxy resolves cache-1's name again once the cluster's DNS (and its cache) answers.
+    let ready = Instant::now();
+    wait_serving(SocketAddr::new(ip.parse().unwrap(), 11211)).await;
+    let read = reader.finish().await;
+    println!(
+        "a reader through cache-1 force-deleted: {} gets, {} hits, {} errors, slowest {:?}; cache-1 served through the proxy {:.1} s after it was Ready",
+        read.gets,
+        read.hits,
+        read.errors.len(),
+        read.slowest,
+        ready.elapsed().as_secs_f64()
+    );
+    assert!(read.slowest < Duration::from_secs(1), "{read:?}");
+    assert_eq!(
+        through_proxy(&ns, &ip, true).await,
+        KEYS,
+        "cache-1 back in the layout"
+    );
+    let held = items(&client, &ns).await;
+    assert!(held["cache-1"] > 0, "{held:?}");
+
+    // Without a handover, the same scaling loses what the jump hash moves.
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"proxy": {"handoverSeconds": 0}}})),
+        )
+        .await
+        .unwrap();
+    wait_converged(&client, &ns, "cache", 3).await;
+    assert_eq!(through_proxy(&ns, &ip, true).await, KEYS);
+    let without = scale(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        4,
+        "scale 3 -> 4 without a handover",
+    )
+    .await;
+    assert!(
+        without < out,
+        "the handover is what keeps them: {without} against {out}"
+    );
+    let pods = proxies(&client, &ns, 2).await;
+    assert_eq!(
+        processes(&pods),
+        running,
+        "still the same memcached in each proxy"
+    );
+}
