@@ -118,6 +118,10 @@ bench-autoscaling: ## The autoscaler's own CPU: 100 Memcacheds of 3 members agai
 bench-data-path: ## memcached's operations per second and latency with TLS and auth on and off, on the real node (root). Results in bench/results/data-path.json.
 	REAL_NODE=1 E2E_PROFILE=bench-client hack/e2e.sh --ignored data_path --nocapture
 
+.PHONY: bench-proxy
+bench-proxy: ## Operations per second and latency through spec.proxy against a hashing client, and how fast a change of members reaches the proxies, on the real node (root). Results in bench/results/proxy.json.
+	REAL_NODE=1 E2E_PROFILE=bench-client hack/e2e.sh --ignored proxy_cost --nocapture
+
 # The tutorial's operator as the harness drives ours: plain-HTTP metrics, a named Lease holder, and
 # the same worker count (its scaffold default is 1).
 REFERENCE_OUT ?= bench/results/reference-go-{crs}.json

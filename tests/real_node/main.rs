@@ -19,6 +19,7 @@ mod node;
 mod operator_pod;
 mod prometheus;
 mod proxy;
+mod proxy_cost;
 mod tls;
 mod users_version;
 mod why_not_ready;

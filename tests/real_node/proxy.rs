@@ -22,7 +22,7 @@ const KEYS: u64 = 10_000;
 const KEPT: f64 = 0.99;
 
 /// The proxy's pods, once `n` are Ready.
-async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
+pub async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=cache";
     wait_for(&format!("{n} proxies Ready"), CONVERGE, || async {
@@ -42,7 +42,7 @@ async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
 
 /// Waits until a write through the proxy's address reaches a member: the proxy marks a member
 /// it could not reach (not Ready yet, so not in the DNS) as down, and tries again every second.
-async fn wait_serving(addr: SocketAddr) {
+pub async fn wait_serving(addr: SocketAddr) {
     wait_for("the proxy to reach every member", CONVERGE, || async {
         let mut conn = Connection::connect(addr).await.ok()?;
         // Enough keys that each member holds some.
@@ -63,7 +63,7 @@ async fn proxy_stat(pod: &Pod, name: &str) -> u64 {
 }
 
 /// Each proxy's configuration loads so far.
-async fn loads(pods: &[Pod]) -> Vec<u64> {
+pub async fn loads(pods: &[Pod]) -> Vec<u64> {
     let mut loads = Vec::new();
     for pod in pods {
         loads.push(proxy_stat(pod, "proxy_config_reloads").await);
@@ -72,7 +72,7 @@ async fn loads(pods: &[Pod]) -> Vec<u64> {
 }
 
 /// Waits until every proxy has loaded a configuration since `before`, none failing; how long.
-async fn wait_loaded(pods: &[Pod], before: &[u64], started: Instant) -> Duration {
+pub async fn wait_loaded(pods: &[Pod], before: &[u64], started: Instant) -> Duration {
     wait_for("every proxy to load the new layout", CONVERGE, || async {
         (loads(pods)
             .await
