@@ -63,7 +63,7 @@ const VARIANTS: [Variant; 4] = [
 ];
 
 /// Latencies in microseconds → (p50, p99).
-fn percentiles(mut micros: Vec<u64>) -> (u64, u64) {
+pub fn percentiles(mut micros: Vec<u64>) -> (u64, u64) {
     micros.sort_unstable();
     let at = |q: f64| micros[((micros.len() - 1) as f64 * q).round() as usize];
     (at(0.50), at(0.99))

@@ -40,14 +40,18 @@ pub async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
     .await
 }
 
-/// Waits until a write through the proxy's address reaches a member: the proxy marks a member
-/// it could not reach (not Ready yet, so not in the DNS) as down, and tries again every second.
-pub async fn wait_serving(addr: SocketAddr) {
-    wait_for("the proxy to reach every member", CONVERGE, || async {
-        let mut conn = Connection::connect(addr).await.ok()?;
-        // Enough keys that each member holds some.
-        for i in 0..30 {
-            conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+/// Waits until writes through each proxy reach every member: a proxy marks a member it could
+/// not reach (not Ready yet, so not in the DNS) as down and tries again every second, each
+/// proxy on its own.
+pub async fn wait_serving(proxies: &[Pod]) {
+    wait_for("every proxy to reach every member", CONVERGE, || async {
+        for proxy in proxies {
+            let addr = SocketAddr::new(pod_ip(proxy).into(), 11211);
+            let mut conn = Connection::connect(addr).await.ok()?;
+            // Enough keys that each member holds some.
+            for i in 0..30 {
+                conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+            }
         }
         Some(())
     })
@@ -98,6 +102,19 @@ async fn through_proxy(ns: &str, ip: &str, write: bool) -> u64 {
     .await;
     assert!(answer.get("error").is_none(), "{answer}");
     answer["found"].as_u64().unwrap()
+}
+
+/// Empties every member, then writes the keys through the proxy: each key is then only where
+/// the proxy's layout puts it now.
+async fn fresh(client: &Client, ns: &str, ip: &str) {
+    let members: Vec<String> = member_pods(client, ns, "cache")
+        .await
+        .iter()
+        .map(|p| format!("{}:11211", pod_ip(p)))
+        .collect();
+    let flushed = pymemcache(json!({"servers": members, "keys": 0, "flush": true})).await;
+    assert!(flushed.get("error").is_none(), "{flushed}");
+    assert_eq!(through_proxy(ns, ip, true).await, KEYS);
 }
 
 /// Items each member holds.
@@ -170,6 +187,20 @@ impl Reader {
         self.stop.send_replace(true);
         self.task.await.unwrap()
     }
+
+    /// Stops, and asserts that every read was answered and at least `KEPT` of them were hits.
+    async fn assert_served(self, what: &str) {
+        let read = self.finish().await;
+        println!(
+            "a reader through {what}: {} gets, {} hits, {} errors, slowest {:?}",
+            read.gets,
+            read.hits,
+            read.errors.len(),
+            read.slowest
+        );
+        assert!(read.errors.is_empty(), "{:?}", read.errors);
+        assert!(read.hits as f64 >= KEPT * read.gets as f64, "{read:?}");
+    }
 }
 
 /// The proxies' memcached: pid and container restarts, by pod.
@@ -198,30 +229,42 @@ async fn scale(client: &Client, ns: &str, ip: &str, pods: &[Pod], size: i32, wha
     found
 }
 
+/// Memcached `cache` of 3 members of sid's memcached behind 2 proxies (`proxy` is its
+/// spec.proxy), serving; the proxies' pods and the proxy's Service address.
+pub async fn proxied(
+    client: &Client,
+    node: &RealNode,
+    ns: &str,
+    proxy: serde_json::Value,
+) -> (Vec<Pod>, SocketAddr) {
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "cache"},
+        "spec": {"size": 3, "image": node.var("MEMCACHED_SID_IMAGE"), "proxy": proxy},
+    }))
+    .unwrap();
+    create(client, ns, &mc).await;
+    wait_converged(client, ns, "cache", 3).await;
+    let pods = proxies(client, ns, 2).await;
+    let service = Api::<Service>::namespaced(client.clone(), ns)
+        .get("cache-proxy")
+        .await
+        .unwrap();
+    let ip = service.spec.unwrap().cluster_ip.unwrap().parse().unwrap();
+    let addr = SocketAddr::new(ip, 11211);
+    wait_serving(&pods).await;
+    (pods, addr)
+}
+
 #[tokio::test]
 async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     let client = admin().await;
     let node = RealNode::get();
     let ns = real_namespace(&client, "proxy").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
-    let mc: Memcached = serde_json::from_value(json!({
-        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": "cache"},
-        "spec": {
-            "size": 3, "image": node.var("MEMCACHED_SID_IMAGE"),
-            "proxy": {"enabled": true, "handoverSeconds": 300},
-        },
-    }))
-    .unwrap();
-    create(&client, &ns, &mc).await;
-    wait_converged(&client, &ns, "cache", 3).await;
-    let pods = proxies(&client, &ns, 2).await;
-    let service = Api::<Service>::namespaced(client.clone(), &ns)
-        .get("cache-proxy")
-        .await
-        .unwrap();
-    let ip = service.spec.unwrap().cluster_ip.unwrap();
-    wait_serving(SocketAddr::new(ip.parse().unwrap(), 11211)).await;
+    let proxy = json!({"enabled": true, "handoverSeconds": 300});
+    let (pods, addr) = proxied(&client, &node, &ns, proxy).await;
+    let ip = addr.ip().to_string();
 
     // A plain client, one address: every key reads back, spread over the members.
     let found = through_proxy(&ns, &ip, true).await;
@@ -234,8 +277,9 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     }
     let running = processes(&pods);
 
-    // Scaled out and in with a reader all the while: the previous layout serves what misses.
-    let reader = Reader::start(SocketAddr::new(ip.parse().unwrap(), 11211));
+    // Scaled out, then in, with a reader all the while: the previous layout serves what misses.
+    // Before each change, every key is only where the layout puts it.
+    let reader = Reader::start(addr);
     let out = scale(
         &client,
         &ns,
@@ -246,6 +290,9 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     )
     .await;
     assert!(out as f64 >= KEPT * KEYS as f64, "{out}");
+    reader.assert_served("3 -> 4").await;
+    fresh(&client, &ns, &ip).await;
+    let reader = Reader::start(addr);
     let back = scale(
         &client,
         &ns,
@@ -263,16 +310,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
             .any(|p| p.name_any() == "cache-3"),
         "cache-3 drains until the handover ends"
     );
-    let read = reader.finish().await;
-    println!(
-        "a reader through the scaling: {} gets, {} hits, {} errors, slowest {:?}",
-        read.gets,
-        read.hits,
-        read.errors.len(),
-        read.slowest
-    );
-    assert!(read.errors.is_empty(), "{:?}", read.errors);
-    assert!(read.hits as f64 >= KEPT * read.gets as f64, "{read:?}");
+    reader.assert_served("4 -> 3").await;
     let pods = proxies(&client, &ns, 2).await;
     assert_eq!(
         processes(&pods),
@@ -281,7 +319,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     );
 
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
-    let reader = Reader::start(SocketAddr::new(ip.parse().unwrap(), 11211));
+    let reader = Reader::start(addr);
     let members: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let lost = members.get("cache-1").await.unwrap().uid();
     members
@@ -295,7 +333,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     .await;
     // The proxy resolves cache-1's name again once the cluster's DNS (and its cache) answers.
     let ready = Instant::now();
-    wait_serving(SocketAddr::new(ip.parse().unwrap(), 11211)).await;
+    wait_serving(&pods).await;
     let read = reader.finish().await;
     println!(
         "a reader through cache-1 force-deleted: {} gets, {} hits, {} errors, slowest {:?}; cache-1 served through the proxy {:.1} s after it was Ready",
@@ -324,7 +362,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         .await
         .unwrap();
     wait_converged(&client, &ns, "cache", 3).await;
-    assert_eq!(through_proxy(&ns, &ip, true).await, KEYS);
+    fresh(&client, &ns, &ip).await;
     let without = scale(
         &client,
         &ns,
@@ -337,6 +375,21 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     assert!(
         without < out,
         "the handover is what keeps them: {without} against {out}"
+    );
+    wait_converged(&client, &ns, "cache", 4).await;
+    fresh(&client, &ns, &ip).await;
+    let without = scale(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        3,
+        "scale 4 -> 3 without a handover",
+    )
+    .await;
+    assert!(
+        without < back,
+        "the handover is what keeps them: {without} against {back}"
     );
     let pods = proxies(&client, &ns, 2).await;
     assert_eq!(

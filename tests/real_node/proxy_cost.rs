@@ -7,14 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Service;
-use kube::Api;
-use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
-use crate::harness::{admin, create, member_pods, set_size, wait_converged};
-use crate::proxy::{loads, proxies, wait_loaded, wait_serving};
+use crate::data_path::percentiles;
+use crate::harness::{admin, member_pods, set_size};
+use crate::proxy::{loads, proxied, wait_loaded};
 use crate::{RealNode, operator_with_agent, pod_ip, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
@@ -22,13 +20,6 @@ const CONNECTIONS: usize = 8;
 const STEADY: Duration = Duration::from_secs(10);
 /// A typical cached value: a small serialized object.
 const VALUE: &[u8] = &[b'x'; 200];
-
-/// Latencies in microseconds → (p50, p99).
-fn percentiles(mut micros: Vec<u64>) -> (u64, u64) {
-    micros.sort_unstable();
-    let at = |q: f64| micros[((micros.len() - 1) as f64 * q).round() as usize];
-    (at(0.50), at(0.99))
-}
 
 /// CONNECTIONS clients doing a set then a get of their keys for STEADY, each key sent to
 /// `route(key)` of `targets` (one connection per target and client).
@@ -90,22 +81,7 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
     let node = RealNode::get();
     let ns = real_namespace(&client, "proxy-cost").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
-    let mc: Memcached = serde_json::from_value(json!({
-        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": "cache"},
-        "spec": {"size": 3, "image": node.var("MEMCACHED_SID_IMAGE"), "proxy": {"enabled": true}},
-    }))
-    .unwrap();
-    create(&client, &ns, &mc).await;
-    wait_converged(&client, &ns, "cache", 3).await;
-    let pods = proxies(&client, &ns, 2).await;
-    let service = Api::<Service>::namespaced(client.clone(), &ns)
-        .get("cache-proxy")
-        .await
-        .unwrap();
-    let ip = service.spec.unwrap().cluster_ip.unwrap().parse().unwrap();
-    let proxy = SocketAddr::new(ip, 11211);
-    wait_serving(proxy).await;
+    let (pods, proxy) = proxied(&client, &node, &ns, json!({"enabled": true})).await;
 
     let members: Vec<SocketAddr> = member_pods(&client, &ns, "cache")
         .await
