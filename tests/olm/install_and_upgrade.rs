@@ -1782,9 +1782,20 @@ async fn install_and_upgrade_through_olm() {
     );
     let ok = env.cannot(&["create", "statefulsets.apps", "-n", NS]).await
         && env.cannot(&["patch", "statefulsets.apps", "-n", NS]).await
-        && env.cannot(&["list", "deployments.apps", "-n", NS]).await;
+        && env
+            .cannot(&["list", "deployments.apps", "-n", NS_OTHER])
+            .await;
     checks.check(
-        format!("{sa} cannot create or patch StatefulSets, nor list Deployments, in {NS}"),
+        format!(
+            "{sa} cannot create or patch StatefulSets in {NS}, nor list Deployments (spec.proxy's) outside its namespaces"
+        ),
+        ok,
+    );
+    let ok = env.can(&["patch", "deployments.apps", "-n", NS]).await
+        && env.can(&["watch", "configmaps", "-n", NS]).await
+        && env.can(&["delete", "services", "-n", NS]).await;
+    checks.check(
+        format!("{sa} keeps spec.proxy's Deployment, ConfigMap and Service in {NS}"),
         ok,
     );
     let ok = env.can(&["patch", "pods", "-n", NS]).await
