@@ -61,6 +61,13 @@ impl Rendered {
     }
 }
 
+/// The mounted layout, if the configuration memcached reads is already its rendering.
+fn already_rendered(args: &RouteArgs) -> Option<Layout> {
+    let layout = Layout::check(&std::fs::read_to_string(&args.layout).ok()?).ok()?;
+    let config = std::fs::read_to_string(&args.config).ok()?;
+    (config == layout.render()).then_some(layout)
+}
+
 /// Writes `text` to `path` by a rename, so that memcached never reads half a file.
 fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     let partial = path.with_extension("partial");
@@ -77,11 +84,10 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
             false => Err(io::Error::other("the layout is refused: see the log")),
         };
     }
-    // The init container wrote what is there: taken as rendered, so that the first look does
-    // not signal a memcached that has just read it.
-    if let Ok(text) = std::fs::read_to_string(&args.layout) {
-        rendered.layout = Layout::check(&text).ok();
-    }
+    // What memcached was started with (by the init container), or last loaded (before this
+    // agent restarted), is taken as rendered only if it is this layout's: the first look then
+    // signals nobody, and otherwise writes the layout and signals memcached.
+    rendered.layout = already_rendered(&args);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         match rendered.sync(&args) {
@@ -141,6 +147,10 @@ mod tests {
                 .unwrap()
                 .contains("a-1.a.ns.svc:11211")
         );
+        // An agent restarted meanwhile renders (and signals) unless memcached has this layout.
+        assert!(already_rendered(&args).is_some());
+        std::fs::write(&args.layout, r#"{"members": ["a-0.a.ns.svc:11211"]}"#).unwrap();
+        assert!(already_rendered(&args).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

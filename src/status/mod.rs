@@ -51,6 +51,8 @@ pub struct Observed<'a> {
     pub not_ready: Option<NotReady>,
     /// The proxy's status, while `spec.proxy` is on.
     pub proxy: Option<crate::api::ProxyStatus>,
+    /// Of the Ready members, those past the size (draining for the proxy's handover).
+    pub draining_ready: i32,
 }
 
 /// A member not Ready, since when.
@@ -118,6 +120,8 @@ pub fn desired_status_and_trouble(
     // serve yet (`update`).
     let updating = observed.members.is_some() && (updated < replicas || observed.update.is_some());
 
+    // Members draining for the proxy are past the size: they do not stand in for one within it.
+    let ready = ready - observed.draining_ready;
     let all_ready = observed.members.is_some() && ready >= size;
     // A member is replaced under its own name, so an update takes it out for a moment: the
     // Memcached stays Available while no more are out than the update may take.
@@ -130,8 +134,7 @@ pub fn desired_status_and_trouble(
     let trouble = trouble(mc, observed, now);
     let pods_ready = match draining {
         0 => format!("{ready}/{size} pods are ready"),
-        // Those draining are past the size: counted apart.
-        n => format!("{}/{size} pods are ready; {n} draining", ready - n),
+        n => format!("{ready}/{size} pods are ready; {n} draining"),
     };
     let available = if all_ready {
         cond(AVAILABLE, true, Reason::AllPodsReady, &pods_ready)

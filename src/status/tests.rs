@@ -461,6 +461,7 @@ fn a_member_draining_for_the_proxy_is_said_and_counted_apart() {
     let four = members(4, 4);
     let observed = Observed {
         members: seen(&four),
+        draining_ready: 1,
         proxy: Some(crate::api::ProxyStatus {
             members: 3,
             draining: vec!["cache-3".into()],

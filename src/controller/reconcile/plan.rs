@@ -75,6 +75,10 @@ pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
 fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
     let name = mc.name_any();
     let proxy = crate::resources::proxy::name(mc);
+    // The proxy's names are someone else's business while it is not wanted (another Memcached
+    // may be called `<name>-proxy`).
+    let proxied = desired.proxy.deployment.is_some();
+    let proxy_budget = desired.proxy.budget.is_some();
     let foreign: [(&str, &str, Option<&ObjectMeta>); 9] = [
         (
             "Service",
@@ -104,22 +108,38 @@ fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
         (
             "Deployment",
             &proxy,
-            seen.proxy.deployment.as_deref().map(|o| &o.metadata),
+            seen.proxy
+                .deployment
+                .as_deref()
+                .filter(|_| proxied)
+                .map(|o| &o.metadata),
         ),
         (
             "Service",
             &proxy,
-            seen.proxy.service.as_deref().map(|o| &o.metadata),
+            seen.proxy
+                .service
+                .as_deref()
+                .filter(|_| proxied)
+                .map(|o| &o.metadata),
         ),
         (
             "ConfigMap",
             &proxy,
-            seen.proxy.config_map.as_deref().map(|o| &o.metadata),
+            seen.proxy
+                .config_map
+                .as_deref()
+                .filter(|_| proxied)
+                .map(|o| &o.metadata),
         ),
         (
             "PodDisruptionBudget",
             &proxy,
-            seen.proxy.budget.as_deref().map(|o| &o.metadata),
+            seen.proxy
+                .budget
+                .as_deref()
+                .filter(|_| proxy_budget)
+                .map(|o| &o.metadata),
         ),
     ];
     let foreign = foreign

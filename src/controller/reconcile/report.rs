@@ -37,6 +37,10 @@ pub async fn report(
         return Ok(Outcome::Converged);
     }
     let proxy = proxy_status(mc, &seen, &applied);
+    let draining_ready = proxy.as_ref().map_or(0, |p| {
+        let ready = |m: &&Member| m.ready_since.is_some() && p.draining.contains(&m.name);
+        seen.members.members.iter().filter(ready).count() as i32
+    });
     let observed = Observed {
         members: Some(seen.members.counts),
         creation_refused: applied.written.refused.as_deref(),
@@ -50,6 +54,7 @@ pub async fn report(
         unissued: applied.unissued.clone(),
         not_ready: not_ready(&seen.members.members),
         proxy,
+        draining_ready,
     };
     let stuck = observed.not_ready.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -109,12 +114,16 @@ fn next(
         _ if let Some(soon) = members.available_in => {
             Outcome::MembersBecomingAvailable(soon + AVAILABLE_MARGIN)
         }
-        // Nothing else comes when a member has been not Ready for the progress deadline.
+        // Nothing else comes when a member has been not Ready for the progress deadline, nor
+        // when the proxy's handover ends.
         _ if let Some(stuck) = stuck => {
             let left = stuck.deadline_in(mc, k8s_openapi::jiff::Timestamp::now());
-            match left.is_zero() {
-                true => Outcome::Converged,
-                false => Outcome::AwaitingProgress(left + AVAILABLE_MARGIN),
+            match (left.is_zero(), handover_ends(mc, applied)) {
+                (true, None) => Outcome::Converged,
+                (true, Some(ends)) => Outcome::HandingOver(ends),
+                (false, ends) => Outcome::AwaitingProgress(
+                    (left + AVAILABLE_MARGIN).min(ends.unwrap_or(Duration::MAX)),
+                ),
             }
         }
         // Unless a periodic look comes first.

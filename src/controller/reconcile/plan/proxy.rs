@@ -28,20 +28,22 @@ pub struct ProxyPlan {
     pub ends_in: Option<Duration>,
 }
 
+/// How long members the previous layout held stay after the handover ends: the proxies load the
+/// layout without them first (within seconds), so no request is sent to a member gone.
+pub const DRAIN_GRACE: SignedDuration = SignedDuration::from_secs(15);
+
 /// The layout of `mc`'s proxy, from the members Ready (`ready(ordinal)`) at `now`; None while
 /// the proxy is off.
 pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Option<ProxyPlan> {
     let spec = mc.spec.proxy.as_ref().filter(|_| proxy::enabled(mc))?;
     let size = mc.spec.size.max(0);
     let last = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
-    let (routed, running) = match last {
-        // The first layout, or a status from before the proxy routed: the spec's.
-        Some(last) if last.members > 0 || size == 0 => (
-            last.members,
-            last.handover.clone().filter(|h| h.until.0 > now),
-        ),
-        _ => (size, None),
-    };
+    // What the proxies route by now (nothing, the first time), and the handover under way, with
+    // its grace.
+    let routed = last.map_or(0, |l| l.members);
+    let running = last
+        .and_then(|l| l.handover.clone())
+        .filter(|h| h.until.0 + DRAIN_GRACE > now && spec.handover_seconds > 0);
     let members = match size > routed {
         true if (routed..size).all(&ready) => size,
         true => routed,
@@ -49,22 +51,25 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
     };
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
     let handover = match members == routed {
-        // Turned off (0), a handover under way ends at once.
-        true => running.filter(|_| spec.handover_seconds > 0),
-        false if spec.handover_seconds > 0 => Some(Handover {
+        true => running,
+        // Nothing to hand over from, or to (scaled to 0: every read misses).
+        false if spec.handover_seconds > 0 && routed > 0 && members > 0 => Some(Handover {
             previous_members: routed,
             until: Time(now + window),
         }),
         false => None,
     };
-    let previous = handover.as_ref().map(|h| h.previous_members);
+    // The previous layout serves until the window ends; its members stay for the grace after.
+    let serving = handover.as_ref().filter(|h| h.until.0 > now);
+    let next = handover.as_ref().map(|h| match h.until.0 > now {
+        true => h.until.0,
+        false => h.until.0 + DRAIN_GRACE,
+    });
     Some(ProxyPlan {
-        layout: Layout::of(mc, members, previous),
+        layout: Layout::of(mc, members, serving.map(|h| h.previous_members)),
         members,
-        keep: size.max(previous.unwrap_or(0)),
-        ends_in: handover
-            .as_ref()
-            .map(|h| h.until.0.duration_since(now).unsigned_abs()),
+        keep: size.max(handover.as_ref().map_or(0, |h| h.previous_members)),
+        ends_in: next.map(|at| at.duration_since(now).unsigned_abs()),
         handover,
     })
 }
@@ -100,12 +105,22 @@ mod tests {
     }
 
     #[test]
-    fn the_first_layout_is_the_spec_s_without_a_handover() {
+    fn the_first_layout_waits_for_the_members_and_hands_over_from_nothing() {
         let now = Timestamp::now();
+        let starting = layout(&proxied(3, None, now), |n| n < 2, now).unwrap();
+        assert_eq!((starting.members, starting.handover), (0, None));
         let plan = layout(&proxied(3, None, now), all, now).unwrap();
         assert_eq!((plan.members, plan.keep, plan.handover), (3, 3, None));
         assert!(plan.layout.previous.is_empty());
         assert!(layout(&memcached("cache", 3), all, now).is_none(), "off");
+        // Scaled to 0 and back: no handover to or from an empty layout, the members Ready first.
+        let to_zero = layout(&proxied(0, Some((3, None)), now), all, now).unwrap();
+        assert_eq!(
+            (to_zero.members, to_zero.keep, to_zero.handover),
+            (0, 0, None)
+        );
+        let back = layout(&proxied(3, Some((0, None)), now), |n| n < 1, now).unwrap();
+        assert_eq!(back.members, 0, "cache-1 and cache-2 not Ready yet");
     }
 
     #[test]
@@ -133,9 +148,15 @@ mod tests {
         let during = layout(&proxied(3, Some((3, Some((4, 60)))), now), all, now).unwrap();
         assert_eq!((during.keep, during.layout.previous.len()), (4, 4));
         assert_eq!(during.ends_in, Some(Duration::from_secs(60)));
-        let after = layout(&proxied(3, Some((3, Some((4, -1)))), now), all, now).unwrap();
+        // The window over: the layout without cache-3 first, cache-3 kept for the grace.
+        let ended = layout(&proxied(3, Some((3, Some((4, -1)))), now), all, now).unwrap();
+        assert!(ended.layout.previous.is_empty());
+        assert_eq!(
+            (ended.keep, ended.ends_in),
+            (4, Some(Duration::from_secs(14)))
+        );
+        let after = layout(&proxied(3, Some((3, Some((4, -16)))), now), all, now).unwrap();
         assert_eq!((after.keep, after.handover, after.ends_in), (3, None, None));
-        assert!(after.layout.previous.is_empty());
     }
 
     #[test]

@@ -229,4 +229,8 @@ fn the_proxy_blocks_on_an_image_without_it_and_on_someone_elses_object_of_its_na
     seen.proxy.service = Some(Arc::new(crate::watch::owned::OwnedObject::of(&theirs)));
     let plan = plan_of(&mc, &seen);
     assert!(message(&plan.blocked).starts_with("Service default/cache-proxy already exists"));
+    // Without the proxy, an object of that name is not ours to mind (a Memcached `cache-proxy`).
+    let mut off = mc.clone();
+    off.spec.proxy = None;
+    assert_eq!(plan_of(&off, &seen).blocked, None);
 }
