@@ -42,15 +42,17 @@ pub async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
 
 /// Waits until writes through each proxy reach every member: a proxy marks a member it could
 /// not reach (not Ready yet, so not in the DNS) as down and tries again every second, each
-/// proxy on its own.
+/// proxy, and each of its worker threads (4; connections go to them in turn), on its own.
 pub async fn wait_serving(proxies: &[Pod]) {
     wait_for("every proxy to reach every member", CONVERGE, || async {
         for proxy in proxies {
             let addr = SocketAddr::new(pod_ip(proxy).into(), 11211);
-            let mut conn = Connection::connect(addr).await.ok()?;
-            // Enough keys that each member holds some.
-            for i in 0..30 {
-                conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+            for _ in 0..8 {
+                let mut conn = Connection::connect(addr).await.ok()?;
+                // Enough keys that each member holds some.
+                for i in 0..30 {
+                    conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+                }
             }
         }
         Some(())
