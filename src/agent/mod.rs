@@ -326,6 +326,14 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
     Ok(())
 }
 
+/// Runs `task` on a runtime of one thread: the agent's work is a few reads a second.
+fn block_on(task: impl Future<Output = io::Result<()>>) -> io::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .and_then(|rt| rt.block_on(task))
+}
+
 /// Runs an agent command: the process's main for `memcached-operator agent`.
 pub fn main(command: Command) -> std::process::ExitCode {
     let _telemetry = operator_runtime::telemetry::init(
@@ -334,14 +342,8 @@ pub fn main(command: Command) -> std::process::ExitCode {
     );
     let result = match command {
         Command::Init(paths) => init(&paths),
-        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .and_then(|rt| rt.block_on(run(*args))),
-        Command::Route(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .and_then(|rt| rt.block_on(route::run(args))),
+        Command::Run(args) => block_on(run(*args)),
+        Command::Route(args) => block_on(route::run(args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

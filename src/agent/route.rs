@@ -34,31 +34,25 @@ pub struct RouteArgs {
     pub once: bool,
 }
 
-/// What the agent last rendered, to tell a new layout from the same one.
-struct Rendered {
-    layout: Option<Layout>,
-}
-
-impl Rendered {
-    /// Reads the layout; when it is new and passes the check, writes the configuration and
-    /// returns true. A layout that fails the check is logged and left unrendered.
-    fn sync(&mut self, args: &RouteArgs) -> io::Result<bool> {
-        let text = std::fs::read_to_string(&args.layout)?;
-        let layout = match Layout::check(&text) {
-            Ok(layout) => layout,
-            Err(why) => {
-                warn!(layout = %args.layout.display(), %why, "layout refused: memcached keeps the last one");
-                return Ok(false);
-            }
-        };
-        if self.layout.as_ref() == Some(&layout) {
+/// Reads the layout; when it is new (not `rendered`, the one last written) and passes the
+/// check, writes the configuration, keeps it as `rendered` and returns true. A layout that
+/// fails the check is logged and left unrendered.
+fn sync(rendered: &mut Option<Layout>, args: &RouteArgs) -> io::Result<bool> {
+    let text = std::fs::read_to_string(&args.layout)?;
+    let layout = match Layout::check(&text) {
+        Ok(layout) => layout,
+        Err(why) => {
+            warn!(layout = %args.layout.display(), %why, "layout refused: memcached keeps the last one");
             return Ok(false);
         }
-        write_atomically(&args.config, &layout.render())?;
-        info!(members = layout.members.len(), "configuration written");
-        self.layout = Some(layout);
-        Ok(true)
+    };
+    if rendered.as_ref() == Some(&layout) {
+        return Ok(false);
     }
+    write_atomically(&args.config, &layout.render())?;
+    info!(members = layout.members.len(), "configuration written");
+    *rendered = Some(layout);
+    Ok(true)
 }
 
 /// The mounted layout, if the configuration memcached reads is already its rendering.
@@ -77,9 +71,8 @@ fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 
 /// `agent route`: with `--once`, the first configuration; else keeps it current until SIGTERM.
 pub async fn run(args: RouteArgs) -> io::Result<()> {
-    let mut rendered = Rendered { layout: None };
     if args.once {
-        return match rendered.sync(&args)? {
+        return match sync(&mut None, &args)? {
             true => Ok(()),
             false => Err(io::Error::other("the layout is refused: see the log")),
         };
@@ -87,10 +80,10 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
     // What memcached was started with (by the init container), or last loaded (before this
     // agent restarted), is taken as rendered only if it is this layout's: the first look then
     // signals nobody, and otherwise writes the layout and signals memcached.
-    rendered.layout = already_rendered(&args);
+    let mut rendered = already_rendered(&args);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
-        match rendered.sync(&args) {
+        match sync(&mut rendered, &args) {
             Ok(true) => {
                 let signalled = signal_processes(MEMCACHED, Signal::HUP)?;
                 info!(
@@ -125,15 +118,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("agent-route-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let args = args(&dir);
-        let mut rendered = Rendered { layout: None };
+        let mut rendered = None;
         std::fs::write(&args.layout, r#"{"members": ["a-0.a.ns.svc:11211"]}"#).unwrap();
-        assert!(rendered.sync(&args).unwrap());
+        assert!(sync(&mut rendered, &args).unwrap());
         let first = std::fs::read_to_string(&args.config).unwrap();
         assert!(first.contains("\"a-0.a.ns.svc:11211\""), "{first}");
-        assert!(!rendered.sync(&args).unwrap(), "the same layout again");
+        assert!(
+            !sync(&mut rendered, &args).unwrap(),
+            "the same layout again"
+        );
 
         std::fs::write(&args.layout, r#"{"members": ["a-0\"):11211"]}"#).unwrap();
-        assert!(!rendered.sync(&args).unwrap());
+        assert!(!sync(&mut rendered, &args).unwrap());
         assert_eq!(std::fs::read_to_string(&args.config).unwrap(), first);
 
         std::fs::write(
@@ -141,7 +137,7 @@ mod tests {
             r#"{"members": ["a-0.a.ns.svc:11211", "a-1.a.ns.svc:11211"]}"#,
         )
         .unwrap();
-        assert!(rendered.sync(&args).unwrap());
+        assert!(sync(&mut rendered, &args).unwrap());
         assert!(
             std::fs::read_to_string(&args.config)
                 .unwrap()

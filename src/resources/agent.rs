@@ -105,8 +105,14 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
     if warm_restart::enabled(mc) || auth::enabled(mc) {
         pod.share_process_namespace = Some(true);
     }
-    // Idle but for a few file reads every 5 s; its RSS is a few MiB.
-    let resources = ResourceRequirements {
+    pod.containers
+        .push(container(CONTAINER, args, Some(resources())));
+}
+
+/// The agent's, beside a member or a proxy: idle but for a few file reads every few seconds;
+/// its RSS is a few MiB.
+pub(super) fn resources() -> ResourceRequirements {
+    ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_string(), Quantity("5m".to_string())),
             ("memory".to_string(), Quantity("8Mi".to_string())),
@@ -116,9 +122,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
             Quantity("32Mi".to_string()),
         )])),
         ..ResourceRequirements::default()
-    };
-    pod.containers
-        .push(container(CONTAINER, args, Some(resources)));
+    }
 }
 
 #[cfg(test)]

@@ -101,7 +101,12 @@ pub fn members_at_once(mc: &Memcached) -> i32 {
 
 /// `status.selector` for the scale subresource, e.g. `app.kubernetes.io/instance=x,...`.
 pub fn selector_string(mc: &Memcached) -> String {
-    selector_labels(mc)
+    label_selector(&selector_labels(mc))
+}
+
+/// `labels` as a label selector string, `k=v,...`.
+fn label_selector(labels: &BTreeMap<String, String>) -> String {
+    labels
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()

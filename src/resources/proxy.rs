@@ -27,8 +27,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::{
-    LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, labels, mount, owner_reference,
-    restricted,
+    LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, mount,
+    owned_metadata, restricted,
 };
 use crate::api::{Memcached, ProxySpec};
 
@@ -135,29 +135,18 @@ fn selector(mc: &Memcached) -> BTreeMap<String, String> {
 
 /// `selector` as a label selector string.
 pub fn selector_string(mc: &Memcached) -> String {
-    selector(mc)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
+    super::label_selector(&selector(mc))
 }
 
-/// The proxy objects' metadata: the operator's labels (its watches select them), but the
-/// proxy's name.
+/// The proxy objects' metadata: an owned object's (the operator's watches select its labels),
+/// with the proxy's name and `app.kubernetes.io/name` and `component`.
 fn metadata(mc: &Memcached) -> ObjectMeta {
-    let mut labels = labels(mc);
+    let mut metadata = owned_metadata(mc);
+    metadata.name = Some(name(mc));
+    let labels = metadata.labels.get_or_insert_default();
     labels.insert(LABEL_NAME.to_string(), NAME_LABEL.to_string());
-    labels.insert(
-        "app.kubernetes.io/component".to_string(),
-        "proxy".to_string(),
-    );
-    ObjectMeta {
-        name: Some(name(mc)),
-        namespace: mc.namespace(),
-        labels: Some(labels),
-        owner_references: Some(vec![owner_reference(mc)]),
-        ..ObjectMeta::default()
-    }
+    labels.insert(LABEL_COMPONENT.to_string(), "proxy".to_string());
+    metadata
 }
 
 /// The ConfigMap holding `layout`.
@@ -245,11 +234,15 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             period_seconds: Some(5),
             ..Probe::default()
         }),
-        resources: proxy
-            .resources
-            .as_deref()
-            .cloned()
-            .or_else(|| Some(requests(&[("cpu", "50m"), ("memory", "64Mi")], &[]))),
+        resources: Some(proxy.resources.as_deref().cloned().unwrap_or_else(|| {
+            ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    ("cpu".to_string(), Quantity("50m".to_string())),
+                    ("memory".to_string(), Quantity("64Mi".to_string())),
+                ])),
+                ..ResourceRequirements::default()
+            }
+        })),
         volume_mounts: Some(vec![mount(CONFIG_VOLUME, CONFIG_DIR, true)]),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
@@ -272,8 +265,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
             mount(CONFIG_VOLUME, CONFIG_DIR, false),
         ]),
-        resources: (!once)
-            .then(|| requests(&[("cpu", "5m"), ("memory", "8Mi")], &[("memory", "32Mi")])),
+        resources: (!once).then(super::agent::resources),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
@@ -333,23 +325,6 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         }),
         status: None,
     })
-}
-
-fn requests(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> ResourceRequirements {
-    let map = |pairs: &[(&str, &str)]| {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-                .collect::<BTreeMap<_, _>>(),
-        )
-        .filter(|m| !m.is_empty())
-    };
-    ResourceRequirements {
-        requests: map(requests),
-        limits: map(limits),
-        ..ResourceRequirements::default()
-    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use crate::controller::{autoscale, binding, rollouts, secrets};
 use crate::error::{Error, Result};
 use crate::resources::proxy;
 use crate::status::{self, Blocked};
+use crate::watch::digest::digest;
 use crate::watch::owned::OwnedObject;
 
 /// How the writes went.
@@ -260,10 +261,7 @@ async fn nudge_proxies(ctx: &Context, mc: &Memcached, digest: &str) {
 
 /// A short digest of the layout the ConfigMap holds.
 fn layout_digest(config_map: &ConfigMap) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    config_map.data.hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
+    format!("{:016x}", digest(&config_map.data).unwrap_or_default())
 }
 
 /// Keeps the rollout budget's count of `mc` (rolling or not); the limit while `mc`'s update

@@ -4,10 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::MAX_LAYOUT_BYTES;
+use crate::api::Memcached;
+use crate::resources::member_addresses;
 
 /// Longest address of a member (a DNS name of 253, a colon and a port).
 const MAX_ADDRESS: usize = 253 + 6;
-use crate::api::Memcached;
 
 /// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
 /// layout before the last change too, where reads that miss fall back and deletes also go.
@@ -28,9 +29,9 @@ impl Layout {
     /// handover.
     pub fn of(mc: &Memcached, members: i32, previous: Option<i32>) -> Self {
         Self {
-            members: crate::resources::member_addresses(mc, members),
+            members: member_addresses(mc, members),
             previous: previous
-                .map(|n| crate::resources::member_addresses(mc, n))
+                .map(|n| member_addresses(mc, n))
                 .unwrap_or_default(),
         }
     }
