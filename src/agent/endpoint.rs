@@ -1,7 +1,9 @@
-//! The agent's endpoint on the pod's address: `GET /save` for memcached's preStop and
-//! `GET /stats` for the operator's autoscaler, each only with the pod's token.
+//! The agent's endpoints on the pod's address: `GET /save` for memcached's preStop and
+//! `GET /stats` for the operator's autoscaler, each only with the pod's token; beside the proxy,
+//! `GET /metrics` (proxy_metrics.rs).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,9 +82,22 @@ fn parse_delay(query: Option<&str>) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds).min(MAX_DELAY))
 }
 
-/// Serves `GET /save` on `listener` (HTTP/1 only, as the runtime's admin endpoints).
-pub(super) async fn serve(listener: TcpListener, token: SaveToken, saver: Arc<Saver>) {
+/// Serves `GET /save` and `GET /stats` on `listener`, each only with the pod's token.
+pub(super) async fn serve_save(listener: TcpListener, token: SaveToken, saver: Arc<Saver>) {
     let token = Arc::new(token);
+    serve(listener, move |req| {
+        handle(req, token.clone(), saver.clone())
+    })
+    .await
+}
+
+/// Serves `handle`'s answers on `listener` (HTTP/1 only, as the runtime's admin endpoints), at
+/// most `MAX_CONNECTIONS` connections at once.
+pub(super) async fn serve<H, F>(listener: TcpListener, handle: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -95,18 +110,21 @@ pub(super) async fn serve(listener: TcpListener, token: SaveToken, saver: Arc<Sa
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!("save connection limit reached; closing a new connection");
+            debug!("connection limit reached; closing a new connection");
             continue;
         };
-        let (token, saver) = (token.clone(), saver.clone());
+        let handle = handle.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let service = service_fn(move |req| handle(req, token.clone(), saver.clone()));
+            let service = service_fn(move |req| {
+                let answer = handle(req);
+                async move { Ok::<_, Infallible>(answer.await) }
+            });
             let mut http = http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT);
             if let Err(error) = http.serve_connection(TokioIo::new(stream), service).await {
-                debug!(%error, "save connection ended");
+                debug!(%error, "connection ended");
             }
         });
     }
@@ -116,10 +134,10 @@ async fn handle(
     req: Request<Incoming>,
     token: Arc<SaveToken>,
     saver: Arc<Saver>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if path != "/save" && path != "/stats" {
-        return Ok(text(StatusCode::NOT_FOUND, "not found\n".to_string()));
+        return text(StatusCode::NOT_FOUND, "not found\n".to_string());
     }
     let authorised = req
         .headers()
@@ -130,27 +148,24 @@ async fn handle(
             path = req.uri().path(),
             "a request without the right token: refused"
         );
-        return Ok(text(StatusCode::FORBIDDEN, "forbidden\n".to_string()));
+        return text(StatusCode::FORBIDDEN, "forbidden\n".to_string());
     }
     if req.method() != Method::GET {
-        return Ok(text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "GET only\n".to_string(),
-        ));
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string());
     }
     if req.uri().path() == "/stats" {
         let (status, body) = saver.stats().await;
-        return Ok(text(status, body));
+        return text(status, body);
     }
     let delay = match parse_delay(req.uri().query()) {
         Ok(delay) => delay,
-        Err(message) => return Ok(text(StatusCode::BAD_REQUEST, message + "\n")),
+        Err(message) => return text(StatusCode::BAD_REQUEST, message + "\n"),
     };
     let (status, body) = saver.save_after(delay).await;
-    Ok(text(status, body))
+    text(status, body)
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+pub(super) fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response

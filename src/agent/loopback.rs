@@ -1,6 +1,6 @@
 //! The agent's connections to memcached's plain listener on the pod's loopback: `refresh_certs`,
-//! `stats` for the operator's autoscaler, and the login proxy through which the exporter reads
-//! `stats`.
+//! `stats` for the operator's autoscaler and the proxy's metrics, and the login proxy through
+//! which the exporter reads `stats`.
 
 use std::io;
 use std::time::Duration;
@@ -27,11 +27,31 @@ pub(super) async fn stats(
     logins: &[Credentials],
 ) -> io::Result<String> {
     let mut conn = connect(memcached, logins).await?;
-    conn.get_mut().write_all(b"stats\r\n").await?;
+    stats_of(&mut conn, "stats").await
+}
+
+/// The answers to each of `commands` (`stats`, `stats proxy`, ...), over one connection.
+pub(super) async fn stats_answers<const N: usize>(
+    memcached: std::net::SocketAddr,
+    commands: [&str; N],
+) -> io::Result<[String; N]> {
+    let mut conn = connect(memcached, &[]).await?;
+    let mut answers = [const { String::new() }; N];
+    for (command, answer) in commands.iter().zip(&mut answers) {
+        *answer = stats_of(&mut conn, command).await?;
+    }
+    Ok(answers)
+}
+
+/// Sends `command` and reads its answer up to and with the `END` line.
+async fn stats_of(conn: &mut BufReader<TcpStream>, command: &str) -> io::Result<String> {
+    conn.get_mut()
+        .write_all(format!("{command}\r\n").as_bytes())
+        .await?;
     let mut answer = String::new();
     while !answer.ends_with("END\r\n") {
-        if conn.read_line(&mut answer).await? == 0 || answer.len() > 64 * 1024 {
-            return Err(io::Error::other("stats did not end with END"));
+        if conn.read_line(&mut answer).await? == 0 || answer.len() > 256 * 1024 {
+            return Err(io::Error::other(format!("{command} did not end with END")));
         }
     }
     Ok(answer)

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 mod endpoint;
 mod loopback;
 mod passwords;
+mod proxy_metrics;
 mod route;
 mod save;
 mod settings;
@@ -37,6 +38,7 @@ mod settings;
 use endpoint::SaveToken;
 use loopback::{proxy, refresh_certs};
 use passwords::{Credentials, PasswordFile, write_file};
+pub use proxy_metrics::names as proxy_metric_names;
 use save::Saver;
 
 /// How long memcached may take to act on SIGHUP: it does so at its next clock tick, once a second.
@@ -300,7 +302,7 @@ pub async fn run(args: RunArgs) -> io::Result<()> {
             let saver = Arc::new(saver);
             let listener = TcpListener::bind(addr).await?;
             info!(address = %listener.local_addr()?, "serving saves");
-            tokio::spawn(endpoint::serve(listener, token.clone(), saver.clone()));
+            tokio::spawn(endpoint::serve_save(listener, token.clone(), saver.clone()));
             if let Some(file) = &agent.args.max_memory_file {
                 tokio::spawn(settings::watch(saver.clone(), file.clone()));
             }

@@ -7,13 +7,16 @@
 //! that fails the check is never rendered: the proxy keeps routing by the last good one.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
 use rustix::process::Signal;
 use tracing::{info, warn};
 
+use super::proxy_metrics::{View, serve_metrics};
 use super::{MEMCACHED, signal_processes};
 use crate::resources::proxy::Layout;
 
@@ -32,26 +35,38 @@ pub struct RouteArgs {
     /// with it.
     #[arg(long)]
     pub once: bool,
+    /// Serve the proxy's metrics (`GET /metrics`) on this address.
+    #[arg(long)]
+    pub metrics_address: Option<SocketAddr>,
+    /// memcached's listener, where the metrics read its stats.
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    pub memcached: SocketAddr,
 }
 
-/// Reads the layout; when it is new (not `rendered`, the one last written) and passes the
-/// check, writes the configuration, keeps it as `rendered` and returns true. A layout that
-/// fails the check is logged and left unrendered.
-fn sync(rendered: &mut Option<Layout>, args: &RouteArgs) -> io::Result<bool> {
+/// Reads the layout; when it is new (not `view.rendered`, the one last written) and passes the
+/// check, writes the configuration, keeps it as rendered and returns true. A layout that fails
+/// the check is logged, left unrendered and marked refused in `view`.
+fn sync(view: &Mutex<View>, args: &RouteArgs) -> io::Result<bool> {
     let text = std::fs::read_to_string(&args.layout)?;
     let layout = match Layout::check(&text) {
         Ok(layout) => layout,
         Err(why) => {
-            warn!(layout = %args.layout.display(), %why, "layout refused: memcached keeps the last one");
+            let mut view = view.lock().expect("not poisoned");
+            if !view.refused {
+                warn!(layout = %args.layout.display(), %why, "layout refused: memcached keeps the last one");
+            }
+            view.refused = true;
             return Ok(false);
         }
     };
-    if rendered.as_ref() == Some(&layout) {
+    let mut view = view.lock().expect("not poisoned");
+    view.refused = false;
+    if view.rendered.as_ref() == Some(&layout) {
         return Ok(false);
     }
     write_atomically(&args.config, &layout.render())?;
     info!(members = layout.members.len(), "configuration written");
-    *rendered = Some(layout);
+    view.rendered = Some(layout);
     Ok(true)
 }
 
@@ -72,7 +87,7 @@ fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 /// `agent route`: with `--once`, the first configuration; else keeps it current until SIGTERM.
 pub async fn run(args: RouteArgs) -> io::Result<()> {
     if args.once {
-        return match sync(&mut None, &args)? {
+        return match sync(&Mutex::default(), &args)? {
             true => Ok(()),
             false => Err(io::Error::other("the layout is refused: see the log")),
         };
@@ -80,10 +95,16 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
     // What memcached was started with (by the init container), or last loaded (before this
     // agent restarted), is taken as rendered only if it is this layout's: the first look then
     // signals nobody, and otherwise writes the layout and signals memcached.
-    let mut rendered = already_rendered(&args);
+    let view = Arc::new(Mutex::new(View {
+        rendered: already_rendered(&args),
+        refused: false,
+    }));
+    if let Some(address) = args.metrics_address {
+        serve_metrics(address, args.memcached, view.clone()).await?;
+    }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
-        match sync(&mut rendered, &args) {
+        match sync(&view, &args) {
             Ok(true) => {
                 let signalled = signal_processes(MEMCACHED, Signal::HUP)?;
                 info!(
@@ -110,6 +131,8 @@ mod tests {
             layout: dir.join("layout.json"),
             config: dir.join("config.lua"),
             once: false,
+            metrics_address: None,
+            memcached: "127.0.0.1:11211".parse().unwrap(),
         }
     }
 
@@ -118,26 +141,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("agent-route-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let args = args(&dir);
-        let mut rendered = None;
+        let rendered = Mutex::default();
         std::fs::write(&args.layout, r#"{"members": ["a-0.a.ns.svc:11211"]}"#).unwrap();
-        assert!(sync(&mut rendered, &args).unwrap());
+        assert!(sync(&rendered, &args).unwrap());
         let first = std::fs::read_to_string(&args.config).unwrap();
         assert!(first.contains("\"a-0.a.ns.svc:11211\""), "{first}");
-        assert!(
-            !sync(&mut rendered, &args).unwrap(),
-            "the same layout again"
-        );
+        assert!(!sync(&rendered, &args).unwrap(), "the same layout again");
 
         std::fs::write(&args.layout, r#"{"members": ["a-0\"):11211"]}"#).unwrap();
-        assert!(!sync(&mut rendered, &args).unwrap());
+        assert!(!sync(&rendered, &args).unwrap());
         assert_eq!(std::fs::read_to_string(&args.config).unwrap(), first);
+        assert!(rendered.lock().unwrap().refused, "the metrics say so");
 
         std::fs::write(
             &args.layout,
             r#"{"members": ["a-0.a.ns.svc:11211", "a-1.a.ns.svc:11211"]}"#,
         )
         .unwrap();
-        assert!(sync(&mut rendered, &args).unwrap());
+        assert!(sync(&rendered, &args).unwrap());
         assert!(
             std::fs::read_to_string(&args.config)
                 .unwrap()

@@ -344,7 +344,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
-    use super::super::endpoint::serve;
+    use super::super::endpoint::serve_save;
     use super::*;
 
     const TOKEN: &str = "s3cret-token";
@@ -442,7 +442,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let saver = Arc::new(saver);
-        tokio::spawn(serve(listener, TOKEN.parse().unwrap(), saver.clone()));
+        tokio::spawn(serve_save(listener, TOKEN.parse().unwrap(), saver.clone()));
         (addr, saver)
     }
 
