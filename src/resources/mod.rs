@@ -270,7 +270,8 @@ pub fn service(mc: &Memcached) -> Service {
 }
 
 /// The ServiceMonitor that has a prometheus-operator scrape this Memcached's exporters: the
-/// `metrics` port of its Service. None unless monitoring is on.
+/// `metrics` port of its Service (and of the proxy's, whose agents serve the proxy's metrics).
+/// None unless monitoring is on.
 pub fn service_monitor(mc: &Memcached) -> Option<ServiceMonitor> {
     if !monitored(mc) {
         return None;
@@ -278,10 +279,7 @@ pub fn service_monitor(mc: &Memcached) -> Option<ServiceMonitor> {
     Some(ServiceMonitor {
         metadata: owned_metadata(mc),
         spec: ServiceMonitorSpec {
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(mc)),
-                ..LabelSelector::default()
-            },
+            selector: proxy::members_and_proxies(mc),
             endpoints: vec![Endpoint {
                 port: Some(METRICS_PORT_NAME.to_string()),
                 path: Some("/metrics".to_string()),

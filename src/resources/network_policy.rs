@@ -1,6 +1,8 @@
 //! The NetworkPolicy of `spec.networkPolicy`: memcached's ports open to the peers the user lists,
 //! the exporter's to the monitoring peers, the port where the autoscaler reads `stats` to the
-//! operator's pods, nothing else of the pods open to other pods.
+//! operator's pods, nothing else of the pods open to other pods. With `spec.proxy`, the proxy's
+//! pods are under the same rules (clients reach them on memcached's port, monitoring on the
+//! metrics port), and the members admit them.
 
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -9,7 +11,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{agent, monitored, owned_metadata, selector_labels, tls};
+use super::{agent, monitored, owned_metadata, proxy, tls};
 use crate::api::{EXPORTER_PORT, Memcached};
 
 /// The operator's pods, as config/manager labels them.
@@ -27,9 +29,14 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         .chain(tls::plaintext_port(mc))
         .map(tcp)
         .collect();
+    let mut from = or_default(&wanted.from, own_namespace);
+    if proxy::spec(mc).is_some() {
+        // The proxy reaches the members whoever the clients are.
+        from.push(proxy::pods_peer(mc));
+    }
     let mut ingress = vec![NetworkPolicyIngressRule {
         ports: Some(memcached_ports),
-        from: Some(or_default(&wanted.from, own_namespace)),
+        from: Some(from),
     }];
     if monitored(mc) {
         ingress.push(NetworkPolicyIngressRule {
@@ -49,10 +56,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
     Some(NetworkPolicy {
         metadata: owned_metadata(mc),
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(selector_labels(mc)),
-                ..LabelSelector::default()
-            }),
+            pod_selector: Some(proxy::members_and_proxies(mc)),
             policy_types: Some(vec!["Ingress".to_string()]),
             ingress: Some(ingress),
             ..NetworkPolicySpec::default()
@@ -117,6 +121,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{memcached, memcached_with_spec};
     use crate::resources::is_controlled_by;
+    use crate::resources::selector_labels;
 
     fn rules(mc: &Memcached) -> Vec<(Vec<i32>, serde_json::Value)> {
         let policy = network_policy(mc, None).expect("enabled");
@@ -173,6 +178,33 @@ mod tests {
         );
         let off = serde_json::json!({"networkPolicy": {"enabled": true}});
         assert_eq!(stats_rule(off), None);
+    }
+
+    #[test]
+    fn with_the_proxy_its_pods_are_under_the_policy_and_the_members_admit_them() {
+        let mc = memcached_with_spec(serde_json::json!({
+            "networkPolicy": {"enabled": true}, "proxy": {"enabled": true},
+            "monitoring": {"enabled": true}}));
+        let spec = network_policy(&mc, None).unwrap().spec.unwrap();
+        assert_eq!(
+            serde_json::to_value(spec.pod_selector).unwrap(),
+            serde_json::json!({
+                "matchLabels": {"app.kubernetes.io/instance": "cache"},
+                "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                      "values": ["memcached", "memcached-proxy"]}],
+            })
+        );
+        let ingress = serde_json::to_value(spec.ingress).unwrap();
+        assert_eq!(
+            ingress[0]["from"],
+            serde_json::json!([
+                {"podSelector": {}},
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "cache",
+                                                 "app.kubernetes.io/name": "memcached-proxy"}}},
+            ])
+        );
+        // The proxies' metrics are on the exporters' port, under the same rule.
+        assert_eq!(ingress[1]["ports"][0]["port"], 9150);
     }
 
     #[test]

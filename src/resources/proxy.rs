@@ -20,17 +20,20 @@ use k8s_openapi::api::core::v1::{
     PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort, ServiceSpec,
     TCPSocketAction, Volume,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::{
-    LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, mount,
-    owned_metadata, restricted,
+    LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LABEL_PART_OF, MEMCACHED_UID, METRICS_PORT_NAME,
+    monitored, mount, owned_metadata, restricted,
 };
-use crate::api::{Memcached, ProxySpec};
+use crate::api::{EXPORTER_PORT, Memcached, ProxySpec};
 
 /// The key of the layout in the ConfigMap.
 pub const LAYOUT_KEY: &str = "layout.json";
@@ -62,7 +65,7 @@ pub fn enabled(mc: &Memcached) -> bool {
     spec(mc).is_some()
 }
 
-fn spec(mc: &Memcached) -> Option<&ProxySpec> {
+pub fn spec(mc: &Memcached) -> Option<&ProxySpec> {
     mc.spec.proxy.as_ref().filter(|p| p.enabled)
 }
 
@@ -133,6 +136,40 @@ fn selector(mc: &Memcached) -> BTreeMap<String, String> {
     ])
 }
 
+/// The members' pods and, with the proxy, the proxy's (their Services too, which carry the same
+/// labels): what the Memcached's NetworkPolicy and ServiceMonitor select. Without the proxy,
+/// the members' labels alone, as before the proxy existed.
+pub fn members_and_proxies(mc: &Memcached) -> LabelSelector {
+    if spec(mc).is_none() {
+        return LabelSelector {
+            match_labels: Some(super::selector_labels(mc)),
+            ..LabelSelector::default()
+        };
+    }
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            LABEL_INSTANCE.to_string(),
+            mc.name_any(),
+        )])),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: LABEL_NAME.to_string(),
+            operator: "In".to_string(),
+            values: Some(vec!["memcached".to_string(), NAME_LABEL.to_string()]),
+        }]),
+    }
+}
+
+/// The proxy's pods, as a NetworkPolicy peer of the members.
+pub fn pods_peer(mc: &Memcached) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(selector(mc)),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
 /// `selector` as a label selector string.
 pub fn selector_string(mc: &Memcached) -> String {
     super::label_selector(&selector(mc))
@@ -159,20 +196,27 @@ pub fn config_map(mc: &Memcached, layout: &Layout) -> ConfigMap {
     }
 }
 
-/// The ClusterIP Service clients use, on the members' port; None without the proxy.
+/// The ClusterIP Service clients use, on the members' port; with monitoring, also the agents'
+/// `metrics` port, which the Memcached's ServiceMonitor selects as it does the members'.
+/// None without the proxy.
 pub fn service(mc: &Memcached) -> Option<Service> {
     spec(mc)?;
+    let port = |name: &str, port| ServicePort {
+        name: Some(name.to_string()),
+        port,
+        target_port: Some(IntOrString::String(name.to_string())),
+        protocol: Some("TCP".to_string()),
+        ..ServicePort::default()
+    };
+    let mut ports = vec![port("memcached", mc.spec.container_port)];
+    if monitored(mc) {
+        ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));
+    }
     Some(Service {
         metadata: metadata(mc),
         spec: Some(ServiceSpec {
             selector: Some(selector(mc)),
-            ports: Some(vec![ServicePort {
-                name: Some("memcached".to_string()),
-                port: mc.spec.container_port,
-                target_port: Some(IntOrString::String("memcached".to_string())),
-                protocol: Some("TCP".to_string()),
-                ..ServicePort::default()
-            }]),
+            ports: Some(ports),
             ..ServiceSpec::default()
         }),
         status: None,
@@ -247,6 +291,9 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
+    // With monitoring, the agent serves the proxy's metrics where the members' exporters serve
+    // theirs, so one ServiceMonitor endpoint and one policy rule cover both.
+    let metrics = monitored(mc);
     let agent = |name: &str, once: bool| Container {
         name: name.to_string(),
         image: Some(agent_image.to_string()),
@@ -259,8 +306,18 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             ]
             .into_iter()
             .chain(once.then(|| "--once".to_string()))
+            .chain((!once && metrics).then(|| format!("--metrics-address=0.0.0.0:{EXPORTER_PORT}")))
+            .chain((!once && metrics).then(|| format!("--memcached=127.0.0.1:{port}")))
             .collect(),
         ),
+        ports: (!once && metrics).then(|| {
+            vec![ContainerPort {
+                name: Some(METRICS_PORT_NAME.to_string()),
+                container_port: EXPORTER_PORT,
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            }]
+        }),
         volume_mounts: Some(vec![
             mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
             mount(CONFIG_VOLUME, CONFIG_DIR, false),

@@ -35,9 +35,12 @@ const FIRST_PORT: u16 = 20000;
 
 /// GET `path` from 127.0.0.1:`port`: the status code and body, or None if nothing answered.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
+    http_get_from(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).await
+}
+
+/// GET `path` from `addr` (a pod's, say): the status code and body, or None if nothing answered.
+pub async fn http_get_from(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();

@@ -104,6 +104,42 @@ async fn the_network_policy_follows_the_spec_and_is_put_back() {
     )
     .await;
 
+    // With the proxy: its pods are under the policy too, and the members admit them whoever
+    // the listed clients are.
+    mcs.patch(
+        "cache",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"proxy": {"enabled": true}}})),
+    )
+    .await
+    .unwrap();
+    let proxies = json!({"podSelector": {"matchLabels": {
+        "app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached-proxy"}}});
+    let mut clients_and_proxies = apps.as_array().unwrap().clone();
+    clients_and_proxies.push(proxies);
+    wait_rules(
+        &policies,
+        "the proxy's pods admitted to the members",
+        json!([
+            [[port(11211)], clients_and_proxies],
+            [[port(9150)], prometheus]
+        ]),
+    )
+    .await;
+    let selector = policies
+        .get("cache")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .pod_selector;
+    assert_eq!(
+        json!(selector),
+        json!({"matchLabels": {"app.kubernetes.io/instance": "cache"},
+               "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                     "values": ["memcached", "memcached-proxy"]}]})
+    );
+
     // Off: the policy goes; the pods stay.
     mcs.patch(
         "cache",

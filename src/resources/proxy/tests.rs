@@ -212,3 +212,88 @@ fn an_image_older_than_the_proxy_is_named_with_its_field() {
     mc.spec.proxy.as_mut().unwrap().image = Some("memcached:1.6.45".into());
     assert_eq!(invalid_image(&mc, "x"), None);
 }
+
+#[test]
+fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks() {
+    let mut mc = proxied(3);
+    let plain = deployment(&mc, "memcached:1.6.45", "operator:1");
+    mc.spec.monitoring = Some(crate::api::MonitoringSpec {
+        enabled: true,
+        image: None,
+    });
+    let pod = deployment(&mc, "memcached:1.6.45", "operator:1")
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let agent = pod
+        .containers
+        .iter()
+        .find(|c| c.name == AGENT_CONTAINER)
+        .unwrap();
+    let args = agent.args.clone().unwrap();
+    assert!(
+        args.contains(&"--metrics-address=0.0.0.0:9150".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--memcached=127.0.0.1:11211".to_string()),
+        "{args:?}"
+    );
+    assert_eq!(
+        agent.ports.as_ref().unwrap()[0].name.as_deref(),
+        Some("metrics")
+    );
+    // The init container renders once and serves nothing.
+    let init = &pod.init_containers.unwrap()[0];
+    assert!(
+        !init
+            .args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a.starts_with("--metrics"))
+    );
+    // Without monitoring, the template is as it was: turning it on is what rolls the proxies.
+    let plain_agent = plain
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[1]
+        .clone();
+    assert_eq!(plain_agent.ports, None);
+
+    let svc = service(&mc).unwrap().spec.unwrap();
+    let names: Vec<_> = svc
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name.unwrap())
+        .collect();
+    assert_eq!(names, ["memcached", "metrics"]);
+    // The one ServiceMonitor selects the members' Service and the proxy's, by their labels.
+    let monitor = crate::resources::service_monitor(&mc).unwrap();
+    let selector = monitor.spec.selector;
+    for labels in [
+        service(&mc).unwrap().metadata.labels.unwrap(),
+        crate::resources::service(&mc).metadata.labels.unwrap(),
+    ] {
+        let matches = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && selector.match_expressions.iter().flatten().all(|e| {
+                e.values
+                    .iter()
+                    .flatten()
+                    .any(|v| labels.get(&e.key) == Some(v))
+            });
+        assert!(matches, "{labels:?} by {selector:?}");
+    }
+}
