@@ -3,9 +3,9 @@
 //!   `promtool test rules` cases in config/prometheus/tests, which fire and do not fire every
 //!   alert;
 //! - the Grafana dashboard (config/grafana) is valid JSON whose every panel has a query;
-//! - every metric name the alerts and the dashboard read is one the operator registers or the
-//!   exporter serves (tests/monitoring/exporter_metrics.txt; the real-node suite checks them
-//!   against a real Prometheus too).
+//! - every metric name the alerts and the dashboard read is one the operator registers, the
+//!   exporter serves (tests/monitoring/exporter_metrics.txt) or the proxy's agent serves; the
+//!   real-node suite checks them against a real Prometheus too.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -82,6 +82,8 @@ fn known_names() -> BTreeSet<String> {
             known.insert(format!("{name}{suffix}"));
         }
     }
+    // The proxy's agent serves its own (spec.proxy with spec.monitoring).
+    known.extend(memcached_operator::agent::proxy_metric_names());
     known.extend(
         read("tests/monitoring/exporter_metrics.txt")
             .lines()
@@ -167,6 +169,8 @@ fn dashboards_and_alerts_read_only_metrics_that_exist() {
         "memcached_operator_memcached_condition",
         "memcached_items_evicted_total",
         "memcached_current_connections",
+        "memcached_proxy_backend_up",
+        "memcached_proxy_commands_total",
     ] {
         assert!(names.contains(n), "{n} is used");
     }
