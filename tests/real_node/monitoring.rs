@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
+use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
-use memcached_operator::api::{AutoscalingSpec, Memcached, MonitoringSpec, NetworkPolicySpec};
+use memcached_operator::api::{
+    AutoscalingSpec, Memcached, MonitoringSpec, NetworkPolicySpec, ProxySpec,
+};
 use memcached_operator::resources;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::promql::metric_names;
@@ -61,18 +64,10 @@ scrape_configs:
 /// (role endpoints): the matching Services' ready endpoints on the port the ServiceMonitor names.
 async fn service_monitor_targets(client: &Client, ns: &str, mc: &Memcached) -> Value {
     let monitor = resources::service_monitor(mc).expect("monitoring is on");
-    let selector = monitor
-        .spec
-        .selector
-        .match_labels
-        .unwrap_or_default()
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let selector = Selector::try_from(monitor.spec.selector).expect("a valid selector");
     let port_name = monitor.spec.endpoints[0].port.clone().unwrap();
     let services = Api::<Service>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&selector))
+        .list(&ListParams::default().labels_from(&selector))
         .await
         .unwrap();
     let mut groups = Vec::new();
@@ -196,6 +191,14 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
             .unwrap(),
         ],
     });
+    // With the proxy (sid's memcached has it), so that its agent's series exist, under the
+    // same ServiceMonitor and policy.
+    mc.spec.proxy = Some(ProxySpec {
+        enabled: true,
+        replicas: 1,
+        image: Some(node.var("MEMCACHED_SID_IMAGE").into()),
+        ..ProxySpec::default()
+    });
     // Autoscaled, so that the autoscaler's series exist: the evictions below add a member.
     mc.spec.autoscaling = Some(AutoscalingSpec {
         enabled: true,
@@ -250,20 +253,32 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     // As Prometheus's discovery does: the Service's endpoints may trail the Memcached's
     // Available (the EndpointSlice controller writes them), so they are waited for.
     let targets = wait_for(
-        "the ServiceMonitor's Service to have an endpoint",
+        "the ServiceMonitor's Services (the members' and the proxy's) to have an endpoint each",
         Duration::from_secs(30),
         || async {
             let targets = service_monitor_targets(&client, &ns, &mc).await;
-            (!targets.as_array().unwrap().is_empty()).then_some(targets)
+            (targets.as_array().unwrap().len() == 2).then_some(targets)
         },
     )
     .await;
-    assert_eq!(targets.as_array().unwrap().len(), 1, "{targets}");
+    let target_of = |service: &str| {
+        targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["labels"]["service"] == service)
+            .unwrap_or_else(|| panic!("no target of {service}: {targets}"))
+            .clone()
+    };
     assert_eq!(
-        targets[0]["targets"][0],
+        target_of("cache")["targets"][0],
         format!("{}:9150", pod_ip(pod)),
         "the pod's metrics port"
     );
+    let proxy_pod = target_of("cache-proxy")["labels"]["pod"]
+        .as_str()
+        .unwrap()
+        .to_string();
     std::fs::write(&targets_file, targets.to_string()).unwrap();
 
     // Clients: connections held open, and gets that hit.
@@ -317,6 +332,55 @@ async fn prometheus_scrapes_memcached_and_the_operator_and_the_alerts_see_evicti
     );
     assert_eq!(hits, Some(20.0), "the 20 gets that hit");
     drop(held);
+
+    // Through the proxy (its pod's address; the policy admits the namespace's clients): the
+    // proxy's own series, scraped from its agent through the same ServiceMonitor and policy.
+    let proxy_ip = pod_ip(
+        &Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns)
+            .get(&proxy_pod)
+            .await
+            .unwrap(),
+    );
+    let proxy_addr = SocketAddr::new(proxy_ip.into(), 11211);
+    let mut through = wait_for(
+        "the proxy to route to the member",
+        Duration::from_secs(30),
+        || async {
+            let mut conn = Connection::connect(proxy_addr).await.ok()?;
+            let hit = conn.get("greeting").await.ok()? == Some("hello".into());
+            hit.then_some(conn)
+        },
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(
+            through.get("greeting").await.unwrap(),
+            Some("hello".into()),
+            "the proxy reaches the member"
+        );
+    }
+    let proxy_selector = format!(r#"namespace="{ns}",service="cache-proxy""#);
+    let member = format!("cache-0.cache.{ns}.svc:11211");
+    let (proxy_gets, member_up) = wait_for(
+        "Prometheus to scrape the proxy's agent",
+        Duration::from_secs(60),
+        || async {
+            let gets = prometheus
+                .value(&format!(
+                    r#"memcached_proxy_commands_total{{{proxy_selector},command="get"}}"#
+                ))
+                .await?;
+            let up = prometheus
+                .value(&format!(
+                    r#"memcached_proxy_backend_up{{{proxy_selector},backend="{member}"}}"#
+                ))
+                .await?;
+            (gets >= 20.0).then_some((gets, up))
+        },
+    )
+    .await;
+    println!("Prometheus: the proxy's gets {proxy_gets}, {member} up {member_up}");
+    assert_eq!(member_up, 1.0);
 
     // A refused Memcached, so the error and Degraded series exist too: a quota of the Services
     // the namespace has ("cache"'s among them), so that "over-quota"'s is refused.

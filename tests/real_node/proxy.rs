@@ -12,6 +12,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::net::{http_get_from, metric_value};
 use serde_json::json;
 
 use crate::harness::{CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_for};
@@ -216,35 +217,46 @@ fn processes(pods: &[Pod]) -> BTreeMap<String, (u32, i32)> {
         .collect()
 }
 
-/// Scales to `size` and waits for the members and for every proxy to load the layout; prints
-/// and returns the keys then found through the proxy.
+/// Scales to `size` and waits for the members, for every proxy to load the layout and to reach
+/// every member in it (a member that just joined is reached once the cluster's DNS answers for
+/// its name); prints and returns the keys then found through the proxy.
 async fn scale(client: &Client, ns: &str, ip: &str, pods: &[Pod], size: i32, what: &str) -> u64 {
     let before = loads(pods).await;
     let started = Instant::now();
     set_size(client, ns, "cache", size).await;
     let loaded = wait_loaded(pods, &before, started).await;
+    wait_serving(pods).await;
+    let serving = started.elapsed();
     let found = through_proxy(ns, ip, false).await;
     println!(
-        "{what}: the layout loaded by every proxy after {:.1} s; {found} of {KEYS} keys found through the proxy",
-        loaded.as_secs_f64()
+        "{what}: the layout loaded by every proxy after {:.1} s, every member reached through each after {:.1} s; {found} of {KEYS} keys found through the proxy",
+        loaded.as_secs_f64(),
+        serving.as_secs_f64()
     );
     found
 }
 
-/// Memcached `cache` of 3 members of sid's memcached behind 2 proxies (`proxy` is its
-/// spec.proxy), serving; the proxies' pods and the proxy's Service address.
+/// Memcached `cache` of 3 members of sid's memcached behind 2 proxies (`spec` has its
+/// spec.proxy, and whatever else it sets), serving; the proxies' pods and the proxy's Service
+/// address.
 pub async fn proxied(
     client: &Client,
     node: &RealNode,
     ns: &str,
-    proxy: serde_json::Value,
+    spec: serde_json::Value,
 ) -> (Vec<Pod>, SocketAddr) {
-    let mc: Memcached = serde_json::from_value(json!({
+    let mut mc: Memcached = serde_json::from_value(json!({
         "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
         "metadata": {"name": "cache"},
-        "spec": {"size": 3, "image": node.var("MEMCACHED_SID_IMAGE"), "proxy": proxy},
+        "spec": {"size": 3, "image": node.var("MEMCACHED_SID_IMAGE")},
     }))
     .unwrap();
+    let mut merged = serde_json::to_value(&mc.spec).unwrap();
+    merged
+        .as_object_mut()
+        .unwrap()
+        .extend(spec.as_object().unwrap().clone());
+    mc.spec = serde_json::from_value(merged).unwrap();
     create(client, ns, &mc).await;
     wait_converged(client, ns, "cache", 3).await;
     let pods = proxies(client, ns, 2).await;
@@ -264,9 +276,31 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     let node = RealNode::get();
     let ns = real_namespace(&client, "proxy").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
-    let proxy = json!({"enabled": true, "handoverSeconds": 300});
-    let (pods, addr) = proxied(&client, &node, &ns, proxy).await;
+    // With monitoring, so that each proxy's agent serves the proxy's own view.
+    let spec = json!({"proxy": {"enabled": true, "handoverSeconds": 300},
+                      "monitoring": {"enabled": true}});
+    let (pods, addr) = proxied(&client, &node, &ns, spec).await;
     let ip = addr.ip().to_string();
+    let member = |n: u32| format!("cache-{n}.cache.{ns}.svc:11211");
+    for pod in &pods {
+        let view = proxy_metrics(pod).await;
+        assert_eq!(
+            metric_value(&view, "memcached_proxy_up"),
+            Some(1.0),
+            "{view}"
+        );
+        assert_eq!(
+            metric_value(&view, "memcached_proxy_layout_members"),
+            Some(3.0)
+        );
+        for n in 0..3 {
+            assert_eq!(
+                metric_value(&view, &backend_up(&member(n))),
+                Some(1.0),
+                "{view}"
+            );
+        }
+    }
 
     // A plain client, one address: every key reads back, spread over the members.
     let found = through_proxy(&ns, &ip, true).await;
@@ -321,9 +355,11 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     );
 
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
+    // The proxies' metrics show it counted bad meanwhile.
     let reader = Reader::start(addr);
     let members: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let lost = members.get("cache-1").await.unwrap().uid();
+    let watch = BackendWatch::start(&pods, &member(1));
     members
         .delete("cache-1", &DeleteParams::default().grace_period(0))
         .await
@@ -346,11 +382,29 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         ready.elapsed().as_secs_f64()
     );
     assert!(read.slowest < Duration::from_secs(1), "{read:?}");
+    let (down_after, down_in) = watch.finish().await;
+    println!(
+        "cache-1 counted bad in the metrics of {down_in} of 2 proxies, {:.1} s after its deletion",
+        down_after.as_secs_f64()
+    );
+    assert!(
+        down_in >= 1,
+        "a proxy that failed cache-1's requests says so"
+    );
     assert_eq!(
         through_proxy(&ns, &ip, true).await,
         KEYS,
         "cache-1 back in the layout"
     );
+    for pod in &pods {
+        let view = proxy_metrics(pod).await;
+        assert_eq!(
+            metric_value(&view, &backend_up(&member(1))),
+            Some(1.0),
+            "cache-1 up again for {}: {view}",
+            pod.name_any()
+        );
+    }
     let held = items(&client, &ns).await;
     assert!(held["cache-1"] > 0, "{held:?}");
 
@@ -399,4 +453,76 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         running,
         "still the same memcached in each proxy"
     );
+    for pod in &pods {
+        let view = proxy_metrics(pod).await;
+        let loaded = metric_value(&view, "memcached_proxy_config_reloads_total");
+        println!("{}: configurations loaded {loaded:?}", pod.name_any());
+        assert!(loaded >= Some(4.0), "every change loaded: {view}");
+        assert_eq!(
+            metric_value(&view, "memcached_proxy_config_reload_failures_total"),
+            Some(0.0)
+        );
+        assert_eq!(
+            metric_value(&view, "memcached_proxy_layout_refused"),
+            Some(0.0)
+        );
+    }
+}
+
+/// A proxy's metrics, as its agent serves them.
+async fn proxy_metrics(pod: &Pod) -> String {
+    let addr = SocketAddr::new(pod_ip(pod).into(), 9150);
+    match http_get_from(addr, "/metrics").await {
+        Some((200, body)) => body,
+        other => panic!("{}'s metrics: {other:?}", pod.name_any()),
+    }
+}
+
+fn backend_up(backend: &str) -> String {
+    format!(r#"memcached_proxy_backend_up{{backend="{backend}"}}"#)
+}
+
+/// Reads every proxy's metrics until finished: which of them counted `backend` bad, and when
+/// the first did.
+struct BackendWatch {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<(Option<Duration>, usize)>,
+}
+
+impl BackendWatch {
+    fn start(pods: &[Pod], backend: &str) -> BackendWatch {
+        let addrs: Vec<SocketAddr> = pods
+            .iter()
+            .map(|p| SocketAddr::new(pod_ip(p).into(), 9150))
+            .collect();
+        let series = backend_up(backend);
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut first = None;
+            let mut down = std::collections::BTreeSet::new();
+            while !*stopped.borrow() {
+                for addr in &addrs {
+                    if let Some((200, body)) = http_get_from(*addr, "/metrics").await
+                        && metric_value(&body, &series) == Some(0.0)
+                    {
+                        first.get_or_insert(started.elapsed());
+                        down.insert(*addr);
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            (first, down.len())
+        });
+        BackendWatch { stop, task }
+    }
+
+    async fn finish(self) -> (Duration, usize) {
+        self.stop.send(true).unwrap();
+        let (first, down) = self.task.await.unwrap();
+        (first.unwrap_or_default(), down)
+    }
 }

@@ -81,7 +81,7 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
     let node = RealNode::get();
     let ns = real_namespace(&client, "proxy-cost").await;
     let _op = operator_with_agent(&client, &node, &ns).await;
-    let (pods, proxy) = proxied(&client, &node, &ns, json!({"enabled": true})).await;
+    let (pods, proxy) = proxied(&client, &node, &ns, json!({"proxy": {"enabled": true}})).await;
 
     let members: Vec<SocketAddr> = member_pods(&client, &ns, "cache")
         .await
