@@ -35,6 +35,13 @@ pub enum Error {
     /// (legacy.rs says which).
     #[error("{0}")]
     Adoption(String),
+    /// A member rejoining the proxy's layout within a handover could not be emptied first.
+    #[error("emptying member {member} before it rejoins the proxy's layout: {source}")]
+    Flush {
+        member: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Why the API server refused to apply an object: the answer will be the same until the spec
@@ -71,6 +78,7 @@ impl Error {
             Error::Scale { .. } => "scale",
             Error::Foreign { .. } => "foreign",
             Error::Adoption(_) => "adoption",
+            Error::Flush { .. } => "flush",
         }
     }
 

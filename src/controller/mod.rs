@@ -6,6 +6,7 @@ mod binding;
 mod context;
 mod ensure;
 mod events;
+mod flush;
 mod legacy;
 mod members;
 mod outcome;

@@ -1,8 +1,9 @@
 //! The NetworkPolicy of `spec.networkPolicy`: memcached's ports open to the peers the user lists,
 //! the exporter's to the monitoring peers, the port where the autoscaler reads `stats` to the
-//! operator's pods, nothing else of the pods open to other pods. With `spec.proxy`, the proxy's
-//! pods are under the same rules (clients reach them on memcached's port, monitoring on the
-//! metrics port), and the members admit them.
+//! operator's pods (with `spec.proxy` too, where the operator empties a member that rejoins the
+//! layout), nothing else of the pods open to other pods. With `spec.proxy`, the proxy's pods are
+//! under the same rules (clients reach them on memcached's port, monitoring on the metrics
+//! port), and the members admit them.
 
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -44,9 +45,12 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
             from: Some(or_default(&wanted.metrics_from, every_namespace)),
         });
     }
-    let autoscaled = mc.spec.autoscaling_on().is_some();
+    // The autoscaler reads the members' stats; with the proxy, the operator empties a member
+    // that rejoins its layout within a handover (memcached's plain port: the proxy has no auth
+    // or TLS).
+    let operator_reads = mc.spec.autoscaling_on().is_some() || proxy::spec(mc).is_some();
     if let (true, Some(namespace), Some((port, _))) =
-        (autoscaled, operator_namespace, agent::stats_port(mc))
+        (operator_reads, operator_namespace, agent::stats_port(mc))
     {
         ingress.push(NetworkPolicyIngressRule {
             ports: Some(vec![tcp(port)]),
@@ -178,6 +182,13 @@ mod tests {
         );
         let off = serde_json::json!({"networkPolicy": {"enabled": true}});
         assert_eq!(stats_rule(off), None);
+        // With the proxy, to empty a member before it rejoins the layout.
+        let proxied = serde_json::json!({"networkPolicy": {"enabled": true},
+                                         "proxy": {"enabled": true}});
+        assert_eq!(
+            stats_rule(proxied).map(|(port, _)| port),
+            Some(Some(IntOrString::Int(11211)))
+        );
     }
 
     #[test]

@@ -98,9 +98,15 @@ pub async fn wait_loaded(pods: &[Pod], before: &[u64], started: Instant) -> Dura
 /// A plain client given only the proxy's address: writes the keys (unless `write` is false),
 /// reads them back; how many were found.
 async fn through_proxy(ns: &str, ip: &str, write: bool) -> u64 {
+    through_proxy_as(ns, ip, write, "value").await
+}
+
+/// As `through_proxy`, with the values `<values>-N`: how many read back as such.
+async fn through_proxy_as(ns: &str, ip: &str, write: bool, values: &str) -> u64 {
     let host = format!("cache-proxy.{ns}.svc");
     let answer = pymemcache(json!({
-        "servers": [format!("{host}:11211")], "addresses": {host: ip}, "keys": KEYS, "write": write,
+        "servers": [format!("{host}:11211")], "addresses": {host: ip}, "keys": KEYS,
+        "write": write, "values": values,
     }))
     .await;
     assert!(answer.get("error").is_none(), "{answer}");
@@ -221,13 +227,25 @@ fn processes(pods: &[Pod]) -> BTreeMap<String, (u32, i32)> {
 /// every member in it (a member that just joined is reached once the cluster's DNS answers for
 /// its name); prints and returns the keys then found through the proxy.
 async fn scale(client: &Client, ns: &str, ip: &str, pods: &[Pod], size: i32, what: &str) -> u64 {
+    scale_reading(client, ns, ip, pods, (size, "value"), what).await
+}
+
+/// As `scale`, reading back the values `<values>-N`.
+async fn scale_reading(
+    client: &Client,
+    ns: &str,
+    ip: &str,
+    pods: &[Pod],
+    (size, values): (i32, &str),
+    what: &str,
+) -> u64 {
     let before = loads(pods).await;
     let started = Instant::now();
     set_size(client, ns, "cache", size).await;
     let loaded = wait_loaded(pods, &before, started).await;
     wait_serving(pods).await;
     let serving = started.elapsed();
-    let found = through_proxy(ns, ip, false).await;
+    let found = through_proxy_as(ns, ip, false, values).await;
     println!(
         "{what}: the layout loaded by every proxy after {:.1} s, every member reached through each after {:.1} s; {found} of {KEYS} keys found through the proxy",
         loaded.as_secs_f64(),
@@ -353,6 +371,32 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         running,
         "the same memcached in each proxy, never restarted"
     );
+
+    // Wanted again while it drains: cache-3 rejoins emptied, so the values set meanwhile on the
+    // layout without it read back, not the ones it held.
+    assert_eq!(through_proxy_as(&ns, &ip, true, "again").await, KEYS);
+    let rejoined = scale_reading(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        (4, "again"),
+        "scale 3 -> 4 while cache-3 drains",
+    )
+    .await;
+    assert!(rejoined as f64 >= KEPT * KEYS as f64, "{rejoined}");
+    let held = items(&client, &ns).await;
+    println!("rejoined: held by member {held:?}");
+    let again = scale_reading(
+        &client,
+        &ns,
+        &ip,
+        &pods,
+        (3, "again"),
+        "scale 4 -> 3 again with the handover",
+    )
+    .await;
+    assert!(again as f64 >= KEPT * KEYS as f64, "{again}");
 
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
     // The proxies' metrics show it counted bad meanwhile.

@@ -75,7 +75,8 @@ def main():
         return cache_aside(client, **request["cache_aside"])
     if request.get("flush"):
         client.flush_all(noreply=False)
-    keys = {f"app-{i}": f"value-{i}" for i in range(request["keys"])}
+    prefix = request.get("values", "value")
+    keys = {f"app-{i}": f"{prefix}-{i}" for i in range(request["keys"])}
     per_server, stored = {}, 0
     for key, value in keys.items():
         if request.get("write", True):

@@ -4,13 +4,15 @@
 //! skipped); then an update of the members, one step; then the autoscaler; then the binding.
 //! A write refused or blocked by someone else's object ends as a reason for the report.
 
+use std::net::SocketAddr;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::desired::{Desired, Proxy};
 use super::observe::Seen;
@@ -22,7 +24,7 @@ use crate::controller::legacy::{self, Adoption};
 use crate::controller::members::own::{self, Written};
 use crate::controller::members::{self, Updating};
 use crate::controller::rollouts::Rollouts;
-use crate::controller::{autoscale, binding, rollouts, secrets};
+use crate::controller::{autoscale, binding, flush, rollouts, secrets};
 use crate::error::{Error, Result};
 use crate::resources::proxy;
 use crate::status::{self, Blocked};
@@ -76,11 +78,12 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         secrets::generate(&ctx.client, mc, name, &mut copied).await?;
     }
     let mut written = Written::default();
+    let rejoining = proxy.as_ref().map_or(&[][..], |p| p.rejoining.as_slice());
     if blocked.is_none() {
         let kept = async {
             tokio::try_join!(
                 own::apply(ctx, mc, &seen.members, &moves),
-                objects(ctx, mc, seen, desired)
+                objects(ctx, mc, seen, desired, rejoining)
             )
         };
         match kept.await {
@@ -132,7 +135,14 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
 }
 
 /// The objects beside the members: applied where they differ, deleted where no longer wanted.
-async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -> Result<()> {
+/// `rejoining`: members the proxy's new layout takes back, to empty first.
+async fn objects(
+    ctx: &Context,
+    mc: &Memcached,
+    seen: &Seen,
+    desired: Desired,
+    rejoining: &[i32],
+) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
     let budgets = kept(&ctx.client, &ns, Some(&ctx.cached.budgets)).map(|(api, _)| api);
@@ -142,7 +152,7 @@ async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -
     let service = seen.service.clone();
     tokio::try_join!(
         // Boxed: its futures would grow every reconcile's, and the debug build's stack.
-        Box::pin(proxy(ctx, mc, seen, desired.proxy)),
+        Box::pin(proxy(ctx, mc, seen, desired.proxy, rejoining)),
         ensure(
             ctx,
             mc,
@@ -184,8 +194,15 @@ async fn objects(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Desired) -
 }
 
 /// The proxy's objects (`spec.proxy`), applied where they differ, deleted when it is turned
-/// off. Its Service is ours to delete too, unlike the members'.
-async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Result<()> {
+/// off. Its Service is ours to delete too, unlike the members'. A new layout that takes back
+/// members still draining is written once they are emptied.
+async fn proxy(
+    ctx: &Context,
+    mc: &Memcached,
+    seen: &Seen,
+    desired: Proxy,
+    rejoining: &[i32],
+) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -196,6 +213,9 @@ async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Re
         (Some(kept), Some(wanted)) => kept.needs(wanted).then(|| layout_digest(wanted)),
         _ => None,
     };
+    if new_layout.is_some() {
+        empty(ctx, mc, rejoining).await?;
+    }
     ensure_optional(
         ctx,
         mc,
@@ -230,6 +250,31 @@ async fn proxy(ctx: &Context, mc: &Memcached, seen: &Seen, desired: Proxy) -> Re
             desired.budget
         ),
     )?;
+    Ok(())
+}
+
+/// Empties each member of `members` (by ordinal) on its pod's address.
+async fn empty(ctx: &Context, mc: &Memcached, members: &[i32]) -> Result<()> {
+    let name = mc.name_any();
+    let addresses = ctx
+        .cached
+        .pods
+        .addresses_of(&mc.namespace().unwrap_or_default(), &name);
+    for n in members {
+        let member = format!("{name}-{n}");
+        let emptied = match (
+            addresses.get(&member),
+            u16::try_from(mc.spec.container_port),
+        ) {
+            (Some(ip), Ok(port)) => flush::flush(SocketAddr::new(*ip, port)).await,
+            _ => Err(std::io::Error::other("it has no address")),
+        };
+        emptied.map_err(|source| Error::Flush {
+            member: member.clone(),
+            source,
+        })?;
+        info!(%member, "emptied before it rejoins the proxy's layout");
+    }
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 //! routed to a member that refuses it; keys move by the jump hash's share (a quarter, 3 → 4).
 //! For `handoverSeconds` after a change, reads that miss ask the previous layout and deletes go
 //! to both; a member leaving the layout keeps serving until then, and is deleted after. A
-//! change during a handover starts a new one from the layout it replaces.
+//! change during a handover starts a new one from the layout it replaces; a member that left
+//! and is wanted again within it is emptied before it rejoins.
 
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub struct ProxyPlan {
     pub keep: i32,
     /// When the handover ends, from now.
     pub ends_in: Option<Duration>,
+    /// Members joining the layout that left it within the window and still run (draining):
+    /// each is emptied before the layout with it is written, or a key set meanwhile on the
+    /// layout without it would read back at its old value from it.
+    pub rejoining: Vec<i32>,
 }
 
 /// How long members the previous layout held stay after the handover ends: the proxies load the
@@ -49,6 +54,12 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         true => routed,
         false => size,
     };
+    let rejoining = match &running {
+        Some(h) => (routed..members)
+            .filter(|n| *n < h.previous_members)
+            .collect(),
+        None => Vec::new(),
+    };
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
     let handover = match members == routed {
         true => running,
@@ -71,6 +82,7 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         keep: size.max(handover.as_ref().map_or(0, |h| h.previous_members)),
         ends_in: next.map(|at| at.duration_since(now).unsigned_abs()),
         handover,
+        rejoining,
     })
 }
 
@@ -170,6 +182,22 @@ mod tests {
         draining.spec.proxy.as_mut().unwrap().handover_seconds = 0;
         let plan = layout(&draining, all, now).unwrap();
         assert_eq!((plan.keep, plan.handover), (3, None), "ended at once");
+    }
+
+    #[test]
+    fn a_member_wanted_again_while_it_drains_is_emptied_before_it_rejoins() {
+        let now = Timestamp::now();
+        // 4 -> 3, cache-3 draining, then 4 again: it rejoins, emptied first.
+        let back = layout(&proxied(4, Some((3, Some((4, 120)))), now), all, now).unwrap();
+        assert_eq!((back.members, back.rejoining), (4, vec![3]));
+        assert_eq!(back.handover.unwrap().previous_members, 3);
+        // A new member, or one that left before the window (and its grace) ended, is empty.
+        let new = layout(&proxied(5, Some((3, Some((4, 120)))), now), all, now).unwrap();
+        assert_eq!((new.members, new.rejoining), (5, vec![3]));
+        let fresh = layout(&proxied(4, Some((3, Some((4, -16)))), now), all, now).unwrap();
+        assert_eq!(fresh.rejoining, Vec::<i32>::new());
+        let out = layout(&proxied(4, Some((3, None)), now), all, now).unwrap();
+        assert_eq!(out.rejoining, Vec::<i32>::new());
     }
 
     #[test]
