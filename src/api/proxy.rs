@@ -22,8 +22,9 @@ pub struct ProxySpec {
     #[schemars(range(min = 1, max = 100))]
     pub replicas: i32,
 
-    /// Container image of the proxy: a memcached built with its proxy (1.6.23 or later; the
-    /// route library is embedded since 1.6.33). Defaults to the members' image.
+    /// Container image of the proxy: a memcached built with its proxy and route library (1.6.33
+    /// or later). Defaults to the members' image. One older by its tag, or whose memcached
+    /// refuses the proxy's option when its pods start, gives Degraded (InvalidSpec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,

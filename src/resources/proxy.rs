@@ -45,6 +45,10 @@ pub const CONFIG_DIR: &str = "/run/memcached-proxy";
 pub const CONTAINER: &str = "proxy";
 /// The agent beside it.
 pub const AGENT_CONTAINER: &str = "route-agent";
+/// The init container that runs the proxy's image as `memcached -o proxy_config=routelib -V`:
+/// a memcached without the proxy refuses the option and exits, so an image without it is told
+/// before anything runs (its message is memcached's).
+pub const CHECK_CONTAINER: &str = "proxy-check";
 /// `app.kubernetes.io/name` of the proxy's pods: not the members' (`memcached`), so that
 /// nothing selecting members selects them.
 pub const NAME_LABEL: &str = "memcached-proxy";
@@ -57,7 +61,9 @@ const LAYOUT_VOLUME: &str = "layout";
 const CONFIG_VOLUME: &str = "config";
 const BINARY: &str = "/memcached-operator";
 
+mod image;
 mod layout;
+pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_image, too_old};
 pub use layout::Layout;
 
 /// Whether the Memcached runs the proxy.
@@ -82,50 +88,6 @@ pub fn address(mc: &Memcached) -> String {
         mc.namespace().unwrap_or_default(),
         mc.spec.container_port
     )
-}
-
-/// The first memcached with the proxy.
-pub const FIRST_VERSION: (u32, u32, u32) = (1, 6, 23);
-
-/// The memcached version `image`'s tag names (`memcached:1.6.18-bookworm` → 1.6.18), when it
-/// is older than the proxy; None for a newer one, or a tag that names no version (a digest, a
-/// name of one's own), which the proxy's pods themselves will tell.
-pub fn too_old(image: &str) -> Option<String> {
-    let tag = image.rsplit_once(':').map(|(_, tag)| tag)?;
-    if tag.contains('/') || image.contains('@') {
-        return None;
-    }
-    let numbers: Vec<u32> = tag
-        .split(|c: char| !c.is_ascii_digit())
-        .take(3)
-        .map(|n| n.parse().ok())
-        .collect::<Option<_>>()?;
-    let [major, minor, patch] = numbers[..] else {
-        return None;
-    };
-    let version = format!("{major}.{minor}.{patch}");
-    tag.starts_with(&version)
-        .then_some(())
-        .filter(|()| (major, minor, patch) < FIRST_VERSION)
-        .map(|()| version)
-}
-
-/// Why the proxy cannot run, naming the field that chose its image: one too old for the proxy.
-pub fn invalid_image(mc: &Memcached, memcached_image: &str) -> Option<String> {
-    let proxy = spec(mc)?;
-    let (field, image) = match (&proxy.image, &mc.spec.image) {
-        (Some(image), _) => ("spec.proxy.image", image.as_str()),
-        (None, Some(image)) => ("spec.image (the proxy's default)", image.as_str()),
-        (None, None) => (
-            "the operator's default memcached image (the proxy's default)",
-            memcached_image,
-        ),
-    };
-    let version = too_old(image)?;
-    let (a, b, c) = FIRST_VERSION;
-    Some(format!(
-        "{field}: {image} is memcached {version}, which has no proxy (memcached {a}.{b}.{c} or later has it); set spec.proxy.image to one that does"
-    ))
 }
 
 /// The labels of the proxy's pods, which its Deployment and Service select.
@@ -326,8 +288,21 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };
+    let check = Container {
+        name: CHECK_CONTAINER.to_string(),
+        image: proxy_container.image.clone(),
+        command: Some(vec!["memcached".to_string()]),
+        args: Some(vec![
+            "-o".to_string(),
+            "proxy_config=routelib".to_string(),
+            "-V".to_string(),
+        ]),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        ..Container::default()
+    };
     let pod = PodSpec {
-        init_containers: Some(vec![agent("route-init", true)]),
+        init_containers: Some(vec![check, agent("route-init", true)]),
         containers: vec![proxy_container, agent(AGENT_CONTAINER, false)],
         // The agent signals memcached (SIGHUP) as memcached's own user.
         share_process_namespace: Some(true),

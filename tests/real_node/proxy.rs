@@ -15,7 +15,9 @@ use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::{http_get_from, metric_value};
 use serde_json::json;
 
-use crate::harness::{CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_for};
+use crate::harness::{
+    CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_degraded_saying, wait_for,
+};
 use crate::{RealNode, operator_with_agent, pod_ip, pymemcache, real_namespace, restart_counts};
 
 const KEYS: u64 = 10_000;
@@ -397,6 +399,8 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     )
     .await;
     assert!(again as f64 >= KEPT * KEYS as f64, "{again}");
+    // The keys as the readers below expect them.
+    fresh(&client, &ns, &ip).await;
 
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
     // The proxies' metrics show it counted bad meanwhile.
@@ -569,4 +573,45 @@ impl BackendWatch {
         let (first, down) = self.task.await.unwrap();
         (first.unwrap_or_default(), down)
     }
+}
+
+#[tokio::test]
+async fn an_image_without_the_proxy_is_refused_in_memcacheds_words() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "proxy-image").await;
+    let _op = operator_with_agent(&client, &node, &ns).await;
+    // Debian bookworm's memcached (1.6.18, built without the proxy) under a tag that names no
+    // version: only running it tells.
+    let custom = "localhost/memcached:custom";
+    node.ctr(&["images", "tag", "--force", node.memcached_image(), custom]);
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "cache"},
+        "spec": {"size": 1, "image": node.var("MEMCACHED_SID_IMAGE"),
+                 "proxy": {"enabled": true, "replicas": 1, "image": custom}},
+    }))
+    .unwrap();
+    create(&client, &ns, &mc).await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let message = wait_degraded_saying(&mcs, "cache", "InvalidSpec", custom, CONVERGE).await;
+    println!("a proxy image without the proxy: {message}");
+    assert!(
+        message.starts_with(&format!(
+            "spec.proxy.image: {custom} cannot run memcached's proxy (memcached says: Illegal suboption"
+        )),
+        "{message}"
+    );
+    // The members serve meanwhile; an image with the proxy is applied at once.
+    assert_eq!(member_pods(&client, &ns, "cache").await.len(), 1);
+    mcs.patch(
+        "cache",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"proxy": {"image": node.var("MEMCACHED_SID_IMAGE")}}})),
+    )
+    .await
+    .unwrap();
+    wait_converged(&client, &ns, "cache", 1).await;
+    let pods = proxies(&client, &ns, 1).await;
+    wait_serving(&pods).await;
 }

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
 use super::desired::{self, Desired};
@@ -18,7 +19,8 @@ use crate::controller::context::Context;
 use crate::controller::ensure::{kept, lookup, lookup_optional, lookup_optional_named};
 use crate::controller::members::own;
 use crate::controller::secrets::{self, Mounts};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::resources::proxy;
 use crate::service_monitor::ServiceMonitor;
 use crate::status::pods::PodTrouble;
 use crate::watch::owned::OwnedObject;
@@ -52,6 +54,8 @@ pub struct SeenProxy {
     pub service: Option<Arc<OwnedObject<Service>>>,
     pub config_map: Option<Arc<OwnedObject<ConfigMap>>>,
     pub budget: Option<Arc<OwnedObject<PodDisruptionBudget>>>,
+    /// Why the wanted image cannot run the proxy, as a pod that failed its check told.
+    pub refused_image: Option<String>,
 }
 
 /// Reads what a reconcile of `mc` decides from; `desired` says which optional objects are
@@ -95,7 +99,7 @@ pub async fn observe(ctx: &Context, mc: &Memcached, desired: &Desired) -> Result
 /// The proxy's objects: looked up while it is wanted, else only ours in the caches (to delete).
 async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Result<SeenProxy> {
     let ns = mc.namespace().unwrap_or_default();
-    let name = crate::resources::proxy::name(mc);
+    let name = proxy::name(mc);
     let wanted = desired.deployment.is_some();
     let (deployments, services, config_maps, budgets) = (
         kept(&ctx.client, &ns, Some(&ctx.cached.deployments)),
@@ -109,10 +113,53 @@ async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Resul
         lookup_optional_named(config_maps.as_ref(), mc, &name, wanted),
         lookup_optional_named(budgets.as_ref(), mc, &name, desired.budget.is_some()),
     )?;
+    let said = match (&deployment, desired.deployment.as_ref()) {
+        (Some(kept), Some(wanted)) if !all_ready(kept, wanted) => {
+            failed_check(ctx, mc, wanted).await?
+        }
+        _ => None,
+    };
+    let memcached_image = crate::resources::image(mc, &ctx.config.images.memcached);
+    let refused_image = said.and_then(|said| proxy::refused_image(mc, memcached_image, &said));
     Ok(SeenProxy {
         deployment,
         service,
         config_map,
         budget,
+        refused_image,
     })
+}
+
+/// Whether the Deployment has as many pods Ready as `wanted` asks for.
+fn all_ready(kept: &OwnedObject<Deployment>, wanted: &Deployment) -> bool {
+    let replicas = wanted.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    kept.status.as_ref().map_or(0, |s| s.ready_replicas) >= replicas
+}
+
+/// While the proxy's pods are not all Ready: whether one failed the check of the image `wanted`
+/// runs (read from the pods, which only then are listed).
+async fn failed_check(
+    ctx: &Context,
+    mc: &Memcached,
+    wanted: &Deployment,
+) -> Result<Option<String>> {
+    let image = wanted
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.init_containers.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == proxy::CHECK_CONTAINER))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let selector = proxy::selector_string(mc);
+    let listed = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| Error::Read {
+            kind: "Pod".to_string(),
+            name: selector.clone(),
+            source,
+        })?;
+    Ok(proxy::failed_check(&listed.items, &image))
 }

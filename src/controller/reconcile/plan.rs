@@ -156,6 +156,9 @@ fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
     if let Some(message) = desired.proxy.invalid_image.clone() {
         return Some(Blocked::InvalidSpec { message });
     }
+    if let Some(message) = seen.proxy.refused_image.clone() {
+        return Some(Blocked::InvalidSpec { message });
+    }
     if desired.policy.is_some() && !seen.keeps_policies {
         return Some(Blocked::Refused {
             refusal: Refusal::Forbidden,

@@ -183,8 +183,10 @@ fn an_image_older_than_the_proxy_is_named_with_its_field() {
         Some("1.6.18")
     );
     assert_eq!(too_old("memcached:1.5.22").as_deref(), Some("1.5.22"));
+    // The proxy without its route library embedded, which the pods' configuration names.
+    assert_eq!(too_old("memcached:1.6.23").as_deref(), Some("1.6.23"));
     for has_it in [
-        "memcached:1.6.23",
+        "memcached:1.6.33",
         "memcached:1.6.45-alpine",
         "localhost/memcached:1.6.45-sid",
         "registry:5000/memcached",
@@ -247,7 +249,8 @@ fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks()
         Some("metrics")
     );
     // The init container renders once and serves nothing.
-    let init = &pod.init_containers.unwrap()[0];
+    let inits = pod.init_containers.unwrap();
+    let init = inits.iter().find(|c| c.name == "route-init").unwrap();
     assert!(
         !init
             .args
@@ -296,4 +299,61 @@ fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks()
             });
         assert!(matches, "{labels:?} by {selector:?}");
     }
+}
+
+#[test]
+fn an_image_without_the_proxy_is_told_by_its_check_and_named_with_its_field() {
+    let mut mc = proxied(3);
+    mc.spec.proxy.as_mut().unwrap().image = Some("my/memcached:custom".into());
+    let pod_spec = deployment(&mc, "memcached:1.6.45", "operator:1")
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let check = &pod_spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(check.name, CHECK_CONTAINER, "the check runs first");
+    assert_eq!(check.image.as_deref(), Some("my/memcached:custom"));
+    assert_eq!(
+        check.args.as_deref().unwrap(),
+        ["-o", "proxy_config=routelib", "-V"]
+    );
+    // A pod whose check exited, as the kubelet reports it (memcached's message as the
+    // termination message), then one restarted and waiting.
+    let pod = |image: &str, terminated: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [], "initContainers": [{"name": CHECK_CONTAINER, "image": image}]},
+            "status": {"initContainerStatuses": [{
+                "name": CHECK_CONTAINER, "image": image, "imageID": "", "ready": false,
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": terminated},
+            }]},
+        }))
+        .unwrap()
+    };
+    let refused = pod(
+        "my/memcached:custom",
+        serde_json::json!({"exitCode": 1, "message": "Illegal suboption \"proxy_config=routelib\"\n"}),
+    );
+    let said = failed_check(std::slice::from_ref(&refused), "my/memcached:custom").unwrap();
+    assert_eq!(said, "Illegal suboption \"proxy_config=routelib\"\n");
+    let message = refused_image(&mc, "x", &said).unwrap();
+    assert!(
+        message.starts_with("spec.proxy.image: my/memcached:custom cannot run memcached's proxy (memcached says: Illegal suboption"),
+        "{message}"
+    );
+    // A pod of another image (since changed), or one whose check passed, says nothing.
+    assert_eq!(
+        failed_check(std::slice::from_ref(&refused), "memcached:1.6.45"),
+        None
+    );
+    let passed = pod("my/memcached:custom", serde_json::json!({"exitCode": 0}));
+    assert_eq!(failed_check(&[passed], "my/memcached:custom"), None);
+    let silent = pod("my/memcached:custom", serde_json::json!({"exitCode": 64}));
+    assert_eq!(
+        failed_check(&[silent], "my/memcached:custom").as_deref(),
+        Some("exit code 64")
+    );
 }
