@@ -89,26 +89,30 @@ pub fn render(answers: Option<&Answers>, view: &View) -> String {
     );
     if let Some(answers) = answers {
         let stats = stat_lines(&answers.stats);
-        counter(
-            "memcached_proxy_config_reloads_total",
-            "Route configurations memcached loaded (proxy_config_reloads).",
-            stats.get("proxy_config_reloads").copied(),
-        );
-        counter(
-            "memcached_proxy_config_reload_failures_total",
-            "Route configurations memcached failed to load (proxy_config_reload_fails).",
-            stats.get("proxy_config_reload_fails").copied(),
-        );
-        counter(
-            "memcached_proxy_backend_failures_total",
-            "Connections to members that failed (proxy_backend_failed).",
-            stats.get("proxy_backend_failed").copied(),
-        );
-        counter(
-            "memcached_proxy_backends_marked_bad_total",
-            "Times a member was marked bad after failed requests (proxy_backend_marked_bad).",
-            stats.get("proxy_backend_marked_bad").copied(),
-        );
+        for (name, help, stat) in [
+            (
+                "memcached_proxy_config_reloads_total",
+                "Route configurations memcached loaded (proxy_config_reloads).",
+                "proxy_config_reloads",
+            ),
+            (
+                "memcached_proxy_config_reload_failures_total",
+                "Route configurations memcached failed to load (proxy_config_reload_fails).",
+                "proxy_config_reload_fails",
+            ),
+            (
+                "memcached_proxy_backend_failures_total",
+                "Connections to members that failed (proxy_backend_failed).",
+                "proxy_backend_failed",
+            ),
+            (
+                "memcached_proxy_backends_marked_bad_total",
+                "Times a member was marked bad after failed requests (proxy_backend_marked_bad).",
+                "proxy_backend_marked_bad",
+            ),
+        ] {
+            counter(name, help, stats.get(stat).copied());
+        }
         if let Some(n) = stats.get("curr_connections").and_then(|v| v.parse().ok()) {
             gauge(
                 "memcached_proxy_current_connections",

@@ -239,17 +239,22 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
     })
 }
 
-/// The headless Service through which clients find every memcached pod by DNS; with monitoring,
-/// also the exporters' `metrics` port, which a ServiceMonitor (or any endpoints-based scrape
-/// configuration) selects.
-pub fn service(mc: &Memcached) -> Service {
-    let port = |name: &str, port| ServicePort {
+/// A Service's TCP port `port` that targets the pods' port of the same `name`.
+fn named_port(name: &str, port: i32) -> ServicePort {
+    ServicePort {
         name: Some(name.to_string()),
         port,
         target_port: Some(IntOrString::String(name.to_string())),
         protocol: Some("TCP".to_string()),
         ..ServicePort::default()
-    };
+    }
+}
+
+/// The headless Service through which clients find every memcached pod by DNS; with monitoring,
+/// also the exporters' `metrics` port, which a ServiceMonitor (or any endpoints-based scrape
+/// configuration) selects.
+pub fn service(mc: &Memcached) -> Service {
+    let port = named_port;
     let mut ports = vec![port("memcached", mc.spec.container_port)];
     if let Some(plain) = tls::plaintext_port(mc) {
         ports.push(port(tls::PLAINTEXT_PORT_NAME, plain));

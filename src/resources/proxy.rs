@@ -17,8 +17,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume,
+    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -163,13 +162,7 @@ pub fn config_map(mc: &Memcached, layout: &Layout) -> ConfigMap {
 /// None without the proxy.
 pub fn service(mc: &Memcached) -> Option<Service> {
     spec(mc)?;
-    let port = |name: &str, port| ServicePort {
-        name: Some(name.to_string()),
-        port,
-        target_port: Some(IntOrString::String(name.to_string())),
-        protocol: Some("TCP".to_string()),
-        ..ServicePort::default()
-    };
+    let port = super::named_port;
     let mut ports = vec![port("memcached", mc.spec.container_port)];
     if monitored(mc) {
         ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));

@@ -215,6 +215,17 @@ fn an_image_older_than_the_proxy_is_named_with_its_field() {
     assert_eq!(invalid_image(&mc, "x"), None);
 }
 
+/// The proxy pods' spec, of the members' default image 1.6.45.
+fn pod_spec(mc: &Memcached) -> PodSpec {
+    deployment(mc, "memcached:1.6.45", "operator:1")
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+}
+
 #[test]
 fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks() {
     let mut mc = proxied(3);
@@ -223,13 +234,7 @@ fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks()
         enabled: true,
         image: None,
     });
-    let pod = deployment(&mc, "memcached:1.6.45", "operator:1")
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod = pod_spec(&mc);
     let agent = pod
         .containers
         .iter()
@@ -305,13 +310,7 @@ fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks()
 fn an_image_without_the_proxy_is_told_by_its_check_and_named_with_its_field() {
     let mut mc = proxied(3);
     mc.spec.proxy.as_mut().unwrap().image = Some("my/memcached:custom".into());
-    let pod_spec = deployment(&mc, "memcached:1.6.45", "operator:1")
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod_spec = pod_spec(&mc);
     let check = &pod_spec.init_containers.as_ref().unwrap()[0];
     assert_eq!(check.name, CHECK_CONTAINER, "the check runs first");
     assert_eq!(check.image.as_deref(), Some("my/memcached:custom"));
