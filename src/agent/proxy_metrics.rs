@@ -30,6 +30,9 @@ pub struct View {
     pub rendered: Option<Layout>,
     /// The mounted layout fails the check: memcached keeps routing by `rendered`.
     pub refused: bool,
+    /// memcached failed to load the configuration rendered from `rendered`: it keeps routing by
+    /// the one before, until a later layout loads.
+    pub load_failed: bool,
 }
 
 /// memcached's answers to `stats`, `stats proxy` and `stats proxybe`.
@@ -40,7 +43,7 @@ pub struct Answers {
 }
 
 /// `STAT <name> <value>` lines as a map (memcached's stats answers).
-fn stat_lines(answer: &str) -> BTreeMap<&str, &str> {
+pub(super) fn stat_lines(answer: &str) -> BTreeMap<&str, &str> {
     answer
         .lines()
         .filter_map(|line| {
@@ -75,6 +78,11 @@ pub fn render(answers: Option<&Answers>, view: &View) -> String {
         "memcached_proxy_layout_refused",
         "1 while the layout the operator wrote fails the agent's check: the proxy keeps the last one it loaded.",
         view.refused as i64,
+    );
+    gauge(
+        "memcached_proxy_layout_load_failed",
+        "1 while memcached failed to load the configuration of the operator's latest layout: it keeps routing by the one before.",
+        view.load_failed as i64,
     );
     let layout = view.rendered.as_ref();
     gauge(
@@ -184,7 +192,7 @@ pub fn names() -> Vec<String> {
             members: vec!["a:1".into()],
             previous: vec![],
         }),
-        refused: false,
+        ..View::default()
     };
     render(Some(&answers), &view)
         .lines()
@@ -258,7 +266,7 @@ mod tests {
                 members: members.iter().map(|m| m.to_string()).collect(),
                 previous: previous.iter().map(|m| m.to_string()).collect(),
             }),
-            refused: false,
+            ..View::default()
         }
     }
 
@@ -297,6 +305,7 @@ mod tests {
             "memcached_proxy_layout_members 2",
             "memcached_proxy_layout_handover 1",
             "memcached_proxy_layout_refused 0",
+            "memcached_proxy_layout_load_failed 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }

@@ -16,12 +16,15 @@ use clap::Args;
 use rustix::process::Signal;
 use tracing::{info, warn};
 
-use super::proxy_metrics::{View, serve_metrics};
+use super::loopback::stats_answers;
+use super::proxy_metrics::{View, serve_metrics, stat_lines};
 use super::{MEMCACHED, signal_processes};
 use crate::resources::proxy::Layout;
 
 /// How often the agent reads the mounted layout.
 const POLL: Duration = Duration::from_secs(1);
+/// How long memcached may take to say it loaded a configuration (it does so at its next tick).
+const LOAD_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Args, Debug, Clone)]
 pub struct RouteArgs {
@@ -38,7 +41,8 @@ pub struct RouteArgs {
     /// Serve the proxy's metrics (`GET /metrics`) on this address.
     #[arg(long)]
     pub metrics_address: Option<SocketAddr>,
-    /// memcached's listener, where the metrics read its stats.
+    /// memcached's listener, where the agent reads whether it loaded a configuration, and the
+    /// metrics its stats.
     #[arg(long, default_value = "127.0.0.1:11211")]
     pub memcached: SocketAddr,
 }
@@ -97,7 +101,7 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
     // signals nobody, and otherwise writes the layout and signals memcached.
     let view = Arc::new(Mutex::new(View {
         rendered: already_rendered(&args),
-        refused: false,
+        ..View::default()
     }));
     if let Some(address) = args.metrics_address {
         serve_metrics(address, args.memcached, view.clone()).await?;
@@ -106,11 +110,20 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
     loop {
         match sync(&view, &args) {
             Ok(true) => {
+                let before = reload_counts(args.memcached).await;
                 let signalled = signal_processes(MEMCACHED, Signal::HUP)?;
                 info!(
                     processes = signalled.pids.len(),
                     "memcached asked to load the new configuration"
                 );
+                let failed = match before {
+                    Ok(before) => load_failed(args.memcached, before).await,
+                    Err(error) => {
+                        warn!(%error, "cannot read memcached's reload counts: its load is not known");
+                        false
+                    }
+                };
+                view.lock().expect("not poisoned").load_failed = failed;
             }
             Ok(false) => {}
             Err(error) => warn!(%error, "cannot read the layout"),
@@ -120,6 +133,41 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
             _ = terminate.recv() => return Ok(()),
         }
     }
+}
+
+/// memcached's configuration loads and failed loads so far.
+async fn reload_counts(memcached: SocketAddr) -> io::Result<(u64, u64)> {
+    let [stats] = tokio::time::timeout(POLL, stats_answers(memcached, ["stats"]))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to stats in time"))??;
+    let lines = stat_lines(&stats);
+    let count = |name: &str| lines.get(name).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok((
+        count("proxy_config_reloads"),
+        count("proxy_config_reload_fails"),
+    ))
+}
+
+/// Whether memcached failed to load the configuration it was just asked to (its failed loads
+/// grew past `before`), waiting up to `LOAD_WAIT` for either count to move: it loads at its
+/// next clock tick.
+async fn load_failed(memcached: SocketAddr, before: (u64, u64)) -> bool {
+    let deadline = tokio::time::Instant::now() + LOAD_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match reload_counts(memcached).await {
+            Ok((_, fails)) if fails > before.1 => {
+                warn!(
+                    "memcached failed to load the configuration: it keeps routing by the one before"
+                );
+                return true;
+            }
+            Ok((loads, _)) if loads > before.0 => return false,
+            _ => {}
+        }
+    }
+    warn!("memcached did not say it loaded the configuration");
+    false
 }
 
 #[cfg(test)]

@@ -261,8 +261,8 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             ]
             .into_iter()
             .chain(once.then(|| "--once".to_string()))
+            .chain((!once).then(|| format!("--memcached=127.0.0.1:{port}")))
             .chain((!once && metrics).then(|| format!("--metrics-address=0.0.0.0:{EXPORTER_PORT}")))
-            .chain((!once && metrics).then(|| format!("--memcached=127.0.0.1:{port}")))
             .collect(),
         ),
         ports: (!once && metrics).then(|| {

@@ -110,12 +110,17 @@ impl Owned for Deployment {
     }
 }
 
-/// What a reconcile reads of a Deployment's status (the proxy's).
+/// What a reconcile reads of a Deployment's status (the proxy's): how many pods are Ready, and
+/// whether a rollout is under way (more pods than wanted, or not all of the current template).
 #[derive(Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DeploymentSeen {
     #[serde(default)]
     pub ready_replicas: i32,
+    #[serde(default)]
+    pub updated_replicas: i32,
+    #[serde(default)]
+    pub replicas: i32,
 }
 
 impl Owned for ConfigMap {

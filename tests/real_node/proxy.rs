@@ -514,6 +514,10 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
             metric_value(&view, "memcached_proxy_layout_refused"),
             Some(0.0)
         );
+        assert_eq!(
+            metric_value(&view, "memcached_proxy_layout_load_failed"),
+            Some(0.0)
+        );
     }
 }
 

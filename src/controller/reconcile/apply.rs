@@ -194,8 +194,8 @@ async fn objects(
 }
 
 /// The proxy's objects (`spec.proxy`), applied where they differ, deleted when it is turned
-/// off. Its Service is ours to delete too, unlike the members'. A new layout that takes back
-/// members still draining is written once they are emptied.
+/// off. Its Service is ours to delete too, unlike the members'. Members wanted again while they
+/// drain are emptied first.
 async fn proxy(
     ctx: &Context,
     mc: &Memcached,
@@ -213,9 +213,7 @@ async fn proxy(
         (Some(kept), Some(wanted)) => kept.needs(wanted).then(|| layout_digest(wanted)),
         _ => None,
     };
-    if new_layout.is_some() {
-        empty(ctx, mc, rejoining).await?;
-    }
+    empty(ctx, mc, rejoining).await?;
     ensure_optional(
         ctx,
         mc,

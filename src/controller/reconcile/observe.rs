@@ -114,7 +114,7 @@ async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Resul
         lookup_optional_named(budgets.as_ref(), mc, &name, desired.budget.is_some()),
     )?;
     let said = match (&deployment, desired.deployment.as_ref()) {
-        (Some(kept), Some(wanted)) if !all_ready(kept, wanted) => {
+        (Some(kept), Some(wanted)) if !settled(kept, wanted) => {
             failed_check(ctx, mc, wanted).await?
         }
         _ => None,
@@ -130,14 +130,17 @@ async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Resul
     })
 }
 
-/// Whether the Deployment has as many pods Ready as `wanted` asks for.
-fn all_ready(kept: &OwnedObject<Deployment>, wanted: &Deployment) -> bool {
-    let replicas = wanted.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    kept.status.as_ref().map_or(0, |s| s.ready_replicas) >= replicas
+/// Whether the Deployment runs just the pods `wanted` asks for, all of its current template and
+/// Ready: no rollout under way (one stalled on a new image leaves the old pods Ready).
+fn settled(kept: &OwnedObject<Deployment>, wanted: &Deployment) -> bool {
+    let n = wanted.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    kept.status
+        .as_ref()
+        .is_some_and(|s| s.ready_replicas >= n && s.updated_replicas >= n && s.replicas == n)
 }
 
-/// While the proxy's pods are not all Ready: whether one failed the check of the image `wanted`
-/// runs (read from the pods, which only then are listed).
+/// While the proxy's Deployment is not settled: whether a pod failed the check of the image
+/// `wanted` runs (read from the pods, which only then are listed).
 async fn failed_check(
     ctx: &Context,
     mc: &Memcached,

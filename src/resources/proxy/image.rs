@@ -91,6 +91,14 @@ pub fn failed_check(pods: &[Pod], image: &str) -> Option<String> {
             .as_ref()?
             .iter()
             .find(|s| s.name == CHECK_CONTAINER)?;
+        // A check that failed once and passed since (its pod restarted) says nothing: only one
+        // failing now, or waiting to be run again after failing, does.
+        let now = status.state.as_ref()?;
+        let passed =
+            now.running.is_some() || now.terminated.as_ref().is_some_and(|t| t.exit_code == 0);
+        if passed {
+            return None;
+        }
         let ended = [status.state.as_ref(), status.last_state.as_ref()]
             .into_iter()
             .flatten()

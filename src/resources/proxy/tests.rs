@@ -350,6 +350,20 @@ fn an_image_without_the_proxy_is_told_by_its_check_and_named_with_its_field() {
     );
     let passed = pod("my/memcached:custom", serde_json::json!({"exitCode": 0}));
     assert_eq!(failed_check(&[passed], "my/memcached:custom"), None);
+    // Failed once, passed since: the pod's check now terminated with 0.
+    let mut recovered = refused.clone();
+    let statuses = recovered
+        .status
+        .as_mut()
+        .unwrap()
+        .init_container_statuses
+        .as_mut()
+        .unwrap();
+    statuses[0].state = serde_json::from_value(
+        serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+    )
+    .unwrap();
+    assert_eq!(failed_check(&[recovered], "my/memcached:custom"), None);
     let silent = pod("my/memcached:custom", serde_json::json!({"exitCode": 64}));
     assert_eq!(
         failed_check(&[silent], "my/memcached:custom").as_deref(),

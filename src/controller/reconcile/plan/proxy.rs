@@ -27,9 +27,9 @@ pub struct ProxyPlan {
     pub keep: i32,
     /// When the handover ends, from now.
     pub ends_in: Option<Duration>,
-    /// Members joining the layout that left it within the window and still run (draining):
-    /// each is emptied before the layout with it is written, or a key set meanwhile on the
-    /// layout without it would read back at its old value from it.
+    /// Members wanted again that left the layout within the window and still run (draining):
+    /// each is emptied before the layout takes it back, or a key set meanwhile on the layout
+    /// without it would read back at its old value from it.
     pub rejoining: Vec<i32>,
 }
 
@@ -54,10 +54,10 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         true => routed,
         false => size,
     };
+    // Wanted again while still in the previous layout: emptied now, whenever it joins (nothing
+    // writes to it meanwhile: the previous layout only answers misses and deletes).
     let rejoining = match &running {
-        Some(h) => (routed..members)
-            .filter(|n| *n < h.previous_members)
-            .collect(),
+        Some(h) => (routed..size).filter(|n| *n < h.previous_members).collect(),
         None => Vec::new(),
     };
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
@@ -194,6 +194,9 @@ mod tests {
         // A new member, or one that left before the window (and its grace) ended, is empty.
         let new = layout(&proxied(5, Some((3, Some((4, 120)))), now), all, now).unwrap();
         assert_eq!((new.members, new.rejoining), (5, vec![3]));
+        // Emptied as soon as it is wanted, though it joins only with cache-4 Ready.
+        let waiting = layout(&proxied(5, Some((3, Some((4, 120)))), now), |n| n < 4, now).unwrap();
+        assert_eq!((waiting.members, waiting.rejoining), (3, vec![3]));
         let fresh = layout(&proxied(4, Some((3, Some((4, -16)))), now), all, now).unwrap();
         assert_eq!(fresh.rejoining, Vec::<i32>::new());
         let out = layout(&proxied(4, Some((3, None)), now), all, now).unwrap();
