@@ -30,18 +30,27 @@ pub(super) async fn stats(
     stats_of(&mut conn, "stats").await
 }
 
-/// The answers to each of `commands` (`stats`, `stats proxy`, ...), over one connection.
+/// The answers to each of `commands` (`stats`, `stats proxy`, ...), over one connection, within
+/// `STATS_TIMEOUT`.
 pub(super) async fn stats_answers<const N: usize>(
     memcached: std::net::SocketAddr,
     commands: [&str; N],
 ) -> io::Result<[String; N]> {
-    let mut conn = connect(memcached, &[]).await?;
-    let mut answers = [const { String::new() }; N];
-    for (command, answer) in commands.iter().zip(&mut answers) {
-        *answer = stats_of(&mut conn, command).await?;
-    }
-    Ok(answers)
+    let exchange = async {
+        let mut conn = connect(memcached, &[]).await?;
+        let mut answers = [const { String::new() }; N];
+        for (command, answer) in commands.iter().zip(&mut answers) {
+            *answer = stats_of(&mut conn, command).await?;
+        }
+        Ok(answers)
+    };
+    tokio::time::timeout(STATS_TIMEOUT, exchange)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to stats in time"))?
 }
+
+/// How long memcached on the pod's loopback has to answer `stats_answers`.
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Sends `command` and reads its answer up to and with the `END` line.
 async fn stats_of(conn: &mut BufReader<TcpStream>, command: &str) -> io::Result<String> {

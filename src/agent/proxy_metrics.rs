@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -19,9 +18,6 @@ use tracing::{info, warn};
 use super::endpoint::{serve, text};
 use super::loopback::stats_answers;
 use crate::resources::proxy::Layout;
-
-/// A scrape waits this long for memcached's answers, then reports it down.
-const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the route agent knows of the layout, shared with its metrics.
 #[derive(Default, Debug)]
@@ -228,22 +224,17 @@ async fn scrape(
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string());
     }
     let commands = ["stats", "stats proxy", "stats proxybe"];
-    let answers =
-        match tokio::time::timeout(STATS_TIMEOUT, stats_answers(memcached, commands)).await {
-            Ok(Ok([stats, proxy, backends])) => Some(Answers {
-                stats,
-                proxy,
-                backends,
-            }),
-            Ok(Err(error)) => {
-                warn!(%error, "memcached's stats");
-                None
-            }
-            Err(_) => {
-                warn!("memcached's stats: no answer in time");
-                None
-            }
-        };
+    let answers = match stats_answers(memcached, commands).await {
+        Ok([stats, proxy, backends]) => Some(Answers {
+            stats,
+            proxy,
+            backends,
+        }),
+        Err(error) => {
+            warn!(%error, "memcached's stats");
+            None
+        }
+    };
     let body = render(answers.as_ref(), &view.lock().expect("not poisoned"));
     let mut response = text(StatusCode::OK, body);
     response.headers_mut().insert(

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, PodSecurityContext, SeccompProfile, SecurityContext, Service, ServicePort,
-    ServiceSpec,
+    Capabilities, ContainerPort, PodSecurityContext, SeccompProfile, SecurityContext, Service,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -237,6 +237,16 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
         }),
         status: None,
     })
+}
+
+/// A container's TCP port `port`, named `name` (which Services and probes target).
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_string()),
+        container_port: port,
+        protocol: Some("TCP".to_string()),
+        ..ContainerPort::default()
+    }
 }
 
 /// A Service's TCP port `port` that targets the pods' port of the same `name`.

@@ -30,8 +30,9 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         .chain(tls::plaintext_port(mc))
         .map(tcp)
         .collect();
+    let proxied = proxy::spec(mc).is_some();
     let mut from = or_default(&wanted.from, own_namespace);
-    if proxy::spec(mc).is_some() {
+    if proxied {
         // The proxy reaches the members whoever the clients are.
         from.push(proxy::pods_peer(mc));
     }
@@ -48,7 +49,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
     // The autoscaler reads the members' stats; with the proxy, the operator empties a member
     // that rejoins its layout within a handover (memcached's plain port: the proxy has no auth
     // or TLS).
-    let operator_reads = mc.spec.autoscaling_on().is_some() || proxy::spec(mc).is_some();
+    let operator_reads = mc.spec.autoscaling_on().is_some() || proxied;
     if let (true, Some(namespace), Some((port, _))) =
         (operator_reads, operator_namespace, agent::stats_port(mc))
     {

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
-    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SleepAction, TCPSocketAction, TopologySpreadConstraint, VolumeMount,
+    Affinity, Container, HTTPGetAction, Lifecycle, LifecycleHandler, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SleepAction,
+    TCPSocketAction, TopologySpreadConstraint, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -38,12 +38,7 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
             ),
             format!("--web.listen-address=:{EXPORTER_PORT}"),
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some(METRICS_PORT_NAME.to_string()),
-            container_port: EXPORTER_PORT,
-            protocol: Some("TCP".to_string()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(vec![container_port(METRICS_PORT_NAME, EXPORTER_PORT)]),
         liveness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/".to_string()),
@@ -93,12 +88,7 @@ pub fn pod_template(mc: &Memcached, images: &Images) -> PodTemplateSpec {
         ports: Some(
             std::iter::once(("memcached", port))
                 .chain(tls::plaintext_port(mc).map(|p| (tls::PLAINTEXT_PORT_NAME, p)))
-                .map(|(name, port)| ContainerPort {
-                    name: Some(name.to_string()),
-                    container_port: port,
-                    protocol: Some("TCP".to_string()),
-                    ..ContainerPort::default()
-                })
+                .map(|(name, port)| container_port(name, port))
                 .collect(),
         ),
         readiness_probe: Some(tcp_probe(1, 5)),

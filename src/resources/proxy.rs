@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
+    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -62,7 +62,7 @@ const BINARY: &str = "/memcached-operator";
 
 mod image;
 mod layout;
-pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_image, too_old};
+pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_by, refused_image, too_old};
 pub use layout::Layout;
 
 /// Whether the Memcached runs the proxy.
@@ -219,12 +219,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             "-o".to_string(),
             format!("proxy_config=routelib,proxy_arg={config}"),
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("memcached".to_string()),
-            container_port: port,
-            protocol: Some("TCP".to_string()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(vec![super::container_port("memcached", port)]),
         readiness_probe: Some(Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::String("memcached".to_string()),
@@ -265,14 +260,8 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             .chain((!once && metrics).then(|| format!("--metrics-address=0.0.0.0:{EXPORTER_PORT}")))
             .collect(),
         ),
-        ports: (!once && metrics).then(|| {
-            vec![ContainerPort {
-                name: Some(METRICS_PORT_NAME.to_string()),
-                container_port: EXPORTER_PORT,
-                protocol: Some("TCP".to_string()),
-                ..ContainerPort::default()
-            }]
-        }),
+        ports: (!once && metrics)
+            .then(|| vec![super::container_port(METRICS_PORT_NAME, EXPORTER_PORT)]),
         volume_mounts: Some(vec![
             mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
             mount(CONFIG_VOLUME, CONFIG_DIR, false),

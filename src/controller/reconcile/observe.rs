@@ -113,14 +113,13 @@ async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Resul
         lookup_optional_named(config_maps.as_ref(), mc, &name, wanted),
         lookup_optional_named(budgets.as_ref(), mc, &name, desired.budget.is_some()),
     )?;
-    let said = match (&deployment, desired.deployment.as_ref()) {
-        (Some(kept), Some(wanted)) if !settled(kept, wanted) => {
-            failed_check(ctx, mc, wanted).await?
+    let refused_image = match (&deployment, proxy::spec(mc)) {
+        (Some(kept), Some(spec)) if !settled(kept, spec.replicas) => {
+            let memcached_image = crate::resources::image(mc, &ctx.config.images.memcached);
+            proxy::refused_by(mc, memcached_image, &proxy_pods(ctx, mc).await?)
         }
         _ => None,
     };
-    let memcached_image = crate::resources::image(mc, &ctx.config.images.memcached);
-    let refused_image = said.and_then(|said| proxy::refused_image(mc, memcached_image, &said));
     Ok(SeenProxy {
         deployment,
         service,
@@ -130,30 +129,17 @@ async fn proxy(ctx: &Context, mc: &Memcached, desired: &desired::Proxy) -> Resul
     })
 }
 
-/// Whether the Deployment runs just the pods `wanted` asks for, all of its current template and
-/// Ready: no rollout under way (one stalled on a new image leaves the old pods Ready).
-fn settled(kept: &OwnedObject<Deployment>, wanted: &Deployment) -> bool {
-    let n = wanted.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+/// Whether the Deployment runs just its `n` pods, all of its current template and Ready: no
+/// rollout under way (one stalled on a new image leaves the old pods Ready).
+fn settled(kept: &OwnedObject<Deployment>, n: i32) -> bool {
     kept.status
         .as_ref()
         .is_some_and(|s| s.ready_replicas >= n && s.updated_replicas >= n && s.replicas == n)
 }
 
-/// While the proxy's Deployment is not settled: whether a pod failed the check of the image
-/// `wanted` runs (read from the pods, which only then are listed).
-async fn failed_check(
-    ctx: &Context,
-    mc: &Memcached,
-    wanted: &Deployment,
-) -> Result<Option<String>> {
-    let image = wanted
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.init_containers.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == proxy::CHECK_CONTAINER))
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default();
+/// The proxy's pods, listed only while its Deployment is not settled: whether one failed the
+/// check of its image is read from them.
+async fn proxy_pods(ctx: &Context, mc: &Memcached) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let selector = proxy::selector_string(mc);
     let listed = pods
@@ -164,5 +150,5 @@ async fn failed_check(
             name: selector.clone(),
             source,
         })?;
-    Ok(proxy::failed_check(&listed.items, &image))
+    Ok(listed.items)
 }

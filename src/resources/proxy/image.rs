@@ -73,6 +73,13 @@ pub fn refused_image(mc: &Memcached, memcached_image: &str, said: &str) -> Optio
     ))
 }
 
+/// Why the proxy cannot run, as one of its `pods` told by failing the check of the image wanted
+/// now; None if none did.
+pub fn refused_by(mc: &Memcached, memcached_image: &str, pods: &[Pod]) -> Option<String> {
+    let (_, image) = image_field(spec(mc)?, mc, memcached_image);
+    refused_image(mc, memcached_image, &failed_check(pods, image)?)
+}
+
 /// What memcached answered the image check in one of `pods` that failed it, if any did with
 /// `image` (the one wanted now: a pod of an image since changed says nothing of this one).
 pub fn failed_check(pods: &[Pod], image: &str) -> Option<String> {
@@ -84,6 +91,9 @@ pub fn failed_check(pods: &[Pod], image: &str) -> Option<String> {
             .as_ref()?
             .iter()
             .any(|c| c.name == CHECK_CONTAINER && c.image.as_deref() == Some(image));
+        if !checked {
+            return None;
+        }
         let status = pod
             .status
             .as_ref()?
@@ -104,12 +114,12 @@ pub fn failed_check(pods: &[Pod], image: &str) -> Option<String> {
             .flatten()
             .filter_map(|s| s.terminated.as_ref())
             .find(|t| t.exit_code != 0)?;
-        checked.then(|| {
+        Some(
             ended
                 .message
                 .clone()
                 .filter(|m| !m.trim().is_empty())
-                .unwrap_or_else(|| format!("exit code {}", ended.exit_code))
-        })
+                .unwrap_or_else(|| format!("exit code {}", ended.exit_code)),
+        )
     })
 }

@@ -229,7 +229,7 @@ fn pod_spec(mc: &Memcached) -> PodSpec {
 #[test]
 fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks() {
     let mut mc = proxied(3);
-    let plain = deployment(&mc, "memcached:1.6.45", "operator:1");
+    let plain_agent = pod_spec(&mc).containers[1].clone();
     mc.spec.monitoring = Some(crate::api::MonitoringSpec {
         enabled: true,
         image: None,
@@ -265,15 +265,6 @@ fn with_monitoring_the_agents_serve_the_proxys_metrics_where_the_monitor_looks()
             .any(|a| a.starts_with("--metrics"))
     );
     // Without monitoring, the template is as it was: turning it on is what rolls the proxies.
-    let plain_agent = plain
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers[1]
-        .clone();
     assert_eq!(plain_agent.ports, None);
 
     let svc = service(&mc).unwrap().spec.unwrap();
