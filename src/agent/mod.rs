@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 mod endpoint;
+mod front;
 mod loopback;
 mod passwords;
 mod proxy_metrics;
@@ -60,7 +61,7 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Beside memcached in proxy mode: render its route configuration from the operator's
     /// layout, and have it load each new one (SIGHUP).
-    Route(route::RouteArgs),
+    Route(Box<route::RouteArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -91,6 +92,11 @@ pub struct RunArgs {
     /// Where the exporter connects (the pod's loopback only: whoever connects is logged in).
     #[arg(long, requires = "credentials")]
     pub proxy: Option<std::net::SocketAddr>,
+    /// With spec.proxy and auth or TLS: where memcached's proxy reaches this member, which it
+    /// cannot log in to or speak TLS to. Each connection is logged in and relayed to memcached's
+    /// plain loopback listener; the NetworkPolicy admits only the proxy's pods and the operator's.
+    #[arg(long)]
+    pub backend_listen: Option<std::net::SocketAddr>,
     /// memcached's plain-text address on the pod's loopback.
     #[arg(long)]
     pub memcached: std::net::SocketAddr,
@@ -283,7 +289,10 @@ fn fingerprint(dirs: &[PathBuf]) -> u64 {
 /// `agent run`, until SIGTERM; with saves, until memcached is gone too.
 pub async fn run(args: RunArgs) -> io::Result<()> {
     let mut agent = Agent::start(args)?;
-    if let Some(addr) = agent.args.proxy {
+    for addr in [agent.args.proxy, agent.args.backend_listen]
+        .into_iter()
+        .flatten()
+    {
         let listener = TcpListener::bind(addr).await?;
         tokio::spawn(proxy(
             listener,
@@ -345,7 +354,7 @@ pub fn main(command: Command) -> std::process::ExitCode {
     let result = match command {
         Command::Init(paths) => init(&paths),
         Command::Run(args) => block_on(run(*args)),
-        Command::Route(args) => block_on(route::run(args)),
+        Command::Route(args) => block_on(route::run(*args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -117,14 +117,16 @@ impl Passwords {
 
     /// The file's text: the current password first.
     pub fn file(&self) -> String {
-        std::iter::once(&self.current)
-            .chain(self.retiring.iter().map(|(c, _)| c))
-            .map(Credentials::line)
-            .collect()
+        self.in_force().map(Credentials::line).collect()
     }
 
     pub fn current(&self) -> &Credentials {
         &self.current
+    }
+
+    /// Every password honoured now: the current one first.
+    pub fn in_force(&self) -> impl Iterator<Item = &Credentials> {
+        std::iter::once(&self.current).chain(self.retiring.iter().map(|(c, _)| c))
     }
 }
 

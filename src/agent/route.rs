@@ -16,6 +16,7 @@ use clap::Args;
 use rustix::process::Signal;
 use tracing::{info, warn};
 
+use super::front::{self, FrontArgs};
 use super::loopback::stats_answers;
 use super::proxy_metrics::{View, serve_metrics, stat_lines};
 use super::{MEMCACHED, signal_processes};
@@ -45,6 +46,9 @@ pub struct RouteArgs {
     /// metrics its stats.
     #[arg(long, default_value = "127.0.0.1:11211")]
     pub memcached: SocketAddr,
+    /// With spec.auth or spec.tls: the agent serves the proxy's clients (front.rs).
+    #[command(flatten)]
+    pub front: FrontArgs,
 }
 
 /// Reads the layout; when it is new (not `view.rendered`, the one last written) and passes the
@@ -106,6 +110,7 @@ pub async fn run(args: RouteArgs) -> io::Result<()> {
     if let Some(address) = args.metrics_address {
         serve_metrics(address, args.memcached, view.clone()).await?;
     }
+    front::serve(args.front.clone(), args.memcached).await?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         match sync(&view, &args) {
@@ -179,6 +184,7 @@ mod tests {
             once: false,
             metrics_address: None,
             memcached: "127.0.0.1:11211".parse().unwrap(),
+            front: FrontArgs::default(),
         }
     }
 

@@ -1,0 +1,335 @@
+//! The proxy's front door with `spec.auth` or `spec.tls` (`agent route --listen`): memcached's
+//! proxy neither asks its clients for a login (its listeners never run the ASCII authentication)
+//! nor speaks TLS on them without its own build options, so the agent beside it does both, as
+//! memcached would on a member, and relays each connection to the proxy on the pod's loopback.
+//!
+//! The login is memcached's own: a connection's first `set` carries `<username> <password>`
+//! (`STORED`); before it every command answers `CLIENT_ERROR unauthenticated`, a wrong one
+//! `CLIENT_ERROR authentication failure`, and the connection stays open, as on a member. The
+//! passwords honoured are the Secret's, with the previous one kept for the rotation's grace; a
+//! renewed certificate serves the next connection.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tracing::{debug, info, warn};
+
+use super::fingerprint;
+use super::passwords::{Credentials, Passwords};
+use crate::resources::tls::{CA_KEY, CERT_KEY, PRIVATE_KEY_KEY};
+
+/// How often the agent reads the mounted Secrets (the kubelet's refresh, up to a minute,
+/// dominates a rotation's time).
+const POLL: Duration = Duration::from_secs(5);
+/// memcached's own bounds on a login: a first line longer than this without a line end is junk
+/// (the connection is closed), and the login's data at most `MAX_LOGIN` bytes.
+const MAX_LINE: usize = 2048;
+const MAX_LOGIN: usize = 16384;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct FrontArgs {
+    /// Where clients connect (memcached's proxy then listens on `--memcached` only): with TLS,
+    /// TLS only.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// With TLS, a second address serving plain text (spec.tls.plaintextPort).
+    #[arg(long, requires = "listen")]
+    pub plain_listen: Option<SocketAddr>,
+    /// With authentication: the mounted Secret (files `username` and `password`).
+    #[arg(long, requires = "listen")]
+    pub credentials: Option<PathBuf>,
+    /// How long the previous password keeps working after the Secret changes.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub rotation_grace: Duration,
+    /// With TLS: the mounted certificate Secret (`tls.crt`, `tls.key`).
+    #[arg(long, requires = "listen")]
+    pub tls_dir: Option<PathBuf>,
+    /// With client verification: the mounted Secret holding `ca.crt`.
+    #[arg(long, requires = "tls_dir")]
+    pub client_ca_dir: Option<PathBuf>,
+}
+
+/// What each new connection is held to: the passwords in force (none: no login asked), and
+/// the TLS configuration.
+#[derive(Clone)]
+struct Door {
+    logins: Option<Vec<Credentials>>,
+    tls: Option<TlsAcceptor>,
+}
+
+/// Serves `args.listen` (and `plain_listen`) until the process ends, relaying to `memcached`.
+pub async fn serve(args: FrontArgs, memcached: SocketAddr) -> io::Result<()> {
+    let Some(listen) = args.listen else {
+        return Ok(());
+    };
+    let mut keeper = Keeper::start(&args)?;
+    let (door, _) = watch::channel(keeper.door()?);
+    for (address, tls) in [(Some(listen), true), (args.plain_listen, false)] {
+        let Some(address) = address else { continue };
+        let listener = TcpListener::bind(address).await?;
+        info!(%address, tls = tls && args.tls_dir.is_some(), login = args.credentials.is_some(), "serving the proxy's clients");
+        tokio::spawn(accept(listener, memcached, door.subscribe(), tls));
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(POLL).await;
+            if keeper.sync(Instant::now()) {
+                match keeper.door() {
+                    Ok(new) => {
+                        door.send_replace(new);
+                    }
+                    // The last good certificate keeps serving.
+                    Err(error) => warn!(%error, "cannot load the certificate"),
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Keeps the passwords and the certificate current from the mounted Secrets.
+struct Keeper {
+    args: FrontArgs,
+    passwords: Option<Passwords>,
+    certificates: u64,
+}
+
+impl Keeper {
+    fn start(args: &FrontArgs) -> io::Result<Keeper> {
+        let passwords = match &args.credentials {
+            Some(dir) => Some(Passwords::new(Credentials::read(dir)?, args.rotation_grace)),
+            None => None,
+        };
+        Ok(Keeper {
+            args: args.clone(),
+            passwords,
+            certificates: fingerprint(&Self::tls_dirs(args)),
+        })
+    }
+
+    fn tls_dirs(args: &FrontArgs) -> Vec<PathBuf> {
+        args.tls_dir
+            .iter()
+            .chain(&args.client_ca_dir)
+            .cloned()
+            .collect()
+    }
+
+    /// One look at the Secrets; whether what a new connection is held to changed.
+    fn sync(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        if let (Some(passwords), Some(dir)) = (&mut self.passwords, &self.args.credentials) {
+            match Credentials::read(dir) {
+                Ok(new) if passwords.rotate(new.clone(), now) => {
+                    info!("the Secret changed: a new password");
+                    changed = true;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    warn!(%error, "cannot read the Secret; keeping the passwords in force")
+                }
+            }
+            changed |= passwords.expire(now);
+        }
+        let certificates = fingerprint(&Self::tls_dirs(&self.args));
+        if certificates != self.certificates {
+            self.certificates = certificates;
+            info!("the certificate changed: new connections get the new one");
+            changed = true;
+        }
+        changed
+    }
+
+    fn door(&self) -> io::Result<Door> {
+        let tls = match &self.args.tls_dir {
+            Some(dir) => Some(TlsAcceptor::from(server_config(
+                dir,
+                self.args.client_ca_dir.as_deref(),
+            )?)),
+            None => None,
+        };
+        Ok(Door {
+            logins: self
+                .passwords
+                .as_ref()
+                .map(|p| p.in_force().cloned().collect()),
+            tls,
+        })
+    }
+}
+
+/// The TLS configuration from a `kubernetes.io/tls` Secret's files, verifying clients against
+/// `client_ca`'s `ca.crt` when given (a client without a certificate signed by it is refused).
+fn server_config(dir: &Path, client_ca: Option<&Path>) -> io::Result<Arc<ServerConfig>> {
+    let invalid = |what: &Path, e: &dyn std::fmt::Display| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", what.display()),
+        )
+    };
+    let read_certs = |file: PathBuf| -> io::Result<Vec<CertificateDer<'static>>> {
+        CertificateDer::pem_file_iter(&file)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| invalid(&file, &e))
+    };
+    let certs = read_certs(dir.join(CERT_KEY))?;
+    let key_file = dir.join(PRIVATE_KEY_KEY);
+    let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| invalid(&key_file, &e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?;
+    let builder = match client_ca {
+        Some(ca_dir) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs(ca_dir.join(CA_KEY))? {
+                roots.add(cert).map_err(|e| invalid(ca_dir, &e))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| invalid(ca_dir, &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| invalid(dir, &e))?;
+    Ok(Arc::new(config))
+}
+
+async fn accept(
+    listener: TcpListener,
+    memcached: SocketAddr,
+    door: watch::Receiver<Door>,
+    tls: bool,
+) {
+    loop {
+        let (client, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, "accept");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = client.set_nodelay(true);
+        let door = door.borrow().clone();
+        tokio::spawn(async move {
+            let served = match (tls, door.tls) {
+                (true, Some(acceptor)) => match acceptor.accept(client).await {
+                    Ok(stream) => relay(stream, memcached, door.logins.as_deref()).await,
+                    Err(error) => Err(error),
+                },
+                _ => relay(client, memcached, door.logins.as_deref()).await,
+            };
+            if let Err(error) = served {
+                debug!(%peer, %error, "client connection ended");
+            }
+        });
+    }
+}
+
+/// Holds `client` to the login (when `logins` is some), then relays it to `memcached`.
+async fn relay<S>(
+    client: S,
+    memcached: SocketAddr,
+    logins: Option<&[Credentials]>,
+) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut client = BufReader::new(client);
+    if let Some(logins) = logins
+        && !log_in(&mut client, logins).await?
+    {
+        return Ok(());
+    }
+    let mut upstream = TcpStream::connect(memcached).await?;
+    upstream.set_nodelay(true)?;
+    // What the client sent after its login (pipelined) goes first.
+    upstream.write_all(client.buffer()).await?;
+    let mut client = client.into_inner();
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// memcached's ASCII login (proto_text.c, `try_read_command_asciiauth`): true once a `set`
+/// carried credentials in force; false when the client left or sent junk.
+async fn log_in<S>(client: &mut BufReader<S>, logins: &[Credentials]) -> io::Result<bool>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        let mut line = Vec::new();
+        let read = (&mut *client)
+            .take(MAX_LINE as u64)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if read == 0 || !line.ends_with(b"\n") {
+            return Ok(false);
+        }
+        let words: Vec<&[u8]> = line.trim_ascii().split(|b| *b == b' ').collect();
+        let size = match words.as_slice() {
+            [b"set", _key, _flags, _exptime, size, ..] => std::str::from_utf8(size)
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok()),
+            _ => None,
+        };
+        let Some(size) = size else {
+            reply(client, "CLIENT_ERROR unauthenticated").await?;
+            continue;
+        };
+        if size > MAX_LOGIN {
+            reply(client, "CLIENT_ERROR auth token too long").await?;
+            continue;
+        }
+        let mut data = vec![0; size + 2];
+        client.read_exact(&mut data).await?;
+        if !data.ends_with(b"\r\n") {
+            reply(client, "CLIENT_ERROR bad command line termination").await?;
+            continue;
+        }
+        let Some((username, password)) = std::str::from_utf8(&data[..size])
+            .ok()
+            .and_then(|d| d.split_once(' '))
+        else {
+            reply(client, "CLIENT_ERROR bad authentication token format").await?;
+            continue;
+        };
+        let accepted = logins
+            .iter()
+            .any(|c| c.username == username && c.password == password);
+        if accepted {
+            reply(client, "STORED").await?;
+            return Ok(true);
+        }
+        reply(client, "CLIENT_ERROR authentication failure").await?;
+    }
+}
+
+async fn reply<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut BufReader<S>,
+    line: &str,
+) -> io::Result<()> {
+    client
+        .get_mut()
+        .write_all(format!("{line}\r\n").as_bytes())
+        .await
+}
+
+#[cfg(test)]
+mod tests;
