@@ -94,8 +94,8 @@ pub const EXPORTER_PORT: i32 = 9150;
 #[x_kube(validation = Rule::new("!has(self.monitoring) || !self.monitoring.enabled || self.containerPort != 9150")
     .message("must not be 9150 while monitoring is enabled: the exporter listens on 9150 in the same pod")
     .field_path(".containerPort"))]
-#[x_kube(validation = Rule::new("!has(self.proxy) || !self.proxy.enabled || ((!has(self.auth) || !self.auth.enabled) && (!has(self.tls) || !self.tls.enabled))")
-    .message("cannot be enabled with auth or tls yet: the proxy would serve the members' data without them")
+#[x_kube(validation = Rule::new("!has(self.proxy) || !self.proxy.enabled || ((!has(self.auth) || !self.auth.enabled) && (!has(self.tls) || !self.tls.enabled)) || (has(self.networkPolicy) && self.networkPolicy.enabled)")
+    .message("with auth or tls needs networkPolicy.enabled: memcached's proxy cannot log in or speak TLS to the members, so it reaches them on a port of their agents that asks no login, which only the policy keeps to the proxy's pods")
     .field_path(".proxy.enabled"))]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the cluster down without deleting it.

@@ -79,6 +79,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         args.push(format!("--proxy=127.0.0.1:{}", ports.agent));
         mounts.extend(auth::agent_mounts());
     }
+    args.extend(super::proxy::member_agent_args(mc));
     args.extend(
         tls::watched_dirs(mc)
             .into_iter()
@@ -90,6 +91,9 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         image: Some(image.to_string()),
         command: Some(vec![BINARY.to_string(), "agent".to_string()]),
         args: Some(args),
+        ports: (name == CONTAINER)
+            .then(|| super::proxy::member_agent_ports(mc))
+            .flatten(),
         volume_mounts: Some(mounts.clone()),
         env: Some(env.clone()).filter(|e| !e.is_empty()),
         resources,
@@ -138,7 +142,8 @@ mod tests {
             LocalPorts {
                 agent: 11299,
                 plain: 11298,
-                save: 11297
+                save: 11297,
+                backend: 11296
             }
         );
         mc.spec.container_port = 11299;
@@ -154,7 +159,8 @@ mod tests {
             LocalPorts {
                 agent: 11289,
                 plain: 11288,
-                save: 11297
+                save: 11297,
+                backend: 11296
             }
         );
     }

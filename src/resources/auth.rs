@@ -143,19 +143,25 @@ pub fn memcached_mount() -> VolumeMount {
 
 /// The agent's mounts: the Secret, and the password file it writes.
 pub fn agent_mounts() -> Vec<VolumeMount> {
-    vec![
-        mount(CREDENTIALS_VOLUME, CREDENTIALS_DIR, true),
-        mount(AUTH_VOLUME, AUTH_DIR, false),
-    ]
+    vec![credentials_mount(), mount(AUTH_VOLUME, AUTH_DIR, false)]
+}
+
+/// How long the previous password keeps working after a rotation.
+pub fn rotation_grace_seconds(mc: &Memcached) -> i32 {
+    mc.spec
+        .auth
+        .as_ref()
+        .map_or(0, |a| a.rotation_grace_seconds)
+}
+
+/// The mount of the credentials Secret, where an agent reads it.
+pub fn credentials_mount() -> VolumeMount {
+    mount(CREDENTIALS_VOLUME, CREDENTIALS_DIR, true)
 }
 
 /// The agent's flags for the password file.
 pub fn agent_args(mc: &Memcached) -> Vec<String> {
-    let grace = mc
-        .spec
-        .auth
-        .as_ref()
-        .map_or(0, |a| a.rotation_grace_seconds);
+    let grace = rotation_grace_seconds(mc);
     vec![
         format!("--credentials={CREDENTIALS_DIR}"),
         format!("--auth-file={AUTH_FILE}"),
@@ -172,20 +178,25 @@ pub fn init_args() -> Vec<String> {
     ]
 }
 
+/// The credentials Secret's volume; None without auth.
+pub fn credentials_volume(mc: &Memcached) -> Option<Volume> {
+    Some(Volume {
+        name: CREDENTIALS_VOLUME.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name(mc)?),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    })
+}
+
 /// The Secret, and the in-memory directory of the password file.
 pub fn volumes(mc: &Memcached) -> Vec<Volume> {
-    let Some(secret) = secret_name(mc) else {
+    let Some(credentials) = credentials_volume(mc) else {
         return Vec::new();
     };
     vec![
-        Volume {
-            name: CREDENTIALS_VOLUME.to_string(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
+        credentials,
         Volume {
             name: AUTH_VOLUME.to_string(),
             empty_dir: Some(EmptyDirVolumeSource {

@@ -84,9 +84,14 @@ pub fn servers(mc: &Memcached) -> Vec<String> {
 
 /// The stable addresses of `mc`'s first `n` members (beyond `spec.size`, those still draining).
 pub fn member_addresses(mc: &Memcached, n: i32) -> Vec<String> {
+    member_addresses_on(mc, n, mc.spec.container_port)
+}
+
+/// As `member_addresses`, on `port`.
+pub fn member_addresses_on(mc: &Memcached, n: i32, port: i32) -> Vec<String> {
     let (name, ns) = (mc.name_any(), mc.namespace().unwrap_or_default());
     (0..n)
-        .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{}", mc.spec.container_port))
+        .map(|i| format!("{name}-{i}.{name}.{ns}.svc:{port}"))
         .collect()
 }
 

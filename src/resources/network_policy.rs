@@ -32,7 +32,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         .collect();
     let proxied = proxy::spec(mc).is_some();
     let mut from = or_default(&wanted.from, own_namespace);
-    if proxied {
+    if proxied && !proxy::fronted(mc) {
         // The proxy reaches the members whoever the clients are.
         from.push(proxy::pods_peer(mc));
     }
@@ -40,6 +40,18 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         ports: Some(memcached_ports),
         from: Some(from),
     }];
+    if proxy::fronted(mc) {
+        // The members' agents' relay for the proxy asks no login: only the proxy's pods reach
+        // it, and the operator's, which empty a member that rejoins the layout through it.
+        ingress.push(NetworkPolicyIngressRule {
+            ports: Some(vec![tcp(proxy::backend_port(mc))]),
+            from: Some(
+                std::iter::once(proxy::pods_peer(mc))
+                    .chain(operator_namespace.map(operator_pods))
+                    .collect(),
+            ),
+        });
+    }
     if monitored(mc) {
         ingress.push(NetworkPolicyIngressRule {
             ports: Some(vec![tcp(EXPORTER_PORT)]),
@@ -49,7 +61,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
     // The autoscaler reads the members' stats; with the proxy, the operator empties a member
     // that rejoins its layout within a handover (memcached's plain port: the proxy has no auth
     // or TLS).
-    let operator_reads = mc.spec.autoscaling_on().is_some() || proxied;
+    let operator_reads = mc.spec.autoscaling_on().is_some() || (proxied && !proxy::fronted(mc));
     if let (true, Some(namespace), Some((port, _))) =
         (operator_reads, operator_namespace, agent::stats_port(mc))
     {
@@ -217,6 +229,30 @@ mod tests {
         );
         // The proxies' metrics are on the exporters' port, under the same rule.
         assert_eq!(ingress[1]["ports"][0]["port"], 9150);
+    }
+
+    #[test]
+    fn with_the_proxy_and_auth_the_members_relay_is_the_proxys_and_the_operators_only() {
+        let mc = memcached_with_spec(serde_json::json!({
+            "networkPolicy": {"enabled": true}, "proxy": {"enabled": true},
+            "auth": {"enabled": true}}));
+        let spec = network_policy(&mc, Some("operators"))
+            .unwrap()
+            .spec
+            .unwrap();
+        let ingress = serde_json::to_value(spec.ingress).unwrap();
+        // memcached's port: the clients only (the proxy cannot log in there).
+        assert_eq!(ingress[0]["from"], serde_json::json!([{"podSelector": {}}]));
+        assert_eq!(ingress[1]["ports"][0]["port"], 11296);
+        assert_eq!(
+            ingress[1]["from"],
+            serde_json::json!([
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "cache",
+                                                 "app.kubernetes.io/name": "memcached-proxy"}}},
+                serde_json::to_value(operator_pods("operators")).unwrap(),
+            ])
+        );
+        assert_eq!(ingress.as_array().unwrap().len(), 2, "{ingress}");
     }
 
     #[test]

@@ -60,8 +60,10 @@ const LAYOUT_VOLUME: &str = "layout";
 const CONFIG_VOLUME: &str = "config";
 const BINARY: &str = "/memcached-operator";
 
+mod front;
 mod image;
 mod layout;
+pub use front::{BACKEND_PORT_NAME, backend_port, fronted, member_agent_args, member_agent_ports};
 pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_by, refused_image, too_old};
 pub use layout::Layout;
 
@@ -164,6 +166,9 @@ pub fn service(mc: &Memcached) -> Option<Service> {
     spec(mc)?;
     let port = super::named_port;
     let mut ports = vec![port("memcached", mc.spec.container_port)];
+    if let Some(plain) = super::tls::plaintext_port(mc).filter(|_| fronted(mc)) {
+        ports.push(port(super::tls::PLAINTEXT_PORT_NAME, plain));
+    }
     if monitored(mc) {
         ports.push(port(METRICS_PORT_NAME, EXPORTER_PORT));
     }
@@ -200,7 +205,8 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
 /// (the proxy's default), `agent_image` the operator's own.
 pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> Option<Deployment> {
     let proxy = spec(mc)?;
-    let port = mc.spec.container_port;
+    let (listen, port) = front::memcached_listener(mc);
+    let fronted = fronted(mc);
     let config = format!("{CONFIG_DIR}/config.lua");
     let layout = format!("{LAYOUT_DIR}/{LAYOUT_KEY}");
     let proxy_container = Container {
@@ -215,14 +221,18 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         command: Some(vec!["memcached".to_string()]),
         args: Some(vec![
             format!("--port={port}"),
-            "--listen=0.0.0.0".to_string(),
+            format!("--listen={listen}"),
             "-o".to_string(),
             format!("proxy_config=routelib,proxy_arg={config}"),
         ]),
-        ports: Some(vec![super::container_port("memcached", port)]),
+        // Fronted, the agent serves the clients' ports.
+        ports: (!fronted).then(|| front::client_ports(mc)),
         readiness_probe: Some(Probe {
             tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("memcached".to_string()),
+                port: match fronted {
+                    true => IntOrString::Int(mc.spec.container_port),
+                    false => IntOrString::String("memcached".to_string()),
+                },
                 ..TCPSocketAction::default()
             }),
             period_seconds: Some(5),
@@ -258,14 +268,30 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             .chain(once.then(|| "--once".to_string()))
             .chain((!once).then(|| format!("--memcached=127.0.0.1:{port}")))
             .chain((!once && metrics).then(|| format!("--metrics-address=0.0.0.0:{EXPORTER_PORT}")))
+            .chain((!once).then(|| front::agent_args(mc)).into_iter().flatten())
             .collect(),
         ),
-        ports: (!once && metrics)
-            .then(|| vec![super::container_port(METRICS_PORT_NAME, EXPORTER_PORT)]),
-        volume_mounts: Some(vec![
-            mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
-            mount(CONFIG_VOLUME, CONFIG_DIR, false),
-        ]),
+        ports: Some(
+            (!once && fronted)
+                .then(|| front::client_ports(mc))
+                .into_iter()
+                .flatten()
+                .chain(
+                    (!once && metrics)
+                        .then(|| super::container_port(METRICS_PORT_NAME, EXPORTER_PORT)),
+                )
+                .collect::<Vec<_>>(),
+        )
+        .filter(|p| !p.is_empty()),
+        volume_mounts: Some(
+            [
+                mount(LAYOUT_VOLUME, LAYOUT_DIR, true),
+                mount(CONFIG_VOLUME, CONFIG_DIR, false),
+            ]
+            .into_iter()
+            .chain((!once).then(|| front::mounts(mc)).into_iter().flatten())
+            .collect(),
+        ),
         resources: (!once).then(super::agent::resources),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
@@ -288,21 +314,26 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         containers: vec![proxy_container, agent(AGENT_CONTAINER, false)],
         // The agent signals memcached (SIGHUP) as memcached's own user.
         share_process_namespace: Some(true),
-        volumes: Some(vec![
-            Volume {
-                name: LAYOUT_VOLUME.to_string(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: name(mc),
-                    ..ConfigMapVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-            Volume {
-                name: CONFIG_VOLUME.to_string(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            },
-        ]),
+        volumes: Some(
+            [
+                Volume {
+                    name: LAYOUT_VOLUME.to_string(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: name(mc),
+                        ..ConfigMapVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                Volume {
+                    name: CONFIG_VOLUME.to_string(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                },
+            ]
+            .into_iter()
+            .chain(front::volumes(mc))
+            .collect(),
+        ),
         security_context: Some(super::pod_security_context()),
         node_selector: mc.spec.node_selector.clone(),
         tolerations: mc.spec.tolerations.clone(),

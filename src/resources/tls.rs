@@ -68,13 +68,21 @@ pub fn certificate(mc: &Memcached) -> Option<Certificate> {
         mc.name_any(),
         mc.namespace().unwrap_or_default()
     );
-    let dns_names = [
+    let mut dns_names = vec![
         service.clone(),
         format!("{service}.cluster.local"),
         format!("*.{service}"),
         format!("*.{service}.cluster.local"),
-    ]
-    .into();
+    ];
+    if super::proxy::enabled(mc) {
+        // The proxy's agent serves the same certificate, by the proxy's Service's name.
+        let proxy = format!(
+            "{}.{}.svc",
+            super::proxy::name(mc),
+            mc.namespace().unwrap_or_default()
+        );
+        dns_names.extend([format!("{proxy}.cluster.local"), proxy]);
+    }
     Some(Certificate {
         metadata: ObjectMeta {
             name: Some(mc.name_any()),
@@ -346,6 +354,16 @@ mod tests {
                 "cache.default.svc.cluster.local",
                 "*.cache.default.svc",
                 "*.cache.default.svc.cluster.local",
+            ]
+        );
+        // With the proxy, its agent serves the same certificate by the proxy's name.
+        let mut proxied = mc.clone();
+        proxied.spec.proxy = serde_json::from_value(serde_json::json!({"enabled": true})).unwrap();
+        assert_eq!(
+            certificate(&proxied).unwrap().spec.dns_names[4..],
+            [
+                "cache-proxy.default.svc.cluster.local",
+                "cache-proxy.default.svc"
             ]
         );
         let issuer = &issued.spec.issuer_ref;

@@ -116,7 +116,7 @@ async fn the_network_policy_follows_the_spec_and_is_put_back() {
     let proxies = json!({"podSelector": {"matchLabels": {
         "app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached-proxy"}}});
     let mut clients_and_proxies = apps.as_array().unwrap().clone();
-    clients_and_proxies.push(proxies);
+    clients_and_proxies.push(proxies.clone());
     wait_rules(
         &policies,
         "the proxy's pods admitted to the members",
@@ -140,11 +140,45 @@ async fn the_network_policy_follows_the_spec_and_is_put_back() {
                                      "values": ["memcached", "memcached-proxy"]}]})
     );
 
+    // With auth too, the proxy reaches the members through their agents' relay, which asks no
+    // login: that port is the proxy's pods' alone, and memcached's is the clients' only.
+    mcs.patch(
+        "cache",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"auth": {"enabled": true}}})),
+    )
+    .await
+    .unwrap();
+    wait_rules(
+        &policies,
+        "the members' relay admitting the proxy's pods only",
+        json!([
+            [[port(11211)], apps],
+            [[port(11296)], [proxies]],
+            [[port(9150)], prometheus]
+        ]),
+    )
+    .await;
+    // Which is why the policy cannot go while the proxy runs with auth.
+    let refused = mcs
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": false}}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("spec.proxy.enabled")
+            && refused.to_string().contains("networkPolicy.enabled"),
+        "{refused}"
+    );
+
     // Off: the policy goes; the pods stay.
     mcs.patch(
         "cache",
         &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": false}}})),
+        &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": false}, "auth": null}})),
     )
     .await
     .unwrap();

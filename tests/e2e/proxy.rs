@@ -120,15 +120,12 @@ async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() 
         addresses(&ns, 3),
     )
     .await;
-    let handover = mcs
-        .get("cache")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .proxy
-        .unwrap();
-    assert_eq!(handover.handover.unwrap().previous_members, 3);
+    // The status follows the layout (it is written after it, in the same reconcile).
+    wait_for("status.proxy.handover", CONVERGE, || async {
+        let handover = mcs.get("cache").await.ok()?.status?.proxy?.handover?;
+        (handover.previous_members == 3).then_some(())
+    })
+    .await;
     wait_layout(&config_maps, "the window over", addresses(&ns, 4), vec![]).await;
 
     // Scaled in: the member leaving stays, draining, until the window ends.
@@ -208,9 +205,17 @@ async fn a_proxy_it_cannot_run_is_refused_naming_the_field() {
     mc.spec.auth = serde_json::from_value(json!({"enabled": true})).unwrap();
     let refused = mcs.create(&PostParams::default(), &mc).await.unwrap_err();
     assert!(
-        refused.to_string().contains("spec.proxy.enabled"),
+        refused.to_string().contains("spec.proxy.enabled")
+            && refused.to_string().contains("needs networkPolicy.enabled"),
         "{refused}"
     );
+    // With the policy that keeps the members' relay to the proxy's pods, it is taken.
+    mc.metadata.name = Some("with-policy".into());
+    mc.spec.network_policy = serde_json::from_value(json!({"enabled": true})).unwrap();
+    mcs.create(&PostParams::default(), &mc).await.unwrap();
+    mcs.delete("with-policy", &Default::default())
+        .await
+        .unwrap();
 
     // An image too old for the proxy: Degraded, the field named, nothing applied.
     let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;

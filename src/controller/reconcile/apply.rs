@@ -260,9 +260,10 @@ async fn empty(ctx: &Context, mc: &Memcached, members: &[i32]) -> Result<()> {
         .addresses_of(&mc.namespace().unwrap_or_default(), &name);
     for n in members {
         let member = format!("{name}-{n}");
+        // Where the proxy reaches it: logged in there with auth (proxy::fronted).
         let emptied = match (
             addresses.get(&member),
-            u16::try_from(mc.spec.container_port),
+            u16::try_from(proxy::backend_port(mc)),
         ) {
             (Some(ip), Ok(port)) => flush::flush(SocketAddr::new(*ip, port)).await,
             _ => Err(std::io::Error::other("it has no address")),

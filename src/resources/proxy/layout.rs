@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::MAX_LAYOUT_BYTES;
 use crate::api::Memcached;
-use crate::resources::member_addresses;
+use crate::resources::member_addresses_on;
 
 /// Longest address of a member (a DNS name of 253, a colon and a port).
 const MAX_ADDRESS: usize = 253 + 6;
@@ -28,11 +28,11 @@ impl Layout {
     /// The first `members` of `mc`'s members; `previous` the first that many, during a
     /// handover.
     pub fn of(mc: &Memcached, members: i32, previous: Option<i32>) -> Self {
+        // With auth or TLS, each member's agent's relay (front.rs).
+        let addresses = |n| member_addresses_on(mc, n, super::backend_port(mc));
         Self {
-            members: member_addresses(mc, members),
-            previous: previous
-                .map(|n| member_addresses(mc, n))
-                .unwrap_or_default(),
+            members: addresses(members),
+            previous: previous.map(addresses).unwrap_or_default(),
         }
     }
 

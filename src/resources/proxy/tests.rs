@@ -361,3 +361,90 @@ fn an_image_without_the_proxy_is_told_by_its_check_and_named_with_its_field() {
         Some("exit code 64")
     );
 }
+
+#[test]
+fn with_auth_and_tls_the_agent_serves_the_clients_and_the_proxy_reaches_the_members_agents() {
+    let plain = proxied(2);
+    let mut mc = proxied(2);
+    mc.spec.auth = serde_json::from_value(serde_json::json!({"enabled": true})).unwrap();
+    mc.spec.tls = serde_json::from_value(serde_json::json!({
+        "enabled": true, "secretName": "cert", "clientCASecretName": "ca", "plaintextPort": 11300,
+    }))
+    .unwrap();
+    let pod = pod_spec(&mc);
+    let proxy = &pod.containers[0];
+    let args = proxy.args.clone().unwrap();
+    assert!(args.contains(&"--listen=127.0.0.1".to_string()), "{args:?}");
+    assert!(args.contains(&"--port=11298".to_string()), "{args:?}");
+    assert_eq!(
+        proxy.ports, None,
+        "memcached serves the pod's loopback only"
+    );
+    let agent = &pod.containers[1];
+    let args = agent.args.clone().unwrap();
+    for arg in [
+        "--memcached=127.0.0.1:11298",
+        "--listen=0.0.0.0:11211",
+        "--plain-listen=0.0.0.0:11300",
+        "--credentials=/etc/memcached/credentials",
+        "--rotation-grace=300s",
+        "--tls-dir=/etc/memcached/tls",
+        "--client-ca-dir=/etc/memcached/client-ca",
+    ] {
+        assert!(args.contains(&arg.to_string()), "{arg} in {args:?}");
+    }
+    let ports: Vec<_> = agent
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("memcached".to_string(), 11211),
+            ("memcached-plain".to_string(), 11300)
+        ]
+    );
+    let mounted: Vec<_> = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(
+        mounted.contains(&"/etc/memcached/credentials")
+            && mounted.contains(&"/etc/memcached/tls")
+            && mounted.contains(&"/etc/memcached/client-ca"),
+        "{mounted:?}"
+    );
+    let volumes = pod.volumes.unwrap();
+    assert!(
+        volumes.iter().all(|v| v.name != "auth"),
+        "no password file: the agent checks logins itself"
+    );
+    // The Service serves both ports; the route goes to each member's agent.
+    let names: Vec<_> = service(&mc)
+        .unwrap()
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name.unwrap())
+        .collect();
+    assert_eq!(names, ["memcached", "memcached-plain"]);
+    assert_eq!(
+        Layout::of(&mc, 1, None).members,
+        ["cache-0.cache.default.svc:11296"]
+    );
+    assert_eq!(
+        Layout::of(&plain, 1, None).members,
+        ["cache-0.cache.default.svc:11211"]
+    );
+    assert_eq!(member_agent_args(&mc), ["--backend-listen=0.0.0.0:11296"]);
+    assert!(member_agent_args(&plain).is_empty());
+    // Without auth or TLS nothing of this is in the proxy's pods.
+    let plain_agent = pod_spec(&plain).containers[1].args.clone().unwrap();
+    assert!(!plain_agent.iter().any(|a| a.starts_with("--listen")));
+}
