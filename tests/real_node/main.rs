@@ -20,6 +20,7 @@ mod operator_pod;
 mod prometheus;
 mod proxy;
 mod proxy_cost;
+mod proxy_security;
 mod tls;
 mod users_version;
 mod why_not_ready;
