@@ -18,7 +18,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -34,9 +34,15 @@ use crate::resources::tls::{CA_KEY, CERT_KEY, PRIVATE_KEY_KEY};
 /// dominates a rotation's time).
 const POLL: Duration = Duration::from_secs(5);
 /// memcached's own bounds on a login: a first line longer than this without a line end is junk
-/// (the connection is closed), and the login's data at most `MAX_LOGIN` bytes.
+/// and one shorter than `MIN_LINE` cannot be a login (the connection is closed), and the
+/// login's data is at most `MAX_LOGIN` bytes.
 const MAX_LINE: usize = 2048;
+const MIN_LINE: usize = 6;
 const MAX_LOGIN: usize = 16384;
+/// A client has this long for its TLS handshake and its login.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the readiness check waits for memcached on the loopback.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct FrontArgs {
@@ -47,6 +53,14 @@ pub struct FrontArgs {
     /// With TLS, a second address serving plain text (spec.tls.plaintextPort).
     #[arg(long, requires = "listen")]
     pub plain_listen: Option<SocketAddr>,
+    /// Client connections served at once (memcached's -c); more are told so and closed, as
+    /// memcached does.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Serves `GET /readyz` here: 200 while memcached in proxy mode accepts connections (the
+    /// pod's readiness, which the client port alone would claim while memcached is down).
+    #[arg(long, requires = "listen")]
+    pub ready_address: Option<SocketAddr>,
     /// With authentication: the mounted Secret (files `username` and `password`).
     #[arg(long, requires = "listen")]
     pub credentials: Option<PathBuf>,
@@ -61,12 +75,14 @@ pub struct FrontArgs {
     pub client_ca_dir: Option<PathBuf>,
 }
 
-/// What each new connection is held to: the passwords in force (none: no login asked), and
-/// the TLS configuration.
+/// What each connection is held to: the passwords in force when it logs in (None: no login
+/// asked), and, for a TLS listener, the TLS configuration when it connects.
 #[derive(Clone)]
 struct Door {
-    logins: Option<Vec<Credentials>>,
-    tls: Option<TlsAcceptor>,
+    logins: watch::Receiver<Option<Vec<Credentials>>>,
+    tls: watch::Receiver<Option<TlsAcceptor>>,
+    slots: Arc<Semaphore>,
+    memcached: SocketAddr,
 }
 
 /// Serves `args.listen` (and `plain_listen`) until the process ends, relaying to `memcached`.
@@ -75,34 +91,60 @@ pub async fn serve(args: FrontArgs, memcached: SocketAddr) -> io::Result<()> {
         return Ok(());
     };
     let mut keeper = Keeper::start(&args)?;
-    let (door, _) = watch::channel(keeper.door()?);
-    for (address, tls) in [(Some(listen), true), (args.plain_listen, false)] {
+    let (logins, _) = watch::channel(keeper.logins());
+    let (tls, _) = watch::channel(keeper.load_tls()?);
+    let door = Door {
+        logins: logins.subscribe(),
+        tls: tls.subscribe(),
+        slots: Arc::new(Semaphore::new(args.max_connections)),
+        memcached,
+    };
+    for (address, with_tls) in [(Some(listen), true), (args.plain_listen, false)] {
         let Some(address) = address else { continue };
         let listener = TcpListener::bind(address).await?;
-        info!(%address, tls = tls && args.tls_dir.is_some(), login = args.credentials.is_some(), "serving the proxy's clients");
-        tokio::spawn(accept(listener, memcached, door.subscribe(), tls));
+        info!(%address, tls = with_tls && args.tls_dir.is_some(), login = args.credentials.is_some(), "serving the proxy's clients");
+        tokio::spawn(accept(listener, door.clone(), with_tls));
+    }
+    if let Some(address) = args.ready_address {
+        let listener = TcpListener::bind(address).await?;
+        tokio::spawn(super::endpoint::serve(listener, move |_| ready(memcached)));
     }
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL).await;
-            if keeper.sync(Instant::now()) {
-                match keeper.door() {
-                    Ok(new) => {
-                        door.send_replace(new);
-                    }
-                    // The last good certificate keeps serving.
-                    Err(error) => warn!(%error, "cannot load the certificate"),
+            if keeper.sync_passwords(Instant::now()) {
+                logins.send_replace(keeper.logins());
+            }
+            match keeper.sync_tls() {
+                Ok(Some(acceptor)) => {
+                    tls.send_replace(Some(acceptor));
                 }
+                Ok(None) => {}
+                // The last good certificate keeps serving; tried again at the next look.
+                Err(error) => warn!(%error, "cannot load the renewed certificate"),
             }
         }
     });
     Ok(())
 }
 
+/// `GET /readyz`: whether memcached in proxy mode accepts a connection on the loopback.
+async fn ready(memcached: SocketAddr) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    let reached = tokio::time::timeout(READY_TIMEOUT, TcpStream::connect(memcached)).await;
+    match reached {
+        Ok(Ok(_)) => super::endpoint::text(hyper::StatusCode::OK, "ok\n".to_string()),
+        _ => super::endpoint::text(
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            format!("memcached does not answer on {memcached}\n"),
+        ),
+    }
+}
+
 /// Keeps the passwords and the certificate current from the mounted Secrets.
 struct Keeper {
     args: FrontArgs,
     passwords: Option<Passwords>,
+    /// The certificate files as last loaded.
     certificates: u64,
 }
 
@@ -115,58 +157,67 @@ impl Keeper {
         Ok(Keeper {
             args: args.clone(),
             passwords,
-            certificates: fingerprint(&Self::tls_dirs(args)),
+            certificates: 0,
         })
     }
 
-    fn tls_dirs(args: &FrontArgs) -> Vec<PathBuf> {
-        args.tls_dir
+    fn tls_dirs(&self) -> Vec<PathBuf> {
+        self.args
+            .tls_dir
             .iter()
-            .chain(&args.client_ca_dir)
+            .chain(&self.args.client_ca_dir)
             .cloned()
             .collect()
     }
 
-    /// One look at the Secrets; whether what a new connection is held to changed.
-    fn sync(&mut self, now: Instant) -> bool {
+    /// The passwords honoured now; None without auth.
+    fn logins(&self) -> Option<Vec<Credentials>> {
+        self.passwords
+            .as_ref()
+            .map(|p| p.in_force().cloned().collect())
+    }
+
+    /// One look at the credentials Secret; whether the passwords honoured changed.
+    fn sync_passwords(&mut self, now: Instant) -> bool {
+        let (Some(passwords), Some(dir)) = (&mut self.passwords, &self.args.credentials) else {
+            return false;
+        };
         let mut changed = false;
-        if let (Some(passwords), Some(dir)) = (&mut self.passwords, &self.args.credentials) {
-            match Credentials::read(dir) {
-                Ok(new) if passwords.rotate(new.clone(), now) => {
-                    info!("the Secret changed: a new password");
-                    changed = true;
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    warn!(%error, "cannot read the Secret; keeping the passwords in force")
-                }
+        match Credentials::read(dir) {
+            Ok(new) if passwords.rotate(new.clone(), now) => {
+                info!(grace = ?self.args.rotation_grace, "the Secret changed: a new password");
+                changed = true;
             }
-            changed |= passwords.expire(now);
+            Ok(_) => {}
+            Err(error) => warn!(%error, "cannot read the Secret; keeping the passwords in force"),
         }
-        let certificates = fingerprint(&Self::tls_dirs(&self.args));
-        if certificates != self.certificates {
-            self.certificates = certificates;
-            info!("the certificate changed: new connections get the new one");
+        if passwords.expire(now) {
+            info!("a previous password's grace period ended");
             changed = true;
         }
         changed
     }
 
-    fn door(&self) -> io::Result<Door> {
-        let tls = match &self.args.tls_dir {
-            Some(dir) => Some(TlsAcceptor::from(server_config(
-                dir,
-                self.args.client_ca_dir.as_deref(),
-            )?)),
-            None => None,
+    /// The TLS configuration from the files as they are now; None without TLS.
+    fn load_tls(&mut self) -> io::Result<Option<TlsAcceptor>> {
+        let Some(dir) = &self.args.tls_dir else {
+            return Ok(None);
         };
-        Ok(Door {
-            logins: self
-                .passwords
-                .as_ref()
-                .map(|p| p.in_force().cloned().collect()),
-            tls,
-        })
+        let fingerprint = fingerprint(&self.tls_dirs());
+        let config = server_config(dir, self.args.client_ca_dir.as_deref())?;
+        self.certificates = fingerprint;
+        Ok(Some(TlsAcceptor::from(config)))
+    }
+
+    /// A renewed certificate's configuration, once it loads; None while the files are as last
+    /// loaded.
+    fn sync_tls(&mut self) -> io::Result<Option<TlsAcceptor>> {
+        if self.args.tls_dir.is_none() || fingerprint(&self.tls_dirs()) == self.certificates {
+            return Ok(None);
+        }
+        let acceptor = self.load_tls()?;
+        info!("the certificate changed: new connections get the new one");
+        Ok(acceptor)
     }
 }
 
@@ -211,14 +262,9 @@ fn server_config(dir: &Path, client_ca: Option<&Path>) -> io::Result<Arc<ServerC
     Ok(Arc::new(config))
 }
 
-async fn accept(
-    listener: TcpListener,
-    memcached: SocketAddr,
-    door: watch::Receiver<Door>,
-    tls: bool,
-) {
+async fn accept(listener: TcpListener, door: Door, with_tls: bool) {
     loop {
-        let (client, peer) = match listener.accept().await {
+        let (mut client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
                 warn!(%error, "accept");
@@ -226,39 +272,50 @@ async fn accept(
                 continue;
             }
         };
+        let Ok(slot) = door.slots.clone().try_acquire_owned() else {
+            // memcached's words when it is at its -c.
+            let _ = client
+                .write_all(b"ERROR Too many open connections\r\n")
+                .await;
+            continue;
+        };
         let _ = client.set_nodelay(true);
-        let door = door.borrow().clone();
+        let tls = with_tls.then(|| door.tls.borrow().clone()).flatten();
+        let door = door.clone();
         tokio::spawn(async move {
-            let served = match (tls, door.tls) {
-                (true, Some(acceptor)) => match acceptor.accept(client).await {
-                    Ok(stream) => relay(stream, memcached, door.logins.as_deref()).await,
-                    Err(error) => Err(error),
-                },
-                _ => relay(client, memcached, door.logins.as_deref()).await,
+            let served = match tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(LOGIN_TIMEOUT, acceptor.accept(client)).await {
+                        Ok(Ok(stream)) => relay(stream, &door).await,
+                        Ok(Err(error)) => Err(error),
+                        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake")),
+                    }
+                }
+                None => relay(client, &door).await,
             };
             if let Err(error) = served {
                 debug!(%peer, %error, "client connection ended");
             }
+            drop(slot);
         });
     }
 }
 
-/// Holds `client` to the login (when `logins` is some), then relays it to `memcached`.
-async fn relay<S>(
-    client: S,
-    memcached: SocketAddr,
-    logins: Option<&[Credentials]>,
-) -> io::Result<()>
+/// Holds `client` to the login (while passwords are in force), then relays it to memcached.
+async fn relay<S>(client: S, door: &Door) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut client = BufReader::new(client);
-    if let Some(logins) = logins
-        && !log_in(&mut client, logins).await?
-    {
-        return Ok(());
+    if door.logins.borrow().is_some() {
+        let logged_in = tokio::time::timeout(LOGIN_TIMEOUT, log_in(&mut client, &door.logins))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no login in time"))??;
+        if !logged_in {
+            return Ok(());
+        }
     }
-    let mut upstream = TcpStream::connect(memcached).await?;
+    let mut upstream = TcpStream::connect(door.memcached).await?;
     upstream.set_nodelay(true)?;
     // What the client sent after its login (pipelined) goes first.
     upstream.write_all(client.buffer()).await?;
@@ -268,8 +325,11 @@ where
 }
 
 /// memcached's ASCII login (proto_text.c, `try_read_command_asciiauth`): true once a `set`
-/// carried credentials in force; false when the client left or sent junk.
-async fn log_in<S>(client: &mut BufReader<S>, logins: &[Credentials]) -> io::Result<bool>
+/// carried credentials in force when it came; false when the client left or sent junk.
+async fn log_in<S>(
+    client: &mut BufReader<S>,
+    logins: &watch::Receiver<Option<Vec<Credentials>>>,
+) -> io::Result<bool>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -279,14 +339,22 @@ where
             .take(MAX_LINE as u64)
             .read_until(b'\n', &mut line)
             .await?;
-        if read == 0 || !line.ends_with(b"\n") {
+        if read == 0 || !line.ends_with(b"\n") || line.len() - 1 < MIN_LINE {
             return Ok(false);
         }
-        let words: Vec<&[u8]> = line.trim_ascii().split(|b| *b == b' ').collect();
+        // memcached's tokenizer: runs of spaces separate words; a command starting `set` is
+        // taken as one.
+        let words: Vec<&[u8]> = line
+            .trim_ascii()
+            .split(|b| *b == b' ')
+            .filter(|w| !w.is_empty())
+            .collect();
         let size = match words.as_slice() {
-            [b"set", _key, _flags, _exptime, size, ..] => std::str::from_utf8(size)
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok()),
+            [command, _key, _flags, _exptime, size, ..] if command.starts_with(b"set") => {
+                std::str::from_utf8(size)
+                    .ok()
+                    .and_then(|s| s.parse::<usize>().ok())
+            }
             _ => None,
         };
         let Some(size) = size else {
@@ -310,8 +378,12 @@ where
             reply(client, "CLIENT_ERROR bad authentication token format").await?;
             continue;
         };
+        // The passwords in force now, not when the connection came: a password whose grace
+        // ended is refused on a connection opened before.
         let accepted = logins
+            .borrow()
             .iter()
+            .flatten()
             .any(|c| c.username == username && c.password == password);
         if accepted {
             reply(client, "STORED").await?;

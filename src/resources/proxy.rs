@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
+    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, HTTPGetAction, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -227,16 +227,26 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
         ]),
         // Fronted, the agent serves the clients' ports.
         ports: (!fronted).then(|| front::client_ports(mc)),
-        readiness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: match fronted {
-                    true => IntOrString::Int(mc.spec.container_port),
-                    false => IntOrString::String("memcached".to_string()),
-                },
-                ..TCPSocketAction::default()
-            }),
-            period_seconds: Some(5),
-            ..Probe::default()
+        // Fronted, the agent tells whether memcached answers on the loopback: its own port
+        // would be open while memcached is down.
+        readiness_probe: Some(match fronted {
+            true => Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/readyz".to_string()),
+                    port: IntOrString::Int(front::ready_port(mc)),
+                    ..HTTPGetAction::default()
+                }),
+                period_seconds: Some(5),
+                ..Probe::default()
+            },
+            false => Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::String("memcached".to_string()),
+                    ..TCPSocketAction::default()
+                }),
+                period_seconds: Some(5),
+                ..Probe::default()
+            },
         }),
         resources: Some(proxy.resources.as_deref().cloned().unwrap_or_else(|| {
             ResourceRequirements {
@@ -292,7 +302,10 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             .chain((!once).then(|| front::mounts(mc)).into_iter().flatten())
             .collect(),
         ),
-        resources: (!once).then(super::agent::resources),
+        resources: (!once).then(|| match fronted {
+            true => front::agent_resources(),
+            false => super::agent::resources(),
+        }),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()
     };

@@ -33,14 +33,26 @@ async fn memcached() -> SocketAddr {
     addr
 }
 
-/// The front door on a port of its own, in front of the stand-in.
-async fn front(door: Door) -> SocketAddr {
+/// The front door on a port of its own, in front of the stand-in, holding connections to
+/// `logins` (what the sender says at each login) and, if given, TLS.
+async fn front(
+    logins: Option<Vec<Credentials>>,
+    tls: Option<TlsAcceptor>,
+    max_connections: usize,
+) -> (SocketAddr, watch::Sender<Option<Vec<Credentials>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (door, receiver) = watch::channel(door);
-    std::mem::forget(door);
-    tokio::spawn(accept(listener, memcached().await, receiver, true));
-    addr
+    let (logins, logins_seen) = watch::channel(logins);
+    let (tls, tls_seen) = watch::channel(tls);
+    std::mem::forget(tls);
+    let door = Door {
+        logins: logins_seen,
+        tls: tls_seen,
+        slots: Arc::new(Semaphore::new(max_connections)),
+        memcached: memcached().await,
+    };
+    tokio::spawn(accept(listener, door, true));
+    (addr, logins)
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -55,11 +67,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 #[tokio::test]
 async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
-    let addr = front(Door {
-        logins: Some(vec![creds("new"), creds("old")]),
-        tls: None,
-    })
-    .await;
+    let (addr, _logins) = front(Some(vec![creds("new"), creds("old")]), None, 8).await;
     let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
     assert_eq!(
         exchange(&mut conn, "get k\r\n").await,
@@ -94,57 +102,87 @@ async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
 
 #[tokio::test]
 async fn without_auth_every_command_is_relayed() {
-    let addr = front(Door {
-        logins: None,
-        tls: None,
-    })
-    .await;
+    let (addr, _logins) = front(None, None, 8).await;
     let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
     assert_eq!(exchange(&mut conn, "get k\r\n").await, "END");
 }
 
-/// A CA, and a server certificate for `cache-proxy.ns.svc` signed by it, as files of a
-/// `kubernetes.io/tls` Secret in `dir`; the CA's certificate.
-fn issue(dir: &Path) -> CertificateDer<'static> {
+/// A CA, a server certificate for `cache-proxy.ns.svc` signed by it as the files of a
+/// `kubernetes.io/tls` Secret in `dir` (with the CA's `ca.crt`), and a client certificate it
+/// signed: (the CA's certificate, the client's certificate and key).
+fn issue(
+    dir: &Path,
+) -> (
+    CertificateDer<'static>,
+    (CertificateDer<'static>, PrivateKeyDer<'static>),
+) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["cache-proxy.ns.svc".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert, key)
+    };
+    let (cert, key) = leaf("cache-proxy.ns.svc");
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join(CERT_KEY), cert.pem()).unwrap();
     std::fs::write(dir.join(PRIVATE_KEY_KEY), key.serialize_pem()).unwrap();
     std::fs::write(dir.join(CA_KEY), ca_cert.pem()).unwrap();
-    ca_cert.der().clone()
+    let (client_cert, client_key) = leaf("app");
+    let client_key = PrivateKeyDer::try_from(client_key.serialize_der()).unwrap();
+    (
+        ca_cert.der().clone(),
+        (client_cert.der().clone(), client_key),
+    )
+}
+
+/// A TLS client trusting `ca`, presenting `client` when given.
+fn connector(
+    ca: &CertificateDer<'static>,
+    client: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+) -> TlsConnector {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder.with_client_auth_cert(vec![cert], key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    TlsConnector::from(Arc::new(config))
+}
+
+/// A `get` over TLS to `addr` as `connector`: the first line answered.
+async fn tls_get(connector: &TlsConnector, addr: SocketAddr) -> io::Result<String> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("cache-proxy.ns.svc").unwrap();
+    let mut conn = BufReader::new(connector.connect(name, tcp).await?);
+    conn.get_mut().write_all(b"get k\r\n").await?;
+    let mut line = String::new();
+    conn.read_line(&mut line).await?;
+    Ok(line.trim_end().to_string())
 }
 
 #[tokio::test]
 async fn tls_clients_verify_the_proxys_name_and_log_in_inside_tls() {
     let dir = std::env::temp_dir().join(format!("agent-front-{}", std::process::id()));
-    let ca = issue(&dir);
-    let addr = front(Door {
-        logins: Some(vec![creds("pw")]),
-        tls: Some(TlsAcceptor::from(server_config(&dir, None).unwrap())),
-    })
-    .await;
-    let mut roots = RootCertStore::empty();
-    roots.add(ca).unwrap();
-    let config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let connector = TlsConnector::from(Arc::new(config));
+    let (ca, client) = issue(&dir);
+    let acceptor = TlsAcceptor::from(server_config(&dir, None).unwrap());
+    let (addr, _logins) = front(Some(vec![creds("pw")]), Some(acceptor), 8).await;
+    let anonymous = connector(&ca, None);
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("cache-proxy.ns.svc").unwrap();
-    let mut conn = BufReader::new(connector.connect(name, tcp).await.unwrap());
+    let mut conn = BufReader::new(anonymous.connect(name, tcp).await.unwrap());
     assert_eq!(
         exchange(&mut conn, "set a 0 0 6\r\napp pw\r\n").await,
         "STORED"
@@ -164,24 +202,86 @@ async fn tls_clients_verify_the_proxys_name_and_log_in_inside_tls() {
         "{line}"
     );
 
-    // With client verification, a client without a certificate is refused.
+    // With client verification: a client with a certificate the CA signed gets in, one
+    // without is refused.
     let mutual = TlsAcceptor::from(server_config(&dir, Some(&dir)).unwrap());
-    let addr = front(Door {
-        logins: None,
-        tls: Some(mutual),
+    let (addr, _logins) = front(None, Some(mutual), 8).await;
+    assert_eq!(
+        tls_get(&connector(&ca, Some(client)), addr).await.unwrap(),
+        "END"
+    );
+    assert!(
+        tls_get(&anonymous, addr).await.is_err(),
+        "no client certificate"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_login_in_pieces_or_with_extra_spaces_is_memcacheds_and_junk_is_closed() {
+    let (addr, _logins) = front(Some(vec![creds("pw")]), None, 8).await;
+    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    for piece in ["set  a 0", " 0 6\r\napp", " pw\r\n"] {
+        conn.get_mut().write_all(piece.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut line = String::new();
+    conn.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "STORED\r\n");
+
+    // A line too long to be a login, or too short, ends the connection as memcached does.
+    for junk in [vec![b'x'; MAX_LINE + 10], b"quit\r\n".to_vec()] {
+        let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        conn.get_mut().write_all(&junk).await.unwrap();
+        let mut line = String::new();
+        assert_eq!(conn.read_line(&mut line).await.unwrap_or(0), 0, "{line}");
+    }
+}
+
+#[tokio::test]
+async fn a_password_past_its_grace_is_refused_on_a_connection_opened_before() {
+    let (addr, logins) = front(Some(vec![creds("new"), creds("old")]), None, 8).await;
+    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    assert_eq!(
+        exchange(&mut conn, "set a 0 0 7\r\napp bad\r\n").await,
+        "CLIENT_ERROR authentication failure"
+    );
+    logins.send_replace(Some(vec![creds("new")]));
+    assert_eq!(
+        exchange(&mut conn, "set a 0 0 7\r\napp old\r\n").await,
+        "CLIENT_ERROR authentication failure"
+    );
+    assert_eq!(
+        exchange(&mut conn, "set a 0 0 7\r\napp new\r\n").await,
+        "STORED"
+    );
+}
+
+#[tokio::test]
+async fn past_the_connection_limit_a_client_is_told_as_memcached_tells_it() {
+    let (addr, _logins) = front(None, None, 1).await;
+    let mut first = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    assert_eq!(exchange(&mut first, "get k\r\n").await, "END");
+    let mut second = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut line = String::new();
+    second.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "ERROR Too many open connections\r\n");
+    drop(first);
+    // The slot is free again once the first client left.
+    let took = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+            conn.get_mut().write_all(b"get k\r\n").await.unwrap();
+            let mut line = String::new();
+            conn.read_line(&mut line).await.unwrap();
+            if line == "END\r\n" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     })
     .await;
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let name = ServerName::try_from("cache-proxy.ns.svc").unwrap();
-    let refused = async {
-        let mut conn = BufReader::new(connector.connect(name, tcp).await?);
-        conn.get_mut().write_all(b"get k\r\n").await?;
-        let mut line = String::new();
-        conn.read_line(&mut line).await?;
-        Ok::<_, io::Error>(line)
-    };
-    assert!(refused.await.is_err(), "no client certificate");
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(took.is_ok(), "the slot came back");
 }
 
 #[test]
@@ -198,14 +298,37 @@ fn a_rotation_is_honoured_by_new_connections_with_the_old_password_for_its_grace
     };
     let mut keeper = Keeper::start(&args).unwrap();
     let t0 = Instant::now();
-    assert!(!keeper.sync(t0), "nothing changed");
+    assert!(!keeper.sync_passwords(t0), "nothing changed");
     std::fs::write(dir.join("password"), "two").unwrap();
-    assert!(keeper.sync(t0));
-    assert_eq!(
-        keeper.door().unwrap().logins.unwrap(),
-        vec![creds("two"), creds("one")]
+    assert!(keeper.sync_passwords(t0));
+    assert_eq!(keeper.logins().unwrap(), vec![creds("two"), creds("one")]);
+    assert!(
+        keeper.sync_passwords(t0 + Duration::from_secs(61)),
+        "the grace ended"
     );
-    assert!(keeper.sync(t0 + Duration::from_secs(61)), "the grace ended");
-    assert_eq!(keeper.door().unwrap().logins.unwrap(), vec![creds("two")]);
+    assert_eq!(keeper.logins().unwrap(), vec![creds("two")]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_certificate_that_does_not_load_keeps_the_last_one_and_is_tried_again() {
+    let dir = std::env::temp_dir().join(format!("agent-front-renewal-{}", std::process::id()));
+    issue(&dir);
+    let args = FrontArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        tls_dir: Some(dir.clone()),
+        ..FrontArgs::default()
+    };
+    let mut keeper = Keeper::start(&args).unwrap();
+    assert!(keeper.load_tls().unwrap().is_some());
+    assert!(keeper.sync_tls().unwrap().is_none(), "unchanged");
+    std::fs::write(dir.join(PRIVATE_KEY_KEY), "half a key").unwrap();
+    assert!(keeper.sync_tls().is_err());
+    assert!(keeper.sync_tls().is_err(), "tried again at the next look");
+    issue(&dir);
+    assert!(
+        keeper.sync_tls().unwrap().is_some(),
+        "the renewal, once whole"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,7 +7,10 @@
 //! NetworkPolicy, which admission requires here, admits only the proxy's pods and the
 //! operator's to it.
 
-use k8s_openapi::api::core::v1::{ContainerPort, Volume, VolumeMount};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, Volume, VolumeMount};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::Memcached;
 use crate::resources::ports::LocalPorts;
@@ -50,12 +53,26 @@ pub fn client_ports(mc: &Memcached) -> Vec<ContainerPort> {
     .collect()
 }
 
+/// Where the proxy's agent answers the pod's readiness (`GET /readyz`: memcached in proxy mode
+/// answers on the loopback). The proxy's pods have no save endpoint: its port serves this.
+pub fn ready_port(mc: &Memcached) -> i32 {
+    LocalPorts::of(mc).save
+}
+
 /// The proxy's agent's flags to serve the clients; none unless fronted.
 pub fn agent_args(mc: &Memcached) -> Vec<String> {
     if !fronted(mc) {
         return Vec::new();
     }
-    let mut args = vec![format!("--listen=0.0.0.0:{}", mc.spec.container_port)];
+    let mut args = vec![
+        format!("--listen=0.0.0.0:{}", mc.spec.container_port),
+        format!("--ready-address=0.0.0.0:{}", ready_port(mc)),
+        // memcached's own default for -c.
+        format!(
+            "--max-connections={}",
+            mc.spec.max_connections.unwrap_or(1024)
+        ),
+    ];
     if let Some(plain) = tls::plaintext_port(mc) {
         args.push(format!("--plain-listen=0.0.0.0:{plain}"));
     }
@@ -73,6 +90,22 @@ pub fn agent_args(mc: &Memcached) -> Vec<String> {
         }
     }
     args
+}
+
+/// The proxy's agent's resources when it carries the clients' connections: TLS and two copy
+/// buffers per connection, up to `--max-connections` of them (about 40 KiB each with TLS).
+pub fn agent_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("50m".to_string())),
+            ("memory".to_string(), Quantity("32Mi".to_string())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity("256Mi".to_string()),
+        )])),
+        ..ResourceRequirements::default()
+    }
 }
 
 /// The Secrets the proxy's agent reads.

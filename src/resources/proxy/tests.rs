@@ -385,6 +385,8 @@ fn with_auth_and_tls_the_agent_serves_the_clients_and_the_proxy_reaches_the_memb
     for arg in [
         "--memcached=127.0.0.1:11298",
         "--listen=0.0.0.0:11211",
+        "--ready-address=0.0.0.0:11297",
+        "--max-connections=1024",
         "--plain-listen=0.0.0.0:11300",
         "--credentials=/etc/memcached/credentials",
         "--rotation-grace=300s",
