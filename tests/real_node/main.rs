@@ -267,7 +267,7 @@ pub async fn send_pods_to_real_node(client: &Client, name: &str) {
 
 /// Runs `script` with the node's busybox in a pod of `ns` (non-root, no capabilities), with
 /// `pod` merged into the pod's spec (volumes, the container's mounts and env under
-/// `container`); whether it succeeded, and what it printed.
+/// `container`, the pod's labels under `labels`); whether it succeeded, and what it printed.
 pub async fn busybox_pod(
     client: &Client,
     node: &RealNode,
@@ -294,6 +294,10 @@ pub async fn busybox_pod(
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
     }
+    let labels = pod
+        .as_object_mut()
+        .and_then(|p| p.remove("labels"))
+        .unwrap_or_default();
     let mut spec = serde_json::json!({
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
@@ -302,7 +306,9 @@ pub async fn busybox_pod(
     spec.as_object_mut()
         .unwrap()
         .extend(pod.as_object().unwrap().clone());
-    let manifest = serde_json::json!({"metadata": {"generateName": "client-"}, "spec": spec});
+    let manifest = serde_json::json!({
+        "metadata": {"generateName": "client-", "labels": labels}, "spec": spec,
+    });
     let pod: Pod = serde_json::from_value(manifest).unwrap();
     let pod = pods
         .create(&kube::api::PostParams::default(), &pod)

@@ -100,7 +100,7 @@ async fn auth_and_tls_hold_through_the_proxy_and_only_the_proxy_reaches_the_memb
         "spec": {
             "size": 3, "image": node.var("MEMCACHED_SID_IMAGE"),
             "proxy": {"enabled": true},
-            "auth": {"enabled": true, "secretName": "cache-auth"},
+            "auth": {"enabled": true, "secretName": "cache-auth", "rotationGraceSeconds": 150},
             "tls": {"enabled": true, "secretName": "cache-tls"},
             "networkPolicy": {"enabled": true, "from": [host, namespace]},
         },
@@ -145,7 +145,10 @@ async fn auth_and_tls_hold_through_the_proxy_and_only_the_proxy_reaches_the_memb
     assert!(plain.get("error").is_some(), "{plain}");
 
     // The members' relay asks no login: a pod of the namespace, which the policy admits to
-    // memcached's port, gets no answer from it (the proxy reached it above, through that port).
+    // memcached's port, gets no answer from it; the same script from a pod labelled as the
+    // proxy's does (the policy's rule, not the script, is what refuses).
+    let proxy_labels = json!({"labels": {
+        "app.kubernetes.io/name": "memcached-proxy", "app.kubernetes.io/instance": "cache"}});
     for member in member_pods(&client, &ns, "cache").await {
         let ip = pod_ip(&member);
         let script = format!(
@@ -154,10 +157,13 @@ async fn auth_and_tls_hold_through_the_proxy_and_only_the_proxy_reaches_the_memb
         );
         let (answered, log) = busybox_pod(&client, &node, &ns, &script, json!({})).await;
         assert!(!answered, "{ip}:11296 answered a stranger: {log}");
+        let (answered, log) = busybox_pod(&client, &node, &ns, &script, proxy_labels.clone()).await;
+        assert!(answered, "{ip}:11296 did not answer a proxy's pod: {log}");
     }
 
-    // A rotation: the new password through the proxy within the kubelet's refresh, the old one
-    // still for its grace, and the proxy's processes as they were.
+    // A rotation: each proxy takes the new password within the kubelet's refresh and keeps the
+    // old one for its grace (each pod asked on its own address: one that has not seen the
+    // change yet would take the old one anyway), the proxy's processes as they were.
     let before = proxy_restarts(&client, &ns).await;
     secrets
         .patch(
@@ -167,16 +173,25 @@ async fn auth_and_tls_hold_through_the_proxy_and_only_the_proxy_reaches_the_memb
         )
         .await
         .unwrap();
-    wait_for("the new password through the proxy", ROTATION, || async {
-        let answer = app(&ns, &ip, ca, Some(("app", "second")), 1).await;
-        (answer["found"] == 1).then_some(())
-    })
-    .await;
-    let old = app(&ns, &ip, ca, Some(("app", "first")), 1).await;
-    assert_eq!(
-        old["found"], 1,
-        "the previous password within its grace: {old}"
-    );
+    let pods: Vec<String> = proxies(&client, &ns, 2)
+        .await
+        .iter()
+        .map(|p| pod_ip(p).to_string())
+        .collect();
+    for pod in &pods {
+        wait_for("the new password on each proxy", ROTATION, || async {
+            let answer = app(&ns, pod, ca, Some(("app", "second")), 1).await;
+            (answer["found"] == 1).then_some(())
+        })
+        .await;
+    }
+    for pod in &pods {
+        let old = app(&ns, pod, ca, Some(("app", "first")), 1).await;
+        assert_eq!(
+            old["found"], 1,
+            "{pod}: the old password within its grace: {old}"
+        );
+    }
     assert_eq!(
         before,
         proxy_restarts(&client, &ns).await,
