@@ -28,10 +28,10 @@ const CONNECTIONS: usize = 8;
 const STEADY: Duration = Duration::from_secs(10);
 /// How long each run of new connections lasts.
 const CONNECTING: Duration = Duration::from_secs(5);
-const USER: &str = "bench";
-const PASSWORD: &str = "bench-password";
+pub(crate) const USER: &str = "bench";
+pub(crate) const PASSWORD: &str = "bench-password";
 /// A typical cached value: a small serialized object.
-const VALUE: &[u8] = &[b'x'; 200];
+pub(crate) const VALUE: &[u8] = &[b'x'; 200];
 
 struct Variant {
     name: &'static str,
@@ -70,20 +70,20 @@ pub fn percentiles(mut micros: Vec<u64>) -> (u64, u64) {
 }
 
 /// How the variant's clients connect: TLS or not, logged in or not.
-struct Client {
-    addr: SocketAddr,
-    host: String,
-    tls: Option<Arc<ClientConfig>>,
-    auth: bool,
+pub(crate) struct Client {
+    pub(crate) addr: SocketAddr,
+    pub(crate) host: String,
+    pub(crate) tls: Option<Arc<ClientConfig>>,
+    pub(crate) auth: bool,
 }
 
-enum Conn {
+pub(crate) enum Conn {
     Plain(Connection),
     Tls(Box<Connection<TlsStream<TcpStream>>>),
 }
 
 impl Client {
-    async fn connect(&self) -> Conn {
+    pub(crate) async fn connect(&self) -> Conn {
         let mut conn = match &self.tls {
             Some(config) => Conn::Tls(Box::new(
                 Connection::connect_tls(self.addr, &self.host, config.clone())
@@ -104,7 +104,7 @@ impl Client {
 
 impl Conn {
     /// One set and one get of `key`, timed separately.
-    async fn set_then_get(&mut self, key: &str) -> (Duration, Duration) {
+    pub(crate) async fn set_then_get(&mut self, key: &str) -> (Duration, Duration) {
         match self {
             Conn::Plain(c) => timed_set_then_get(c, key).await,
             Conn::Tls(c) => timed_set_then_get(&mut **c, key).await,

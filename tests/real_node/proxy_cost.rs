@@ -1,39 +1,41 @@
 //! What the proxy costs its clients: operations per second and latency through the proxy's one
 //! address against a hashing client straight to the members, same Memcached, same run; and how
-//! long a change of members takes to reach the proxies. A benchmark, not a test:
+//! long a change of members takes to reach the proxies; and the same costs with auth and TLS. A benchmark, not a test:
 //! `make bench-proxy` runs it (ignored by `make test`) and writes bench/results/proxy.json.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
-use crate::data_path::percentiles;
-use crate::harness::{admin, member_pods, set_size};
+use crate::data_path::{Client, PASSWORD, USER, VALUE, percentiles};
+use crate::harness::{
+    CONVERGE, admin, create, member_pods, pod_is_ready, set_size, wait_converged, wait_for,
+};
 use crate::proxy::{loads, proxied, wait_loaded};
-use crate::{RealNode, operator_with_agent, pod_ip, real_namespace};
+use crate::tls::{Ca, client_config, tls_secret};
+use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
 const CONNECTIONS: usize = 8;
 const STEADY: Duration = Duration::from_secs(10);
-/// A typical cached value: a small serialized object.
-const VALUE: &[u8] = &[b'x'; 200];
 
 /// CONNECTIONS clients doing a set then a get of their keys for STEADY, each key sent to
 /// `route(key)` of `targets` (one connection per target and client).
-async fn steady(
-    targets: Arc<Vec<SocketAddr>>,
-    route: fn(&str, usize) -> usize,
-) -> serde_json::Value {
+async fn steady(targets: Arc<Vec<Client>>, route: fn(&str, usize) -> usize) -> serde_json::Value {
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|c| {
             let targets = targets.clone();
             tokio::spawn(async move {
                 let mut conns = Vec::new();
-                for addr in targets.iter() {
-                    conns.push(Connection::connect(*addr).await.unwrap());
+                for target in targets.iter() {
+                    conns.push(target.connect().await);
                 }
                 let mut latencies = Vec::new();
                 let end = Instant::now() + STEADY;
@@ -41,12 +43,9 @@ async fn steady(
                 while Instant::now() < end {
                     let key = format!("bench-{c}-{}", i % 1000);
                     let conn = &mut conns[route(&key, targets.len())];
-                    let start = Instant::now();
-                    conn.set(&key, VALUE).await.unwrap();
-                    latencies.push(start.elapsed().as_micros() as u64);
-                    let start = Instant::now();
-                    assert!(conn.get(&key).await.unwrap().is_some(), "{key} read back");
-                    latencies.push(start.elapsed().as_micros() as u64);
+                    let (set, get) = conn.set_then_get(&key).await;
+                    latencies.push(set.as_micros() as u64);
+                    latencies.push(get.as_micros() as u64);
                     i += 1;
                 }
                 latencies
@@ -60,6 +59,109 @@ async fn steady(
     let ops = all.len() as f64 / STEADY.as_secs_f64();
     let (p50, p99) = percentiles(all);
     json!({"ops_per_second": ops.round(), "p50_us": p50, "p99_us": p99})
+}
+
+/// Plain-text clients of `addrs`, without a login.
+fn plain(addrs: impl IntoIterator<Item = SocketAddr>) -> Vec<Client> {
+    addrs
+        .into_iter()
+        .map(|addr| Client {
+            addr,
+            host: String::new(),
+            tls: None,
+            auth: false,
+        })
+        .collect()
+}
+
+/// Memcached `secure` beside `cache`: 3 members and 2 proxies with auth, TLS and the policy
+/// that admission then requires (the host admitted by address). Clients of its members (TLS,
+/// logged in) and of its proxy's Service, once each proxy reaches every member.
+async fn secured(client: &kube::Client, node: &RealNode, ns: &str) -> (Vec<Client>, Client) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let ca = Ca::new("proxy-cost-ca");
+    let names = [
+        format!("secure.{ns}.svc"),
+        format!("*.secure.{ns}.svc"),
+        format!("secure-proxy.{ns}.svc"),
+    ];
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("secure-tls", &ca.issue(&names), &ca),
+        )
+        .await
+        .unwrap();
+    create_credentials(&secrets, "secure-auth", USER, PASSWORD).await;
+    let host = json!({"ipBlock": {"cidr": format!("{}/32", node.var("REAL_NODE_GATEWAY"))}});
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "secure"},
+        "spec": {
+            "size": 3, "image": node.var("MEMCACHED_SID_IMAGE"), "proxy": {"enabled": true},
+            "auth": {"enabled": true, "secretName": "secure-auth"},
+            "tls": {"enabled": true, "secretName": "secure-tls"},
+            "networkPolicy": {"enabled": true, "from": [host]},
+        },
+    }))
+    .unwrap();
+    create(client, ns, &mc).await;
+    wait_converged(client, ns, "secure", 3).await;
+    let tls = Some(client_config(&ca.pem, None));
+    let members = member_pods(client, ns, "secure")
+        .await
+        .iter()
+        .map(|p| Client {
+            addr: SocketAddr::new(pod_ip(p).into(), 11211),
+            host: format!("{}.secure.{ns}.svc", p.name_any()),
+            tls: tls.clone(),
+            auth: true,
+        })
+        .collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=secure";
+    let proxy_host = format!("secure-proxy.{ns}.svc");
+    wait_for(
+        "every secure proxy to reach every member",
+        CONVERGE,
+        || async {
+            let listed = pods
+                .list(&ListParams::default().labels(selector))
+                .await
+                .ok()?;
+            let ready: Vec<_> = listed.items.iter().filter(|p| pod_is_ready(p)).collect();
+            if ready.len() != 2 {
+                return None;
+            }
+            for pod in ready {
+                let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
+                for _ in 0..8 {
+                    let config = tls.clone()?;
+                    let mut conn = Connection::connect_tls(addr, &proxy_host, config)
+                        .await
+                        .ok()?;
+                    conn.login(USER, PASSWORD).await.ok()?;
+                    for i in 0..30 {
+                        conn.set(&format!("probe-{i}"), b"1").await.ok()?;
+                    }
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let service = Api::<Service>::namespaced(client.clone(), ns)
+        .get("secure-proxy")
+        .await
+        .unwrap();
+    let ip: std::net::IpAddr = service.spec.unwrap().cluster_ip.unwrap().parse().unwrap();
+    let proxy = Client {
+        addr: SocketAddr::new(ip, 11211),
+        host: proxy_host,
+        tls,
+        auth: true,
+    };
+    (members, proxy)
 }
 
 /// A client's own hash of `key` over `n` servers (FNV-1a), as a hashing client places keys.
@@ -83,15 +185,22 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
     let _op = operator_with_agent(&client, &node, &ns).await;
     let (pods, proxy) = proxied(&client, &node, &ns, json!({"proxy": {"enabled": true}})).await;
 
-    let members: Vec<SocketAddr> = member_pods(&client, &ns, "cache")
+    let members = member_pods(&client, &ns, "cache")
         .await
         .iter()
         .map(|p| SocketAddr::new(pod_ip(p).into(), 11211))
-        .collect();
-    let direct = steady(Arc::new(members), hashed).await;
+        .collect::<Vec<_>>();
+    let direct = steady(Arc::new(plain(members)), hashed).await;
     println!("hashing client, straight to the 3 members: {direct}");
-    let through = steady(Arc::new(vec![proxy]), only).await;
+    let through = steady(Arc::new(plain([proxy])), only).await;
     println!("one address, through the proxy:            {through}");
+    // With auth and TLS: the members' own TLS and login, against the proxy's agent serving
+    // both and the members' agents relaying the proxy (proxy/front.rs).
+    let (secure_members, secure_proxy) = secured(&client, &node, &ns).await;
+    let direct_secure = steady(Arc::new(secure_members), hashed).await;
+    println!("with auth and TLS, hashing client:         {direct_secure}");
+    let through_secure = steady(Arc::new(vec![secure_proxy]), only).await;
+    println!("with auth and TLS, through the proxy:      {through_secure}");
 
     // A change of members: from the spec's change to every proxy routing by the new layout.
     let mut changes = serde_json::Map::new();
@@ -108,13 +217,19 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
             "a Memcached of 3 members and 2 proxies on the real node; the client on the host, \
              {CONNECTIONS} connections for {STEADY:?} of set+get ({} B values), through the \
              proxy's Service, then straight to the members (each key to one member by the \
-             client's hash); then the seconds from a change of spec.size until every proxy had \
-             loaded the new layout (the new member Ready first, when scaling out)",
+             client's hash); the same for a second such Memcached with auth and TLS (*_tls_auth: \
+             TLS and a login per connection, the proxy's agent serving both and the members' \
+             agents relaying the proxy); then the seconds from a change of spec.size until every \
+             proxy of the first had loaded the new layout (the new member Ready first, when \
+             scaling out)",
             VALUE.len()
         ),
         "memcached_image": node.var("MEMCACHED_SID_IMAGE"),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "results": {"hashing_client": direct, "proxy": through},
+        "results": {
+            "hashing_client": direct, "proxy": through,
+            "hashing_client_tls_auth": direct_secure, "proxy_tls_auth": through_secure,
+        },
         "layout_loaded_seconds": changes,
     });
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results/proxy.json");
