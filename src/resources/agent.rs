@@ -79,7 +79,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         args.push(format!("--proxy=127.0.0.1:{}", ports.agent));
         mounts.extend(auth::agent_mounts());
     }
-    args.extend(super::proxy::member_agent_args(mc));
+    args.extend(super::relay::member_agent_args(mc));
     args.extend(
         tls::watched_dirs(mc)
             .into_iter()
@@ -92,7 +92,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
         command: Some(vec![BINARY.to_string(), "agent".to_string()]),
         args: Some(args),
         ports: (name == CONTAINER)
-            .then(|| super::proxy::member_agent_ports(mc))
+            .then(|| super::relay::member_agent_ports(mc))
             .flatten(),
         volume_mounts: Some(mounts.clone()),
         env: Some(env.clone()).filter(|e| !e.is_empty()),

@@ -23,6 +23,7 @@ mod network_policy;
 mod pod_template;
 pub mod ports;
 pub mod proxy;
+pub mod relay;
 pub mod tls;
 pub mod warm_restart;
 pub use network_policy::network_policy;

@@ -63,7 +63,7 @@ const BINARY: &str = "/memcached-operator";
 mod front;
 mod image;
 mod layout;
-pub use front::{BACKEND_PORT_NAME, backend_port, fronted, member_agent_args, member_agent_ports};
+pub use super::relay::{backend_port, fronted};
 pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_by, refused_image, too_old};
 pub use layout::Layout;
 
@@ -89,6 +89,16 @@ pub fn address(mc: &Memcached) -> String {
         mc.namespace().unwrap_or_default(),
         mc.spec.container_port
     )
+}
+
+/// The names the proxy's agent serves the members' certificate by (with `spec.tls.issuerRef`,
+/// the Certificate lists them); none without the proxy.
+pub fn certificate_names(mc: &Memcached) -> Vec<String> {
+    if !enabled(mc) {
+        return Vec::new();
+    }
+    let service = format!("{}.{}.svc", name(mc), mc.namespace().unwrap_or_default());
+    vec![service.clone(), format!("{service}.cluster.local")]
 }
 
 /// The labels of the proxy's pods, which its Deployment and Service select.

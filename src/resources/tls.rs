@@ -60,8 +60,9 @@ fn issued_secret_name(mc: &Memcached) -> String {
 }
 
 /// The Certificate cert-manager keeps issued for `spec.tls.issuerRef`: the Service's names,
-/// and, under it, every member's (`*.`), in `<name>-tls`.
-pub fn certificate(mc: &Memcached) -> Option<Certificate> {
+/// and, under it, every member's (`*.`), and the names `also` lists (the proxy's), in
+/// `<name>-tls`.
+pub fn certificate(mc: &Memcached, also: Vec<String>) -> Option<Certificate> {
     let issuer_ref = issuer(mc)?.clone();
     let service = format!(
         "{}.{}.svc",
@@ -74,15 +75,7 @@ pub fn certificate(mc: &Memcached) -> Option<Certificate> {
         format!("*.{service}"),
         format!("*.{service}.cluster.local"),
     ];
-    if super::proxy::enabled(mc) {
-        // The proxy's agent serves the same certificate, by the proxy's Service's name.
-        let proxy = format!(
-            "{}.{}.svc",
-            super::proxy::name(mc),
-            mc.namespace().unwrap_or_default()
-        );
-        dns_names.extend([format!("{proxy}.cluster.local"), proxy]);
-    }
+    dns_names.extend(also);
     Some(Certificate {
         metadata: ObjectMeta {
             name: Some(mc.name_any()),
@@ -344,7 +337,7 @@ mod tests {
         let mc = crate::fixtures::memcached_with_spec(serde_json::json!({
             "tls": {"enabled": true, "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}},
         }));
-        let issued = certificate(&mc).expect("one for the issuer");
+        let issued = certificate(&mc, vec![]).expect("one for the issuer");
         assert_eq!(issued.metadata.name.as_deref(), Some("cache"));
         assert_eq!(issued.spec.secret_name, "cache-tls");
         assert_eq!(
@@ -359,11 +352,12 @@ mod tests {
         // With the proxy, its agent serves the same certificate by the proxy's name.
         let mut proxied = mc.clone();
         proxied.spec.proxy = serde_json::from_value(serde_json::json!({"enabled": true})).unwrap();
+        let names = crate::resources::proxy::certificate_names(&proxied);
         assert_eq!(
-            certificate(&proxied).unwrap().spec.dns_names[4..],
+            certificate(&proxied, names).unwrap().spec.dns_names[4..],
             [
-                "cache-proxy.default.svc.cluster.local",
-                "cache-proxy.default.svc"
+                "cache-proxy.default.svc",
+                "cache-proxy.default.svc.cluster.local"
             ]
         );
         let issuer = &issued.spec.issuer_ref;
@@ -388,6 +382,6 @@ mod tests {
         let own = crate::fixtures::memcached_with_spec(serde_json::json!({
             "tls": {"enabled": true, "secretName": "mine"},
         }));
-        assert!(certificate(&own).is_none());
+        assert!(certificate(&own, vec![]).is_none());
     }
 }

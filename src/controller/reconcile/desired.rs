@@ -40,7 +40,7 @@ pub fn desired(mc: &Memcached, operator_namespace: Option<&str>, images: &Images
         budget: resources::pod_disruption_budget(mc),
         policy: resources::network_policy(mc, operator_namespace),
         monitor: resources::service_monitor(mc),
-        certificate: resources::tls::certificate(mc),
+        certificate: resources::tls::certificate(mc, resources::proxy::certificate_names(mc)),
         proxy: Proxy {
             deployment: proxy::deployment(mc, memcached_image, &images.agent),
             service: proxy::service(mc),

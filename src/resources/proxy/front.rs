@@ -14,23 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::Memcached;
 use crate::resources::ports::LocalPorts;
+use crate::resources::relay::fronted;
 use crate::resources::{auth, tls};
-
-/// The members' agents' port for the proxy, named in their pods.
-pub const BACKEND_PORT_NAME: &str = "proxy-backend";
-
-/// Whether the proxy's agent serves its clients (and the members' agents relay the proxy).
-pub fn fronted(mc: &Memcached) -> bool {
-    super::enabled(mc) && (auth::enabled(mc) || tls::enabled(mc))
-}
-
-/// Where the proxy reaches each member: memcached's own port, or its agent's relay.
-pub fn backend_port(mc: &Memcached) -> i32 {
-    match fronted(mc) {
-        true => LocalPorts::of(mc).backend,
-        false => mc.spec.container_port,
-    }
-}
 
 /// Where memcached in proxy mode listens: on every address at memcached's port, or, fronted,
 /// on the pod's loopback only (the agent serves memcached's port).
@@ -128,25 +113,4 @@ pub fn mounts(mc: &Memcached) -> Vec<VolumeMount> {
         .into_iter()
         .chain(tls::mounts(mc))
         .collect()
-}
-
-/// A member's agent's flag for the proxy's connections; none unless fronted.
-pub fn member_agent_args(mc: &Memcached) -> Vec<String> {
-    match fronted(mc) {
-        true => vec![format!(
-            "--backend-listen=0.0.0.0:{}",
-            LocalPorts::of(mc).backend
-        )],
-        false => Vec::new(),
-    }
-}
-
-/// A member's agent's port for the proxy; none unless fronted.
-pub fn member_agent_ports(mc: &Memcached) -> Option<Vec<ContainerPort>> {
-    fronted(mc).then(|| {
-        vec![super::super::container_port(
-            BACKEND_PORT_NAME,
-            LocalPorts::of(mc).backend,
-        )]
-    })
 }

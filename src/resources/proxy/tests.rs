@@ -444,8 +444,11 @@ fn with_auth_and_tls_the_agent_serves_the_clients_and_the_proxy_reaches_the_memb
         Layout::of(&plain, 1, None).members,
         ["cache-0.cache.default.svc:11211"]
     );
-    assert_eq!(member_agent_args(&mc), ["--backend-listen=0.0.0.0:11296"]);
-    assert!(member_agent_args(&plain).is_empty());
+    assert_eq!(
+        crate::resources::relay::member_agent_args(&mc),
+        ["--backend-listen=0.0.0.0:11296"]
+    );
+    assert!(crate::resources::relay::member_agent_args(&plain).is_empty());
     // Without auth or TLS nothing of this is in the proxy's pods.
     let plain_agent = pod_spec(&plain).containers[1].args.clone().unwrap();
     assert!(!plain_agent.iter().any(|a| a.starts_with("--listen")));
