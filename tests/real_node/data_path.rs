@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
 use memcached_operator::api::{AuthSpec, TlsSpec};
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
@@ -19,7 +18,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::ClientConfig;
 
 use crate::harness::{admin, create, member_pods, memcached, wait_converged};
-use crate::tls::{Ca, client_config, tls_secret};
+use crate::tls::{Ca, client_config, create_tls_secret};
 use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
@@ -182,13 +181,7 @@ async fn data_path_costs_of_tls_and_auth() {
         .iter()
         .map(|v| format!("{}.{ns}.svc", v.name))
         .collect();
-    secrets
-        .create(
-            &PostParams::default(),
-            &tls_secret("cert", &ca.issue(&names), &ca),
-        )
-        .await
-        .unwrap();
+    create_tls_secret(&secrets, "cert", &names, &ca).await;
     for v in &VARIANTS {
         let mut mc = memcached(v.name, 1);
         mc.spec.auth = v.auth.then(|| AuthSpec {

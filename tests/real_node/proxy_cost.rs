@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
@@ -19,7 +19,7 @@ use crate::harness::{
     CONVERGE, admin, create, member_pods, pod_is_ready, set_size, wait_converged, wait_for,
 };
 use crate::proxy::{loads, proxied, wait_loaded};
-use crate::tls::{Ca, client_config, tls_secret};
+use crate::tls::{Ca, client_config, create_tls_secret};
 use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, real_namespace};
 
 /// Connections kept open at once, each with one request in flight (as a web tier's pool).
@@ -85,13 +85,7 @@ async fn secured(client: &kube::Client, node: &RealNode, ns: &str) -> (Vec<Clien
         format!("*.secure.{ns}.svc"),
         format!("secure-proxy.{ns}.svc"),
     ];
-    secrets
-        .create(
-            &PostParams::default(),
-            &tls_secret("secure-tls", &ca.issue(&names), &ca),
-        )
-        .await
-        .unwrap();
+    create_tls_secret(&secrets, "secure-tls", &names, &ca).await;
     create_credentials(&secrets, "secure-auth", USER, PASSWORD).await;
     let host = json!({"ipBlock": {"cidr": format!("{}/32", node.var("REAL_NODE_GATEWAY"))}});
     let mc: Memcached = serde_json::from_value(json!({

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator::resources::auth::secret_data;
@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::harness::{admin, create, member_pods, wait_converged, wait_for};
 use crate::proxy::proxies;
-use crate::tls::{Ca, tls_secret};
+use crate::tls::{Ca, create_tls_secret};
 use crate::{
     RealNode, busybox_pod, create_credentials, operator_with_agent, pod_ip, pymemcache,
     real_namespace, restart_counts,
@@ -82,13 +82,7 @@ async fn auth_and_tls_hold_through_the_proxy_and_only_the_proxy_reaches_the_memb
         format!("*.cache.{ns}.svc"),
         format!("cache-proxy.{ns}.svc"),
     ];
-    secrets
-        .create(
-            &PostParams::default(),
-            &tls_secret("cache-tls", &ca.issue(&names), &ca),
-        )
-        .await
-        .unwrap();
+    create_tls_secret(&secrets, "cache-tls", &names, &ca).await;
     create_credentials(&secrets, "cache-auth", "app", "first").await;
     // The host, where the application runs, is admitted by address (as in monitoring.rs), and
     // the namespace's pods.

@@ -59,6 +59,22 @@ impl Ca {
     }
 }
 
+/// Creates the `kubernetes.io/tls` Secret `name` with a leaf `ca` issued for `names`.
+pub(crate) async fn create_tls_secret(
+    secrets: &Api<Secret>,
+    name: &str,
+    names: &[String],
+    ca: &Ca,
+) {
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret(name, &ca.issue(names), ca),
+        )
+        .await
+        .unwrap();
+}
+
 pub(crate) fn tls_secret(name: &str, (cert, key): &(String, String), ca: &Ca) -> Secret {
     let mut s = Secret {
         type_: Some("kubernetes.io/tls".into()),
@@ -156,13 +172,7 @@ async fn tls_serves_verified_clients_renews_in_place_and_requires_client_certifi
     let names = vec![host.clone(), format!("{host}.cluster.local")];
     let ca = Ca::new("memcached test CA");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    secrets
-        .create(
-            &PostParams::default(),
-            &tls_secret("cache-tls", &ca.issue(&names), &ca),
-        )
-        .await
-        .unwrap();
+    create_tls_secret(&secrets, "cache-tls", &names, &ca).await;
     let mut mc = memcached("cache", 2);
     mc.spec.tls = Some(TlsSpec {
         enabled: true,
