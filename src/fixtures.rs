@@ -132,6 +132,7 @@ pub mod apiserver {
         let (certificates, cw) = cache::new();
         let ctx = Context {
             client: client.clone(),
+            evictions: client.clone(),
             cached: Cached {
                 services,
                 budgets,

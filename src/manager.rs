@@ -51,8 +51,21 @@ pub fn main(args: RunArgs) -> ExitCode {
     code
 }
 
+/// The operator's client, and one for evictions that does not retry a 429 itself: the API
+/// server answers an eviction that the disruption budget does not allow with 429, and kube's
+/// default retry would hold the reconcile for minutes where the operator only has to look again.
+async fn clients() -> Result<(Client, Client), kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let client = Client::try_from(config.clone())?;
+    let mut once = config;
+    once.default_retry = false;
+    Ok((client, Client::try_from(once)?))
+}
+
 async fn run(args: RunArgs) -> ExitCode {
-    let client = match Client::try_default().await {
+    let (client, evictions) = match clients().await {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "cannot configure a Kubernetes client (KUBECONFIG or in-cluster config)");
@@ -92,7 +105,10 @@ async fn run(args: RunArgs) -> ExitCode {
     let (leading_tx, leading) = watch::channel(!args.leader_elect);
     let stop_controller = shutdown.child_token();
     let controller = controller::run(
-        client.clone(),
+        controller::Clients {
+            api: client.clone(),
+            evictions,
+        },
         settings,
         metrics.clone(),
         readiness.watches(),

@@ -21,6 +21,8 @@ use crate::watch::{Cached, Kept, Watching};
 /// What a reconcile needs.
 pub struct Context {
     pub client: Client,
+    /// For evictions: a 429 (the disruption budget allows none now) comes back at once.
+    pub evictions: Client,
     /// The scope's caches of owned objects, pods and HorizontalPodAutoscalers.
     pub cached: Cached,
     /// The members' workloads of releases up to 0.6.0, until each is adopted.
@@ -57,6 +59,7 @@ pub struct Config {
 #[derive(Clone)]
 pub struct Shared {
     pub client: Client,
+    pub evictions: Client,
     pub own_writes: Arc<OwnWrites>,
     /// One budget for every scope: an operator upgrade rolls all of them.
     pub rollouts: Arc<Rollouts>,
@@ -80,6 +83,7 @@ impl Context {
         tasks.push(tokio::spawn(legacy_watch));
         let ctx = Context {
             client: shared.client.clone(),
+            evictions: shared.evictions.clone(),
             cached,
             legacy,
             own_writes: shared.own_writes.clone(),

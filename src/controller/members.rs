@@ -21,6 +21,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
+use tracing::debug;
 
 use super::context::Context;
 use super::events::Change;
@@ -68,6 +69,18 @@ enum Step<'a> {
     Finish(&'a Pod),
 }
 
+impl Step<'_> {
+    /// For the log: the step and the member it is about.
+    fn name(&self) -> String {
+        match self {
+            Step::Done => "done".to_string(),
+            Step::Wait(recheck) => format!("wait {recheck:?}"),
+            Step::Update(pod) => format!("update {}", pod.name_any()),
+            Step::Finish(pod) => format!("finish {}", pod.name_any()),
+        }
+    }
+}
+
 /// What an update reads of the members' count.
 #[derive(Clone, Copy, Debug)]
 pub struct Keeper<'a> {
@@ -107,7 +120,9 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
             .replacing
             .served(&ns, &mc.name_any(), &view.available(&listed.items));
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let pod = match view.next_step(&listed.items) {
+    let step = view.next_step(&listed.items);
+    debug!(memcached = keeper.name, %update_revision, step = step.name(), "updating the members");
+    let pod = match step {
         Step::Done => return Ok(None),
         Step::Wait(recheck) => {
             let kind = waiting_kind(&view, &revisions, &listed.items).await?;
@@ -131,7 +146,14 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
                 ctx.events.applied(mc, pod, &Change::Resized);
                 Kind::InPlace
             } else {
-                evict(&ctx.events, &ctx.remembered.replacing, mc, &pods, pod).await?;
+                evict(
+                    &ctx.events,
+                    &ctx.remembered.replacing,
+                    mc,
+                    &evictions(ctx, mc),
+                    pod,
+                )
+                .await?;
                 Kind::Replace
             }
         }
@@ -147,7 +169,14 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
             Kind::InPlace
         }
         Move::Evict => {
-            evict(&ctx.events, &ctx.remembered.replacing, mc, &pods, pod).await?;
+            evict(
+                &ctx.events,
+                &ctx.remembered.replacing,
+                mc,
+                &evictions(ctx, mc),
+                pod,
+            )
+            .await?;
             Kind::Replace
         }
     };
@@ -326,15 +355,20 @@ async fn templates(
 }
 
 /// Evicts a member for a pod spec it cannot take in place.
+/// The members' pods, through the client that gives back a 429 at once.
+fn evictions(ctx: &Context, mc: &Memcached) -> Api<Pod> {
+    Api::namespaced(ctx.evictions.clone(), &mc.namespace().unwrap_or_default())
+}
+
 async fn evict(
     events: &Events,
     replacing: &Replacing,
     mc: &Memcached,
-    pods: &Api<Pod>,
+    evictions: &Api<Pod>,
     pod: &Pod,
 ) -> Result<()> {
     let name = pod.name_any();
-    match pods.evict(&name, &EvictParams::default()).await {
+    match evictions.evict(&name, &EvictParams::default()).await {
         Ok(_) => {
             let ns = mc.namespace().unwrap_or_default();
             replacing.evicted(&ns, &mc.name_any(), &name);

@@ -22,7 +22,7 @@ pub use operator_runtime::queue::Priority;
 pub use outcome::Outcome;
 pub use reconcile::reconcile;
 pub use rollouts::Rollouts;
-pub use run::run;
+pub use run::{Clients, run};
 
 use operator_runtime::watch_namespace::WatchNamespace;
 

@@ -48,8 +48,15 @@ const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
 /// SyncGate fill and stay current whether or not `leading` is true, so a follower that takes over
 /// starts from warm caches (as controller-runtime's followers do); until then no worker takes a
 /// key, and the moment `leading` turns true every cached Memcached is queued.
+/// The clients the controller writes with (see manager.rs).
+pub struct Clients {
+    pub api: Client,
+    /// Without kube's retry of a 429: evictions the disruption budget refuses.
+    pub evictions: Client,
+}
+
 pub fn run(
-    client: Client,
+    clients: Clients,
     settings: Settings,
     metrics: Arc<Metrics>,
     caches: &SyncGate,
@@ -60,7 +67,7 @@ pub fn run(
         .controller
         .set_max_concurrent_reconciles(settings.max_concurrent_reconciles);
     let queue = Arc::new(Queue::new(Some(metrics.controller.queue())));
-    let wiring = Wiring::new(client, &settings, metrics, queue.clone());
+    let wiring = Wiring::new(clients, &settings, metrics, queue.clone());
     let (scopes, watches): (Vec<_>, Vec<_>) = settings
         .watch_namespace
         .scopes()
@@ -132,7 +139,10 @@ struct Wiring {
 
 impl Wiring {
     fn new(
-        client: Client,
+        Clients {
+            api: client,
+            evictions,
+        }: Clients,
         settings: &Settings,
         metrics: Arc<Metrics>,
         queue: Arc<Queue<Key>>,
@@ -144,6 +154,7 @@ impl Wiring {
         let shared = Shared {
             events: Events::new(client.clone(), reporter),
             client,
+            evictions,
             own_writes: Arc::new(OwnWrites::default()),
             rollouts: Arc::new(Rollouts::new(settings.max_concurrent_rollouts)),
             metrics,

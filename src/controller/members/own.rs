@@ -14,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use tracing::debug;
 
 use super::{Keeper, apply_error, min_ready, read_error};
 use crate::api::Memcached;
@@ -157,6 +158,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     // started, it goes on.
     if update_starts && ctx.remembered.rollouts.must_wait(mc) {
         (update_starts, written.waiting) = (false, true);
+        debug!("an update nobody asked for waits for the rollout budget");
     }
     if create.is_empty() && delete.is_empty() && !update_starts {
         return Ok(written);
