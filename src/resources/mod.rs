@@ -226,6 +226,12 @@ pub fn monitored(mc: &Memcached) -> bool {
 
 /// The PodDisruptionBudget a Memcached should have: none below two pods (one pod cannot stay
 /// up through a drain anyway) or when the user turned it off.
+///
+/// `maxUnavailable` of the spec is written as the members it leaves (`minAvailable`, a number):
+/// with `maxUnavailable` the disruption controller must read the pods' owner's scale through
+/// the Memcached kind, and until its discovery knows the kind (up to 30 s after the CRD is
+/// installed, say) it fails the budget safe, allowing no eviction, and looks again only at the
+/// next change of a pod. A number of pods needs no owner.
 pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
     let budget = mc.spec.pod_disruption_budget.clone().unwrap_or_default();
     if !budget.enabled || mc.spec.size < 2 {
@@ -234,7 +240,9 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
     Some(PodDisruptionBudget {
         metadata: owned_metadata(mc),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(budget.max_unavailable)),
+            min_available: Some(IntOrString::Int(
+                (mc.spec.size - budget.max_unavailable).max(0),
+            )),
             selector: Some(LabelSelector {
                 match_labels: Some(selector_labels(mc)),
                 ..LabelSelector::default()
@@ -369,22 +377,27 @@ mod tests {
         let budget = pod_disruption_budget(&memcached("cache", 2)).unwrap();
         assert!(is_controlled_by(&budget.metadata, &memcached("cache", 2)));
         let spec = budget.spec.unwrap();
-        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        // One of two may go: written as the one that stays.
+        assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
         assert_eq!(
             spec.selector.unwrap().match_labels.unwrap(),
             selector_labels(&memcached("cache", 2))
         );
-        assert_eq!(spec.min_available, None);
+        assert_eq!(spec.max_unavailable, None);
 
-        let wider = spec_from(serde_json::json!({"podDisruptionBudget": {"maxUnavailable": 2}}));
-        assert_eq!(
-            pod_disruption_budget(&wider)
+        let mut wider =
+            spec_from(serde_json::json!({"podDisruptionBudget": {"maxUnavailable": 2}}));
+        wider.spec.size = 5;
+        let min_available = |mc: &Memcached| {
+            pod_disruption_budget(mc)
                 .unwrap()
                 .spec
                 .unwrap()
-                .max_unavailable,
-            Some(IntOrString::Int(2))
-        );
+                .min_available
+        };
+        assert_eq!(min_available(&wider), Some(IntOrString::Int(3)));
+        wider.spec.size = 2;
+        assert_eq!(min_available(&wider), Some(IntOrString::Int(0)));
         let off = spec_from(serde_json::json!({"podDisruptionBudget": {"enabled": false}}));
         assert_eq!(pod_disruption_budget(&off), None);
     }
