@@ -27,6 +27,7 @@ use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tracing::{debug, info, warn};
 
 use super::fingerprint;
+use super::loopback::next_connection;
 use super::passwords::{Credentials, Passwords};
 use crate::resources::tls::{CA_KEY, CERT_KEY, PRIVATE_KEY_KEY};
 
@@ -264,14 +265,7 @@ fn server_config(dir: &Path, client_ca: Option<&Path>) -> io::Result<Arc<ServerC
 
 async fn accept(listener: TcpListener, door: Door, with_tls: bool) {
     loop {
-        let (mut client, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                warn!(%error, "accept");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (mut client, peer) = next_connection(&listener).await;
         let Ok(slot) = door.slots.clone().try_acquire_owned() else {
             // memcached's words when it is at its -c.
             let _ = client

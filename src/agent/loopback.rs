@@ -3,6 +3,7 @@
 //! which the exporter reads `stats`.
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -108,20 +109,27 @@ pub(super) async fn proxy(
     login: watch::Receiver<Vec<Credentials>>,
 ) {
     loop {
-        let (client, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                warn!(%error, "accept");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (client, _) = next_connection(&listener).await;
         let logins = login.borrow().clone();
         tokio::spawn(async move {
             if let Err(error) = relay(client, memcached, &logins).await {
                 debug!(%error, "relay ended");
             }
         });
+    }
+}
+
+/// The next connection to `listener`; a failed accept (out of file descriptors, say) is logged
+/// and tried again shortly.
+pub(super) async fn next_connection(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(error) => {
+                warn!(%error, "accept");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 

@@ -43,6 +43,13 @@ pub struct ProxySpec {
     pub resources: Option<Box<ResourceRequirements>>,
 }
 
+impl crate::api::MemcachedSpec {
+    /// `spec.proxy`, while it is on.
+    pub fn proxy_on(&self) -> Option<&ProxySpec> {
+        self.proxy.as_ref().filter(|p| p.enabled)
+    }
+}
+
 impl Default for ProxySpec {
     fn default() -> Self {
         Self {

@@ -25,13 +25,11 @@ use tracing::debug;
 
 use super::context::Context;
 use super::events::Change;
-use super::events::Events;
 use crate::api::Memcached;
 use crate::error::{Error, Result};
 use crate::resources;
 use crate::resources::REVISION_LABEL;
 use crate::status::UpdateKind as Kind;
-use replacing::Replacing;
 
 mod in_place;
 pub mod own;
@@ -146,14 +144,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
                 ctx.events.applied(mc, pod, &Change::Resized);
                 Kind::InPlace
             } else {
-                evict(
-                    &ctx.events,
-                    &ctx.remembered.replacing,
-                    mc,
-                    &evictions(ctx, mc),
-                    pod,
-                )
-                .await?;
+                evict(ctx, mc, pod).await?;
                 Kind::Replace
             }
         }
@@ -169,14 +160,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
             Kind::InPlace
         }
         Move::Evict => {
-            evict(
-                &ctx.events,
-                &ctx.remembered.replacing,
-                mc,
-                &evictions(ctx, mc),
-                pod,
-            )
-            .await?;
+            evict(ctx, mc, pod).await?;
             Kind::Replace
         }
     };
@@ -354,25 +338,16 @@ async fn templates(
     )
 }
 
-/// Evicts a member for a pod spec it cannot take in place.
-/// The members' pods, through the client that gives back a 429 at once.
-fn evictions(ctx: &Context, mc: &Memcached) -> Api<Pod> {
-    Api::namespaced(ctx.evictions.clone(), &mc.namespace().unwrap_or_default())
-}
-
-async fn evict(
-    events: &Events,
-    replacing: &Replacing,
-    mc: &Memcached,
-    evictions: &Api<Pod>,
-    pod: &Pod,
-) -> Result<()> {
+/// Evicts a member for a pod spec it cannot take in place, through the client that gives back
+/// a 429 at once.
+async fn evict(ctx: &Context, mc: &Memcached, pod: &Pod) -> Result<()> {
     let name = pod.name_any();
+    let ns = mc.namespace().unwrap_or_default();
+    let evictions: Api<Pod> = Api::namespaced(ctx.evictions.clone(), &ns);
     match evictions.evict(&name, &EvictParams::default()).await {
         Ok(_) => {
-            let ns = mc.namespace().unwrap_or_default();
-            replacing.evicted(&ns, &mc.name_any(), &name);
-            events.applied(mc, pod, &Change::Evicted);
+            ctx.remembered.replacing.evicted(&ns, &mc.name_any(), &name);
+            ctx.events.applied(mc, pod, &Change::Evicted);
             Ok(())
         }
         // The disruption budget allows none now: a member is out for another cause.

@@ -40,6 +40,13 @@ use operator_runtime::workers::{Next, Workers};
 /// How often the in-flight work gauges are refreshed (client-go's interval).
 const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The clients the controller writes with (see manager.rs).
+pub struct Clients {
+    pub api: Client,
+    /// Without kube's retry of a 429: evictions the disruption budget refuses.
+    pub evictions: Client,
+}
+
 /// The controller, one watch set per scope, sharing the metrics, backoff, queue and workers.
 /// Its watches are registered in `caches` before this returns, so readiness cannot pass before
 /// they exist; the returned future runs them until `shutdown` is cancelled and the reconciles
@@ -48,13 +55,6 @@ const UNFINISHED_WORK_INTERVAL: Duration = Duration::from_millis(500);
 /// SyncGate fill and stay current whether or not `leading` is true, so a follower that takes over
 /// starts from warm caches (as controller-runtime's followers do); until then no worker takes a
 /// key, and the moment `leading` turns true every cached Memcached is queued.
-/// The clients the controller writes with (see manager.rs).
-pub struct Clients {
-    pub api: Client,
-    /// Without kube's retry of a 429: evictions the disruption budget refuses.
-    pub evictions: Client,
-}
-
 pub fn run(
     clients: Clients,
     settings: Settings,

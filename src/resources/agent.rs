@@ -4,10 +4,7 @@
 //! `refresh_certs` for the certificates), and logs in for the exporter. A pod with none of these
 //! (a cache too small for warm restart, without auth or TLS) has no agent.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::Memcached;
 
@@ -116,17 +113,7 @@ pub fn add_to_pod(mc: &Memcached, pod: &mut PodSpec, image: &str) {
 /// The agent's, beside a member or a proxy: idle but for a few file reads every few seconds;
 /// its RSS is a few MiB.
 pub(super) fn resources() -> ResourceRequirements {
-    ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".to_string(), Quantity("5m".to_string())),
-            ("memory".to_string(), Quantity("8Mi".to_string())),
-        ])),
-        limits: Some(BTreeMap::from([(
-            "memory".to_string(),
-            Quantity("32Mi".to_string()),
-        )])),
-        ..ResourceRequirements::default()
-    }
+    super::requirements("5m", "8Mi", Some("32Mi"))
 }
 
 #[cfg(test)]

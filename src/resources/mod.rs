@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerPort, PodSecurityContext, SeccompProfile, SecurityContext, Service,
-    ServicePort, ServiceSpec,
+    Capabilities, ContainerPort, PodSecurityContext, ResourceRequirements, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
@@ -251,6 +252,19 @@ pub fn pod_disruption_budget(mc: &Memcached) -> Option<PodDisruptionBudget> {
         }),
         status: None,
     })
+}
+
+/// A container's requests of `cpu` and `memory`, and its memory limit if any.
+fn requirements(cpu: &str, memory: &str, memory_limit: Option<&str>) -> ResourceRequirements {
+    let quantity = |q: &str| Quantity(q.to_string());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), quantity(cpu)),
+            ("memory".to_string(), quantity(memory)),
+        ])),
+        limits: memory_limit.map(|limit| BTreeMap::from([("memory".to_string(), quantity(limit))])),
+        ..ResourceRequirements::default()
+    }
 }
 
 /// A container's TCP port `port`, named `name` (which Services and probes target).

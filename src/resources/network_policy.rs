@@ -30,9 +30,10 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         .chain(tls::plaintext_port(mc))
         .map(tcp)
         .collect();
-    let proxied = proxy::spec(mc).is_some();
+    // Fronted (auth or TLS), the proxy reaches the members through their agents' relay.
+    let (proxied, fronted) = (proxy::spec(mc).is_some(), proxy::fronted(mc));
     let mut from = or_default(&wanted.from, own_namespace);
-    if proxied && !proxy::fronted(mc) {
+    if proxied && !fronted {
         // The proxy reaches the members whoever the clients are.
         from.push(proxy::pods_peer(mc));
     }
@@ -40,7 +41,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
         ports: Some(memcached_ports),
         from: Some(from),
     }];
-    if proxy::fronted(mc) {
+    if fronted {
         // The members' agents' relay for the proxy asks no login: only the proxy's pods reach
         // it, and the operator's, which empty a member that rejoins the layout through it.
         ingress.push(NetworkPolicyIngressRule {
@@ -61,7 +62,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
     // The autoscaler reads the members' stats; with the proxy, the operator empties a member
     // that rejoins its layout within a handover (memcached's plain port: the proxy has no auth
     // or TLS).
-    let operator_reads = mc.spec.autoscaling_on().is_some() || (proxied && !proxy::fronted(mc));
+    let operator_reads = mc.spec.autoscaling_on().is_some() || (proxied && !fronted);
     if let (true, Some(namespace), Some((port, _))) =
         (operator_reads, operator_namespace, agent::stats_port(mc))
     {

@@ -5,10 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, HTTPGetAction, Lifecycle, LifecycleHandler, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SleepAction,
-    TCPSocketAction, TopologySpreadConstraint, VolumeMount,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, SleepAction, TCPSocketAction,
+    TopologySpreadConstraint, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -50,17 +49,7 @@ fn exporter(mc: &Memcached, default_image: &str) -> Container {
             ..Probe::default()
         }),
         // Its RSS is about 15 MiB whatever the cache holds; a scrape is one `stats` round trip.
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("10m".to_string())),
-                ("memory".to_string(), Quantity("16Mi".to_string())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("64Mi".to_string()),
-            )])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(super::requirements("10m", "16Mi", Some("64Mi"))),
         security_context: Some(restricted(EXPORTER_UID)),
         ..Container::default()
     }

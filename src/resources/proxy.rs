@@ -17,11 +17,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, HTTPGetAction, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceSpec, TCPSocketAction, Volume,
+    PodTemplateSpec, Probe, Service, ServiceSpec, TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
@@ -73,7 +72,7 @@ pub fn enabled(mc: &Memcached) -> bool {
 }
 
 pub fn spec(mc: &Memcached) -> Option<&ProxySpec> {
-    mc.spec.proxy.as_ref().filter(|p| p.enabled)
+    mc.spec.proxy_on()
 }
 
 /// The name of the proxy's Deployment, Service, ConfigMap and disruption budget.
@@ -258,15 +257,13 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
                 ..Probe::default()
             },
         }),
-        resources: Some(proxy.resources.as_deref().cloned().unwrap_or_else(|| {
-            ResourceRequirements {
-                requests: Some(BTreeMap::from([
-                    ("cpu".to_string(), Quantity("50m".to_string())),
-                    ("memory".to_string(), Quantity("64Mi".to_string())),
-                ])),
-                ..ResourceRequirements::default()
-            }
-        })),
+        resources: Some(
+            proxy
+                .resources
+                .as_deref()
+                .cloned()
+                .unwrap_or_else(|| super::requirements("50m", "64Mi", None)),
+        ),
         volume_mounts: Some(vec![mount(CONFIG_VOLUME, CONFIG_DIR, true)]),
         security_context: Some(restricted(MEMCACHED_UID)),
         ..Container::default()

@@ -14,7 +14,7 @@ pub const BACKEND_PORT_NAME: &str = "proxy-backend";
 
 /// Whether the proxy's agent serves its clients (and the members' agents relay the proxy).
 pub fn fronted(mc: &Memcached) -> bool {
-    mc.spec.proxy.as_ref().is_some_and(|p| p.enabled) && (auth::enabled(mc) || tls::enabled(mc))
+    mc.spec.proxy_on().is_some() && (auth::enabled(mc) || tls::enabled(mc))
 }
 
 /// Where the proxy reaches each member: memcached's own port, or its agent's relay.

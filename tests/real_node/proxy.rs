@@ -24,13 +24,19 @@ const KEYS: u64 = 10_000;
 /// The share of the keys that must read back.
 const KEPT: f64 = 0.99;
 
-/// The proxy's pods, once `n` are Ready.
+/// The proxy's pods of Memcached `cache`, once `n` are Ready.
 pub async fn proxies(client: &Client, ns: &str, n: usize) -> Vec<Pod> {
+    proxies_of(client, ns, "cache", n).await
+}
+
+/// The proxy's pods of Memcached `name`, once `n` are Ready.
+pub async fn proxies_of(client: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let selector = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=cache";
+    let selector =
+        format!("app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance={name}");
     wait_for(&format!("{n} proxies Ready"), CONVERGE, || async {
         let listed = pods
-            .list(&ListParams::default().labels(selector))
+            .list(&ListParams::default().labels(&selector))
             .await
             .ok()?;
         let ready: Vec<Pod> = listed

@@ -7,18 +7,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
 use crate::data_path::{Client, PASSWORD, USER, VALUE, percentiles};
-use crate::harness::{
-    CONVERGE, admin, create, member_pods, pod_is_ready, set_size, wait_converged, wait_for,
-};
-use crate::proxy::{loads, proxied, wait_loaded};
+use crate::harness::{CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_for};
+use crate::proxy::{loads, proxied, proxies_of, wait_loaded};
 use crate::tls::{Ca, client_config, create_tls_secret};
 use crate::{RealNode, create_credentials, operator_with_agent, pod_ip, real_namespace};
 
@@ -112,22 +109,13 @@ async fn secured(client: &kube::Client, node: &RealNode, ns: &str) -> (Vec<Clien
             auth: true,
         })
         .collect();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let selector = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=secure";
+    let ready = proxies_of(client, ns, "secure", 2).await;
     let proxy_host = format!("secure-proxy.{ns}.svc");
     wait_for(
         "every secure proxy to reach every member",
         CONVERGE,
         || async {
-            let listed = pods
-                .list(&ListParams::default().labels(selector))
-                .await
-                .ok()?;
-            let ready: Vec<_> = listed.items.iter().filter(|p| pod_is_ready(p)).collect();
-            if ready.len() != 2 {
-                return None;
-            }
-            for pod in ready {
+            for pod in &ready {
                 let addr = SocketAddr::new(pod_ip(pod).into(), 11211);
                 for _ in 0..8 {
                     let config = tls.clone()?;

@@ -55,6 +55,11 @@ async fn front(
     (addr, logins)
 }
 
+/// A plain connection to the front door.
+async fn connect(addr: SocketAddr) -> BufReader<TcpStream> {
+    BufReader::new(TcpStream::connect(addr).await.unwrap())
+}
+
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut BufReader<S>,
     send: &str,
@@ -68,7 +73,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 #[tokio::test]
 async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
     let (addr, _logins) = front(Some(vec![creds("new"), creds("old")]), None, 8).await;
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     assert_eq!(
         exchange(&mut conn, "get k\r\n").await,
         "CLIENT_ERROR unauthenticated"
@@ -84,7 +89,7 @@ async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
     assert_eq!(exchange(&mut conn, "get k\r\n").await, "END", "relayed");
 
     // The password kept for the rotation's grace, and a command sent with the login.
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     assert_eq!(
         exchange(&mut conn, "set a 0 0 7\r\napp old\r\nget k\r\n").await,
         "STORED"
@@ -93,7 +98,7 @@ async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
     conn.read_line(&mut line).await.unwrap();
     assert_eq!(line, "END\r\n", "the pipelined command reached the proxy");
 
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     assert_eq!(
         exchange(&mut conn, "set a 0 0 5\r\napppw\r\n").await,
         "CLIENT_ERROR bad authentication token format"
@@ -103,7 +108,7 @@ async fn a_client_is_held_to_memcacheds_login_before_it_reaches_the_proxy() {
 #[tokio::test]
 async fn without_auth_every_command_is_relayed() {
     let (addr, _logins) = front(None, None, 8).await;
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     assert_eq!(exchange(&mut conn, "get k\r\n").await, "END");
 }
 
@@ -190,7 +195,7 @@ async fn tls_clients_verify_the_proxys_name_and_log_in_inside_tls() {
     assert_eq!(exchange(&mut conn, "get k\r\n").await, "END");
 
     // Plain text on the TLS port gets nothing.
-    let mut plain = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut plain = connect(addr).await;
     plain
         .get_mut()
         .write_all(b"set a 0 0 6\r\napp pw\r\n")
@@ -220,7 +225,7 @@ async fn tls_clients_verify_the_proxys_name_and_log_in_inside_tls() {
 #[tokio::test]
 async fn a_login_in_pieces_or_with_extra_spaces_is_memcacheds_and_junk_is_closed() {
     let (addr, _logins) = front(Some(vec![creds("pw")]), None, 8).await;
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     for piece in ["set  a 0", " 0 6\r\napp", " pw\r\n"] {
         conn.get_mut().write_all(piece.as_bytes()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -231,7 +236,7 @@ async fn a_login_in_pieces_or_with_extra_spaces_is_memcacheds_and_junk_is_closed
 
     // A line too long to be a login, or too short, ends the connection as memcached does.
     for junk in [vec![b'x'; MAX_LINE + 10], b"quit\r\n".to_vec()] {
-        let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        let mut conn = connect(addr).await;
         conn.get_mut().write_all(&junk).await.unwrap();
         let mut line = String::new();
         assert_eq!(conn.read_line(&mut line).await.unwrap_or(0), 0, "{line}");
@@ -241,7 +246,7 @@ async fn a_login_in_pieces_or_with_extra_spaces_is_memcacheds_and_junk_is_closed
 #[tokio::test]
 async fn a_password_past_its_grace_is_refused_on_a_connection_opened_before() {
     let (addr, logins) = front(Some(vec![creds("new"), creds("old")]), None, 8).await;
-    let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut conn = connect(addr).await;
     assert_eq!(
         exchange(&mut conn, "set a 0 0 7\r\napp bad\r\n").await,
         "CLIENT_ERROR authentication failure"
@@ -260,9 +265,9 @@ async fn a_password_past_its_grace_is_refused_on_a_connection_opened_before() {
 #[tokio::test]
 async fn past_the_connection_limit_a_client_is_told_as_memcached_tells_it() {
     let (addr, _logins) = front(None, None, 1).await;
-    let mut first = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut first = connect(addr).await;
     assert_eq!(exchange(&mut first, "get k\r\n").await, "END");
-    let mut second = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    let mut second = connect(addr).await;
     let mut line = String::new();
     second.read_line(&mut line).await.unwrap();
     assert_eq!(line, "ERROR Too many open connections\r\n");
@@ -270,7 +275,7 @@ async fn past_the_connection_limit_a_client_is_told_as_memcached_tells_it() {
     // The slot is free again once the first client left.
     let took = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
+            let mut conn = connect(addr).await;
             conn.get_mut().write_all(b"get k\r\n").await.unwrap();
             let mut line = String::new();
             conn.read_line(&mut line).await.unwrap();

@@ -2,6 +2,7 @@ use super::*;
 use crate::fixtures::{
     memcached, memcached_with_spec as spec_from, monitored_memcached as monitored_cache,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 #[test]
 fn the_template_runs_memcached_with_its_probes() {

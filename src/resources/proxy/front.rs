@@ -7,10 +7,7 @@
 //! NetworkPolicy, which admission requires here, admits only the proxy's pods and the
 //! operator's to it.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, Volume, VolumeMount};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::Memcached;
 use crate::resources::ports::LocalPorts;
@@ -80,17 +77,7 @@ pub fn agent_args(mc: &Memcached) -> Vec<String> {
 /// The proxy's agent's resources when it carries the clients' connections: TLS and two copy
 /// buffers per connection, up to `--max-connections` of them (about 40 KiB each with TLS).
 pub fn agent_resources() -> ResourceRequirements {
-    ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".to_string(), Quantity("50m".to_string())),
-            ("memory".to_string(), Quantity("32Mi".to_string())),
-        ])),
-        limits: Some(BTreeMap::from([(
-            "memory".to_string(),
-            Quantity("256Mi".to_string()),
-        )])),
-        ..ResourceRequirements::default()
-    }
+    crate::resources::requirements("50m", "32Mi", Some("256Mi"))
 }
 
 /// The Secrets the proxy's agent reads.
