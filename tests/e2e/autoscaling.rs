@@ -143,7 +143,7 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         .await
         .unwrap();
     let ns = namespace(&client, "autoscaling").await;
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let script = Script::default();
     let members = scripted_members(Api::namespaced(client.clone(), &ns), script.clone());
@@ -273,7 +273,7 @@ fn degraded(mc: &Memcached) -> Option<(String, String)> {
 async fn a_horizontal_pod_autoscaler_of_the_same_memcached_stops_the_operators_own() {
     let client = admin().await;
     let ns = namespace(&client, "autoscaling-hpa").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let mut mc = memcached("cache", 2);
     mc.spec.autoscaling = Some(AutoscalingSpec {

@@ -53,7 +53,7 @@ where
 async fn memcached_is_created_scaled_and_reported() {
     let client = admin().await;
     let ns = namespace(&client, "lifecycle").await;
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
 
     create(&client, &ns, &memcached("cache", 3)).await;
     // Stable members: ordinals as a StatefulSet gives them, and each one's address under the
@@ -169,7 +169,7 @@ async fn memcached_is_created_scaled_and_reported() {
 async fn converged_memcached_makes_no_writes() {
     let client = admin().await;
     let ns = namespace(&client, "noop").await;
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("quiet", 2)).await;
     wait_converged(&client, &ns, "quiet", 2).await;
     // Ready pods become available after minReadySeconds, and the status reports that too.
@@ -301,7 +301,7 @@ async fn drift_is_put_back() {
 async fn a_pod_in_a_members_name_is_left_alone() {
     let client = admin().await;
     let ns = namespace(&client, "foreign-pod").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     // A StatefulSet of the Memcached's name holds cache-0: the members leave that pod alone
     // and say so; the others run.
     let in_the_way = left_alone(&client, &ns, "Pod").await;
@@ -425,7 +425,7 @@ async fn left_alone(client: &Client, ns: &str, what: &str) -> String {
 async fn deleting_a_memcached_garbage_collects_what_it_owns() {
     let client = admin().await;
     let ns = namespace(&client, "gc").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
 
@@ -459,7 +459,7 @@ async fn deleting_a_memcached_garbage_collects_what_it_owns() {
 async fn a_namespace_being_deleted_is_not_a_failure() {
     let client = admin().await;
     let ns = namespace(&client, "ns-deleted").await;
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 2)).await;
     wait_converged(&client, &ns, "cache", 2).await;
     // Reconciles of the last pod changes have run.
@@ -655,7 +655,7 @@ async fn invalid_memcacheds_are_refused_naming_the_field() {
 async fn memory_limit_below_the_cache_size_is_reported_not_applied() {
     let client = admin().await;
     let ns = namespace(&client, "memory").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &memcached("cache", 1)).await;
     wait_converged(&client, &ns, "cache", 1).await;
 
@@ -1345,7 +1345,7 @@ async fn dedicated_node(client: &Client, name: &str, pool: &str, schedulable: bo
 async fn a_drain_evicts_one_memcached_pod_at_a_time() {
     let client = admin().await;
     let ns = namespace(&client, "drain").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let (from, to) = (format!("{ns}-a"), format!("{ns}-b"));
     dedicated_node(&client, &from, &ns, true).await;
     dedicated_node(&client, &to, &ns, false).await;
@@ -1691,7 +1691,7 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
     .await;
 
     let ns = namespace(&client, "monitoring").await;
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     create(&client, &ns, &monitored("cache", 2, true)).await;
     create(&client, &ns, &memcached("plain", 1)).await;
     wait_converged(&client, &ns, "cache", 2).await;
@@ -1810,7 +1810,7 @@ async fn monitoring_adds_an_exporter_and_where_served_a_service_monitor() {
     );
     drop(restricted);
 
-    let op = Operator::start(&client, OperatorOptions::default()).await;
+    let op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let monitors = service_monitors(&client, &ns);
     let monitor = wait_for("the owned ServiceMonitor", CONVERGE, || async {
         monitors.get_opt("cache").await.ok()?

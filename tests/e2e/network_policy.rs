@@ -41,7 +41,7 @@ async fn wait_rules(api: &Api<NetworkPolicy>, what: &str, want: serde_json::Valu
 async fn the_network_policy_follows_the_spec_and_is_put_back() {
     let client = admin().await;
     let ns = namespace(&client, "netpol").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
 
@@ -190,7 +190,7 @@ async fn the_network_policy_follows_the_spec_and_is_put_back() {
 async fn a_foreign_network_policy_is_left_alone() {
     let client = admin().await;
     let ns = namespace(&client, "netpol-foreign").await;
-    let _op = Operator::start(&client, OperatorOptions::default()).await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let foreign: NetworkPolicy = serde_json::from_value(json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
