@@ -35,9 +35,9 @@ pub enum Error {
     /// (legacy.rs says which).
     #[error("{0}")]
     Adoption(String),
-    /// A member rejoining the proxy's layout within a handover could not be emptied first.
-    #[error("emptying member {member} before it rejoins the proxy's layout: {source}")]
-    Flush {
+    /// A member could not be swept before the proxy's layout changes (controller/sweep.rs).
+    #[error("sweeping member {member} before the proxy's layout changes: {source}")]
+    Sweep {
         member: String,
         #[source]
         source: std::io::Error,
@@ -78,7 +78,7 @@ impl Error {
             Error::Scale { .. } => "scale",
             Error::Foreign { .. } => "foreign",
             Error::Adoption(_) => "adoption",
-            Error::Flush { .. } => "flush",
+            Error::Sweep { .. } => "sweep",
         }
     }
 

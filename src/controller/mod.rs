@@ -6,7 +6,6 @@ mod binding;
 mod context;
 mod ensure;
 mod events;
-mod flush;
 mod legacy;
 mod members;
 mod outcome;
@@ -14,6 +13,7 @@ mod reconcile;
 pub(crate) mod rollouts;
 mod run;
 mod secrets;
+mod sweep;
 
 pub use context::{Config, Context, Remembered};
 pub use events::Events;

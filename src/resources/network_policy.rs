@@ -1,7 +1,7 @@
 //! The NetworkPolicy of `spec.networkPolicy`: memcached's ports open to the peers the user lists,
 //! the exporter's to the monitoring peers, the port where the autoscaler reads `stats` to the
-//! operator's pods (with `spec.proxy` too, where the operator empties a member that rejoins the
-//! layout), nothing else of the pods open to other pods. With `spec.proxy`, the proxy's pods are
+//! operator's pods (with `spec.proxy` too, where the operator sweeps the members before the
+//! layout changes), nothing else of the pods open to other pods. With `spec.proxy`, the proxy's pods are
 //! under the same rules (clients reach them on memcached's port, monitoring on the metrics
 //! port), and the members admit them.
 
@@ -43,7 +43,7 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
     }];
     if fronted {
         // The members' agents' relay for the proxy asks no login: only the proxy's pods reach
-        // it, and the operator's, which empty a member that rejoins the layout through it.
+        // it, and the operator's, which sweep the members through it before the layout changes.
         ingress.push(NetworkPolicyIngressRule {
             ports: Some(vec![tcp(proxy::backend_port(mc))]),
             from: Some(
@@ -59,9 +59,8 @@ pub fn network_policy(mc: &Memcached, operator_namespace: Option<&str>) -> Optio
             from: Some(or_default(&wanted.metrics_from, every_namespace)),
         });
     }
-    // The autoscaler reads the members' stats; with the proxy, the operator empties a member
-    // that rejoins its layout within a handover (memcached's plain port: the proxy has no auth
-    // or TLS).
+    // The autoscaler reads the members' stats; with the proxy, the operator sweeps the members
+    // before the layout changes (memcached's plain port: the proxy has no auth or TLS).
     let operator_reads = mc.spec.autoscaling_on().is_some() || (proxied && !fronted);
     if let (true, Some(namespace), Some((port, _))) =
         (operator_reads, operator_namespace, agent::stats_port(mc))
@@ -196,7 +195,7 @@ mod tests {
         );
         let off = serde_json::json!({"networkPolicy": {"enabled": true}});
         assert_eq!(stats_rule(off), None);
-        // With the proxy, to empty a member before it rejoins the layout.
+        // With the proxy, to sweep the members before the layout changes.
         let proxied = serde_json::json!({"networkPolicy": {"enabled": true},
                                          "proxy": {"enabled": true}});
         assert_eq!(

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::proxy::owner;
 use memcached_operator_testkit::memcached::Connection;
 use memcached_operator_testkit::net::{http_get_from, metric_value};
 use serde_json::json;
@@ -164,7 +165,8 @@ struct Reader {
 }
 
 impl Reader {
-    fn start(addr: SocketAddr) -> Reader {
+    /// Reading the values `<values>-N`.
+    fn start(addr: SocketAddr, values: &'static str) -> Reader {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut read = Read::default();
@@ -182,7 +184,7 @@ impl Reader {
                 read.slowest = read.slowest.max(started.elapsed());
                 read.gets += 1;
                 match got {
-                    Ok(Ok(Some(value))) if value == format!("value-{i}") => read.hits += 1,
+                    Ok(Ok(Some(value))) if value == format!("{values}-{i}") => read.hits += 1,
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         read.errors.push(format!("{e:#}"));
@@ -337,11 +339,20 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         let share = *n as f64 / KEYS as f64;
         assert!((0.20..=0.45).contains(&share), "{member} holds {n}");
     }
+    // Each on the member the operator computes for it (what its sweep relies on).
+    let mut computed = BTreeMap::new();
+    for i in 0..KEYS {
+        let n = owner(format!("app-{i}").as_bytes(), 3);
+        *computed.entry(format!("cache-{n}")).or_insert(0) += 1;
+    }
+    assert_eq!(
+        held, computed,
+        "memcached's proxy and the operator place keys alike"
+    );
     let running = processes(&pods);
 
     // Scaled out, then in, with a reader all the while: the previous layout serves what misses.
-    // Before each change, every key is only where the layout puts it.
-    let reader = Reader::start(addr);
+    let reader = Reader::start(addr, "value");
     let out = scale(
         &client,
         &ns,
@@ -353,18 +364,24 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     .await;
     assert!(out as f64 >= KEPT * KEYS as f64, "{out}");
     reader.assert_served("3 -> 4").await;
-    fresh(&client, &ns, &ip).await;
-    let reader = Reader::start(addr);
-    let back = scale(
+    // Every key written again on the layout of 4: the members of 3 still hold the old values
+    // of the keys that moved to cache-3, and the scale-in routes those keys back to them. The
+    // sweep before it leaves each key on one member only, with its newest value.
+    assert_eq!(through_proxy_as(&ns, &ip, true, "rewritten").await, KEYS);
+    let reader = Reader::start(addr, "rewritten");
+    let back = scale_reading(
         &client,
         &ns,
         &ip,
         &pods,
-        3,
-        "scale 4 -> 3 with the handover",
+        (3, "rewritten"),
+        "scale 4 -> 3 with the handover, every key rewritten",
     )
     .await;
     assert!(back as f64 >= KEPT * KEYS as f64, "{back}");
+    let held = items(&client, &ns).await;
+    println!("after the scale-in: held by member {held:?}");
+    assert_eq!(held.values().sum::<u64>(), KEYS, "one copy of each key");
     assert!(
         member_pods(&client, &ns, "cache")
             .await
@@ -410,7 +427,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
 
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
     // The proxies' metrics show it counted bad meanwhile.
-    let reader = Reader::start(addr);
+    let reader = Reader::start(addr, "value");
     let members: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let lost = members.get("cache-1").await.unwrap().uid();
     let watch = BackendWatch::start(&pods, &member(1));

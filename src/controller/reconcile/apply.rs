@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::desired::{Desired, Proxy};
 use super::observe::Seen;
-use super::plan::{Plan, ProxyPlan};
+use super::plan::{Plan, ProxyPlan, Sweep};
 use crate::api::{AutoscalingStatus, Memcached};
 use crate::controller::context::Context;
 use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};
@@ -24,7 +24,7 @@ use crate::controller::legacy::{self, Adoption};
 use crate::controller::members::own::{self, Written};
 use crate::controller::members::{self, Updating};
 use crate::controller::rollouts::Rollouts;
-use crate::controller::{autoscale, binding, flush, rollouts, secrets};
+use crate::controller::{autoscale, binding, rollouts, secrets, sweep};
 use crate::error::{Error, Result};
 use crate::resources::proxy;
 use crate::status::{self, Blocked};
@@ -78,12 +78,12 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
         secrets::generate(&ctx.client, mc, name, &mut copied).await?;
     }
     let mut written = Written::default();
-    let rejoining = proxy.as_ref().map_or(&[][..], |p| p.rejoining.as_slice());
+    let sweep = proxy.as_ref().and_then(|p| p.sweep.as_ref());
     if blocked.is_none() {
         let kept = async {
             tokio::try_join!(
                 own::apply(ctx, mc, &seen.members, &moves),
-                objects(ctx, mc, seen, desired, rejoining)
+                objects(ctx, mc, seen, desired, sweep)
             )
         };
         match kept.await {
@@ -135,13 +135,13 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
 }
 
 /// The objects beside the members: applied where they differ, deleted where no longer wanted.
-/// `rejoining`: members the proxy's new layout takes back, to empty first.
+/// `sweep`: the members to sweep before the proxy's layout changes.
 async fn objects(
     ctx: &Context,
     mc: &Memcached,
     seen: &Seen,
     desired: Desired,
-    rejoining: &[i32],
+    sweep: Option<&Sweep>,
 ) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let services: Api<OwnedObject<Service>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -152,7 +152,7 @@ async fn objects(
     let service = seen.service.clone();
     tokio::try_join!(
         // Boxed: its futures would grow every reconcile's, and the debug build's stack.
-        Box::pin(proxy(ctx, mc, seen, desired.proxy, rejoining)),
+        Box::pin(proxy(ctx, mc, seen, desired.proxy, sweep)),
         ensure(
             ctx,
             mc,
@@ -194,14 +194,14 @@ async fn objects(
 }
 
 /// The proxy's objects (`spec.proxy`), applied where they differ, deleted when it is turned
-/// off. Its Service is ours to delete too, unlike the members'. Members wanted again while they
-/// drain are emptied first.
+/// off. Its Service is ours to delete too, unlike the members'. Before its layout changes, the
+/// members are swept against the layout in force.
 async fn proxy(
     ctx: &Context,
     mc: &Memcached,
     seen: &Seen,
     desired: Proxy,
-    rejoining: &[i32],
+    sweep: Option<&Sweep>,
 ) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let deployments: Api<OwnedObject<Deployment>> = Api::namespaced(ctx.client.clone(), &ns);
@@ -213,7 +213,9 @@ async fn proxy(
         (Some(kept), Some(wanted)) => kept.needs(wanted).then(|| layout_digest(wanted)),
         _ => None,
     };
-    empty(ctx, mc, rejoining).await?;
+    if let Some(sweep) = sweep {
+        sweep_members(ctx, mc, sweep).await?;
+    }
     ensure_optional(
         ctx,
         mc,
@@ -251,28 +253,41 @@ async fn proxy(
     Ok(())
 }
 
-/// Empties each member of `members` (by ordinal) on its pod's address.
-async fn empty(ctx: &Context, mc: &Memcached, members: &[i32]) -> Result<()> {
+/// Sweeps the members `sweep` names against the layout in force, on the addresses the proxy
+/// reaches them at (logged in there with auth: proxy::fronted).
+async fn sweep_members(ctx: &Context, mc: &Memcached, sweep: &Sweep) -> Result<()> {
     let name = mc.name_any();
     let addresses = ctx
         .cached
         .pods
         .addresses_of(&mc.namespace().unwrap_or_default(), &name);
-    for n in members {
+    let port = u16::try_from(proxy::backend_port(mc)).unwrap_or_default();
+    let at = |n: i32| {
         let member = format!("{name}-{n}");
-        // Where the proxy reaches it: logged in there with auth (proxy::fronted).
-        let emptied = match (
-            addresses.get(&member),
-            u16::try_from(proxy::backend_port(mc)),
-        ) {
-            (Some(ip), Ok(port)) => flush::flush(SocketAddr::new(*ip, port)).await,
-            _ => Err(std::io::Error::other("it has no address")),
+        let ip = addresses.get(&member).copied();
+        (member, ip.map(|ip| SocketAddr::new(ip, port)))
+    };
+    let owners = (0..sweep.layout)
+        .map(|n| match at(n) {
+            (_, Some(addr)) => Ok(addr),
+            (member, None) => Err(Error::Sweep {
+                member,
+                source: std::io::Error::other("it has no address"),
+            }),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for n in &sweep.members {
+        let (member, addr) = at(*n);
+        let place = usize::try_from(*n).ok().filter(|_| *n < sweep.layout);
+        let swept = match addr {
+            Some(addr) => sweep::sweep(addr, place, &owners, sweep.keep_moved).await,
+            None => Err(std::io::Error::other("it has no address")),
         };
-        emptied.map_err(|source| Error::Flush {
+        let swept = swept.map_err(|source| Error::Sweep {
             member: member.clone(),
             source,
         })?;
-        info!(%member, "emptied before it rejoins the proxy's layout");
+        info!(%member, kept = swept.kept, moved = swept.moved, deleted = swept.deleted, "swept before the proxy's layout changes");
     }
     Ok(())
 }

@@ -174,7 +174,7 @@ fn blocked(mc: &Memcached, seen: &Seen, desired: &Desired) -> Option<Blocked> {
 }
 
 mod proxy;
-pub use proxy::ProxyPlan;
+pub use proxy::{ProxyPlan, Sweep};
 
 #[cfg(test)]
 mod tests;

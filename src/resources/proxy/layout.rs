@@ -114,6 +114,20 @@ impl Layout {
     }
 }
 
+/// The member (by its place in a layout of `members`) memcached's proxy sends `key` to: its
+/// pools' defaults, XXH3 of the whole key with seed 0, then the jump hash over the backends
+/// (`proxy_lua.c`, `proxy_jump_hash.c`).
+pub fn owner(key: &[u8], members: usize) -> usize {
+    let mut hash = xxhash_rust::xxh3::xxh3_64_with_seed(key, 0);
+    let (mut b, mut j) = (-1_i64, 0_i64);
+    while j < members as i64 {
+        b = j;
+        hash = hash.wrapping_mul(2862933555777941757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1_i64 << 31) as f64 / ((hash >> 33) + 1) as f64)) as i64;
+    }
+    b.max(0) as usize
+}
+
 /// A member's address as the layout may hold it (see `Layout::check`).
 fn check_address(address: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("member {address:?}: {why}"));

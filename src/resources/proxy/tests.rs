@@ -453,3 +453,27 @@ fn with_auth_and_tls_the_agent_serves_the_clients_and_the_proxy_reaches_the_memb
     let plain_agent = pod_spec(&plain).containers[1].args.clone().unwrap();
     assert!(!plain_agent.iter().any(|a| a.starts_with("--listen")));
 }
+
+#[test]
+fn a_key_moves_only_to_a_member_added_and_each_member_owns_its_share() {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("app-{i}")).collect();
+    for members in 1..8 {
+        let mut held = vec![0; members];
+        for key in &keys {
+            let before = owner(key.as_bytes(), members);
+            held[before] += 1;
+            let after = owner(key.as_bytes(), members + 1);
+            assert!(
+                after == before || after == members,
+                "{key}: {before} -> {after}"
+            );
+        }
+        let share = keys.len() / members;
+        assert!(
+            held.iter()
+                .all(|n| n * 10 > share * 8 && n * 10 < share * 12),
+            "{held:?}"
+        );
+    }
+    assert_eq!(owner(b"app-0", 1), 0);
+}

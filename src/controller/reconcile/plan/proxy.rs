@@ -5,8 +5,9 @@
 //! routed to a member that refuses it; keys move by the jump hash's share (a quarter, 3 → 4).
 //! For `handoverSeconds` after a change, reads that miss ask the previous layout and deletes go
 //! to both; a member leaving the layout keeps serving until then, and is deleted after. A
-//! change during a handover starts a new one from the layout it replaces; a member that left
-//! and is wanted again within it is emptied before it rejoins.
+//! change during a handover starts a new one from the layout it replaces. Before any change,
+//! the members are swept against the layout in force (`controller/sweep.rs`), so that no copy
+//! a key left behind reads back when a later layout routes the key there again.
 
 use std::time::Duration;
 
@@ -27,10 +28,20 @@ pub struct ProxyPlan {
     pub keep: i32,
     /// When the handover ends, from now.
     pub ends_in: Option<Duration>,
-    /// Members wanted again that left the layout within the window and still run (draining):
-    /// each is emptied before the layout takes it back, or a key set meanwhile on the layout
-    /// without it would read back at its old value from it.
-    pub rejoining: Vec<i32>,
+    /// Before the layout changes: the members to sweep first.
+    pub sweep: Option<Sweep>,
+}
+
+/// The members swept before a change of layout, against the layout the proxies route by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sweep {
+    /// The Ready members that may hold keys, by ordinal: in either layout, or joining.
+    pub members: Vec<i32>,
+    /// The members in the layout in force (the first that many).
+    pub layout: i32,
+    /// The previous layout still serves what misses: a key owned elsewhere is handed to its
+    /// owner, not dropped.
+    pub keep_moved: bool,
 }
 
 /// How long members the previous layout held stay after the handover ends: the proxies load the
@@ -54,12 +65,15 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         true => routed,
         false => size,
     };
-    // Wanted again while still in the previous layout: emptied now, whenever it joins (nothing
-    // writes to it meanwhile: the previous layout only answers misses and deletes).
-    let rejoining = match &running {
-        Some(h) => (routed..size).filter(|n| *n < h.previous_members).collect(),
-        None => Vec::new(),
-    };
+    // Nothing to sweep against before the first layout (or from none: scaled to 0).
+    let held = running.as_ref().map_or(0, |h| h.previous_members);
+    let sweep = (members != routed && routed > 0).then(|| Sweep {
+        members: (0..routed.max(held).max(members))
+            .filter(|n| ready(*n))
+            .collect(),
+        layout: routed,
+        keep_moved: running.as_ref().is_some_and(|h| h.until.0 > now),
+    });
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
     let handover = match members == routed {
         true => running,
@@ -82,7 +96,7 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         keep: size.max(handover.as_ref().map_or(0, |h| h.previous_members)),
         ends_in: next.map(|at| at.duration_since(now).unsigned_abs()),
         handover,
-        rejoining,
+        sweep,
     })
 }
 
@@ -185,22 +199,36 @@ mod tests {
     }
 
     #[test]
-    fn a_member_wanted_again_while_it_drains_is_emptied_before_it_rejoins() {
+    fn before_a_change_the_members_are_swept_against_the_layout_in_force() {
         let now = Timestamp::now();
-        // 4 -> 3, cache-3 draining, then 4 again: it rejoins, emptied first.
-        let back = layout(&proxied(4, Some((3, Some((4, 120)))), now), all, now).unwrap();
-        assert_eq!((back.members, back.rejoining), (4, vec![3]));
-        assert_eq!(back.handover.unwrap().previous_members, 3);
-        // A new member, or one that left before the window (and its grace) ended, is empty.
-        let new = layout(&proxied(5, Some((3, Some((4, 120)))), now), all, now).unwrap();
-        assert_eq!((new.members, new.rejoining), (5, vec![3]));
-        // Emptied as soon as it is wanted, though it joins only with cache-4 Ready.
-        let waiting = layout(&proxied(5, Some((3, Some((4, 120)))), now), |n| n < 4, now).unwrap();
-        assert_eq!((waiting.members, waiting.rejoining), (3, vec![3]));
-        let fresh = layout(&proxied(4, Some((3, Some((4, -16)))), now), all, now).unwrap();
-        assert_eq!(fresh.rejoining, Vec::<i32>::new());
+        let sweep = |plan: ProxyPlan| plan.sweep.map(|s| (s.members, s.layout, s.keep_moved));
+        // No change, or none from a layout: nothing to sweep.
+        assert_eq!(
+            sweep(layout(&proxied(3, Some((3, None)), now), all, now).unwrap()),
+            None
+        );
+        assert_eq!(
+            sweep(layout(&proxied(3, None, now), all, now).unwrap()),
+            None
+        );
+        // 3 -> 4 after any window: what the jump hash moved elsewhere is dropped (nothing
+        // serves it), the new member included.
         let out = layout(&proxied(4, Some((3, None)), now), all, now).unwrap();
-        assert_eq!(out.rejoining, Vec::<i32>::new());
+        assert_eq!(sweep(out), Some((vec![0, 1, 2, 3], 3, false)));
+        // 4 -> 3 within 3 -> 4's window: the copies on cache-0..2 of keys cache-3 owns go to
+        // cache-3 if it has none, so that the next layout's reads find the newest value.
+        let back = layout(&proxied(3, Some((4, Some((3, 120)))), now), all, now).unwrap();
+        assert_eq!(sweep(back), Some((vec![0, 1, 2, 3], 4, true)));
+        // Wanted again while it drains: cache-3 is swept too (emptied into the layout's
+        // owners), once cache-4 is Ready and the layout changes.
+        let waiting = layout(&proxied(5, Some((3, Some((4, 120)))), now), |n| n < 4, now).unwrap();
+        assert_eq!((waiting.members, waiting.sweep), (3, None));
+        let back = layout(&proxied(5, Some((3, Some((4, 120)))), now), all, now).unwrap();
+        assert_eq!(sweep(back), Some((vec![0, 1, 2, 3, 4], 3, true)));
+        // In the grace after the window: kept running, swept, nothing handed on; a member not
+        // Ready is not asked.
+        let grace = layout(&proxied(4, Some((3, Some((4, -5)))), now), |n| n != 1, now).unwrap();
+        assert_eq!(sweep(grace), Some((vec![0, 2, 3], 3, false)));
     }
 
     #[test]

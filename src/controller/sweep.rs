@@ -1,0 +1,260 @@
+//! Sweeping the members before the proxy's layout changes: each keeps only the keys the layout
+//! in force routes to it. A key the jump hash moved to another member leaves a copy behind;
+//! the next change could route the key back to it (a scale-in after a scale-out), and that old
+//! value would read back as a hit. So before a change, every other key on a member goes: to the
+//! member that owns it if the previous layout still serves (reads that miss there would have
+//! found it here; added only if the owner has none, so never over a newer value), deleted
+//! otherwise. A member outside the layout (draining, or rejoining) is emptied so.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::resources::proxy::owner;
+
+/// A member that takes longer to answer one request (or a batch) is tried again at the next
+/// reconcile.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// Keys handled per round trip.
+const BATCH: usize = 256;
+
+/// What a sweep did to one member.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Keys the member kept: the layout routes them to it.
+    pub kept: u64,
+    /// Keys handed to the member that owns them (it had none).
+    pub moved: u64,
+    /// Keys deleted: their owner had a value of its own, or nothing serves them any more.
+    pub deleted: u64,
+}
+
+/// Sweeps the member at `source`: `place` is its place in the layout `owners` (None: not in
+/// it); with `keep_moved`, a key owned elsewhere is first added to its owner.
+pub async fn sweep(
+    source: SocketAddr,
+    place: Option<usize>,
+    owners: &[SocketAddr],
+    keep_moved: bool,
+) -> io::Result<Swept> {
+    let mut dump = Conn::connect(source).await?;
+    let mut work = Conn::connect(source).await?;
+    let mut to: HashMap<usize, Conn> = HashMap::new();
+    let mut swept = Swept::default();
+    dump.send(b"lru_crawler metadump all\r\n").await?;
+    let mut batch: Vec<(String, usize)> = Vec::new();
+    loop {
+        let line = dump.line().await?;
+        if line == "END" {
+            break;
+        }
+        let key = dumped_key(&line)
+            .ok_or_else(|| io::Error::other(format!("memcached answered {line:?}")))?;
+        // Keys a text client cannot name (set over the binary protocol) are left alone.
+        let Some(key) = key else { continue };
+        let home = owner(key.as_bytes(), owners.len());
+        if Some(home) == place {
+            swept.kept += 1;
+            continue;
+        }
+        batch.push((key, home));
+        if batch.len() == BATCH {
+            let batch = std::mem::take(&mut batch);
+            hand(&mut work, &mut to, owners, batch, keep_moved, &mut swept).await?;
+        }
+    }
+    hand(&mut work, &mut to, owners, batch, keep_moved, &mut swept).await?;
+    Ok(swept)
+}
+
+/// Hands `keys` (each with the place of its owner) on, or deletes them.
+async fn hand(
+    source: &mut Conn,
+    to: &mut HashMap<usize, Conn>,
+    owners: &[SocketAddr],
+    keys: Vec<(String, usize)>,
+    keep_moved: bool,
+    swept: &mut Swept,
+) -> io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    if !keep_moved || owners.is_empty() {
+        let mut request = Vec::new();
+        for (key, _) in &keys {
+            request.extend_from_slice(format!("md {key} q\r\n").as_bytes());
+        }
+        request.extend_from_slice(b"mn\r\n");
+        source.send(&request).await?;
+        match source.line().await?.as_str() {
+            "MN" => swept.deleted += keys.len() as u64,
+            other => return Err(io::Error::other(format!("memcached answered {other:?}"))),
+        }
+        return Ok(());
+    }
+    // The values, with their flags, time to live and CAS, as they are now.
+    let mut request = Vec::new();
+    for (key, _) in &keys {
+        request.extend_from_slice(format!("mg {key} v f t c\r\n").as_bytes());
+    }
+    source.send(&request).await?;
+    let mut found = Vec::new();
+    for (key, home) in keys {
+        if let Some(item) = source.item().await? {
+            found.push((key, home, item));
+        }
+    }
+    // Added to the owner (mode E: only where it has none), then deleted here unless changed
+    // meanwhile. A client's delete between the two reached both: the copy added is taken back.
+    for (key, home, item) in found {
+        let owner = match to.entry(home) {
+            std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Conn::connect(owners[home]).await?)
+            }
+        };
+        let ttl = match item.ttl {
+            -1 => 0,
+            // Expiring now: nothing to keep.
+            t if t <= 0 => {
+                source.delete(&key, item.cas).await?;
+                swept.deleted += 1;
+                continue;
+            }
+            t => t,
+        };
+        let mut request = format!(
+            "ms {key} {} F{} T{ttl} ME c\r\n",
+            item.value.len(),
+            item.flags
+        )
+        .into_bytes();
+        request.extend_from_slice(&item.value);
+        request.extend_from_slice(b"\r\n");
+        owner.send(&request).await?;
+        let reply = owner.line().await?;
+        let added = match reply.split(' ').next() {
+            Some("HD") => reply
+                .split(' ')
+                .find_map(|t| t.strip_prefix('c')?.parse().ok()),
+            Some("NS") => None,
+            _ => return Err(io::Error::other(format!("memcached answered {reply:?}"))),
+        };
+        let gone = !source.delete(&key, item.cas).await?;
+        match (added, gone) {
+            (Some(cas), true) => {
+                owner.delete(&key, cas).await?;
+                swept.deleted += 1;
+            }
+            (Some(_), false) => swept.moved += 1,
+            (None, _) => swept.deleted += 1,
+        }
+    }
+    Ok(())
+}
+
+/// A value as `mg <key> v f t c` gives it.
+struct Item {
+    value: Vec<u8>,
+    flags: u32,
+    ttl: i64,
+    cas: u64,
+}
+
+/// The key of a line of `lru_crawler metadump`: `key=<URI-encoded> exp=...`; Some(None) for a
+/// key a text command cannot carry, None for a line that is not one.
+fn dumped_key(line: &str) -> Option<Option<String>> {
+    let encoded = line.strip_prefix("key=")?.split(' ').next()?;
+    let mut bytes = Vec::with_capacity(encoded.len());
+    let mut rest = encoded.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        match b {
+            b'%' if tail.len() >= 2 => {
+                let hex = std::str::from_utf8(&tail[..2]).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &tail[2..];
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    let plain = bytes.len() <= 250 && bytes.iter().all(|b| b.is_ascii_graphic());
+    Some(plain.then(|| String::from_utf8(bytes).ok()).flatten())
+}
+
+/// One connection to a member, each request answered within `TIMEOUT`.
+struct Conn(BufReader<TcpStream>);
+
+impl Conn {
+    async fn connect(addr: SocketAddr) -> io::Result<Self> {
+        let stream = in_time(TcpStream::connect(addr)).await??;
+        Ok(Self(BufReader::new(stream)))
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        in_time(self.0.get_mut().write_all(bytes)).await?
+    }
+
+    async fn line(&mut self) -> io::Result<String> {
+        let mut line = String::new();
+        match in_time(self.0.read_line(&mut line)).await?? {
+            0 => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed")),
+            _ => Ok(line.trim_end().to_string()),
+        }
+    }
+
+    /// The answer to one `mg <key> v f t c`: None for a miss.
+    async fn item(&mut self) -> io::Result<Option<Item>> {
+        let header = self.line().await?;
+        let mut tokens = header.split(' ');
+        match tokens.next() {
+            Some("EN") => return Ok(None),
+            Some("VA") => {}
+            _ => return Err(io::Error::other(format!("memcached answered {header:?}"))),
+        }
+        let bad = || io::Error::other(format!("memcached answered {header:?}"));
+        let len: usize = tokens.next().and_then(|t| t.parse().ok()).ok_or_else(bad)?;
+        let (mut flags, mut ttl, mut cas) = (None, None, None);
+        for token in tokens {
+            let (flag, value) = token.split_at(1);
+            match flag {
+                "f" => flags = value.parse().ok(),
+                "t" => ttl = value.parse().ok(),
+                "c" => cas = value.parse().ok(),
+                _ => {}
+            }
+        }
+        let mut value = vec![0; len + 2];
+        in_time(self.0.read_exact(&mut value)).await??;
+        value.truncate(len);
+        Ok(Some(Item {
+            value,
+            flags: flags.ok_or_else(bad)?,
+            ttl: ttl.ok_or_else(bad)?,
+            cas: cas.ok_or_else(bad)?,
+        }))
+    }
+
+    /// Deletes `key` if its CAS is still `cas`; false if it was gone already.
+    async fn delete(&mut self, key: &str, cas: u64) -> io::Result<bool> {
+        self.send(format!("md {key} C{cas}\r\n").as_bytes()).await?;
+        let reply = self.line().await?;
+        match reply.as_str() {
+            "HD" | "EX" => Ok(true),
+            "NF" => Ok(false),
+            _ => Err(io::Error::other(format!("memcached answered {reply:?}"))),
+        }
+    }
+}
+
+async fn in_time<T>(work: impl Future<Output = T>) -> io::Result<T> {
+    tokio::time::timeout(TIMEOUT, work)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in time"))
+}
