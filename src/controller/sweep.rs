@@ -34,11 +34,12 @@ pub struct Swept {
 }
 
 /// Sweeps the member at `source`: `place` is its place in the layout `owners` (None: not in
-/// it); with `keep_moved`, a key owned elsewhere is first added to its owner.
+/// it); with `keep_moved`, a key owned elsewhere is first added to its owner, where that has an
+/// address (a member down is not waited for: its keys are deleted here).
 pub async fn sweep(
     source: SocketAddr,
     place: Option<usize>,
-    owners: &[SocketAddr],
+    owners: &[Option<SocketAddr>],
     keep_moved: bool,
 ) -> io::Result<Swept> {
     let mut dump = Conn::connect(source).await?;
@@ -75,25 +76,27 @@ pub async fn sweep(
 async fn hand(
     source: &mut Conn,
     to: &mut HashMap<usize, Conn>,
-    owners: &[SocketAddr],
+    owners: &[Option<SocketAddr>],
     keys: Vec<(String, usize)>,
     keep_moved: bool,
     swept: &mut Swept,
 ) -> io::Result<()> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    if !keep_moved || owners.is_empty() {
+    let (keys, dropped): (Vec<_>, Vec<_>) = keys
+        .into_iter()
+        .partition(|(_, home)| keep_moved && owners.get(*home).is_some_and(Option::is_some));
+    if !dropped.is_empty() {
         let mut request = Vec::new();
-        for (key, _) in &keys {
+        for (key, _) in &dropped {
             request.extend_from_slice(format!("md {key} q\r\n").as_bytes());
         }
         request.extend_from_slice(b"mn\r\n");
         source.send(&request).await?;
         match source.line().await?.as_str() {
-            "MN" => swept.deleted += keys.len() as u64,
+            "MN" => swept.deleted += dropped.len() as u64,
             other => return Err(io::Error::other(format!("memcached answered {other:?}"))),
         }
+    }
+    if keys.is_empty() {
         return Ok(());
     }
     // The values, with their flags, time to live and CAS, as they are now.
@@ -114,7 +117,8 @@ async fn hand(
         let owner = match to.entry(home) {
             std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Conn::connect(owners[home]).await?)
+                let addr = owners[home].expect("keys of owners with an address only");
+                v.insert(Conn::connect(addr).await?)
             }
         };
         let ttl = match item.ttl {
