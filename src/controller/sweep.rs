@@ -50,8 +50,12 @@ pub async fn sweep(
     let mut batch: Vec<(String, usize)> = Vec::new();
     loop {
         let line = dump.line().await?;
-        if line == "END" {
-            break;
+        match line.as_str() {
+            "END" => break,
+            // Some builds (Debian's 1.6.45) say OK before the first key, as the protocol's
+            // documentation has it.
+            "OK" => continue,
+            _ => {}
         }
         let key = dumped_key(&line)
             .ok_or_else(|| io::Error::other(format!("memcached answered {line:?}")))?;
