@@ -19,8 +19,10 @@ use crate::resources::proxy::owner;
 /// A member that takes longer to answer one request (or a batch) is tried again at the next
 /// reconcile.
 const TIMEOUT: Duration = Duration::from_secs(5);
-/// Keys handled per round trip.
+/// Keys handled per round trip, and the bytes of their items held at once (an item may be a
+/// MiB or more; the operator's memory is bounded).
 const BATCH: usize = 256;
+const BATCH_BYTES: usize = 4 << 20;
 
 /// What a sweep did to one member.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -47,7 +49,7 @@ pub async fn sweep(
     let mut to: HashMap<usize, Conn> = HashMap::new();
     let mut swept = Swept::default();
     dump.send(b"lru_crawler metadump all\r\n").await?;
-    let mut batch: Vec<(String, usize)> = Vec::new();
+    let (mut batch, mut bytes): (Vec<(String, usize)>, usize) = (Vec::new(), 0);
     loop {
         let line = dump.line().await?;
         match line.as_str() {
@@ -57,7 +59,7 @@ pub async fn sweep(
             "OK" => continue,
             _ => {}
         }
-        let key = dumped_key(&line)
+        let (key, size) = dumped(&line)
             .ok_or_else(|| io::Error::other(format!("memcached answered {line:?}")))?;
         // Keys a text client cannot name (set over the binary protocol) are left alone.
         let Some(key) = key else { continue };
@@ -67,8 +69,10 @@ pub async fn sweep(
             continue;
         }
         batch.push((key, home));
-        if batch.len() == BATCH {
+        bytes += size;
+        if batch.len() == BATCH || bytes >= BATCH_BYTES {
             let batch = std::mem::take(&mut batch);
+            bytes = 0;
             hand(&mut work, &mut to, owners, batch, keep_moved, &mut swept).await?;
         }
     }
@@ -115,9 +119,15 @@ async fn hand(
             found.push((key, home, item));
         }
     }
-    // Added to the owner (mode E: only where it has none), then deleted here unless changed
-    // meanwhile. A client's delete between the two reached both: the copy added is taken back.
+    // Added to each owner (mode E: only where it has none), then deleted here unless changed
+    // meanwhile; each step one round trip per member. A client's delete between the two
+    // reached both copies: the one added is taken back.
+    let mut by_owner: HashMap<usize, Vec<(String, Item)>> = HashMap::new();
     for (key, home, item) in found {
+        by_owner.entry(home).or_default().push((key, item));
+    }
+    let mut handed = Vec::new();
+    for (home, items) in by_owner {
         let owner = match to.entry(home) {
             std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -125,42 +135,58 @@ async fn hand(
                 v.insert(Conn::connect(addr).await?)
             }
         };
-        let ttl = match item.ttl {
-            -1 => 0,
-            // Expiring now: nothing to keep.
-            t if t <= 0 => {
-                source.delete(&key, item.cas).await?;
-                swept.deleted += 1;
-                continue;
-            }
-            t => t,
-        };
-        let mut request = format!(
-            "ms {key} {} F{} T{ttl} ME c\r\n",
-            item.value.len(),
-            item.flags
-        )
-        .into_bytes();
-        request.extend_from_slice(&item.value);
-        request.extend_from_slice(b"\r\n");
+        let mut request = Vec::new();
+        for (key, item) in &items {
+            // 0: expiring within the second, so given one (T0 would never expire).
+            let ttl = if item.ttl == -1 { 0 } else { item.ttl.max(1) };
+            request.extend_from_slice(
+                format!(
+                    "ms {key} {} F{} T{ttl} ME c\r\n",
+                    item.value.len(),
+                    item.flags
+                )
+                .as_bytes(),
+            );
+            request.extend_from_slice(&item.value);
+            request.extend_from_slice(b"\r\n");
+        }
         owner.send(&request).await?;
-        let reply = owner.line().await?;
-        let added = match reply.split(' ').next() {
-            Some("HD") => reply
-                .split(' ')
-                .find_map(|t| t.strip_prefix('c')?.parse().ok()),
-            Some("NS") => None,
+        for (key, item) in items {
+            let reply = owner.line().await?;
+            let added: Option<u64> = match reply.split(' ').next() {
+                Some("HD") => reply
+                    .split(' ')
+                    .find_map(|t| t.strip_prefix('c')?.parse().ok()),
+                Some("NS") => None,
+                _ => return Err(io::Error::other(format!("memcached answered {reply:?}"))),
+            };
+            handed.push((key, home, item.cas, added));
+        }
+    }
+    let mut request = Vec::new();
+    for (key, _, cas, _) in &handed {
+        request.extend_from_slice(format!("md {key} C{cas}\r\n").as_bytes());
+    }
+    source.send(&request).await?;
+    let mut taken_back = Vec::new();
+    for (key, home, _, added) in handed {
+        let reply = source.line().await?;
+        // EX: changed here meanwhile, which only a touch does (the previous layout's reads).
+        let gone = match reply.as_str() {
+            "HD" | "EX" => false,
+            "NF" => true,
             _ => return Err(io::Error::other(format!("memcached answered {reply:?}"))),
         };
-        let gone = !source.delete(&key, item.cas).await?;
         match (added, gone) {
-            (Some(cas), true) => {
-                owner.delete(&key, cas).await?;
-                swept.deleted += 1;
-            }
+            (Some(cas), true) => taken_back.push((key, home, cas)),
             (Some(_), false) => swept.moved += 1,
             (None, _) => swept.deleted += 1,
         }
+    }
+    for (key, home, cas) in taken_back {
+        let owner = to.get_mut(&home).expect("connected above");
+        owner.delete(&key, cas).await?;
+        swept.deleted += 1;
     }
     Ok(())
 }
@@ -173,10 +199,15 @@ struct Item {
     cas: u64,
 }
 
-/// The key of a line of `lru_crawler metadump`: `key=<URI-encoded> exp=...`; Some(None) for a
-/// key a text command cannot carry, None for a line that is not one.
-fn dumped_key(line: &str) -> Option<Option<String>> {
+/// The key and the item's size in a line of `lru_crawler metadump`: `key=<URI-encoded> exp=...
+/// size=<bytes> ...`; the key None where a text command cannot carry it; None for a line that
+/// is not one.
+fn dumped(line: &str) -> Option<(Option<String>, usize)> {
     let encoded = line.strip_prefix("key=")?.split(' ').next()?;
+    let size = line
+        .split(' ')
+        .find_map(|t| t.strip_prefix("size=")?.parse().ok())
+        .unwrap_or(0);
     let mut bytes = Vec::with_capacity(encoded.len());
     let mut rest = encoded.as_bytes();
     while let Some((&b, tail)) = rest.split_first() {
@@ -193,7 +224,7 @@ fn dumped_key(line: &str) -> Option<Option<String>> {
         }
     }
     let plain = bytes.len() <= 250 && bytes.iter().all(|b| b.is_ascii_graphic());
-    Some(plain.then(|| String::from_utf8(bytes).ok()).flatten())
+    Some((plain.then(|| String::from_utf8(bytes).ok()).flatten(), size))
 }
 
 /// One connection to a member, each request answered within `TIMEOUT`.

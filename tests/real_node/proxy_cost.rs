@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::proxy::owner;
 use memcached_operator_testkit::memcached::Connection;
 use serde_json::json;
 
@@ -56,6 +57,32 @@ async fn steady(targets: Arc<Vec<Client>>, route: fn(&str, usize) -> usize) -> s
     let ops = all.len() as f64 / STEADY.as_secs_f64();
     let (p50, p99) = percentiles(all);
     json!({"ops_per_second": ops.round(), "p50_us": p50, "p99_us": p99})
+}
+
+/// Keys put on the members before a change of their number.
+const FILLED: usize = 100_000;
+
+/// Sets FILLED keys on `members` (in ordinal order), each where the proxy's layout puts it.
+async fn fill(members: &[SocketAddr]) {
+    let tasks: Vec<_> = members
+        .iter()
+        .enumerate()
+        .map(|(n, addr)| {
+            let (addr, count) = (*addr, members.len());
+            tokio::spawn(async move {
+                let mut conn = Connection::connect(addr).await.unwrap();
+                for i in 0..FILLED {
+                    let key = format!("filled-{i}");
+                    if owner(key.as_bytes(), count) == n {
+                        conn.set(&key, VALUE).await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// Plain-text clients of `addrs`, without a login.
@@ -185,6 +212,9 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
     println!("with auth and TLS, through the proxy:      {through_secure}");
 
     // A change of members: from the spec's change to every proxy routing by the new layout.
+    // The members first hold FILLED keys where the layout puts them: before each change the
+    // operator walks them all, and hands on what 4 -> 3 moves back (within 3 -> 4's window).
+    fill(&members).await;
     let mut changes = serde_json::Map::new();
     for (size, what) in [(4, "scale 3 -> 4"), (3, "scale 4 -> 3")] {
         let before = loads(&pods).await;
@@ -203,7 +233,9 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
              TLS and a login per connection, the proxy's agent serving both and the members' \
              agents relaying the proxy); then the seconds from a change of spec.size until every \
              proxy of the first had loaded the new layout (the new member Ready first, when \
-             scaling out)",
+             scaling out), its members holding {FILLED} more keys of {} B where the layout puts \
+             them, which the operator sweeps before each change",
+            VALUE.len(),
             VALUE.len()
         ),
         "memcached_image": node.var("MEMCACHED_SID_IMAGE"),
