@@ -199,7 +199,7 @@ async fn what_the_proxy_costs_against_a_hashing_client() {
         .iter()
         .map(|p| SocketAddr::new(pod_ip(p).into(), 11211))
         .collect::<Vec<_>>();
-    let direct = steady(Arc::new(plain(members)), hashed).await;
+    let direct = steady(Arc::new(plain(members.clone())), hashed).await;
     println!("hashing client, straight to the 3 members: {direct}");
     let through = steady(Arc::new(plain([proxy])), only).await;
     println!("one address, through the proxy:            {through}");
