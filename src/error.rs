@@ -35,13 +35,6 @@ pub enum Error {
     /// (legacy.rs says which).
     #[error("{0}")]
     Adoption(String),
-    /// A member could not be swept before the proxy's layout changes (controller/sweep.rs).
-    #[error("sweeping member {member} before the proxy's layout changes: {source}")]
-    Sweep {
-        member: String,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Why the API server refused to apply an object: the answer will be the same until the spec
@@ -78,7 +71,6 @@ impl Error {
             Error::Scale { .. } => "scale",
             Error::Foreign { .. } => "foreign",
             Error::Adoption(_) => "adoption",
-            Error::Sweep { .. } => "sweep",
         }
     }
 

@@ -222,6 +222,16 @@ impl Events {
         self.publish(mc, None, type_, reason, "Autoscale", note);
     }
 
+    /// A member the operator could not sweep before the proxy's layout changed (sweep.rs).
+    pub fn sweep_failed(&self, mc: &Memcached, member: &str, error: &std::io::Error) {
+        warn!(%member, %error, "could not sweep a member before the proxy's layout changes");
+        let note = format!(
+            "Could not sweep {member} before the proxy's layout changed ({error}): keys it holds \
+             for other members may read back old after a later change"
+        );
+        self.publish(mc, None, EventType::Warning, "SweepFailed", "Sweep", note);
+    }
+
     /// The Memcached `key` is gone: nothing of it is kept.
     pub fn forget(&self, key: &ObjectRef<Memcached>) {
         lock(&self.warned).remove(key);

@@ -14,8 +14,8 @@ use memcached_operator::resources::proxy::{LAYOUT_KEY, Layout};
 use serde_json::json;
 
 use crate::harness::{
-    CONVERGE, Operator, OperatorOptions, admin, create, member_pods, namespace, set_size,
-    wait_converged, wait_degraded_saying, wait_for, wait_gone,
+    CONVERGE, Operator, OperatorOptions, admin, create, events_with_reason, member_pods, namespace,
+    set_size, wait_converged, wait_degraded_saying, wait_for, wait_gone,
 };
 
 /// The layout the proxy is given, once its ConfigMap is there.
@@ -119,6 +119,15 @@ async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() 
         addresses(&ns, 4),
         addresses(&ns, 3),
     )
+    .await;
+    // The members here are the fake kubelet's, with no memcached to sweep: the layout changed
+    // all the same, and a Warning names each member the operator could not sweep.
+    wait_for("a SweepFailed warning", CONVERGE, || async {
+        let failed = events_with_reason(&client, &ns, "cache", "SweepFailed").await;
+        let note = failed.first()?.note.clone()?;
+        (note.starts_with("Could not sweep cache-") && note.contains("may read back old"))
+            .then_some(())
+    })
     .await;
     // The status follows the layout (it is written after it, in the same reconcile).
     wait_for("status.proxy.handover", CONVERGE, || async {

@@ -214,7 +214,7 @@ async fn proxy(
         _ => None,
     };
     if let Some(sweep) = sweep {
-        sweep_members(ctx, mc, sweep).await?;
+        sweep_members(ctx, mc, sweep).await;
     }
     ensure_optional(
         ctx,
@@ -254,8 +254,11 @@ async fn proxy(
 }
 
 /// Sweeps the members `sweep` names against the layout in force, on the addresses the proxy
-/// reaches them at (logged in there with auth: proxy::fronted).
-async fn sweep_members(ctx: &Context, mc: &Memcached, sweep: &Sweep) -> Result<()> {
+/// reaches them at (logged in there with auth: proxy::fronted). Best effort: a member that
+/// cannot be swept is warned about and the layout changes all the same, since a change of
+/// members (the autoscaler's too) must not wait on one member; what that member holds for
+/// others may read back old after a later change.
+async fn sweep_members(ctx: &Context, mc: &Memcached, sweep: &Sweep) {
     let name = mc.name_any();
     let addresses = ctx
         .cached
@@ -263,25 +266,28 @@ async fn sweep_members(ctx: &Context, mc: &Memcached, sweep: &Sweep) -> Result<(
         .addresses_of(&mc.namespace().unwrap_or_default(), &name);
     let port = u16::try_from(proxy::backend_port(mc)).unwrap_or_default();
     let at = |n: i32| {
-        let member = format!("{name}-{n}");
-        let ip = addresses.get(&member).copied();
-        (member, ip.map(|ip| SocketAddr::new(ip, port)))
+        let ip = addresses.get(&format!("{name}-{n}")).copied();
+        ip.map(|ip| SocketAddr::new(ip, port))
     };
-    let owners: Vec<_> = (0..sweep.layout).map(|n| at(n).1).collect();
+    let owners: Vec<_> = (0..sweep.layout).map(at).collect();
     for n in &sweep.members {
-        let (member, addr) = at(*n);
+        let member = format!("{name}-{n}");
         let place = usize::try_from(*n).ok().filter(|_| *n < sweep.layout);
-        let swept = match addr {
+        let swept = match at(*n) {
             Some(addr) => sweep::sweep(addr, place, &owners, sweep.keep_moved).await,
             None => Err(std::io::Error::other("it has no address")),
         };
-        let swept = swept.map_err(|source| Error::Sweep {
-            member: member.clone(),
-            source,
-        })?;
-        info!(%member, kept = swept.kept, moved = swept.moved, deleted = swept.deleted, "swept before the proxy's layout changes");
+        match swept {
+            Ok(swept) => info!(
+                %member,
+                kept = swept.kept,
+                moved = swept.moved,
+                deleted = swept.deleted,
+                "swept before the proxy's layout changes"
+            ),
+            Err(error) => ctx.events.sweep_failed(mc, &member, &error),
+        }
     }
-    Ok(())
 }
 
 /// The kubelet refreshes a mounted ConfigMap when it syncs the pod, once a minute unless the
