@@ -65,15 +65,8 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         true => routed,
         false => size,
     };
-    // Nothing to sweep against before the first layout (or from none: scaled to 0).
     let held = running.as_ref().map_or(0, |h| h.previous_members);
-    let sweep = (members != routed && routed > 0).then(|| Sweep {
-        members: (0..routed.max(held).max(members))
-            .filter(|n| ready(*n))
-            .collect(),
-        layout: routed,
-        keep_moved: running.as_ref().is_some_and(|h| h.until.0 > now),
-    });
+    let keep_moved = running.as_ref().is_some_and(|h| h.until.0 > now);
     let window = SignedDuration::from_secs(i64::from(spec.handover_seconds));
     let handover = match members == routed {
         true => running,
@@ -90,10 +83,22 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         true => h.until.0,
         false => h.until.0 + DRAIN_GRACE,
     });
+    let keep = size.max(handover.as_ref().map_or(0, |h| h.previous_members));
+    // Nothing to sweep against before the first layout (or from none), nor what is deleted
+    // now (scaled to 0, or in without a window).
+    let sweep = (members != routed && routed > 0)
+        .then(|| Sweep {
+            members: (0..routed.max(held).max(members).min(keep))
+                .filter(|n| ready(*n))
+                .collect(),
+            layout: routed,
+            keep_moved,
+        })
+        .filter(|s| !s.members.is_empty());
     Some(ProxyPlan {
         layout: Layout::of(mc, members, serving.map(|h| h.previous_members)),
         members,
-        keep: size.max(handover.as_ref().map_or(0, |h| h.previous_members)),
+        keep,
         ends_in: next.map(|at| at.duration_since(now).unsigned_abs()),
         handover,
         sweep,
@@ -229,6 +234,15 @@ mod tests {
         // Ready is not asked.
         let grace = layout(&proxied(4, Some((3, Some((4, -5)))), now), |n| n != 1, now).unwrap();
         assert_eq!(sweep(grace), Some((vec![0, 2, 3], 3, false)));
+        // What is deleted now is not swept: in without a window, or to 0.
+        let mut at_once = proxied(3, Some((4, None)), now);
+        at_once.spec.proxy.as_mut().unwrap().handover_seconds = 0;
+        let at_once = layout(&at_once, all, now).unwrap();
+        assert_eq!(sweep(at_once), Some((vec![0, 1, 2], 4, false)));
+        assert_eq!(
+            sweep(layout(&proxied(0, Some((3, None)), now), all, now).unwrap()),
+            None
+        );
     }
 
     #[test]
