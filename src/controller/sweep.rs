@@ -16,8 +16,7 @@ use tokio::net::TcpStream;
 
 use crate::resources::proxy::owner;
 
-/// A member that takes longer to answer one request (or a batch) is tried again at the next
-/// reconcile.
+/// A member that takes longer to answer one request (or a batch) is left unswept (a Warning).
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Keys handled per round trip, and the bytes of their items held at once (an item may be a
 /// MiB or more; the operator's memory is bounded).
@@ -59,8 +58,7 @@ pub async fn sweep(
             "OK" => continue,
             _ => {}
         }
-        let (key, size) = dumped(&line)
-            .ok_or_else(|| io::Error::other(format!("memcached answered {line:?}")))?;
+        let (key, size) = dumped(&line).ok_or_else(|| answered(&line))?;
         // Keys a text client cannot name (set over the binary protocol) are left alone.
         let Some(key) = key else { continue };
         let home = owner(key.as_bytes(), owners.len());
@@ -101,7 +99,7 @@ async fn hand(
         source.send(&request).await?;
         match source.line().await?.as_str() {
             "MN" => swept.deleted += dropped.len() as u64,
-            other => return Err(io::Error::other(format!("memcached answered {other:?}"))),
+            other => return Err(answered(other)),
         }
     }
     if keys.is_empty() {
@@ -158,7 +156,7 @@ async fn hand(
                     .split(' ')
                     .find_map(|t| t.strip_prefix('c')?.parse().ok()),
                 Some("NS") => None,
-                _ => return Err(io::Error::other(format!("memcached answered {reply:?}"))),
+                _ => return Err(answered(&reply)),
             };
             handed.push((key, home, item.cas, added));
         }
@@ -170,13 +168,7 @@ async fn hand(
     source.send(&request).await?;
     let mut taken_back = Vec::new();
     for (key, home, _, added) in handed {
-        let reply = source.line().await?;
-        // EX: changed here meanwhile, which only a touch does (the previous layout's reads).
-        let gone = match reply.as_str() {
-            "HD" | "EX" => false,
-            "NF" => true,
-            _ => return Err(io::Error::other(format!("memcached answered {reply:?}"))),
-        };
+        let gone = !deleted(&source.line().await?)?;
         match (added, gone) {
             (Some(cas), true) => taken_back.push((key, home, cas)),
             (Some(_), false) => swept.moved += 1,
@@ -255,9 +247,9 @@ impl Conn {
         match tokens.next() {
             Some("EN") => return Ok(None),
             Some("VA") => {}
-            _ => return Err(io::Error::other(format!("memcached answered {header:?}"))),
+            _ => return Err(answered(&header)),
         }
-        let bad = || io::Error::other(format!("memcached answered {header:?}"));
+        let bad = || answered(&header);
         let len: usize = tokens.next().and_then(|t| t.parse().ok()).ok_or_else(bad)?;
         let (mut flags, mut ttl, mut cas) = (None, None, None);
         for token in tokens {
@@ -283,13 +275,23 @@ impl Conn {
     /// Deletes `key` if its CAS is still `cas`; false if it was gone already.
     async fn delete(&mut self, key: &str, cas: u64) -> io::Result<bool> {
         self.send(format!("md {key} C{cas}\r\n").as_bytes()).await?;
-        let reply = self.line().await?;
-        match reply.as_str() {
-            "HD" | "EX" => Ok(true),
-            "NF" => Ok(false),
-            _ => Err(io::Error::other(format!("memcached answered {reply:?}"))),
-        }
+        deleted(&self.line().await?)
     }
+}
+
+/// The answer to `md <key> C<cas>`: false if the key was gone. EX (its CAS changed) counts as
+/// there: here only a touch changes it (the previous layout's reads).
+fn deleted(reply: &str) -> io::Result<bool> {
+    match reply {
+        "HD" | "EX" => Ok(true),
+        "NF" => Ok(false),
+        _ => Err(answered(reply)),
+    }
+}
+
+/// An answer memcached should not have given.
+fn answered(reply: &str) -> io::Error {
+    io::Error::other(format!("memcached answered {reply:?}"))
 }
 
 async fn in_time<T>(work: impl Future<Output = T>) -> io::Result<T> {

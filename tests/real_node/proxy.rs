@@ -135,15 +135,22 @@ async fn fresh(client: &Client, ns: &str, ip: &str) {
     assert_eq!(through_proxy(ns, ip, true).await, KEYS);
 }
 
+/// A connection to each member of `cache`, by pod name.
+async fn members(client: &Client, ns: &str) -> BTreeMap<String, Connection> {
+    let mut members = BTreeMap::new();
+    for pod in member_pods(client, ns, "cache").await {
+        let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
+        members.insert(pod.name_any(), Connection::connect(addr).await.unwrap());
+    }
+    members
+}
+
 /// Items each member holds.
 async fn items(client: &Client, ns: &str) -> BTreeMap<String, u64> {
     let mut held = BTreeMap::new();
-    for pod in member_pods(client, ns, "cache").await {
-        let mut conn = Connection::connect(SocketAddr::new(pod_ip(&pod).into(), 11211))
-            .await
-            .unwrap();
+    for (name, mut conn) in members(client, ns).await {
         let n = conn.stat("", "curr_items").await.unwrap().parse().unwrap();
-        held.insert(pod.name_any(), n);
+        held.insert(name, n);
     }
     held
 }
@@ -151,9 +158,7 @@ async fn items(client: &Client, ns: &str) -> BTreeMap<String, u64> {
 /// Copies of the keys the members hold, over every member.
 async fn copies(client: &Client, ns: &str) -> u64 {
     let mut copies = 0;
-    for pod in member_pods(client, ns, "cache").await {
-        let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
-        let mut conn = Connection::connect(addr).await.unwrap();
+    for (_, mut conn) in members(client, ns).await {
         for i in 0..KEYS {
             copies += u64::from(conn.get(&format!("app-{i}")).await.unwrap().is_some());
         }
@@ -353,11 +358,7 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         assert!((0.20..=0.45).contains(&share), "{member} holds {n}");
     }
     // Each on the member the operator computes for it (what its sweep relies on).
-    let mut members = BTreeMap::new();
-    for pod in member_pods(&client, &ns, "cache").await {
-        let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
-        members.insert(pod.name_any(), Connection::connect(addr).await.unwrap());
-    }
+    let mut members = members(&client, &ns).await;
     let mut placed = 0;
     for i in 0..KEYS {
         let key = format!("app-{i}");
