@@ -100,6 +100,8 @@ pub struct Events {
     troubled: Arc<Mutex<HashMap<ObjectRef<Memcached>, Warned>>>,
     /// Objects that do not parse, as (uid, resourceVersion), already reported.
     invalid: Arc<Mutex<HashSet<(String, String)>>>,
+    /// The objects a reconcile created, per Memcached, announced together at its end.
+    created: Arc<Mutex<HashMap<ObjectRef<Memcached>, Vec<ObjectReference>>>>,
 }
 
 impl Events {
@@ -110,10 +112,13 @@ impl Events {
             warned: Arc::default(),
             troubled: Arc::default(),
             invalid: Arc::default(),
+            created: Arc::default(),
         }
     }
 
-    /// A Normal event for an apply of `applied` that made `change`.
+    /// A Normal event for an apply of `applied` that made `change`. What a reconcile creates is
+    /// announced in one event at its end (`announce_created`): a new Memcached's Service and
+    /// members are one change to its user, and each Event is a write the API server stores.
     pub fn applied<K: Resource<DynamicType = ()>>(
         &self,
         mc: &Memcached,
@@ -123,6 +128,14 @@ impl Events {
         let (kind, name) = (K::kind(&()), applied.name_any());
         let note = change.note(&kind, &name);
         info!(%kind, %name, reason = change.reason(), "{note}");
+        if *change == Change::Created {
+            let created = applied.object_ref(&());
+            lock(&self.created)
+                .entry(ObjectRef::from_obj(mc))
+                .or_default()
+                .push(created);
+            return;
+        }
         self.publish(
             mc,
             Some(applied.object_ref(&())),
@@ -131,6 +144,28 @@ impl Events {
             "Apply",
             note,
         );
+    }
+
+    /// One Normal event for what `mc`'s reconcile created, if anything: "Created Pod cache-0,
+    /// Service cache" (the object itself as the related one when it is alone).
+    pub fn announce_created(&self, mc: &Memcached) {
+        let Some(mut created) = lock(&self.created).remove(&ObjectRef::from_obj(mc)) else {
+            return;
+        };
+        created.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+        let objects: Vec<String> = created
+            .iter()
+            .map(|o| {
+                let (kind, name) = (o.kind.as_deref(), o.name.as_deref());
+                format!("{} {}", kind.unwrap_or_default(), name.unwrap_or_default())
+            })
+            .collect();
+        let related = match created.len() {
+            1 => created.pop(),
+            _ => None,
+        };
+        let note = format!("Created {}", objects.join(", "));
+        self.publish(mc, related, EventType::Normal, "Created", "Apply", note);
     }
 
     /// A Warning that nothing is applied for `mc`, and why: once per cause, not on every recheck.
@@ -236,6 +271,7 @@ impl Events {
     pub fn forget(&self, key: &ObjectRef<Memcached>) {
         lock(&self.warned).remove(key);
         lock(&self.troubled).remove(key);
+        lock(&self.created).remove(key);
     }
 
     /// `mc` is no longer blocked: a later cause is warned about again.

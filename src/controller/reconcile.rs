@@ -39,7 +39,10 @@ pub async fn reconcile(mc: &Memcached, ctx: &Context) -> Result<Outcome> {
     );
     let seen = observe::observe(ctx, mc, &desired).await?;
     let plan = plan::plan(mc, &seen, desired);
-    match apply::apply(ctx, mc, &seen, plan).await? {
+    let applied = apply::apply(ctx, mc, &seen, plan).await;
+    // Whatever was created is announced, the reconcile done or not.
+    ctx.events.announce_created(mc);
+    match applied? {
         apply::Step::Adopting => Ok(Outcome::Converged),
         apply::Step::Gone => Ok(Outcome::Gone),
         apply::Step::Applied(applied) => report::report(ctx, mc, seen, *applied).await,

@@ -150,7 +150,7 @@ async fn memcached_is_created_scaled_and_reported() {
         .into_iter()
         .filter_map(|e| e.reason)
         .collect();
-    // Each member made and deleted is one.
+    // What a reconcile created is one; each member deleted is one.
     assert!(reasons.iter().any(|r| r == "Created"), "{reasons:?}");
     assert!(reasons.iter().any(|r| r == "Deleted"), "{reasons:?}");
 

@@ -56,13 +56,17 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     let kept = revisions.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(kept.len(), 1, "the template's revision");
     let first = kept[0].name_any();
-    wait_for("an event for each member made", CONVERGE, || async {
-        let created = notes(&client, &ns, "Created").await;
-        ["cache-0", "cache-1", "cache-2"]
-            .iter()
-            .all(|m| created.contains(&format!("Created Pod {m}")))
-            .then_some(())
-    })
+    wait_for(
+        "the members made named in the Created events",
+        CONVERGE,
+        || async {
+            let created = notes(&client, &ns, "Created").await;
+            ["cache-0", "cache-1", "cache-2"]
+                .iter()
+                .all(|m| created.iter().any(|n| n.contains(&format!("Pod {m}"))))
+                .then_some(())
+        },
+    )
     .await;
 
     // Down from the top, and up again under the same names.
