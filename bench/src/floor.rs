@@ -107,7 +107,7 @@ async fn create(
         Shape::Pods => {
             let template = resources::pod_template(&mc, images);
             let revision = resources::members::revision(&mc, &template);
-            let pod = resources::members::member(&mc, &template, &revision, 0);
+            let pod = memcached_operator::controller::member(&mc, &template, &revision, 0);
             Api::<Pod>::namespaced(client.clone(), ns)
                 .patch(&pod.name_any(), &apply, &Patch::Apply(&pod))
                 .await?;

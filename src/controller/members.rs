@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -38,12 +38,24 @@ mod settings;
 pub(super) use own::history;
 pub(super) use settings::without_any_settings;
 mod resize;
-use in_place::{InPlace, Move, next_move, restart_patch, restart_pending};
+use in_place::{InPlace, Made, Move, Record, next_move, restart_patch, restart_pending};
+
+/// Member `ordinal` of `mc` as the operator creates it from `template` of `revision`
+/// (resources::members::member), with the record of its template that an update compares.
+pub fn member(mc: &Memcached, template: &PodTemplateSpec, revision: &str, ordinal: i32) -> Pod {
+    let record = Record::of(&serde_json::to_value(template).expect("a pod template serialises"));
+    let mut pod = resources::members::member(mc, template, revision, ordinal);
+    pod.annotations_mut()
+        .insert(TEMPLATE_ANNOTATION.to_string(), record.annotation());
+    pod
+}
 
 /// On a member patched in place: the revision it is moving to, and each restarted container's
 /// restart count before the patch. The revision label follows once it is back and available, so
 /// the member counts updated only then.
 pub const IN_PLACE_ANNOTATION: &str = "cache.example.com/update-in-place";
+/// On a member: what an update compares of the template it was made from (in_place.rs, `Record`).
+pub const TEMPLATE_ANNOTATION: &str = "cache.example.com/template";
 /// How often an update in progress is looked at when no pod event comes sooner.
 const RECHECK: Duration = Duration::from_secs(5);
 
@@ -82,8 +94,9 @@ impl Step<'_> {
 /// What an update reads of the members' count.
 #[derive(Clone, Copy, Debug)]
 pub struct Keeper<'a> {
-    /// The revision every member should have.
+    /// The revision every member should have, and its template.
     pub update_revision: &'a str,
+    pub template: &'a PodTemplateSpec,
     /// Members it wants.
     pub wanted: i32,
     /// Whether every member it has is of `update_revision`.
@@ -123,7 +136,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
     let pod = match step {
         Step::Done => return Ok(None),
         Step::Wait(recheck) => {
-            let kind = waiting_kind(&view, &revisions, &listed.items).await?;
+            let kind = waiting_kind(&view, &revisions, keeper.template, &listed.items).await?;
             return Ok(Some(Updating { kind, recheck }));
         }
         Step::Finish(pod) => {
@@ -136,8 +149,8 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
         }
         Step::Update(pod) => pod,
     };
-    let (old, new) = templates(&revisions, pod, update_revision).await?;
-    let kind = match next_move(pod, &old, &new, update_revision) {
+    let (made, new) = templates(&revisions, pod, keeper.template).await?;
+    let kind = match next_move(pod, &made, &new, update_revision) {
         Move::AwaitAgent | Move::AwaitResize => Kind::InPlace,
         Move::Resize(resize) => {
             if resize_pod(&pods, pod, resize).await? {
@@ -174,12 +187,13 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
 async fn waiting_kind(
     view: &View<'_>,
     revisions: &Api<ControllerRevision>,
+    template: &PodTemplateSpec,
     pods: &[Pod],
 ) -> Result<Kind> {
     Ok(match view.outdated(pods).next() {
         Some(pod) => {
-            let (old, new) = templates(revisions, pod, view.update_revision).await?;
-            match restart_patch(pod, &old, &new, view.update_revision) {
+            let (made, new) = templates(revisions, pod, template).await?;
+            match restart_patch(pod, &made, &new, view.update_revision) {
                 Some(_) => Kind::InPlace,
                 None => Kind::Replace,
             }
@@ -310,7 +324,7 @@ fn ordinal(pod: &Pod) -> i64 {
 }
 
 /// The pod template a revision records (`data.spec.template`).
-async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Value> {
+async fn recorded_template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Value> {
     let revision = revisions
         .get(name)
         .await
@@ -326,16 +340,23 @@ async fn template(revisions: &Api<ControllerRevision>, name: &str) -> Result<Val
     Ok(template)
 }
 
-/// The pod templates of `pod`'s revision and of the update revision.
+/// The template `pod` was made from, and the current `template` as JSON. A member made by a
+/// release before 0.9.0, or adopted from a StatefulSet, has no record of its template: that is
+/// in the ControllerRevision of its revision.
 async fn templates(
     revisions: &Api<ControllerRevision>,
     pod: &Pod,
-    update_revision: &str,
-) -> Result<(Value, Value)> {
-    tokio::try_join!(
-        template(revisions, revision_of(pod).unwrap_or_default()),
-        template(revisions, update_revision),
-    )
+    template: &PodTemplateSpec,
+) -> Result<(Made, Value)> {
+    let new = serde_json::to_value(template).expect("a pod template serialises");
+    let made = match Made::of_pod(pod, &new) {
+        Some(made) => made,
+        None => {
+            let revision = revision_of(pod).unwrap_or_default();
+            Made::from_template(recorded_template(revisions, revision).await?)
+        }
+    };
+    Ok((made, new))
 }
 
 /// Evicts a member for a pod spec it cannot take in place, through the client that gives back

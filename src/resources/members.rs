@@ -1,8 +1,9 @@
 //! The members, pods the operator keeps itself: member `<name>-<ordinal>` is the pod template
 //! (pod_template.rs) with a stable hostname under the headless Service, labelled with the
-//! revision of that template, and owned by the Memcached. The template of each revision is kept
-//! in a ControllerRevision (`data.spec.template`, the form Kubernetes' own controllers use), so
-//! that an update can tell what changed since a member was made.
+//! revision of that template, and owned by the Memcached. Since 0.9.0 each member records what an
+//! update compares of its template (controller::member); releases before kept the template of
+//! each revision in a ControllerRevision (`data.spec.template`, the form Kubernetes' own
+//! controllers use), which the adoption of a StatefulSet still makes (controller/legacy.rs).
 
 use std::collections::BTreeMap;
 use std::hash::Hasher;

@@ -59,6 +59,14 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const REVISION_LABEL: &str = "controller-revision-hash";
 const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+/// The keys of the operator's own labels (`labels`), on every owned object and pod.
+pub const OWN_LABELS: [&str; 5] = [
+    LABEL_NAME,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_COMPONENT,
+    LABEL_PART_OF,
+];
 const TOPOLOGY_HOSTNAME: &str = "kubernetes.io/hostname";
 const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Seconds a pod gets to stop after its preStop delay: memcached exits at once on SIGTERM, so
@@ -347,6 +355,14 @@ mod tests {
     use crate::fixtures::{
         memcached, memcached_with_spec as spec_from, monitored_memcached as monitored_cache,
     };
+
+    #[test]
+    fn own_labels_names_every_label_the_operator_sets() {
+        let keys: Vec<String> = labels(&memcached("cache", 1)).into_keys().collect();
+        let mut own = OWN_LABELS.map(String::from).to_vec();
+        own.sort();
+        assert_eq!(keys, own);
+    }
 
     #[test]
     fn service_is_headless_and_selects_the_pods() {

@@ -1267,7 +1267,7 @@ async fn every_admitted_spec_yields_objects_the_api_server_accepts() {
             }
         }
         let revision = resources::members::revision(&mc, &template);
-        let member = resources::members::member(&mc, &template, &revision, 0);
+        let member = memcached_operator::controller::member(&mc, &template, &revision, 0);
         // The Priority admission plugin reads PriorityClasses from its informer: one just made
         // may not be there for a moment.
         let mut tries = 0;

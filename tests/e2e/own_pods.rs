@@ -1,17 +1,19 @@
 //! The members as pods the operator keeps itself (the default since 0.7.0), with the shipped
 //! RBAC: no StatefulSet; the members made under the names the StatefulSet gave them, scaled from
 //! the top, made again when lost, updated in place or replaced as under the StatefulSet, refused
-//! by a quota in the API server's words, and collected with their Memcached; an event for each
-//! member made or deleted; the revisions no member has collected.
+//! by a quota in the API server's words, and collected with their Memcached; the members made
+//! named in the Created events, an event for each member deleted; no ControllerRevision made,
+//! and those of members made before 0.9.0 read for their update, then collected.
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::Client;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::{self, Images, REVISION_LABEL};
 
 use super::adoption::assert_no_stateful_set;
 use super::harness::{
@@ -51,11 +53,16 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some(pod.name_any().as_str()));
         assert_eq!(spec.subdomain.as_deref(), Some("cache"));
+        assert!(
+            pod.annotations().contains_key("cache.example.com/template"),
+            "{} records its template",
+            pod.name_any()
+        );
     }
+    // Each member records what an update compares of its template: no revision object.
     let revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns);
     let kept = revisions.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(kept.len(), 1, "the template's revision");
-    let first = kept[0].name_any();
+    assert!(kept.is_empty(), "{kept:?}");
     wait_for(
         "the members made named in the Created events",
         CONVERGE,
@@ -129,28 +136,46 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     .await;
     wait_converged(&client, &ns, "cache", 3).await;
 
-    // A new image: each member restarted in place, as under the StatefulSet.
+    // Members as releases before 0.9.0 made them: no record on the pods, their template in the
+    // ControllerRevision of their revision.
+    let template = resources::pod_template(&mc, &Images::default());
+    let first = resources::members::revision(&mc, &template);
+    let history = resources::members::controller_revision(&mc, &template, &first);
+    revisions
+        .create(&PostParams::default(), &history)
+        .await
+        .unwrap();
+    let unrecord =
+        serde_json::json!({"metadata": {"annotations": {"cache.example.com/template": null}}});
+    for pod in pods.list(&ListParams::default()).await.unwrap() {
+        assert_eq!(
+            pod.labels()[REVISION_LABEL],
+            first,
+            "the template's revision"
+        );
+        pods.patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&unrecord),
+        )
+        .await
+        .unwrap();
+    }
+
+    // A new image: each member restarted in place, as under the StatefulSet (their template
+    // read from the revision).
     let before = members(&pods).await;
     let after = a_new_image_restarts_each_member_once_in_place(&pods, &mcs, &before).await;
     // A new item size: each member evicted (its budget holds, through the Memcached's scale
     // subresource) and made anew from the new revision by the operator.
     a_new_item_size_replaces_each_member(&pods, &mcs, &after).await;
-    // Three revisions: the first, which no member had any more when the third's update
-    // started, is collected.
-    let kept: Vec<String> = revisions
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|r| r.name_any())
-        .collect();
-    assert_eq!(
-        kept.len(),
-        2,
-        "the revisions the members had and have: {kept:?}"
-    );
-    assert!(!kept.contains(&first), "{first} collected: {kept:?}");
+    // The revision no member had any more when the third template's update started is
+    // collected, and no other was made.
+    let kept = revisions.list(&ListParams::default()).await.unwrap().items;
+    assert!(kept.is_empty(), "{first} collected: {kept:?}");
+    for pod in pods.list(&ListParams::default()).await.unwrap() {
+        assert!(pod.annotations().contains_key("cache.example.com/template"));
+    }
     operator.assert_no_failed_reconciles().await;
 
     // Deleted with their Memcached, by the garbage collector.

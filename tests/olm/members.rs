@@ -75,6 +75,8 @@ pub fn one_at_a_time(
 /// The label naming the revision a pod was made from (the StatefulSet controller's, which the
 /// operator gives its own members too).
 pub const REVISION: &str = "controller-revision-hash";
+/// On each member since 0.9.0: the record of its template that an update compares.
+pub const TEMPLATE_RECORD: &str = "cache.example.com/template";
 
 /// An object's controller (its owner reference with `controller: true`): its uid.
 pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
@@ -217,20 +219,9 @@ pub enum KeptBy<'a> {
     StatefulSet(Option<&'a str>),
     /// The operator itself, as it keeps those of Memcacheds made since 0.7.0 and adopts those of
     /// StatefulSets of before since 0.8.0: no StatefulSet, ControllerRevisions of the
-    /// Memcached's only.
+    /// Memcached's only (since 0.9.0 those of before, until an update collects them), each
+    /// member recording its template.
     Operator,
-}
-
-/// The image of `container` in the pod template that `revision` keeps.
-fn template_image(revision: &ControllerRevision, container: &str) -> Option<String> {
-    let containers = revision
-        .data
-        .as_ref()?
-        .0
-        .pointer("/spec/template/spec/containers")?
-        .as_array()?;
-    let found = containers.iter().find(|c| c["name"] == container)?;
-    Some(found["image"].as_str()?.to_string())
 }
 
 /// What the Memcached `mc` lacks of having every member updated to its current template, kept
@@ -272,25 +263,20 @@ pub fn update_missing(
                     "a StatefulSet {name}, where the operator keeps the members"
                 ));
             }
-            let names: Vec<String> = revisions.iter().map(|r| r.name_any()).collect();
-            // The current template's: the one running the agent from `agent_image` (the one
-            // an earlier update moved from stays until the next update starts).
-            let current: Vec<&ControllerRevision> = revisions
-                .iter()
-                .filter(|r| controller_uid(*r) == mc.uid())
-                .filter(|r| template_image(r, "agent").as_deref() == Some(agent_image))
-                .collect();
-            let theirs = revisions.iter().any(|r| controller_uid(r) != mc.uid());
-            let own = match current.as_slice() {
-                [own] if !theirs => Some(*own),
-                _ => {
-                    missing.push(format!(
-                        "ControllerRevisions [{}], not all the Memcached's, one of them with the agent from {agent_image}",
-                        names.join(" ")
-                    ));
-                    None
+            // Since 0.9.0 no revision is made: each member records its template. Those of a
+            // release before, or of an adoption, stay until the update after next starts.
+            if revisions.iter().any(|r| controller_uid(r) != mc.uid()) {
+                let names: Vec<String> = revisions.iter().map(|r| r.name_any()).collect();
+                missing.push(format!(
+                    "ControllerRevisions [{}], not all the Memcached's",
+                    names.join(" ")
+                ));
+            }
+            for pod in pods {
+                if !pod.annotations().contains_key(TEMPLATE_RECORD) {
+                    missing.push(format!("pod {}: no record of its template", pod.name_any()));
                 }
-            };
+            }
             let status = mc.status.clone().unwrap_or_default();
             if status.observed_generation != mc.metadata.generation
                 || status.replicas != mc.spec.size
@@ -304,10 +290,9 @@ pub fn update_missing(
                     status.observed_generation
                 ));
             }
-            (
-                ("Memcached", mc.uid()),
-                own.map(|r| r.name_any()).unwrap_or_default(),
-            )
+            // The members' revision: one for all, which the loop below checks.
+            let revision = pods.iter().find_map(|p| p.labels().get(REVISION).cloned());
+            (("Memcached", mc.uid()), revision.unwrap_or_default())
         }
     };
     missing.extend(members_missing(

@@ -12,13 +12,13 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::IN_PLACE_ANNOTATION;
 use super::resize::{Actuation, RESIZABLE, actuation, resize_patch};
 use super::settings::{Values, annotated, without_settings};
+use super::{IN_PLACE_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::resources::{self, warm_restart};
 
 /// What a member patched in place records (`IN_PLACE_ANNOTATION`).
-#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(super) struct InPlace {
     pub(super) revision: String,
     pub(super) restarts: BTreeMap<String, i32>,
@@ -38,8 +38,108 @@ impl InPlace {
     }
 }
 
+/// What a member records of the template it was made from (`TEMPLATE_ANNOTATION`), beyond what
+/// the pod shows itself (its images, settings, labels and annotations): a digest of the rest of
+/// the spec, which a running pod cannot take, and which of its labels and annotations came from
+/// the template (the operator's own labels and the settings' annotations aside), so that one the
+/// spec drops is removed and someone else's left. It replaces a ControllerRevision per
+/// Memcached: an object, its write and its watch events for every new Memcached.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Record {
+    fixed: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    labels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    annotations: Vec<String>,
+}
+
+impl Record {
+    /// The record of `template` (a pod template as JSON).
+    pub(super) fn of(template: &Value) -> Record {
+        let keys = |map: &Value, leave: &dyn Fn(&str) -> bool| -> Vec<String> {
+            let keys = map.as_object().into_iter().flat_map(|m| m.keys());
+            keys.filter(|k| !leave(k)).cloned().collect()
+        };
+        let meta = &template["metadata"];
+        Record {
+            fixed: fixed_digest(&without_settings(template).0),
+            labels: keys(&meta["labels"], &|k| resources::OWN_LABELS.contains(&k)),
+            annotations: keys(&meta["annotations"], &|k| {
+                warm_restart::SETTINGS.iter().any(|s| s.annotation == k)
+            }),
+        }
+    }
+
+    fn of_pod(pod: &Pod) -> Option<Record> {
+        serde_json::from_str(pod.annotations().get(TEMPLATE_ANNOTATION)?).ok()
+    }
+
+    /// The annotation's value.
+    pub(super) fn annotation(&self) -> String {
+        serde_json::to_string(self).expect("a record serialises")
+    }
+}
+
+/// The template a member was made from, as an update compares it with the current one.
+#[derive(Debug)]
+pub(super) struct Made {
+    /// The template, or what the pod shows of it: the spec, and the labels and annotations it
+    /// set.
+    template: Value,
+    /// The digest of what a running pod cannot take (`beyond_in_place`).
+    fixed: String,
+}
+
+impl Made {
+    /// From the template itself (kept in a ControllerRevision by releases up to 0.9.0).
+    pub(super) fn from_template(template: Value) -> Made {
+        let fixed = fixed_digest(&without_settings(&template).0);
+        Made { template, fixed }
+    }
+
+    /// From the member itself and its record, if it has one; `new` is the current template,
+    /// whose labels and annotations the pod's are compared with.
+    pub(super) fn of_pod(pod: &Pod, new: &Value) -> Option<Made> {
+        let record = Record::of_pod(pod)?;
+        let set = |theirs: &BTreeMap<String, String>, recorded: &[String], part: &str| {
+            let set: serde_json::Map<String, Value> = theirs
+                .iter()
+                .filter(|(k, _)| {
+                    recorded.contains(k)
+                        || new["metadata"][part].get(k.as_str()).is_some()
+                        || warm_restart::SETTINGS
+                            .iter()
+                            .any(|s| s.annotation == k.as_str())
+                })
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            Value::Object(set)
+        };
+        let template = json!({
+            "metadata": {
+                "labels": set(pod.labels(), &record.labels, "labels"),
+                "annotations": set(pod.annotations(), &record.annotations, "annotations"),
+            },
+            "spec": serde_json::to_value(pod.spec.as_ref()?).ok()?,
+        });
+        Some(Made {
+            template,
+            fixed: record.fixed,
+        })
+    }
+}
+
+/// A digest of `spec` (a template's, its settings left out) without what a running pod can
+/// take; FNV-1a over its JSON, whose maps are sorted: stable across processes and releases.
+fn fixed_digest(spec: &Value) -> String {
+    use std::hash::Hasher;
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(&serde_json::to_vec(&beyond_in_place(spec)).expect("JSON serialises"));
+    format!("{:016x}", hasher.finish())
+}
+
 /// How a member takes the update now.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) enum Move {
     /// In place, by this patch of its images, which writes this record.
     Patch(Value, InPlace),
@@ -55,9 +155,9 @@ pub(super) enum Move {
     Evict,
 }
 
-/// How `pod` moves from the `old` template to the `new` one (of `revision`) now.
-pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Move {
-    let Some((record, patch)) = in_place(pod, old, new, revision) else {
+/// How `pod` moves from the template it was `made` from to the `new` one (of `revision`) now.
+pub(super) fn next_move(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Move {
+    let Some((record, patch)) = in_place(pod, made, new, revision) else {
         return Move::Evict;
     };
     // The resize first, applied before anything restarts: a larger memory's limit is raised
@@ -77,21 +177,24 @@ pub(super) fn next_move(pod: &Pod, old: &Value, new: &Value, revision: &str) -> 
     }
 }
 
-/// The patch that brings `pod` from the `old` template to the `new` one in place, if only images,
+/// The patch that brings `pod` from the template it was `made` from to the `new` one in place,
+/// if only images,
 /// settings its memcached reads from annotations (a larger memory, threads, connections:
 /// settings.rs), containers' CPU and memory (a resize before it, resize.rs) and the pod's labels
 /// and annotations differ between them; it records the `revision` it moves to and the restart
 /// counts of the containers it restarts. What the pod already has is left out; memcached's image
 /// waits for a patch of its own while the agent's changes, and new settings for the images'.
-pub(super) fn restart_patch(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<Value> {
-    in_place(pod, old, new, revision).map(|(_, patch)| patch)
+pub(super) fn restart_patch(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<Value> {
+    in_place(pod, made, new, revision).map(|(_, patch)| patch)
 }
 
-/// `restart_patch`, and the record it writes on the pod.
-fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
-    let (old_spec, old_values) = without_settings(old);
+/// `restart_patch`, and the record it writes on the pod. The pod's record of its template is
+/// the new one's from then on.
+fn in_place(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
+    let old = &made.template;
+    let (_, old_values) = without_settings(old);
     let (new_spec, new_values) = without_settings(new);
-    if beyond_in_place(&old_spec) != beyond_in_place(&new_spec) {
+    if made.fixed != fixed_digest(&new_spec) {
         return None;
     }
     let settings = new_settings(&annotated(pod), &old_values, &new_values)?;
@@ -134,6 +237,10 @@ fn in_place(pod: &Pod, old: &Value, new: &Value, revision: &str) -> Option<(InPl
         IN_PLACE_ANNOTATION.to_string(),
         json!(serde_json::to_string(&record).ok()?),
     );
+    let recorded = Record::of(new).annotation();
+    if pod.annotations().get(TEMPLATE_ANNOTATION) != Some(&recorded) {
+        annotations.insert(TEMPLATE_ANNOTATION.to_string(), json!(recorded));
+    }
     let mut spec = serde_json::Map::new();
     if !containers.is_empty() {
         spec.insert("containers".into(), Value::Array(containers));

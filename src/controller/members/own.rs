@@ -1,6 +1,6 @@
 //! The members as the operator keeps them: the missing ones are created under their names,
-//! those beyond the size deleted, and the template of each revision kept in a ControllerRevision
-//! for the update (members.rs). No workload controller stands between: one would write its
+//! each with the record of its template that the update compares (members.rs), and those beyond
+//! the size deleted. No workload controller stands between: one would write its
 //! status and a revision for every new Memcached, where the control plane's time goes
 //! (docs/performance.md); here the pod watch counts the members.
 
@@ -55,6 +55,7 @@ impl Seen {
     pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
         Keeper {
             update_revision: &self.revision,
+            template: &self.template,
             wanted: mc.spec.size,
             all_updated: self.counts.updated >= self.counts.replicas,
             name: mc.metadata.name.as_deref().unwrap_or_default(),
@@ -99,7 +100,7 @@ pub struct Moves {
     pub create: Vec<i32>,
     /// Members beyond the size, to delete.
     pub delete: Vec<String>,
-    /// Whether a member has the current revision (so its ControllerRevision is kept).
+    /// Whether a member has the current revision.
     pub kept: bool,
     /// Whether an update to the current revision starts: members there are, none of it.
     pub update_starts: bool,
@@ -143,8 +144,8 @@ pub struct Written {
     pub foreign: Option<String>,
 }
 
-/// Creates the members missing and deletes those beyond the size; keeps the ControllerRevision
-/// of the current template while members are made from it or an update moves them to it.
+/// Creates the members missing and deletes those beyond the size; where an update starts,
+/// collects the ControllerRevisions of releases before 0.9.0 that no member needs any more.
 pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) -> Result<Written> {
     let mut written = Written::default();
     let Moves {
@@ -170,16 +171,14 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
         ..PostParams::default()
     };
     // Independent: none waits for another (a reconcile's latency is its longest chain).
-    // Kept for the members made from it now, or for an update to it that starts.
-    let keeps_revision = !*kept && (!create.is_empty() || update_starts);
-    let revision = async {
-        match keeps_revision {
-            true => keep_revision(&ctx.client, mc, seen, update_starts).await,
+    let revisions = async {
+        match update_starts && !*kept {
+            true => collect_revisions(&ctx.client, mc, seen).await,
             false => Ok(()),
         }
     };
     let creates = join_all(create.iter().map(|ordinal| {
-        let pod = members::member(mc, &seen.template, &seen.revision, *ordinal);
+        let pod = super::member(mc, &seen.template, &seen.revision, *ordinal);
         let (pods, params) = (&pods, &params);
         async move {
             match pods.create(params, &pod).await {
@@ -196,8 +195,8 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
             .iter()
             .map(|name| delete_member(&ctx.events, mc, &pods, name)),
     );
-    let (revision, creates, deletes) = tokio::join!(revision, creates, deletes);
-    revision?;
+    let (revisions, creates, deletes) = tokio::join!(revisions, creates, deletes);
+    revisions?;
     for made in creates.into_iter().chain(deletes) {
         match made? {
             Made::Written => written.any = true,
@@ -213,36 +212,17 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     Ok(written)
 }
 
-/// Keeps the ControllerRevision of the current template; where an update to it starts, also
-/// collects the revisions no member has and no update moves to any more (in one request: those
-/// the members have stay until an update has moved them on).
-async fn keep_revision(
-    client: &Client,
-    mc: &Memcached,
-    seen: &Seen,
-    update_starts: bool,
-) -> Result<()> {
+/// Deletes the ControllerRevisions no member names (in one request): releases before 0.9.0
+/// kept each template in one, and a member they made still reads its template there until an
+/// update has moved it on (members.rs).
+async fn collect_revisions(client: &Client, mc: &Memcached, seen: &Seen) -> Result<()> {
     let ns = mc.namespace().unwrap_or_default();
     let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
-    let params = PostParams {
-        field_manager: Some(MANAGER_NAME.into()),
-        ..PostParams::default()
-    };
-    let body = members::controller_revision(mc, &seen.template, &seen.revision);
-    match revisions.create(&params, &body).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(source) => return Err(apply_error("ControllerRevision", &seen.revision, source)),
-    }
-    if !update_starts {
-        return Ok(());
-    }
-    let mut keep: Vec<&str> = seen
+    let keep: Vec<&str> = seen
         .members
         .iter()
         .filter_map(|m| m.revision.as_deref())
         .collect();
-    keep.push(&seen.revision);
     revisions
         .delete_collection(&DeleteParams::default(), &history(mc, &keep))
         .await

@@ -1,6 +1,7 @@
 use super::*;
 use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeMap;
 
 mod paths;
 
@@ -206,7 +207,7 @@ fn a_new_image_is_patched_in_place_recording_the_restart_count() {
     let mut new = template("memcached:1.6.45", &["-m", "64"]);
     new["metadata"]["labels"]["team"] = json!("b");
     new["metadata"]["annotations"] = json!({});
-    let patch = restart_patch(&pod, &old, &new, "new").expect("only the image changes");
+    let patch = restart_patch(&pod, &made(&old), &new, "new").expect("only the image changes");
     assert_eq!(
         patch,
         json!({
@@ -215,11 +216,54 @@ fn a_new_image_is_patched_in_place_recording_the_restart_count() {
                 "annotations": {
                     "old": null,
                     IN_PLACE_ANNOTATION: r#"{"revision":"new","restarts":{"memcached":2}}"#,
+                    TEMPLATE_ANNOTATION: Record::of(&new).annotation(),
                 },
             },
             "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6.45"}]},
         })
     );
+}
+
+#[test]
+fn a_member_tells_from_its_record_which_labels_and_annotations_were_the_templates() {
+    let old = template("memcached:1.6.18", &["-m", "64"]);
+    let mut member = made_member(&old);
+    // Someone else's, and the operator's own bookkeeping: not the template's.
+    member.labels_mut().insert("someone".into(), "else".into());
+    member
+        .annotations_mut()
+        .insert("kubectl.kubernetes.io/restartedAt".into(), "now".into());
+    let mut new = template("memcached:1.6.45", &["-m", "64"]);
+    new["metadata"]["labels"] = json!({"app": "cache"});
+    new["metadata"]["annotations"] = json!({"new": "y"});
+    let made = Made::of_pod(&member, &new).expect("a record");
+    let patch = restart_patch(&member, &made, &new, "new").expect("only the image changes");
+    assert_eq!(patch["metadata"]["labels"], json!({"team": null}));
+    let annotations = &patch["metadata"]["annotations"];
+    assert_eq!(
+        (&annotations["old"], &annotations["new"]),
+        (&json!(null), &json!("y"))
+    );
+    assert!(
+        annotations
+            .get("kubectl.kubernetes.io/restartedAt")
+            .is_none()
+    );
+    assert_eq!(
+        patch["metadata"]["annotations"][TEMPLATE_ANNOTATION],
+        r#"{"fixed":"bd81b45f66487f7b","labels":["app"],"annotations":["new"]}"#,
+        "the record of the new template; its digest pinned, as the next release reads it"
+    );
+
+    // Beyond what a running pod takes: a new pod, whatever the labels say.
+    let mut moved = new.clone();
+    moved["spec"]["containers"][0]["ports"] = json!([{"containerPort": 11212}]);
+    assert_eq!(restart_patch(&member, &made, &moved, "moved"), None);
+
+    // A member made before 0.9.0 has no record: its template is read from its revision.
+    let mut before = member.clone();
+    before.annotations_mut().remove(TEMPLATE_ANNOTATION);
+    assert!(Made::of_pod(&before, &new).is_none());
 }
 
 #[test]
@@ -236,7 +280,7 @@ fn a_new_operator_image_restarts_the_agent_and_the_init_container_waits_for_a_ne
             "initContainers": [{"name": "auth-init", "image": "operator:2"}],
         }
     });
-    let patch = restart_patch(&pod, &old, &new, "new").unwrap();
+    let patch = restart_patch(&pod, &made(&old), &new, "new").unwrap();
     assert_eq!(
         patch["spec"],
         json!({
@@ -257,7 +301,7 @@ fn a_change_beyond_images_cannot_be_taken_in_place() {
     let old = template("memcached:1", &["-m", "64"]);
     // memcached restores its file only with the same -m: a new one replaces the member.
     let new = template("memcached:2", &["-m", "128"]);
-    assert_eq!(restart_patch(&pod, &old, &new, "new"), None);
+    assert_eq!(restart_patch(&pod, &made(&old), &new, "new"), None);
 }
 
 #[test]
@@ -293,7 +337,7 @@ fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_
     let mut pod = with_agent(member(2, "old", LONG_AGO, 3), &old);
     statuses(&mut pod).push(agent_status(0, false));
 
-    let first = restart_patch(&pod, &old, &new, "new").unwrap();
+    let first = restart_patch(&pod, &made(&old), &new, "new").unwrap();
     assert_eq!(
         first["spec"]["containers"],
         json!([{"name": "agent", "image": "operator:2"}])
@@ -330,7 +374,7 @@ fn a_member_whose_agent_and_memcached_both_change_restarts_the_agent_first_then_
         updated_name(view(1).next_step(&pods)).as_deref(),
         Some("cache-2")
     );
-    let second = restart_patch(&pod, &old, &new, "new").unwrap();
+    let second = restart_patch(&pod, &made(&old), &new, "new").unwrap();
     assert_eq!(
         second["spec"],
         json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
@@ -361,18 +405,18 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
 
     statuses(&mut pod).push(agent_status(0, true));
     assert_eq!(
-        next_move(&pod, &old, &newer, "newer"),
+        next_move(&pod, &made(&old), &newer, "newer"),
         Move::AwaitAgent,
         "patched, the old agent still running: it is about to stop"
     );
     statuses(&mut pod)[1] = agent_status(1, false);
     assert_eq!(
-        next_move(&pod, &old, &newer, "newer"),
+        next_move(&pod, &made(&old), &newer, "newer"),
         Move::AwaitAgent,
         "restarted, not running yet"
     );
     statuses(&mut pod)[1] = agent_status(1, true);
-    let Move::Patch(patch, _) = next_move(&pod, &old, &newer, "newer") else {
+    let Move::Patch(patch, _) = next_move(&pod, &made(&old), &newer, "newer") else {
         panic!("the agent is back: memcached goes");
     };
     assert_eq!(
@@ -384,7 +428,7 @@ fn memcached_restarts_only_while_its_agent_can_answer_the_save() {
     pod.metadata.annotations = None;
     statuses(&mut pod)[1] = agent_status(4, false);
     assert!(matches!(
-        next_move(&pod, &old, &newer, "newer"),
+        next_move(&pod, &made(&old), &newer, "newer"),
         Move::Patch(..)
     ));
 }
@@ -461,6 +505,24 @@ fn running(template: &Value) -> Pod {
     pod
 }
 
+/// `template`'s member as the operator makes it: the template's labels and annotations, and
+/// its record of the template.
+fn made_member(template: &Value) -> Pod {
+    let mut pod = running(template);
+    let labels: BTreeMap<String, String> =
+        serde_json::from_value(template["metadata"]["labels"].clone()).unwrap_or_default();
+    pod.labels_mut().extend(labels);
+    let record = Record::of(template).annotation();
+    pod.annotations_mut()
+        .insert(TEMPLATE_ANNOTATION.to_string(), record);
+    pod
+}
+
+/// The template `old` as an update reads it from its ControllerRevision.
+fn made(old: &Value) -> Made {
+    Made::from_template(old.clone())
+}
+
 fn record(patch: &Value) -> InPlace {
     serde_json::from_str(
         patch["metadata"]["annotations"][IN_PLACE_ANNOTATION]
@@ -475,7 +537,8 @@ fn a_member_made_before_memory_came_from_an_annotation_is_kept_by_the_upgrade() 
     let new = built(64, "memcached:2");
     let old = as_before_0_6(&built(64, "memcached:1"));
     let pod = running(&old);
-    let patch = restart_patch(&pod, &old, &new, "new").expect("the same member in another form");
+    let patch =
+        restart_patch(&pod, &made(&old), &new, "new").expect("the same member in another form");
     assert_eq!(
         patch["spec"],
         json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
@@ -492,7 +555,7 @@ fn a_larger_memory_is_a_restart_by_the_agent_in_the_same_pod() {
     let old = built(64, "memcached:1");
     let new = built(128, "memcached:1");
     let pod = running(&old);
-    let Move::Patch(patch, _) = next_move(&pod, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&pod, &made(&old), &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(
@@ -512,14 +575,14 @@ fn a_memory_the_member_cannot_take_in_place_replaces_it() {
     // memcached refuses a file saved larger.
     let smaller = built(64, "memcached:1");
     assert_eq!(
-        next_move(&running(&old), &old, &smaller, "new"),
+        next_move(&running(&old), &made(&old), &smaller, "new"),
         Move::Evict
     );
     // A member of 0.5.0 runs its -m as a literal argument.
     let before = as_before_0_6(&old);
     let larger = built(256, "memcached:1");
     assert_eq!(
-        next_move(&running(&before), &before, &larger, "new"),
+        next_move(&running(&before), &made(&before), &larger, "new"),
         Move::Evict
     );
 }
@@ -529,7 +592,7 @@ fn a_larger_memory_with_a_new_image_restarts_for_the_image_first() {
     let old = built(64, "memcached:1");
     let new = built(128, "memcached:2");
     let mut pod = running(&old);
-    let first = restart_patch(&pod, &old, &new, "new").unwrap();
+    let first = restart_patch(&pod, &made(&old), &new, "new").unwrap();
     assert_eq!(
         first["spec"],
         json!({"containers": [{"name": "memcached", "image": "memcached:2"}]})
@@ -544,7 +607,7 @@ fn a_larger_memory_with_a_new_image_restarts_for_the_image_first() {
     // Restarted with the new image: now the memory.
     pod.spec.as_mut().unwrap().containers[0].image = Some("memcached:2".into());
     statuses(&mut pod)[0].restart_count = 3;
-    let second = restart_patch(&pod, &old, &new, "new").unwrap();
+    let second = restart_patch(&pod, &made(&old), &new, "new").unwrap();
     assert_eq!(second["spec"], json!({}));
     assert_eq!(
         second["metadata"]["annotations"][resources::warm_restart::MEMORY_ANNOTATION],
@@ -561,7 +624,7 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
     let old = built(64, "memcached:1");
     let larger = built(128, "memcached:1");
     let mut pod = running(&old);
-    let Move::Patch(grow, _) = next_move(&pod, &old, &larger, "larger") else {
+    let Move::Patch(grow, _) = next_move(&pod, &made(&old), &larger, "larger") else {
         panic!("kept in place");
     };
     assert!(record(&grow).settings);
@@ -580,11 +643,14 @@ fn a_new_image_waits_for_the_agents_restart_for_a_larger_memory() {
             .into(),
     );
     let newer = built(128, "memcached:2");
-    assert_eq!(next_move(&pod, &old, &newer, "newer"), Move::AwaitAgent);
+    assert_eq!(
+        next_move(&pod, &made(&old), &newer, "newer"),
+        Move::AwaitAgent
+    );
     // Restarted larger: the image goes.
     statuses(&mut pod)[0].restart_count = 3;
     assert!(matches!(
-        next_move(&pod, &old, &newer, "newer"),
+        next_move(&pod, &made(&old), &newer, "newer"),
         Move::Patch(..)
     ));
 }
@@ -600,7 +666,7 @@ fn a_member_raised_past_its_revision_is_replaced_for_a_smaller_memory() {
         "128".into(),
     );
     let new = built(64, "memcached:2");
-    assert_eq!(next_move(&pod, &old, &new, "new"), Move::Evict);
+    assert_eq!(next_move(&pod, &made(&old), &new, "new"), Move::Evict);
 }
 
 /// `built`, memcached limited to `limit` of memory.
@@ -631,19 +697,22 @@ fn a_larger_memory_and_its_limit_resize_the_member_before_the_agent_restarts_mem
     let new = built_with_limit(128, "192Mi");
     let pod = running(&old);
     assert_eq!(
-        next_move(&pod, &old, &new, "new"),
+        next_move(&pod, &made(&old), &new, "new"),
         Move::Resize(memcached_resized(json!({"limits": {"memory": "192Mi"}}))),
         "the limit first"
     );
     // Taken by the API server, not applied by the kubelet yet: memcached waits.
     let pending = resized(pod, &new, json!({"limits": {"memory": "96Mi"}}));
-    assert_eq!(next_move(&pending, &old, &new, "new"), Move::AwaitResize);
+    assert_eq!(
+        next_move(&pending, &made(&old), &new, "new"),
+        Move::AwaitResize
+    );
     assert!(
         view(1).available_in(&pending).is_none(),
         "out while it waits"
     );
     let applied = resized(pending, &new, json!({"limits": {"memory": "192Mi"}}));
-    let Move::Patch(patch, _) = next_move(&applied, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&applied, &made(&old), &new, "new") else {
         panic!("then the larger memory, in place");
     };
     assert_eq!(
@@ -661,14 +730,14 @@ fn new_cpu_alone_resizes_the_member_and_restarts_nothing() {
     new["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "250m"}});
     let pod = running(&old);
     assert_eq!(
-        next_move(&pod, &old, &new, "new"),
+        next_move(&pod, &made(&old), &new, "new"),
         Move::Resize(memcached_resized(json!({"requests": {"cpu": "250m"}}))),
         "a request no longer named stays as it is"
     );
     let mut applied = pod;
     applied.spec.as_mut().unwrap().containers[0].resources =
         serde_json::from_value(json!({"requests": {"cpu": "250m", "memory": "80Mi"}})).unwrap();
-    let Move::Patch(patch, _) = next_move(&applied, &old, &new, "new") else {
+    let Move::Patch(patch, _) = next_move(&applied, &made(&old), &new, "new") else {
         panic!("kept in place");
     };
     assert_eq!(patch["spec"], json!({}), "no image changes");
@@ -687,13 +756,13 @@ fn the_resize_is_judged_by_the_pods_own_resources() {
     let mut new = old.clone();
     new["spec"]["containers"][0]["image"] = json!("memcached:2");
     assert_eq!(
-        next_move(&pod, &old, &new, "new"),
+        next_move(&pod, &made(&old), &new, "new"),
         Move::Resize(memcached_resized(json!({"requests": {"cpu": "100m"}})))
     );
     // Without new resources, none is sent.
     let pod = running(&old);
     assert!(matches!(
-        next_move(&pod, &old, &new, "new"),
+        next_move(&pod, &made(&old), &new, "new"),
         Move::Patch(..)
     ));
 }
@@ -715,7 +784,7 @@ fn a_resize_the_node_cannot_take_replaces_the_member() {
             reason: Some("Infeasible".into()),
             ..PodCondition::default()
         });
-    assert_eq!(next_move(&pod, &old, &new, "new"), Move::Evict);
+    assert_eq!(next_move(&pod, &made(&old), &new, "new"), Move::Evict);
 }
 
 #[test]
@@ -723,5 +792,8 @@ fn a_change_beside_cpu_and_memory_still_replaces_the_member() {
     let old = built_with_limit(64, "96Mi");
     let mut new = built_with_limit(64, "192Mi");
     new["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = json!("1Gi");
-    assert_eq!(next_move(&running(&old), &old, &new, "new"), Move::Evict);
+    assert_eq!(
+        next_move(&running(&old), &made(&old), &new, "new"),
+        Move::Evict
+    );
 }

@@ -24,9 +24,20 @@ enum Path {
     Replaced,
 }
 
+/// The path from the template itself (kept in a ControllerRevision before 0.9.0), checked
+/// against the one the member's own record of its template gives.
 fn path_of(before: Value, after: Value) -> Path {
     let (old, new) = (built_with(before), built_with(after));
-    match next_move(&running(&old), &old, &new, "new") {
+    let from_template = next_move(&running(&old), &made(&old), &new, "new");
+    let member = made_member(&old);
+    let recorded = Made::of_pod(&member, &new).expect("the operator's member has a record");
+    let from_member = next_move(&member, &recorded, &new, "new");
+    assert_eq!(
+        without_record(from_member),
+        without_record(from_template.clone()),
+        "the member's record tells what its template did"
+    );
+    match from_template {
         Move::Patch(patch, record) => {
             let restarted: Vec<&str> = record.restarts.keys().map(String::as_str).collect();
             let expected = match restarted.as_slice() {
@@ -40,6 +51,20 @@ fn path_of(before: Value, after: Value) -> Path {
         Move::Resize(_) => Path::Resized,
         Move::Evict => Path::Replaced,
         other => panic!("{other:?}"),
+    }
+}
+
+/// A patch's record of the new template left out: a member made with the old one's record
+/// writes it only where it changes.
+fn without_record(step: Move) -> Move {
+    match step {
+        Move::Patch(mut patch, record) => {
+            if let Some(a) = patch["metadata"]["annotations"].as_object_mut() {
+                a.remove(TEMPLATE_ANNOTATION);
+            }
+            Move::Patch(patch, record)
+        }
+        other => other,
     }
 }
 
@@ -221,21 +246,22 @@ fn a_member_made_before_threads_came_from_an_annotation_is_kept_but_cannot_chang
     let old = as_before_0_9(&built_with(json!({})));
     let pod = running(&old);
     let same = built_with(json!({"image": "memcached:2"}));
-    let patch = restart_patch(&pod, &old, &same, "new").expect("the same member in another form");
+    let patch =
+        restart_patch(&pod, &made(&old), &same, "new").expect("the same member in another form");
     let annotations = patch["metadata"]["annotations"].as_object().unwrap();
     assert!(
         !annotations.contains_key(resources::warm_restart::THREADS.annotation),
         "its memcached does not read it: {annotations:?}"
     );
     let threads = built_with(json!({"threads": 2}));
-    assert_eq!(next_move(&pod, &old, &threads, "new"), Move::Evict);
+    assert_eq!(next_move(&pod, &made(&old), &threads, "new"), Move::Evict);
 }
 
 #[test]
 fn other_threads_and_connections_are_a_restart_by_the_agent_in_the_same_pod() {
     let old = built_with(json!({}));
     let new = built_with(json!({"threads": 2, "maxConnections": 2048}));
-    let Move::Patch(patch, record) = next_move(&running(&old), &old, &new, "new") else {
+    let Move::Patch(patch, record) = next_move(&running(&old), &made(&old), &new, "new") else {
         panic!("kept in place");
     };
     let annotations = &patch["metadata"]["annotations"];
