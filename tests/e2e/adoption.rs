@@ -226,7 +226,7 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
         .collect();
     assert_eq!(
         kept,
-        [adopting.clone()],
+        std::slice::from_ref(&adopting),
         "the Memcached's own: the one adopted as, until the next update; none for the current \
          template, which each member records"
     );
