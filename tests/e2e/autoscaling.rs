@@ -216,8 +216,17 @@ async fn the_operator_scales_out_on_evictions_one_step_at_a_time_and_back_in_aft
         (mcs.get("cache").await.ok()?.spec.size == 3).then_some(())
     })
     .await;
+    // Events are posted beside the write, not before it: the put-back can be seen first.
+    wait_for(
+        "a Warning that the size was put back",
+        Duration::from_secs(30),
+        || async {
+            let warned = events_with_reason(&client, &ns, "cache", "ManualScaleReverted").await;
+            (!warned.is_empty()).then_some(())
+        },
+    )
+    .await;
     let reverted = events_once_each(&client, &ns, "ManualScaleReverted").await;
-    assert!(!reverted.is_empty(), "a Warning that the size was put back");
     for event in &reverted {
         assert_eq!(event.type_.as_deref(), Some("Warning"));
         let note = event.note.as_deref().unwrap_or_default();

@@ -100,8 +100,6 @@ pub struct Moves {
     pub create: Vec<i32>,
     /// Members beyond the size, to delete.
     pub delete: Vec<String>,
-    /// Whether a member has the current revision.
-    pub kept: bool,
     /// Whether an update to the current revision starts: members there are, none of it.
     pub update_starts: bool,
 }
@@ -124,7 +122,6 @@ pub fn moves(mc: &Memcached, seen: &Seen, keep: i32) -> Moves {
     Moves {
         create,
         delete: delete.into_iter().map(String::from).collect(),
-        kept,
         update_starts: !seen.members.is_empty() && !kept,
     }
 }
@@ -151,7 +148,6 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     let Moves {
         create,
         delete,
-        kept,
         update_starts,
     } = moves;
     let mut update_starts = *update_starts;
@@ -172,7 +168,7 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, moves: &Moves) ->
     };
     // Independent: none waits for another (a reconcile's latency is its longest chain).
     let revisions = async {
-        match update_starts && !*kept {
+        match update_starts {
             true => collect_revisions(&ctx.client, mc, seen).await,
             false => Ok(()),
         }
