@@ -458,26 +458,23 @@ impl Scene {
     }
 
     /// The memcached image of the sample's members' template: its StatefulSet's, or where the
-    /// operator keeps the members itself, that of the revision its first member has.
+    /// operator keeps the members itself, the one its first member runs (since 0.9.0 no
+    /// revision object keeps the template: each member records what an update compares).
     pub async fn memcached_image(&self) -> String {
-        let template = match self.stateful_set().await {
-            Some(sts) => serde_json::to_value(sts.spec.map(|s| s.template)).unwrap_or_default(),
-            None => {
-                let pods = self.memcached_pods().await;
-                let revision = pods.first().and_then(|p| p.labels().get(members::REVISION));
-                self.revisions()
-                    .await
-                    .into_iter()
-                    .find(|r| Some(&r.name_any()) == revision)
-                    .and_then(|r| r.data?.0.pointer("/spec/template").cloned())
-                    .unwrap_or_default()
-            }
-        };
-        template
-            .pointer("/spec/containers/0/image")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
+        match self.stateful_set().await {
+            Some(sts) => serde_json::to_value(sts.spec.map(|s| s.template))
+                .unwrap_or_default()
+                .pointer("/spec/containers/0/image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            None => self
+                .memcached_pods()
+                .await
+                .first()
+                .and_then(|p| members::image(p, "memcached"))
+                .unwrap_or_default(),
+        }
     }
 
     /// What the sample still lacks of having every member updated to its template as `update`
