@@ -91,7 +91,7 @@ pub(super) struct Made {
 }
 
 impl Made {
-    /// From the template itself (kept in a ControllerRevision by releases up to 0.9.0).
+    /// From the template itself (kept in a ControllerRevision by releases before 0.9.0).
     pub(super) fn from_template(template: Value) -> Made {
         let fixed = fixed_digest(&without_settings(&template).0);
         Made { template, fixed }
@@ -178,10 +178,9 @@ pub(super) fn next_move(pod: &Pod, made: &Made, new: &Value, revision: &str) -> 
 }
 
 /// The patch that brings `pod` from the template it was `made` from to the `new` one in place,
-/// if only images,
-/// settings its memcached reads from annotations (a larger memory, threads, connections:
-/// settings.rs), containers' CPU and memory (a resize before it, resize.rs) and the pod's labels
-/// and annotations differ between them; it records the `revision` it moves to and the restart
+/// if only images, settings its memcached reads from annotations (a larger memory, threads,
+/// connections: settings.rs), containers' CPU and memory (a resize before it, resize.rs) and the
+/// pod's labels and annotations differ between them; it records the `revision` it moves to and the restart
 /// counts of the containers it restarts. What the pod already has is left out; memcached's image
 /// waits for a patch of its own while the agent's changes, and new settings for the images'.
 pub(super) fn restart_patch(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<Value> {
