@@ -151,6 +151,7 @@ pub mod apiserver {
                 rollouts: Arc::new(crate::controller::Rollouts::new(10)),
                 replacing: Default::default(),
                 autoscaler: Default::default(),
+                statuses: Default::default(),
             },
             events: Events::new(
                 client.clone(),

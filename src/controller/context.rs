@@ -12,6 +12,7 @@ use super::events::Events;
 use super::legacy::cache as legacy;
 use super::members::replacing::Replacing;
 use super::rollouts::Rollouts;
+use super::status_writes::StatusWrites;
 use crate::metrics::Metrics;
 use crate::resources::Images;
 use crate::watch::feed::Feed;
@@ -43,6 +44,8 @@ pub struct Remembered {
     pub replacing: Replacing,
     /// What the autoscaler remembers of each autoscaled Memcached.
     pub autoscaler: Autoscaler,
+    /// The status last written per Memcached, until its watch brings it back.
+    pub statuses: StatusWrites,
 }
 
 /// The operator's own settings that shape the objects it builds.
@@ -91,6 +94,7 @@ impl Context {
                 rollouts: shared.rollouts.clone(),
                 replacing: Default::default(),
                 autoscaler: Default::default(),
+                statuses: Default::default(),
             },
             events: shared.events.clone(),
             metrics: shared.metrics.clone(),

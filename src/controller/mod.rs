@@ -13,6 +13,7 @@ mod reconcile;
 pub(crate) mod rollouts;
 mod run;
 mod secrets;
+mod status_writes;
 mod sweep;
 
 pub use context::{Config, Context, Remembered};

@@ -56,6 +56,7 @@ pub fn forget(ctx: &Context, key: &ObjectRef<Memcached>) {
     ctx.remembered.rollouts.forget(ns, &key.name);
     ctx.events.forget(key);
     ctx.remembered.autoscaler.forget(key);
+    ctx.remembered.statuses.forget(key);
 }
 
 /// The span of one reconcile: the Memcached, and the trace it belongs to.

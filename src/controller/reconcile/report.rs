@@ -59,11 +59,14 @@ pub async fn report(
     let stuck = observed.not_ready.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
-    if mc.status.as_ref() != Some(&new_status)
-        && patch_status(&ctx.client, mc, &new_status).await? == StatusPatch::Gone
-    {
-        forget(ctx, &ObjectRef::from_obj(mc));
-        return Ok(Outcome::Gone);
+    // Not again while its watch has not brought back the status last written.
+    let written = ctx.remembered.statuses.pending(mc, &new_status);
+    if mc.status.as_ref() != Some(&new_status) && !written {
+        if patch_status(&ctx.client, mc, &new_status).await? == StatusPatch::Gone {
+            forget(ctx, &ObjectRef::from_obj(mc));
+            return Ok(Outcome::Gone);
+        }
+        ctx.remembered.statuses.wrote(mc, &new_status);
     }
     let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
     ctx.metrics

@@ -173,6 +173,37 @@ async fn converged_cr_makes_no_requests() {
 }
 
 #[tokio::test]
+async fn a_status_written_is_not_written_again_before_the_watch_brings_it_back() {
+    let (ctx, api, mut caches) = apiserver::context();
+    let mut mc = memcached("cache", 3);
+    converged(&ctx, &mut mc, &mut caches);
+    mc.status = None;
+    let sent = mc.clone();
+    let (outcome, api) = scenario_then(mc.clone(), ctx.clone(), api, |mut api| async move {
+        api.echo_status(STATUS, &sent).await;
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::Converged);
+    // The pods' events queue it again before its own watch has brought the status back.
+    let (again, api) = scenario_then(mc.clone(), ctx.clone(), api, |api| async move { api }).await;
+    assert_eq!(
+        again.unwrap(),
+        Outcome::Converged,
+        "no request: it is written"
+    );
+    // A newer version read without it (someone took it away): written again.
+    mc.metadata.resource_version = Some("2".into());
+    let sent = mc.clone();
+    let outcome = scenario(mc, ctx, api, |mut api| async move {
+        api.echo_status(STATUS, &sent).await;
+        api
+    })
+    .await;
+    assert_eq!(outcome.unwrap(), Outcome::Converged);
+}
+
+#[tokio::test]
 async fn a_memcached_deleted_meanwhile_is_no_failure() {
     // Its owned objects' deletions, seen before its own, queue one more reconcile of it.
     let (ctx, api, mut caches) = apiserver::context();
