@@ -18,7 +18,7 @@ mod sweep;
 
 pub use context::{Config, Context, Remembered};
 pub use events::Events;
-pub use members::member;
+pub use members::{TEMPLATE_ANNOTATION, member};
 pub use operator_runtime::initial_list::InitialList;
 pub use operator_runtime::queue::Priority;
 pub use outcome::Outcome;

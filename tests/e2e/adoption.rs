@@ -13,6 +13,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::controller::TEMPLATE_ANNOTATION;
 use memcached_operator::resources::{self, Images};
 
 use super::harness::{
@@ -231,7 +232,7 @@ async fn a_stateful_sets_members_are_adopted_with_no_pod_replaced_wherever_the_o
          template, which each member records"
     );
     for pod in member_pods(&client, &ns, "cache").await {
-        assert!(pod.annotations().contains_key("cache.example.com/template"));
+        assert!(pod.annotations().contains_key(TEMPLATE_ANNOTATION));
     }
     wait_for(
         "an event for the release and each member adopted",

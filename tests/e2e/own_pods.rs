@@ -13,6 +13,7 @@ use kube::Client;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::controller::TEMPLATE_ANNOTATION;
 use memcached_operator::resources::{self, Images, REVISION_LABEL};
 
 use super::adoption::assert_no_stateful_set;
@@ -54,7 +55,7 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
         assert_eq!(spec.hostname.as_deref(), Some(pod.name_any().as_str()));
         assert_eq!(spec.subdomain.as_deref(), Some("cache"));
         assert!(
-            pod.annotations().contains_key("cache.example.com/template"),
+            pod.annotations().contains_key(TEMPLATE_ANNOTATION),
             "{} records its template",
             pod.name_any()
         );
@@ -145,8 +146,7 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
         .create(&PostParams::default(), &history)
         .await
         .unwrap();
-    let unrecord =
-        serde_json::json!({"metadata": {"annotations": {"cache.example.com/template": null}}});
+    let unrecord = serde_json::json!({"metadata": {"annotations": {TEMPLATE_ANNOTATION: null}}});
     for pod in pods.list(&ListParams::default()).await.unwrap() {
         assert_eq!(
             pod.labels()[REVISION_LABEL],
@@ -174,7 +174,7 @@ async fn members_kept_by_the_operator_scale_heal_update_in_place_or_anew_and_go_
     let kept = revisions.list(&ListParams::default()).await.unwrap().items;
     assert!(kept.is_empty(), "{first} collected: {kept:?}");
     for pod in pods.list(&ListParams::default()).await.unwrap() {
-        assert!(pod.annotations().contains_key("cache.example.com/template"));
+        assert!(pod.annotations().contains_key(TEMPLATE_ANNOTATION));
     }
     operator.assert_no_failed_reconciles().await;
 

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use memcached_operator::api::Memcached;
+use memcached_operator::controller::TEMPLATE_ANNOTATION;
 
 use crate::harness;
 
@@ -75,8 +76,6 @@ pub fn one_at_a_time(
 /// The label naming the revision a pod was made from (the StatefulSet controller's, which the
 /// operator gives its own members too).
 pub const REVISION: &str = "controller-revision-hash";
-/// On each member since 0.9.0: the record of its template that an update compares.
-pub const TEMPLATE_RECORD: &str = "cache.example.com/template";
 
 /// An object's controller (its owner reference with `controller: true`): its uid.
 pub fn controller_uid<K: kube::Resource>(obj: &K) -> Option<String> {
@@ -273,7 +272,7 @@ pub fn update_missing(
                 ));
             }
             for pod in pods {
-                if !pod.annotations().contains_key(TEMPLATE_RECORD) {
+                if !pod.annotations().contains_key(TEMPLATE_ANNOTATION) {
                     missing.push(format!("pod {}: no record of its template", pod.name_any()));
                 }
             }

@@ -56,17 +56,20 @@ pub(super) struct Record {
 impl Record {
     /// The record of `template` (a pod template as JSON).
     pub(super) fn of(template: &Value) -> Record {
+        Record::of_split(template, &without_settings(template).0)
+    }
+
+    /// The record of `template`, whose spec without its settings is `spec`.
+    fn of_split(template: &Value, spec: &Value) -> Record {
         let keys = |map: &Value, leave: &dyn Fn(&str) -> bool| -> Vec<String> {
             let keys = map.as_object().into_iter().flat_map(|m| m.keys());
             keys.filter(|k| !leave(k)).cloned().collect()
         };
         let meta = &template["metadata"];
         Record {
-            fixed: fixed_digest(&without_settings(template).0),
+            fixed: fixed_digest(spec),
             labels: keys(&meta["labels"], &|k| resources::OWN_LABELS.contains(&k)),
-            annotations: keys(&meta["annotations"], &|k| {
-                warm_restart::SETTINGS.iter().any(|s| s.annotation == k)
-            }),
+            annotations: keys(&meta["annotations"], &is_setting),
         }
     }
 
@@ -86,6 +89,8 @@ pub(super) struct Made {
     /// The template, or what the pod shows of it: the spec, and the labels and annotations it
     /// set.
     template: Value,
+    /// Its settings' values.
+    values: Values,
     /// The digest of what a running pod cannot take (`beyond_in_place`).
     fixed: String,
 }
@@ -93,8 +98,12 @@ pub(super) struct Made {
 impl Made {
     /// From the template itself (kept in a ControllerRevision by releases before 0.9.0).
     pub(super) fn from_template(template: Value) -> Made {
-        let fixed = fixed_digest(&without_settings(&template).0);
-        Made { template, fixed }
+        let (spec, values) = without_settings(&template);
+        Made {
+            fixed: fixed_digest(&spec),
+            template,
+            values,
+        }
     }
 
     /// From the member itself and its record, if it has one; `new` is the current template,
@@ -107,9 +116,7 @@ impl Made {
                 .filter(|(k, _)| {
                     recorded.contains(k)
                         || new["metadata"][part].get(k.as_str()).is_some()
-                        || warm_restart::SETTINGS
-                            .iter()
-                            .any(|s| s.annotation == k.as_str())
+                        || is_setting(k)
                 })
                 .map(|(k, v)| (k.clone(), json!(v)))
                 .collect();
@@ -123,10 +130,18 @@ impl Made {
             "spec": serde_json::to_value(pod.spec.as_ref()?).ok()?,
         });
         Some(Made {
+            values: without_settings(&template).1,
             template,
             fixed: record.fixed,
         })
     }
+}
+
+/// Whether `annotation` is one a member's memcached takes a setting from.
+fn is_setting(annotation: &str) -> bool {
+    warm_restart::SETTINGS
+        .iter()
+        .any(|s| s.annotation == annotation)
 }
 
 /// A digest of `spec` (a template's, its settings left out) without what a running pod can
@@ -191,12 +206,12 @@ pub(super) fn restart_patch(pod: &Pod, made: &Made, new: &Value, revision: &str)
 /// the new one's from then on.
 fn in_place(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<(InPlace, Value)> {
     let old = &made.template;
-    let (_, old_values) = without_settings(old);
     let (new_spec, new_values) = without_settings(new);
-    if made.fixed != fixed_digest(&new_spec) {
+    let recorded = Record::of_split(new, &new_spec);
+    if made.fixed != recorded.fixed {
         return None;
     }
-    let settings = new_settings(&annotated(pod), &old_values, &new_values)?;
+    let settings = new_settings(&annotated(pod), &made.values, &new_values)?;
     let (mut containers, mut restarts) = new_images(pod, old, new, "containers");
     let (init_containers, _) = new_images(pod, old, new, "initContainers");
     // The agent serves memcached's save.
@@ -212,9 +227,7 @@ fn in_place(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<(InPl
         &new["metadata"]["annotations"],
     );
     // The pod's own annotations, not its revision's: a deferred change is still to make.
-    for setting in warm_restart::SETTINGS {
-        annotations.remove(setting.annotation);
-    }
+    annotations.retain(|k, _| !is_setting(k));
     if !settings.is_empty() {
         if restarts.is_empty() {
             for (annotation, value) in &settings {
@@ -236,7 +249,7 @@ fn in_place(pod: &Pod, made: &Made, new: &Value, revision: &str) -> Option<(InPl
         IN_PLACE_ANNOTATION.to_string(),
         json!(serde_json::to_string(&record).ok()?),
     );
-    let recorded = Record::of(new).annotation();
+    let recorded = recorded.annotation();
     if pod.annotations().get(TEMPLATE_ANNOTATION) != Some(&recorded) {
         annotations.insert(TEMPLATE_ANNOTATION.to_string(), json!(recorded));
     }

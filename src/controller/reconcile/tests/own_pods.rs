@@ -75,7 +75,7 @@ async fn a_new_memcached_gets_its_members_service_and_budget_at_once_then_status
         let revision = resources::members::revision(&sent, &template);
         for pod in posted(PODS) {
             assert_eq!(pod["metadata"]["labels"][REVISION_LABEL], revision);
-            let record = &pod["metadata"]["annotations"]["cache.example.com/template"];
+            let record = &pod["metadata"]["annotations"][crate::controller::TEMPLATE_ANNOTATION];
             assert!(
                 record.as_str().unwrap().starts_with(r#"{"fixed":""#),
                 "{record}"
