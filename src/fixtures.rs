@@ -293,8 +293,13 @@ pub mod apiserver {
         }
 
         /// Answers a status apply with the Memcached carrying the sent status.
+        /// Answers a status patch of `mc` as the API server does: the object with the patch's
+        /// status, at its next resourceVersion.
         pub async fn echo_status(&mut self, path: &str, mc: &crate::api::Memcached) -> Seen {
             let mut object = serde_json::to_value(mc).unwrap();
+            let read = mc.metadata.resource_version.as_deref().unwrap_or("0");
+            let next = read.parse::<u64>().map_or(1, |v| v + 1);
+            object["metadata"]["resourceVersion"] = json!(next.to_string());
             self.expect("PATCH", path, StatusCode::OK, move |b| {
                 object["status"] = b["status"].clone();
                 object

@@ -251,7 +251,8 @@ async fn apply<K: Owned>(api: &Api<OwnedObject<K>>, desired: &K) -> Result<Owned
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum StatusPatch {
-    Written,
+    /// Written: the Memcached's resourceVersion after the write.
+    Written(Option<String>),
     /// Deleted since the cache saw it: the garbage collector's deletions of what it owned can
     /// reach their watches before its own deletion reaches ours. Nothing is left to report on,
     /// and nothing failed.
@@ -280,7 +281,7 @@ pub async fn patch_status(
         )
         .await
     {
-        Ok(_) => Ok(StatusPatch::Written),
+        Ok(written) => Ok(StatusPatch::Written(written.resource_version())),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(StatusPatch::Gone),
         Err(source) => Err(Error::Status {
             name: mc.name_any(),

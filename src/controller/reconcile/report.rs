@@ -62,11 +62,15 @@ pub async fn report(
     // Not again while its watch has not brought back the status last written.
     let written = ctx.remembered.statuses.pending(mc, &new_status);
     if mc.status.as_ref() != Some(&new_status) && !written {
-        if patch_status(&ctx.client, mc, &new_status).await? == StatusPatch::Gone {
-            forget(ctx, &ObjectRef::from_obj(mc));
-            return Ok(Outcome::Gone);
+        match patch_status(&ctx.client, mc, &new_status).await? {
+            StatusPatch::Gone => {
+                forget(ctx, &ObjectRef::from_obj(mc));
+                return Ok(Outcome::Gone);
+            }
+            StatusPatch::Written(version) => {
+                ctx.remembered.statuses.wrote(mc, &new_status, version)
+            }
         }
-        ctx.remembered.statuses.wrote(mc, &new_status);
     }
     let (ns, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
     ctx.metrics

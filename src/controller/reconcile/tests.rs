@@ -193,7 +193,7 @@ async fn a_status_written_is_not_written_again_before_the_watch_brings_it_back()
         "no request: it is written"
     );
     // A newer version read without it (someone took it away): written again.
-    mc.metadata.resource_version = Some("2".into());
+    mc.metadata.resource_version = Some("3".into());
     let sent = mc.clone();
     let outcome = scenario(mc, ctx, api, |mut api| async move {
         api.echo_status(STATUS, &sent).await;
