@@ -58,10 +58,8 @@ pub async fn report(
     };
     let stuck = observed.not_ready.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let (new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
-    // Not again while its watch has not brought back the status last written.
-    let written = ctx.remembered.statuses.pending(mc, &new_status);
-    if mc.status.as_ref() != Some(&new_status) && !written {
+    let (mut new_status, trouble) = status::desired_status_and_trouble(mc, &observed, &now);
+    if ctx.remembered.statuses.to_write(mc, &mut new_status, &now) {
         match patch_status(&ctx.client, mc, &new_status).await? {
             StatusPatch::Gone => {
                 forget(ctx, &ObjectRef::from_obj(mc));
