@@ -1,34 +1,55 @@
 //! The status each Memcached was last given, until its watch brings that write back. A
 //! reconcile that reads the Memcached before then sees an older status: compared with it, the
 //! status last written is written again, and a condition that changed since the status it read
-//! gets a new transition time, so the same status a second later is another write. At 1,000 new
-//! Memcacheds about one status patch in six changed nothing, and more changed only that time.
+//! gets a new transition time, so the same status a second later is another write, and the
+//! time a condition changed moves to when the operator looked again.
 //!
 //! Behind means older than the version the write made, not only the version it was computed
 //! from: reconciles between two of its watch events may write twice. Resource versions of one
 //! kind compare as numbers (stable in Kubernetes 1.35, KEP-5504); one that does not parse as one
 //! is never behind.
 
-use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{Memcached, MemcachedStatus};
 use crate::watch::digest::digest;
 use operator_runtime::lock;
 
+/// Longer than a watch takes to bring a write back, even on a saturated API server: a write
+/// older than this is read back, and is dropped from memory at the next sweep.
+const READ_BACK_WITHIN: Duration = Duration::from_secs(30);
+/// Swept when the writes remembered have doubled since the last sweep, at least this many.
+const FIRST_SWEEP: usize = 64;
+
 /// The last status written per Memcached, and the version of the Memcached that write made.
-#[derive(Default)]
-pub struct StatusWrites(Mutex<HashMap<ObjectRef<Memcached>, Written>>);
+pub struct StatusWrites(Mutex<Writes>);
+
+struct Writes {
+    last: HashMap<ObjectRef<Memcached>, Written>,
+    sweep_at: usize,
+}
 
 struct Written {
-    made: Option<String>,
+    made: u64,
+    at: Instant,
     status: Option<u64>,
     /// Each condition's type, status and transition time.
     transitions: Vec<(String, String, Time)>,
+}
+
+impl Default for StatusWrites {
+    fn default() -> Self {
+        Self(Mutex::new(Writes {
+            last: HashMap::new(),
+            sweep_at: FIRST_SWEEP,
+        }))
+    }
 }
 
 impl StatusWrites {
@@ -38,10 +59,10 @@ impl StatusWrites {
     /// write is forgotten and `status` is compared with `mc`'s own.
     pub fn to_write(&self, mc: &Memcached, status: &mut MemcachedStatus, now: &Time) -> bool {
         let mut writes = lock(&self.0);
-        let key = ObjectRef::from_obj(mc);
-        if let Some(w) = writes.get(&key) {
-            let read = mc.metadata.resource_version.as_deref();
-            if compare_versions(read, w.made.as_deref()) == Some(Ordering::Less) {
+        let key = key(mc);
+        if let Some(w) = writes.last.get(&key) {
+            let read = version(mc.metadata.resource_version.as_deref());
+            if read.is_some_and(|read| read < w.made) {
                 for c in &mut status.conditions {
                     if let Some((_, was, at)) = w.transitions.iter().find(|t| t.0 == c.type_) {
                         c.last_transition_time = if *was == c.status { at } else { now }.clone();
@@ -49,13 +70,19 @@ impl StatusWrites {
                 }
                 return w.status != digest(status);
             }
-            writes.remove(&key);
+            writes.last.remove(&key);
         }
         mc.status.as_ref() != Some(status)
     }
 
-    /// `status` was written for `mc`, making its version `made`.
-    pub fn wrote(&self, mc: &Memcached, status: &MemcachedStatus, made: Option<String>) {
+    /// `status` was written for `mc`, making its version `made` (remembered if it is one that
+    /// compares).
+    pub fn wrote(&self, mc: &Memcached, status: &MemcachedStatus, made: Option<&str>) {
+        let mut writes = lock(&self.0);
+        let Some(made) = version(made) else {
+            writes.last.remove(&key(mc));
+            return;
+        };
         let transitions = status
             .conditions
             .iter()
@@ -66,24 +93,39 @@ impl StatusWrites {
             .collect();
         let written = Written {
             made,
+            at: Instant::now(),
             status: digest(status),
             transitions,
         };
-        lock(&self.0).insert(ObjectRef::from_obj(mc), written);
+        writes.last.insert(key(mc), written);
+        if writes.last.len() >= writes.sweep_at {
+            writes.last.retain(|_, w| w.at.elapsed() < READ_BACK_WITHIN);
+            writes.sweep_at = FIRST_SWEEP.max(2 * writes.last.len());
+        }
     }
 
     pub fn forget(&self, key: &ObjectRef<Memcached>) {
-        lock(&self.0).remove(key);
+        lock(&self.0).last.remove(key);
+    }
+
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        lock(&self.0).last.len()
     }
 }
 
-/// KEP-5504's order of two resource versions: decimal numbers without leading zeros, the
-/// longer the newer. `None` if either is not one.
-fn compare_versions(a: Option<&str>, b: Option<&str>) -> Option<Ordering> {
-    let well_formed =
-        |v: &str| !v.is_empty() && !v.starts_with('0') && v.bytes().all(|b| b.is_ascii_digit());
-    let (a, b) = (a.filter(|v| well_formed(v))?, b.filter(|v| well_formed(v))?);
-    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+/// By namespace and name only: the version and uid are not kept for each.
+fn key(mc: &Memcached) -> ObjectRef<Memcached> {
+    let key = ObjectRef::new(&mc.name_any());
+    match mc.namespace() {
+        Some(ns) => key.within(&ns),
+        None => key,
+    }
+}
+
+/// A resource version as the number KEP-5504 makes it: decimal, without leading zeros.
+fn version(v: Option<&str>) -> Option<u64> {
+    v.filter(|v| !v.starts_with('0'))?.parse().ok()
 }
 
 #[cfg(test)]
@@ -133,10 +175,10 @@ mod tests {
             writes.to_write(&mc, &mut status(1), &now),
             "nothing written yet"
         );
-        writes.wrote(&mc, &status(1), Some("10".into()));
+        writes.wrote(&mc, &status(1), Some("10"));
         assert!(!writes.to_write(&mc, &mut status(1), &now), "written");
         assert!(writes.to_write(&mc, &mut status(2), &now), "another status");
-        writes.wrote(&mc, &status(2), Some("11".into()));
+        writes.wrote(&mc, &status(2), Some("11"));
         at(&mut mc, "10", Some(status(1)));
         assert!(
             !writes.to_write(&mc, &mut status(2), &now),
@@ -156,7 +198,7 @@ mod tests {
         let writes = StatusWrites::default();
         let mut mc = memcached("cache", 1);
         at(&mut mc, "9", None);
-        writes.wrote(&mc, &available("False", 100), Some("10".into()));
+        writes.wrote(&mc, &available("False", 100), Some("10"));
         // Computed from the status before it, the condition looks new a second later.
         let mut again = available("False", 101);
         assert!(!writes.to_write(&mc, &mut again, &time(101)));
@@ -175,20 +217,37 @@ mod tests {
         let writes = StatusWrites::default();
         let mut mc = memcached("cache", 1);
         at(&mut mc, "9", None);
-        writes.wrote(&mc, &status(1), Some("a10".into()));
+        writes.wrote(&mc, &status(1), Some("a10"));
         assert!(writes.to_write(&mc, &mut status(1), &time(100)));
         writes.wrote(&mc, &status(1), None);
         assert!(writes.to_write(&mc, &mut status(1), &time(100)));
     }
 
     #[test]
-    fn versions_compare_by_length_then_digits() {
-        let cmp = |a, b| compare_versions(Some(a), Some(b));
-        assert_eq!(cmp("9", "10"), Some(Ordering::Less));
-        assert_eq!(cmp("123", "122"), Some(Ordering::Greater));
-        assert_eq!(cmp("42", "42"), Some(Ordering::Equal));
-        assert_eq!(cmp("042", "42"), None, "a leading zero");
-        assert_eq!(cmp("", "1"), None);
-        assert_eq!(compare_versions(None, Some("1")), None);
+    fn versions_are_decimal_numbers() {
+        assert_eq!(version(Some("10")), Some(10));
+        assert!(version(Some("9")) < version(Some("10")));
+        assert_eq!(version(Some("042")), None, "a leading zero");
+        assert_eq!(version(Some("")), None);
+        assert_eq!(version(Some("a10")), None);
+        assert_eq!(version(None), None);
+    }
+
+    #[test]
+    fn writes_read_back_long_ago_are_swept() {
+        let writes = StatusWrites::default();
+        let write = |name: &str| {
+            let mut mc = memcached(name, 1);
+            mc.metadata.resource_version = Some("9".into());
+            writes.wrote(&mc, &status(1), Some("10"));
+            mc
+        };
+        for i in 1..FIRST_SWEEP {
+            let mc = write(&format!("cache-{i}"));
+            lock(&writes.0).last.get_mut(&key(&mc)).unwrap().at -= READ_BACK_WITHIN;
+        }
+        assert_eq!(writes.remembered(), FIRST_SWEEP - 1);
+        write("cache-new");
+        assert_eq!(writes.remembered(), 1, "only the write not yet read back");
     }
 }

@@ -66,7 +66,9 @@ pub async fn report(
                 return Ok(Outcome::Gone);
             }
             StatusPatch::Written(version) => {
-                ctx.remembered.statuses.wrote(mc, &new_status, version)
+                ctx.remembered
+                    .statuses
+                    .wrote(mc, &new_status, version.as_deref())
             }
         }
     }
