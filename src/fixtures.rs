@@ -292,7 +292,6 @@ pub mod apiserver {
             self.expect(method, path, StatusCode::OK, echoed).await
         }
 
-        /// Answers a status apply with the Memcached carrying the sent status.
         /// Answers a status patch of `mc` as the API server does: the object with the patch's
         /// status, at its next resourceVersion.
         pub async fn echo_status(&mut self, path: &str, mc: &crate::api::Memcached) -> Seen {

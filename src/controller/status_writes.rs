@@ -14,11 +14,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{Memcached, MemcachedStatus};
 use crate::watch::digest::digest;
+use crate::watch::triggers::key_of as key;
 use operator_runtime::lock;
 
 /// Longer than a watch takes to bring a write back, even on a saturated API server: a write
@@ -111,15 +111,6 @@ impl StatusWrites {
     #[cfg(test)]
     fn remembered(&self) -> usize {
         lock(&self.0).last.len()
-    }
-}
-
-/// By namespace and name only: the version and uid are not kept for each.
-fn key(mc: &Memcached) -> ObjectRef<Memcached> {
-    let key = ObjectRef::new(&mc.name_any());
-    match mc.namespace() {
-        Some(ns) => key.within(&ns),
-        None => key,
     }
 }
 
