@@ -187,6 +187,7 @@ pub fn names() -> Vec<String> {
         rendered: Some(Layout {
             members: vec!["a:1".into()],
             previous: vec![],
+            hold: false,
         }),
         ..View::default()
     };
@@ -256,6 +257,7 @@ mod tests {
             rendered: Some(Layout {
                 members: members.iter().map(|m| m.to_string()).collect(),
                 previous: previous.iter().map(|m| m.to_string()).collect(),
+                hold: false,
             }),
             ..View::default()
         }

@@ -20,7 +20,7 @@ use super::front::{self, FrontArgs};
 use super::loopback::stats_answers;
 use super::proxy_metrics::{View, serve_metrics, stat_lines};
 use super::{MEMCACHED, signal_processes};
-use crate::resources::proxy::Layout;
+use crate::resources::proxy::{Layout, ROUTES_FILE, ROUTES_LIBRARY};
 
 /// How often the agent reads the mounted layout.
 const POLL: Duration = Duration::from_secs(1);
@@ -85,6 +85,12 @@ fn already_rendered(args: &RouteArgs) -> Option<Layout> {
     (config == layout.render()).then_some(layout)
 }
 
+/// Writes the operator's route handlers beside the configuration: memcached loads both at
+/// its start and at each SIGHUP.
+fn write_library(args: &RouteArgs) -> io::Result<()> {
+    write_atomically(&args.config.with_file_name(ROUTES_FILE), ROUTES_LIBRARY)
+}
+
 /// Writes `text` to `path` by a rename, so that memcached never reads half a file.
 fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     let partial = path.with_extension("partial");
@@ -94,6 +100,7 @@ fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 
 /// `agent route`: with `--once`, the first configuration; else keeps it current until SIGTERM.
 pub async fn run(args: RouteArgs) -> io::Result<()> {
+    write_library(&args)?;
     if args.once {
         return match sync(&Mutex::default(), &args)? {
             true => Ok(()),

@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, HTTPGetAction, PodSpec,
-    PodTemplateSpec, Probe, Service, ServiceSpec, TCPSocketAction, Volume,
+    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, HTTPGetAction, Lifecycle,
+    LifecycleHandler, PodSpec, PodTemplateSpec, Probe, Service, ServiceSpec, SleepAction,
+    TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -55,6 +56,11 @@ pub const NAME_LABEL: &str = "memcached-proxy";
 pub const LAYOUT_ANNOTATION: &str = "cache.example.com/proxy-layout";
 /// Largest layout the agent reads: 1,000 members' addresses take about 60 KiB.
 pub const MAX_LAYOUT_BYTES: usize = 256 * 1024;
+/// The file the agent writes `ROUTES_LIBRARY` to, in `CONFIG_DIR`.
+pub const ROUTES_FILE: &str = "routes.lua";
+/// How long a proxy going away keeps serving its connections: kube-proxy drops its endpoint
+/// within a second or two.
+const PRE_STOP_SECONDS: i64 = 5;
 const LAYOUT_VOLUME: &str = "layout";
 const CONFIG_VOLUME: &str = "config";
 const BINARY: &str = "/memcached-operator";
@@ -64,7 +70,7 @@ mod image;
 mod layout;
 pub use super::relay::{backend_port, fronted};
 pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_by, refused_image, too_old};
-pub use layout::{Layout, owner};
+pub use layout::{HOLD_SECONDS, Layout, ROUTES_LIBRARY, owner};
 
 /// Whether the Memcached runs the proxy.
 pub fn enabled(mc: &Memcached) -> bool {
@@ -217,6 +223,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
     let (listen, port) = front::memcached_listener(mc);
     let fronted = fronted(mc);
     let config = format!("{CONFIG_DIR}/config.lua");
+    let library = format!("{CONFIG_DIR}/{ROUTES_FILE}");
     let layout = format!("{LAYOUT_DIR}/{LAYOUT_KEY}");
     let proxy_container = Container {
         name: CONTAINER.to_string(),
@@ -232,8 +239,20 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             format!("--port={port}"),
             format!("--listen={listen}"),
             "-o".to_string(),
-            format!("proxy_config=routelib,proxy_arg={config}"),
+            format!("proxy_config=routelib:{library},proxy_arg={config}"),
         ]),
+        // A proxy replaced (a new image, an operator upgrade) leaves the Service's endpoints
+        // before memcached closes its clients' connections: a client that reconnects then
+        // reaches a proxy that stays.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: PRE_STOP_SECONDS,
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         // Fronted, the agent serves the clients' ports.
         ports: (!fronted).then(|| front::client_ports(mc)),
         // Fronted, the agent tells whether memcached answers on the loopback: its own port

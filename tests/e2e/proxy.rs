@@ -37,7 +37,11 @@ async fn wait_layout(
     members: Vec<String>,
     previous: Vec<String>,
 ) {
-    let want = Layout { members, previous };
+    let want = Layout {
+        members,
+        previous,
+        hold: false,
+    };
     wait_for(what, CONVERGE, || async {
         (layout(config_maps).await? == want).then_some(())
     })

@@ -12,16 +12,30 @@ const MAX_ADDRESS: usize = 253 + 6;
 
 /// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
 /// layout before the last change too, where reads that miss fall back and deletes also go.
+/// While the members are updated (`hold`), a request no member answered is tried again.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub members: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub previous: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
+
+/// The operator's own route handlers (`route_hold`, `route_deleteall`), loaded with the route
+/// library (`-o proxy_config=routelib:<this file>`): the agent writes it beside the
+/// configuration.
+pub const ROUTES_LIBRARY: &str = include_str!("routes.lua");
+/// How long a request is held for a member that does not answer while the members are
+/// updated: a member restarted in place is out 0.7 to 1.6 s, and the proxy tries a member it
+/// lost again every second. Tried every quarter second.
+pub const HOLD_SECONDS: u32 = 5;
+const HOLD_PAUSE: f64 = 0.25;
 
 /// The commands that read a key: on a miss in the layout, they ask the previous one.
 const READS: [&str; 5] = ["get", "gets", "gat", "gats", "mg"];
-/// The commands that delete a key: sent to both layouts, so no old value comes back.
+/// The commands that delete a key: sent to both layouts, so no old value comes back
+/// (`route_deleteall`: the answer says deleted if either held the key).
 const DELETES: [&str; 2] = ["delete", "md"];
 
 impl Layout {
@@ -33,6 +47,7 @@ impl Layout {
         Self {
             members: addresses(members),
             previous: previous.map(addresses).unwrap_or_default(),
+            hold: false,
         }
     }
 
@@ -65,7 +80,8 @@ impl Layout {
 
     /// memcached's route configuration (its embedded route library's) for this layout: one
     /// pool of the members, every command routed to the member its key hashes to. Without
-    /// members every command gets a miss (`route_null`): memcached refuses an empty pool.
+    /// members every command gets a miss (`route_null`): memcached refuses an empty pool. With
+    /// `hold`, each route is wrapped in `route_hold` (`ROUTES_LIBRARY`).
     /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
     /// written into a Lua string as is.
     pub fn render(&self) -> String {
@@ -95,21 +111,28 @@ impl Layout {
             pool(&mut lua, "previous", &self.previous);
         }
         lua.push_str("}\nroutes{\n");
+        let tries = (f64::from(HOLD_SECONDS) / HOLD_PAUSE) as u32 + 1;
+        let held = |route: String| match self.hold {
+            true => {
+                format!("route_hold{{ child = {route}, tries = {tries}, pause = {HOLD_PAUSE} }}")
+            }
+            false => route,
+        };
         if !self.previous.is_empty() {
             lua.push_str("    cmap = {\n");
+            let both = "children = { \"members\", \"previous\" }";
             for read in READS {
-                lua.push_str(&format!(
-                    "        {read} = route_failover{{ children = {{ \"members\", \"previous\" }}, miss = true }},\n"
-                ));
+                let route = held(format!("route_failover{{ {both}, miss = true }}"));
+                lua.push_str(&format!("        {read} = {route},\n"));
             }
             for delete in DELETES {
-                lua.push_str(&format!(
-                    "        {delete} = route_allsync{{ children = {{ \"members\", \"previous\" }} }},\n"
-                ));
+                let route = held(format!("route_deleteall{{ {both} }}"));
+                lua.push_str(&format!("        {delete} = {route},\n"));
             }
             lua.push_str("    },\n");
         }
-        lua.push_str("    default = route_direct{ child = \"members\" },\n}\n");
+        let route = held("route_direct{ child = \"members\" }".to_string());
+        lua.push_str(&format!("    default = {route},\n}}\n"));
         lua
     }
 }

@@ -132,10 +132,14 @@ fn the_proxy_pods_are_not_members_and_run_restricted() {
             .as_ref()
             .unwrap()
             .iter()
-            .any(|a| a == "proxy_config=routelib,proxy_arg=/run/memcached-proxy/config.lua"),
+            .any(|a| a
+                == "proxy_config=routelib:/run/memcached-proxy/routes.lua,proxy_arg=/run/memcached-proxy/config.lua"),
         "{:?}",
         proxy.args
     );
+    // A proxy replaced leaves the Service before memcached closes its clients' connections.
+    let pre_stop = proxy.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap();
+    assert_eq!(pre_stop.sleep.as_ref().unwrap().seconds, 5);
     assert_eq!(address(&mc), "cache-proxy.default.svc:11211");
     assert_eq!(
         service(&mc).unwrap().spec.unwrap().selector.unwrap()[LABEL_NAME],
@@ -160,7 +164,7 @@ fn during_a_handover_reads_that_miss_ask_the_previous_layout_and_deletes_go_to_b
     }
     for delete in ["delete", "md"] {
         assert!(
-            lua.contains(&format!("{delete} = route_allsync{{")),
+            lua.contains(&format!("{delete} = route_deleteall{{")),
             "{lua}"
         );
     }
@@ -476,4 +480,33 @@ fn a_key_moves_only_to_a_member_added_and_each_member_owns_its_share() {
         );
     }
     assert_eq!(owner(b"app-0", 1), 0);
+}
+
+#[test]
+fn while_the_members_are_updated_every_route_holds_what_no_member_answered() {
+    let mut layout = Layout::of(&proxied(4), 4, Some(3));
+    assert!(!layout.render().contains("route_hold"));
+    layout.hold = true;
+    let lua = layout.render();
+    let holds = |route: &str| format!("route_hold{{ child = {route}, tries = 21, pause = 0.25 }}");
+    assert!(
+        lua.contains(&format!(
+            "default = {},",
+            holds("route_direct{ child = \"members\" }")
+        )),
+        "{lua}"
+    );
+    for command in ["get", "mg", "delete", "md"] {
+        assert!(lua.contains(&format!("{command} = route_hold{{")), "{lua}");
+    }
+    // The agent reads it back as written; a layout of a release before knows no hold.
+    let text = serde_json::to_string(&layout).unwrap();
+    assert_eq!(Layout::check(&text).unwrap(), layout);
+    let before = r#"{"members": ["cache-0.cache.default.svc:11211"]}"#;
+    assert!(!Layout::check(before).unwrap().hold);
+    // The handlers the routes name are the library's.
+    for handler in ["hold", "deleteall"] {
+        let registered = format!("register_route_handlers({{ \"{handler}\" }})");
+        assert!(ROUTES_LIBRARY.contains(&registered), "{handler}");
+    }
 }

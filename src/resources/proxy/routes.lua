@@ -1,0 +1,78 @@
+-- Written by memcached-operator's agent, loaded with memcached's route library in every worker:
+-- the operator's own route handlers.
+--
+-- route_hold: while the operator updates the members, a request its child could not get an
+-- answer for (a member restarting: the connection refused or dropped) is sent again every
+-- `pause` seconds, `tries` times in all, so that the client waits for the member instead of
+-- being told SERVER_ERROR. A member's own answers, misses and errors included, are returned as
+-- they are. Each try needs a queue handle of its own: a handle is waited on once a request.
+register_route_handlers({ "hold" })
+
+function route_hold_conf(t, ctx)
+    return t
+end
+
+local function route_hold_f(rctx, a)
+    local handles, pause = a.handles, a.pause
+    return function(r)
+        local res = nil
+        for i = 1, #handles do
+            if i > 1 then
+                rctx:sleep(pause)
+            end
+            res = rctx:enqueue_and_wait(r, handles[i])
+            if res ~= nil and res:ok() then
+                return res
+            end
+        end
+        return res
+    end
+end
+
+function route_hold_start(a, ctx, fgen)
+    local handles = {}
+    for i = 1, a.tries do
+        handles[i] = fgen:new_handle(a.child)
+    end
+    fgen:ready({ a = { handles = handles, pause = a.pause }, n = ctx:label(), f = route_hold_f })
+end
+
+-- route_deleteall: a delete sent to every child (during a handover, the layout and the one
+-- before). Its answer: a child's failure if one failed (a copy may be left), else a child's
+-- that found the key, else not found. route_allsync answers the last child's, NOT_FOUND from
+-- the layout that did not hold the key.
+register_route_handlers({ "deleteall" })
+
+function route_deleteall_conf(t, ctx)
+    return t
+end
+
+local function route_deleteall_f(rctx, handles)
+    local not_found = mcp.MCMC_CODE_NOT_FOUND
+    return function(r)
+        rctx:enqueue(r, handles)
+        rctx:wait_cond(#handles, mcp.WAIT_ANY)
+        local failed, found, missed = nil, nil, nil
+        for x = 1, #handles do
+            local res = rctx:result(handles[x])
+            if res == nil then
+                -- nothing to answer with from this child
+            elseif not res:ok() then
+                failed = failed or res
+            elseif res:code() == not_found then
+                missed = missed or res
+            else
+                found = found or res
+            end
+        end
+        return failed or found or missed
+    end
+end
+
+function route_deleteall_start(a, ctx, fgen)
+    local handles = {}
+    for _, child in pairs(a.children) do
+        table.insert(handles, fgen:new_handle(child))
+    end
+    fgen:ready({ a = handles, n = ctx:label(), f = route_deleteall_f })
+end
