@@ -94,6 +94,12 @@ pub struct ProxyStatus {
     /// ends, then deleted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub draining: Vec<String>,
+
+    /// While the members are updated: since when the proxies hold a request a member does not
+    /// answer (one restarting in place), trying it again for up to 5 s instead of failing it.
+    /// The members' restarts wait until the proxies have had 5 s to load that layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding_since: Option<Time>,
 }
 
 /// A handover from one layout of members to the next.

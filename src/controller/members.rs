@@ -103,6 +103,9 @@ pub struct Keeper<'a> {
     pub all_updated: bool,
     /// Its name, for errors.
     pub name: &'a str,
+    /// How long a member's update waits yet: the proxies load the layout that holds requests
+    /// for a member restarting first.
+    pub wait: Option<Duration>,
 }
 
 /// Moves the members one step towards the current template; None when there is nothing to do.
@@ -125,6 +128,7 @@ pub async fn update(ctx: &Context, mc: &Memcached, keeper: Keeper<'_>) -> Result
         min_ready: min_ready(mc),
         now: Timestamp::now(),
         replacing,
+        wait: keeper.wait.unwrap_or_default(),
     };
     view.replacing =
         ctx.remembered
@@ -214,10 +218,19 @@ struct View<'a> {
     now: Timestamp,
     /// Members evicted for the update whose replacement has not served yet.
     replacing: BTreeSet<String>,
+    /// How long a member's update (which takes it out) waits yet (`Keeper::wait`).
+    wait: Duration,
 }
 
 impl View<'_> {
     fn next_step<'p>(&self, pods: &'p [Pod]) -> Step<'p> {
+        match self.next_move(pods) {
+            Step::Update(_) if !self.wait.is_zero() => Step::Wait(self.wait),
+            step => step,
+        }
+    }
+
+    fn next_move<'p>(&self, pods: &'p [Pod]) -> Step<'p> {
         let (restarting, mut outdated): (Vec<&Pod>, Vec<&Pod>) = self
             .outdated(pods)
             .partition(|p| InPlace::of(p).is_some_and(|i| i.revision == self.update_revision));

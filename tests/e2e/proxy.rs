@@ -7,6 +7,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::SignedDuration;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
@@ -166,6 +167,48 @@ async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() 
         after.metadata.generation, generation,
         "the proxy's pods were not rolled"
     );
+
+    // A new image: the proxies hold what a member restarting in place cannot answer, from 5 s
+    // before the first restart (the time they get to load that layout) until the last member
+    // is back; the status says since when.
+    let image = "memcached:1.6.44";
+    let patch = json!({"spec": {"image": image}});
+    mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let since = wait_for("the proxies told to hold", CONVERGE, || async {
+        let held = layout(&config_maps).await?.hold;
+        let since = mcs.get("cache").await.ok()?.status?.proxy?.holding_since?;
+        held.then_some(since)
+    })
+    .await;
+    wait_for(
+        "every member on the new image, the hold over",
+        3 * CONVERGE,
+        || async {
+            let pods = member_pods(&client, &ns, "cache").await;
+            let rolled = pods.len() == 3
+                && pods.iter().all(|p| {
+                    p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image)
+                });
+            let held = layout(&config_maps).await?.hold;
+            let holding = mcs.get("cache").await.ok()?.status?.proxy?.holding_since;
+            (rolled && !held && holding.is_none()).then_some(())
+        },
+    )
+    .await;
+    let restarted = events_with_reason(&client, &ns, "cache", "Restarted").await;
+    assert!(!restarted.is_empty());
+    for event in restarted {
+        let at = event.event_time.unwrap().0;
+        assert!(
+            at >= since.0 + SignedDuration::from_secs(5),
+            "{:?} at {at}, the hold from {}",
+            event.note,
+            since.0
+        );
+    }
+    wait_converged(&client, &ns, "cache", 3).await;
 
     // Someone's edit of the layout is put back.
     let edit = json!({"data": {LAYOUT_KEY: "{\"members\": []}"}});

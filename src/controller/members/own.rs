@@ -59,6 +59,7 @@ impl Seen {
             wanted: mc.spec.size,
             all_updated: self.counts.updated >= self.counts.replicas,
             name: mc.metadata.name.as_deref().unwrap_or_default(),
+            wait: None,
         }
     }
 }

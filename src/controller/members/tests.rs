@@ -47,6 +47,7 @@ fn view(at_once: i32) -> View<'static> {
         min_ready: SignedDuration::from_secs(5),
         now: at(NOW),
         replacing: BTreeSet::new(),
+        wait: Duration::ZERO,
     }
 }
 
@@ -79,6 +80,31 @@ fn members_are_updated_from_the_highest_ordinal_down_one_at_a_time() {
         updated_name(view(2).next_step(&pods)).as_deref(),
         Some("cache-1")
     );
+}
+
+#[test]
+fn a_member_waits_for_the_proxies_to_hold_before_it_is_taken_out() {
+    let pods = [0, 1, 2].map(|i| member(i, "old", LONG_AGO, 0));
+    let held = View {
+        wait: Duration::from_secs(3),
+        ..view(1)
+    };
+    assert_eq!(held.next_step(&pods), Step::Wait(Duration::from_secs(3)));
+    // A member back from its restart is labelled all the same.
+    let mut back = member(2, "old", LONG_AGO, 1);
+    back.metadata.annotations = Some(
+        [(
+            IN_PLACE_ANNOTATION.to_string(),
+            r#"{"revision":"new","restarts":{"memcached":0}}"#.to_string(),
+        )]
+        .into(),
+    );
+    let pods = [
+        member(0, "old", LONG_AGO, 0),
+        member(1, "old", LONG_AGO, 0),
+        back,
+    ];
+    assert!(matches!(held.next_step(&pods), Step::Finish(_)));
 }
 
 #[test]

@@ -22,7 +22,7 @@ use crate::controller::context::Context;
 use crate::controller::ensure::{Announce, ensure, ensure_optional, kept};
 use crate::controller::legacy::{self, Adoption};
 use crate::controller::members::own::{self, Written};
-use crate::controller::members::{self, Updating};
+use crate::controller::members::{self, Keeper, Updating};
 use crate::controller::rollouts::Rollouts;
 use crate::controller::{autoscale, binding, rollouts, secrets, sweep};
 use crate::error::{Error, Result};
@@ -104,7 +104,13 @@ pub async fn apply(ctx: &Context, mc: &Memcached, seen: &Seen, plan: Plan) -> Re
     let quiet = blocked.is_none() && !written.any;
     // The members take the current template one at a time, in place where they can.
     let updating = match quiet && !written.waiting {
-        true => members::update(ctx, mc, seen.members.keeper(mc)).await?,
+        true => {
+            let keeper = Keeper {
+                wait: proxy.as_ref().and_then(|p| p.members_wait),
+                ..seen.members.keeper(mc)
+            };
+            members::update(ctx, mc, keeper).await?
+        }
         false => None,
     };
     // Sized from the cache's own signals, while autoscaling is on; a blocked Memcached keeps

@@ -36,7 +36,9 @@ pub struct Plan {
 pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
     let mut blocked = blocked(mc, seen, &desired);
     let ready = |n| seen.members.is_ready(mc, n);
-    let proxy = proxy::layout(mc, ready, seen.now);
+    // An update of the members under way: some are not of the current template yet.
+    let updating = seen.members.counts.updated < seen.members.counts.replicas;
+    let proxy = proxy::layout(mc, ready, seen.now).map(|p| p.holding(mc, updating, seen.now));
     desired.proxy.config_map = proxy
         .as_ref()
         .map(|p| resources::proxy::config_map(mc, &p.layout));

@@ -159,13 +159,18 @@ fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyS
         return None;
     }
     let last = mc.status.as_ref().and_then(|s| s.proxy.clone());
-    let (members, handover, keep) = match (&applied.proxy, last) {
-        (Some(plan), _) => (plan.members, plan.handover.clone(), plan.keep),
+    let (members, handover, keep, holding_since) = match (&applied.proxy, last) {
+        (Some(plan), _) => (
+            plan.members,
+            plan.handover.clone(),
+            plan.keep,
+            plan.holding_since.clone(),
+        ),
         (None, Some(last)) => {
             let keep = mc.spec.size + i32::try_from(last.draining.len()).unwrap_or(0);
-            (last.members, last.handover, keep)
+            (last.members, last.handover, keep, last.holding_since)
         }
-        (None, None) => (0, None, mc.spec.size),
+        (None, None) => (0, None, mc.spec.size, None),
     };
     let ready_replicas = seen
         .proxy
@@ -181,5 +186,6 @@ fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyS
         draining: (mc.spec.size.max(0)..keep)
             .map(|n| format!("{}-{n}", mc.name_any()))
             .collect(),
+        holding_since,
     })
 }

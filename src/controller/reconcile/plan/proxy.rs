@@ -30,6 +30,36 @@ pub struct ProxyPlan {
     pub ends_in: Option<Duration>,
     /// Before the layout changes: the members to sweep first.
     pub sweep: Option<Sweep>,
+    /// While the members are updated: since when the layout holds requests (`Layout::hold`).
+    pub holding_since: Option<Time>,
+    /// How long the members' update waits yet for the proxies to load the layout that holds.
+    pub members_wait: Option<Duration>,
+}
+
+/// How long the proxies get to load a layout that holds before a member restarts: the kubelet
+/// refreshes the mounted ConfigMap at once (`LAYOUT_ANNOTATION`), the agent reads it within a
+/// second and memcached loads it at its next tick.
+pub const HOLD_LEAD: SignedDuration = SignedDuration::from_secs(5);
+
+impl ProxyPlan {
+    /// While the members are `updating`, the layout holds what a member restarting does not
+    /// answer, since the last reported start of the hold, or now; the members' update waits
+    /// until the proxies have had `HOLD_LEAD` to load it.
+    pub fn holding(mut self, mc: &Memcached, updating: bool, now: Timestamp) -> Self {
+        if !updating || self.members == 0 {
+            return self;
+        }
+        let reported = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
+        let since = reported
+            .and_then(|p| p.holding_since.clone())
+            .filter(|since| since.0 <= now)
+            .unwrap_or(Time(now));
+        let left = (since.0 + HOLD_LEAD).duration_since(now);
+        self.members_wait = Some(left.max(SignedDuration::ZERO).unsigned_abs());
+        self.layout.hold = true;
+        self.holding_since = Some(since);
+        self
+    }
 }
 
 /// The members swept before a change of layout, against the layout the proxies route by.
@@ -102,6 +132,8 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
         ends_in: next.map(|at| at.duration_since(now).unsigned_abs()),
         handover,
         sweep,
+        holding_since: None,
+        members_wait: None,
     })
 }
 
@@ -243,6 +275,38 @@ mod tests {
             sweep(layout(&proxied(0, Some((3, None)), now), all, now).unwrap()),
             None
         );
+    }
+
+    #[test]
+    fn while_the_members_are_updated_the_layout_holds_and_their_restarts_wait_for_the_proxies() {
+        let now = Timestamp::now();
+        let mut mc = proxied(3, Some((3, None)), now);
+        let plan = layout(&mc, all, now).unwrap();
+        let quiet = plan.clone().holding(&mc, false, now);
+        assert_eq!((quiet.layout.hold, quiet.members_wait), (false, None));
+        let held = plan.clone().holding(&mc, true, now);
+        assert!(held.layout.hold);
+        assert_eq!(held.holding_since, Some(Time(now)));
+        assert_eq!(held.members_wait, Some(Duration::from_secs(5)));
+        // From the start the status reports: 2 s ago, 3 s left; 6 s ago, none.
+        let since = |mc: &mut Memcached, ago: i64| {
+            let proxy = mc.status.as_mut().unwrap().proxy.as_mut().unwrap();
+            proxy.holding_since = Some(Time(now - SignedDuration::from_secs(ago)));
+        };
+        since(&mut mc, 2);
+        let held = plan.clone().holding(&mc, true, now);
+        assert_eq!(held.members_wait, Some(Duration::from_secs(3)));
+        assert_eq!(
+            held.holding_since,
+            Some(Time(now - SignedDuration::from_secs(2)))
+        );
+        since(&mut mc, 6);
+        let held = plan.clone().holding(&mc, true, now);
+        assert_eq!(held.members_wait, Some(Duration::ZERO));
+        // Nothing routed yet: nothing to hold, nothing to wait for.
+        let first = layout(&proxied(3, None, now), |n| n < 2, now).unwrap();
+        let first = first.holding(&proxied(3, None, now), true, now);
+        assert_eq!((first.layout.hold, first.members_wait), (false, None));
     }
 
     #[test]
