@@ -16,12 +16,17 @@ use tokio_rustls::rustls::pki_types::ServerName;
 
 pub struct Connection<S = TcpStream> {
     stream: BufReader<S>,
+    /// How long a line of an answer may take.
+    patience: Duration,
 }
+
+const PATIENCE: Duration = Duration::from_secs(2);
 
 impl Connection {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
         Ok(Self {
             stream: BufReader::new(tcp(addr).await?),
+            patience: PATIENCE,
         })
     }
 }
@@ -53,6 +58,7 @@ impl Connection<TlsStream<TcpStream>> {
         .with_context(|| format!("TLS handshake with {addr} as {server_name}"))?;
         Ok(Self {
             stream: BufReader::new(tls),
+            patience: PATIENCE,
         })
     }
 
@@ -64,9 +70,15 @@ impl Connection<TlsStream<TcpStream>> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    /// Waits up to `patience` (2 s unless set) for each line of an answer.
+    pub fn patient(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
+    }
+
     async fn line(&mut self) -> Result<String> {
         let mut line = String::new();
-        let read = tokio::time::timeout(Duration::from_secs(2), self.stream.read_line(&mut line));
+        let read = tokio::time::timeout(self.patience, self.stream.read_line(&mut line));
         if read.await.context("memcached answered nothing")?? == 0 {
             bail!("memcached closed the connection");
         }

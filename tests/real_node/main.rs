@@ -119,6 +119,17 @@ impl RealNode {
 /// The operator as a process watching `ns`, with the node's memcached and exporter images and
 /// its own image as the agent beside memcached (spec.auth, spec.tls).
 pub async fn operator_with_agent(client: &Client, node: &RealNode, ns: &str) -> harness::Operator {
+    operator_with_agent_image(client, node, ns, node.operator_image()).await
+}
+
+/// As `operator_with_agent`, the agent's image `agent` (an operator upgraded, for its
+/// operands, is a new agent image).
+pub async fn operator_with_agent_image(
+    client: &Client,
+    node: &RealNode,
+    ns: &str,
+    agent: String,
+) -> harness::Operator {
     harness::Operator::start(
         client,
         harness::OperatorOptions {
@@ -131,7 +142,7 @@ pub async fn operator_with_agent(client: &Client, node: &RealNode, ns: &str) -> 
                     "RELATED_IMAGE_MEMCACHED_EXPORTER".into(),
                     node.var("EXPORTER_IMAGE").into(),
                 ),
-                ("RELATED_IMAGE_AGENT".into(), node.operator_image()),
+                ("RELATED_IMAGE_AGENT".into(), agent),
             ],
             ..harness::OperatorOptions::watching(ns)
         },

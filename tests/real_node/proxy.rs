@@ -19,7 +19,10 @@ use serde_json::json;
 use crate::harness::{
     CONVERGE, admin, create, member_pods, set_size, wait_converged, wait_degraded_saying, wait_for,
 };
-use crate::{RealNode, operator_with_agent, pod_ip, pymemcache, real_namespace, restart_counts};
+use crate::{
+    RealNode, operator_with_agent, operator_with_agent_image, pod_ip, pymemcache, real_namespace,
+    restart_counts,
+};
 
 const KEYS: u64 = 10_000;
 /// The share of the keys that must read back.
@@ -173,7 +176,13 @@ struct Read {
     hits: u64,
     errors: Vec<String>,
     slowest: Duration,
+    /// Connections that closed and were opened again, the request asked again.
+    reconnects: u64,
 }
+
+/// A request's failure: whether the connection closed (or was reset) rather than answered, and
+/// the words.
+type Failed = (bool, String);
 
 /// An application reading the keys through the proxy's address, one after the other, until
 /// stopped; on an error it reconnects.
@@ -185,31 +194,57 @@ struct Reader {
 impl Reader {
     /// Reading the values `<values>-N`.
     fn start(addr: SocketAddr, values: &'static str) -> Reader {
+        Self::reading(addr, values, false)
+    }
+
+    /// As `start`, as an application whose client reconnects and asks again when its
+    /// connection closes (a proxy replaced closes its clients' connections), and waits up to
+    /// 8 s for an answer (the proxy holds a request for a member restarting up to 5 s).
+    fn reconnecting(addr: SocketAddr, values: &'static str) -> Reader {
+        Self::reading(addr, values, true)
+    }
+
+    fn reading(addr: SocketAddr, values: &'static str, reconnects: bool) -> Reader {
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let patience = Duration::from_secs(if reconnects { 8 } else { 5 });
         let task = tokio::spawn(async move {
             let mut read = Read::default();
-            let mut conn = None;
+            let mut conn: Option<Connection> = None;
             let mut i = 0;
             while !*stopped.borrow() {
                 let started = Instant::now();
-                let got = async {
-                    if conn.is_none() {
-                        conn = Some(Connection::connect(addr).await?);
+                let key = format!("app-{i}");
+                let mut got: Result<Option<String>, Failed> = Ok(None);
+                for attempt in 0..1 + u32::from(reconnects) {
+                    let get = async {
+                        if conn.is_none() {
+                            conn = Some(Connection::connect(addr).await?.patient(patience));
+                        }
+                        conn.as_mut().unwrap().get(&key).await
+                    };
+                    got = match tokio::time::timeout(patience, get).await {
+                        Ok(got) => got.map_err(|e| {
+                            let closed = e.to_string().contains("closed the connection")
+                                || e.downcast_ref::<std::io::Error>().is_some();
+                            (closed, format!("{e:#}"))
+                        }),
+                        Err(_) => Err((false, format!("no answer within {patience:?}"))),
+                    };
+                    match &got {
+                        Err((true, _)) => {
+                            conn = None;
+                            read.reconnects += u64::from(attempt == 0 && reconnects);
+                        }
+                        _ => break,
                     }
-                    conn.as_mut().unwrap().get(&format!("app-{i}")).await
-                };
-                let got = tokio::time::timeout(Duration::from_secs(5), got).await;
+                }
                 read.slowest = read.slowest.max(started.elapsed());
                 read.gets += 1;
                 match got {
-                    Ok(Ok(Some(value))) if value == format!("{values}-{i}") => read.hits += 1,
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        read.errors.push(format!("{e:#}"));
-                        conn = None;
-                    }
-                    Err(_) => {
-                        read.errors.push("no answer within 5 s".into());
+                    Ok(Some(value)) if value == format!("{values}-{i}") => read.hits += 1,
+                    Ok(_) => {}
+                    Err((_, e)) => {
+                        read.errors.push(e);
                         conn = None;
                     }
                 }
@@ -229,10 +264,11 @@ impl Reader {
     async fn assert_served(self, what: &str) {
         let read = self.finish().await;
         println!(
-            "a reader through {what}: {} gets, {} hits, {} errors, slowest {:?}",
+            "a reader through {what}: {} gets, {} hits, {} errors, {} reconnections, slowest {:?}",
             read.gets,
             read.hits,
             read.errors.len(),
+            read.reconnects,
             read.slowest
         );
         assert!(read.errors.is_empty(), "{:?}", read.errors);
@@ -620,6 +656,126 @@ impl BackendWatch {
         let (first, down) = self.task.await.unwrap();
         (first.unwrap_or_default(), down)
     }
+}
+
+/// Each image in `pods`' container `container`, by pod name.
+fn images(pods: &[Pod], container: &str) -> BTreeMap<String, String> {
+    pods.iter()
+        .map(|p| {
+            let spec = p.spec.as_ref().unwrap();
+            let c = spec
+                .containers
+                .iter()
+                .find(|c| c.name == container)
+                .unwrap();
+            (p.name_any(), c.image.clone().unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Waits until the members (the same pods as `before`, by UID) and 2 Ready proxies run
+/// `image` in their containers `member` and `proxy`, and the proxies no longer hold requests
+/// (the members' update is over); the members' restarts, by container.
+async fn wait_rolled(
+    client: &Client,
+    ns: &str,
+    before: &BTreeMap<String, String>,
+    (member, proxy, image): (&str, &str, &str),
+) -> Vec<BTreeMap<String, i32>> {
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
+    let updated =
+        |pods: &[Pod], container: &str| images(pods, container).values().all(|i| i == image);
+    wait_for(
+        &format!("members and proxies on {image}"),
+        4 * CONVERGE,
+        || async {
+            let members = member_pods(client, ns, "cache").await;
+            let uids: BTreeMap<String, String> = members
+                .iter()
+                .map(|p| (p.name_any(), p.uid().unwrap()))
+                .collect();
+            let proxies = proxies(client, ns, 2).await;
+            let status = mcs.get("cache").await.ok()?.status?;
+            let holding = status.proxy?.holding_since.is_some();
+            (uids == *before
+                && updated(&members, member)
+                && members.iter().all(crate::harness::pod_is_ready)
+                && updated(&proxies, proxy)
+                && !holding)
+                .then(|| members.iter().map(restart_counts).collect())
+        },
+    )
+    .await
+}
+
+/// The members' pod UIDs, by name.
+async fn member_uids(client: &Client, ns: &str) -> BTreeMap<String, String> {
+    member_pods(client, ns, "cache")
+        .await
+        .iter()
+        .map(|p| (p.name_any(), p.uid().unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_image_change_and_an_operator_upgrade_answer_every_read_through_the_proxy() {
+    let client = admin().await;
+    let node = RealNode::get();
+    let ns = real_namespace(&client, "proxy-update").await;
+    let mut op = operator_with_agent(&client, &node, &ns).await;
+    let (_, addr) = proxied(&client, &node, &ns, json!({"proxy": {"enabled": true}})).await;
+    let ip = addr.ip().to_string();
+    assert_eq!(through_proxy(&ns, &ip, true).await, KEYS);
+    let uids = member_uids(&client, &ns).await;
+
+    // The same memcached under a second name: each member restarts in its pod, keeping its
+    // items, while the proxies hold the requests it cannot answer; the proxies are replaced.
+    let image = format!("{}-proxied", node.var("MEMCACHED_SID_IMAGE"));
+    node.ctr(&[
+        "images",
+        "tag",
+        "--force",
+        node.var("MEMCACHED_SID_IMAGE"),
+        &image,
+    ]);
+    let reader = Reader::reconnecting(addr, "value");
+    let started = Instant::now();
+    let patch = json!({"spec": {"image": image}});
+    Api::<Memcached>::namespaced(client.clone(), &ns)
+        .patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let restarts = wait_rolled(&client, &ns, &uids, ("memcached", "proxy", &image)).await;
+    println!(
+        "image change: members restarted in place and proxies replaced in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(restarts.iter().all(|r| r["memcached"] == 1), "{restarts:?}");
+    reader.assert_served("an image change").await;
+    let found = through_proxy(&ns, &ip, false).await;
+    println!("after the image change: {found} of {KEYS} keys found through the proxy");
+    assert!(found as f64 >= KEPT * KEYS as f64, "{found}");
+
+    // An operator upgrade, for the operands: a new agent image beside every memcached. The
+    // members' agents restart in their pods, memcached does not; the proxies are replaced.
+    op.stop("TERM").await;
+    let agent = format!("{}-upgraded", node.operator_image());
+    node.ctr(&["images", "tag", "--force", &node.operator_image(), &agent]);
+    let reader = Reader::reconnecting(addr, "value");
+    let started = Instant::now();
+    let _op = operator_with_agent_image(&client, &node, &ns, agent.clone()).await;
+    let after = wait_rolled(&client, &ns, &uids, ("agent", "route-agent", &agent)).await;
+    println!(
+        "operator upgrade: agents restarted in place and proxies replaced in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        after.iter().map(|r| r["memcached"]).collect::<Vec<_>>(),
+        restarts.iter().map(|r| r["memcached"]).collect::<Vec<_>>(),
+        "memcached kept running"
+    );
+    reader.assert_served("an operator upgrade").await;
+    assert!(through_proxy(&ns, &ip, false).await as f64 >= KEPT * KEYS as f64);
 }
 
 #[tokio::test]
