@@ -50,11 +50,14 @@ impl ProxyPlan {
             return self;
         }
         let reported = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
+        // The status keeps whole seconds: the start is one, and the wait counts from the
+        // second after it, so that it is never shorter than `HOLD_LEAD`.
         let since = reported
             .and_then(|p| p.holding_since.clone())
             .filter(|since| since.0 <= now)
-            .unwrap_or(Time(now));
-        let left = (since.0 + HOLD_LEAD).duration_since(now);
+            .unwrap_or_else(|| Time(Timestamp::from_second(now.as_second()).unwrap_or(now)));
+        let from = since.0 + SignedDuration::from_secs(1);
+        let left = (from + HOLD_LEAD).duration_since(now);
         self.members_wait = Some(left.max(SignedDuration::ZERO).unsigned_abs());
         self.layout.hold = true;
         self.holding_since = Some(since);
@@ -279,7 +282,7 @@ mod tests {
 
     #[test]
     fn while_the_members_are_updated_the_layout_holds_and_their_restarts_wait_for_the_proxies() {
-        let now = Timestamp::now();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
         let mut mc = proxied(3, Some((3, None)), now);
         let plan = layout(&mc, all, now).unwrap();
         let quiet = plan.clone().holding(&mc, false, now);
@@ -287,15 +290,20 @@ mod tests {
         let held = plan.clone().holding(&mc, true, now);
         assert!(held.layout.hold);
         assert_eq!(held.holding_since, Some(Time(now)));
-        assert_eq!(held.members_wait, Some(Duration::from_secs(5)));
-        // From the start the status reports: 2 s ago, 3 s left; 6 s ago, none.
+        assert_eq!(held.members_wait, Some(Duration::from_secs(6)));
+        // Half a second later, the start is still that second (as the status will keep it).
+        let later = now + SignedDuration::from_millis(500);
+        let held = plan.clone().holding(&mc, true, later);
+        assert_eq!(held.holding_since, Some(Time(now)));
+        assert_eq!(held.members_wait, Some(Duration::from_millis(5500)));
+        // From the start the status reports: 2 s ago, 4 s left; 6 s ago, none.
         let since = |mc: &mut Memcached, ago: i64| {
             let proxy = mc.status.as_mut().unwrap().proxy.as_mut().unwrap();
             proxy.holding_since = Some(Time(now - SignedDuration::from_secs(ago)));
         };
         since(&mut mc, 2);
         let held = plan.clone().holding(&mc, true, now);
-        assert_eq!(held.members_wait, Some(Duration::from_secs(3)));
+        assert_eq!(held.members_wait, Some(Duration::from_secs(4)));
         assert_eq!(
             held.holding_since,
             Some(Time(now - SignedDuration::from_secs(2)))
