@@ -674,12 +674,13 @@ fn images(pods: &[Pod], container: &str) -> BTreeMap<String, String> {
 }
 
 /// Waits until the members (the same pods as `before`, by UID) and 2 Ready proxies run
-/// `image` in their containers `member` and `proxy`, and the proxies no longer hold requests
-/// (the members' update is over); the members' restarts, by container.
+/// `image` in their containers `member` and `proxy`, each member's `member` container has
+/// restarted since `before`'s count, and the proxies no longer hold requests (the members'
+/// update is over); the members' restarts, by container.
 async fn wait_rolled(
     client: &Client,
     ns: &str,
-    before: &BTreeMap<String, String>,
+    before: &BTreeMap<String, (String, i32)>,
     (member, proxy, image): (&str, &str, &str),
 ) -> Vec<BTreeMap<String, i32>> {
     let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
@@ -690,14 +691,16 @@ async fn wait_rolled(
         4 * CONVERGE,
         || async {
             let members = member_pods(client, ns, "cache").await;
-            let uids: BTreeMap<String, String> = members
-                .iter()
-                .map(|p| (p.name_any(), p.uid().unwrap()))
-                .collect();
+            let restarted = members.len() == before.len()
+                && members.iter().all(|p| {
+                    before.get(&p.name_any()).is_some_and(|(uid, restarts)| {
+                        p.uid().as_ref() == Some(uid) && restart_counts(p)[member] > *restarts
+                    })
+                });
             let proxies = proxies(client, ns, 2).await;
             let status = mcs.get("cache").await.ok()?.status?;
             let holding = status.proxy?.holding_since.is_some();
-            (uids == *before
+            (restarted
                 && updated(&members, member)
                 && members.iter().all(crate::harness::pod_is_ready)
                 && updated(&proxies, proxy)
@@ -708,12 +711,21 @@ async fn wait_rolled(
     .await
 }
 
-/// The members' pod UIDs, by name.
-async fn member_uids(client: &Client, ns: &str) -> BTreeMap<String, String> {
+/// Each member's pod UID and its container `container`'s restarts, by name.
+async fn member_restarts(
+    client: &Client,
+    ns: &str,
+    container: &str,
+) -> BTreeMap<String, (String, i32)> {
     member_pods(client, ns, "cache")
         .await
         .iter()
-        .map(|p| (p.name_any(), p.uid().unwrap()))
+        .map(|p| {
+            (
+                p.name_any(),
+                (p.uid().unwrap(), restart_counts(p)[container]),
+            )
+        })
         .collect()
 }
 
@@ -726,7 +738,7 @@ async fn an_image_change_and_an_operator_upgrade_answer_every_read_through_the_p
     let (_, addr) = proxied(&client, &node, &ns, json!({"proxy": {"enabled": true}})).await;
     let ip = addr.ip().to_string();
     assert_eq!(through_proxy(&ns, &ip, true).await, KEYS);
-    let uids = member_uids(&client, &ns).await;
+    let before = member_restarts(&client, &ns, "memcached").await;
 
     // The same memcached under a second name: each member restarts in its pod, keeping its
     // items, while the proxies hold the requests it cannot answer; the proxies are replaced.
@@ -745,7 +757,7 @@ async fn an_image_change_and_an_operator_upgrade_answer_every_read_through_the_p
         .patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let restarts = wait_rolled(&client, &ns, &uids, ("memcached", "proxy", &image)).await;
+    let restarts = wait_rolled(&client, &ns, &before, ("memcached", "proxy", &image)).await;
     println!(
         "image change: members restarted in place and proxies replaced in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -759,12 +771,13 @@ async fn an_image_change_and_an_operator_upgrade_answer_every_read_through_the_p
     // An operator upgrade, for the operands: a new agent image beside every memcached. The
     // members' agents restart in their pods, memcached does not; the proxies are replaced.
     op.stop("TERM").await;
+    let before = member_restarts(&client, &ns, "agent").await;
     let agent = format!("{}-upgraded", node.operator_image());
     node.ctr(&["images", "tag", "--force", &node.operator_image(), &agent]);
     let reader = Reader::reconnecting(addr, "value");
     let started = Instant::now();
     let _op = operator_with_agent_image(&client, &node, &ns, agent.clone()).await;
-    let after = wait_rolled(&client, &ns, &uids, ("agent", "route-agent", &agent)).await;
+    let after = wait_rolled(&client, &ns, &before, ("agent", "route-agent", &agent)).await;
     println!(
         "operator upgrade: agents restarted in place and proxies replaced in {:.1} s",
         started.elapsed().as_secs_f64()
