@@ -70,7 +70,7 @@ mod image;
 mod layout;
 pub use super::relay::{backend_port, fronted};
 pub use image::{FIRST_VERSION, failed_check, invalid_image, refused_by, refused_image, too_old};
-pub use layout::{HOLD_SECONDS, Layout, ROUTES_LIBRARY, owner};
+pub use layout::{Layout, ROUTES_LIBRARY, owner};
 
 /// Whether the Memcached runs the proxy.
 pub fn enabled(mc: &Memcached) -> bool {

@@ -169,8 +169,8 @@ async fn the_proxy_is_kept_and_its_layout_follows_the_members_with_a_handover() 
     );
 
     // A new image: the proxies hold what a member restarting in place cannot answer, from 5 s
-    // before the first restart (the time they get to load that layout) until the last member
-    // is back; the status says since when.
+    // or more before the first restart (the time they get to load that layout) until the last
+    // member is back; the status says since when.
     let image = "memcached:1.6.44";
     let patch = json!({"spec": {"image": image}});
     mcs.patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
