@@ -21,6 +21,13 @@ pub struct Connection<S = TcpStream> {
 }
 
 const PATIENCE: Duration = Duration::from_secs(2);
+const CLOSED: &str = "memcached closed the connection";
+
+/// Whether `error` is the connection's (closed by the server, reset, refused), not an answer.
+pub fn connection_lost(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.to_string() == CLOSED)
+        || error.downcast_ref::<std::io::Error>().is_some()
+}
 
 impl Connection {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
@@ -80,7 +87,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         let mut line = String::new();
         let read = tokio::time::timeout(self.patience, self.stream.read_line(&mut line));
         if read.await.context("memcached answered nothing")?? == 0 {
-            bail!("memcached closed the connection");
+            bail!(CLOSED);
         }
         Ok(line.trim_end().to_string())
     }

@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
 use memcached_operator::resources::proxy::owner;
-use memcached_operator_testkit::memcached::Connection;
+use memcached_operator_testkit::memcached::{Connection, connection_lost};
 use memcached_operator_testkit::net::{http_get_from, metric_value};
 use serde_json::json;
 
@@ -223,11 +223,7 @@ impl Reader {
                         conn.as_mut().unwrap().get(&key).await
                     };
                     got = match tokio::time::timeout(patience, get).await {
-                        Ok(got) => got.map_err(|e| {
-                            let closed = e.to_string().contains("closed the connection")
-                                || e.downcast_ref::<std::io::Error>().is_some();
-                            (closed, format!("{e:#}"))
-                        }),
+                        Ok(got) => got.map_err(|e| (connection_lost(&e), format!("{e:#}"))),
                         Err(_) => Err((false, format!("no answer within {patience:?}"))),
                     };
                     match &got {

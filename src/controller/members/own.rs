@@ -52,12 +52,17 @@ impl Seen {
             .any(|m| m.ready_since.is_some() && members::ordinal(mc, &m.name) == Some(n))
     }
 
+    /// Whether every member is of the current template (none is being updated).
+    pub fn all_updated(&self) -> bool {
+        self.counts.updated >= self.counts.replicas
+    }
+
     pub fn keeper<'a>(&'a self, mc: &'a Memcached) -> Keeper<'a> {
         Keeper {
             update_revision: &self.revision,
             template: &self.template,
             wanted: mc.spec.size,
-            all_updated: self.counts.updated >= self.counts.replicas,
+            all_updated: self.all_updated(),
             name: mc.metadata.name.as_deref().unwrap_or_default(),
             wait: None,
         }

@@ -36,8 +36,7 @@ pub struct Plan {
 pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
     let mut blocked = blocked(mc, seen, &desired);
     let ready = |n| seen.members.is_ready(mc, n);
-    // An update of the members under way: some are not of the current template yet.
-    let updating = seen.members.counts.updated < seen.members.counts.replicas;
+    let updating = !seen.members.all_updated();
     let proxy = proxy::layout(mc, ready, seen.now).map(|p| p.holding(mc, updating, seen.now));
     desired.proxy.config_map = proxy
         .as_ref()

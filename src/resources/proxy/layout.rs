@@ -29,7 +29,7 @@ pub const ROUTES_LIBRARY: &str = include_str!("routes.lua");
 /// How long a request is held for a member that does not answer while the members are
 /// updated: a member restarted in place is out 0.7 to 1.6 s, and the proxy tries a member it
 /// lost again every second. Tried every quarter second.
-pub const HOLD_SECONDS: u32 = 5;
+const HOLD_SECONDS: u32 = 5;
 const HOLD_PAUSE: f64 = 0.25;
 
 /// The commands that read a key: on a miss in the layout, they ask the previous one.
