@@ -487,6 +487,15 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
         .delete("cache-1", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
+    // Its memcached serves on through its preStop (the save, the delay) while the new cache-1
+    // may already be Ready: the member is lost once that process is gone.
+    let old = lost.clone().unwrap();
+    wait_for("cache-1's memcached gone", CONVERGE, || async {
+        crate::Process::in_pod(&old, "memcached")
+            .is_empty()
+            .then_some(())
+    })
+    .await;
     wait_for("cache-1 back", CONVERGE, || async {
         let pod = members.get_opt("cache-1").await.ok()??;
         (pod.uid() != lost && crate::harness::pod_is_ready(&pod)).then_some(())
