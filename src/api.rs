@@ -20,7 +20,7 @@ mod proxy;
 mod rollout;
 mod security;
 pub use autoscaling::{AutoscalingSpec, AutoscalingStatus, LastScale, Signals};
-pub use proxy::{Handover, ProxySpec, ProxyStatus};
+pub use proxy::{Handover, ProxySpec, ProxyStatus, ZoneMembers};
 pub use rollout::{DisruptionBudgetSpec, RolloutSpec, Spread};
 pub use security::{AuthSpec, BindingSpec, IssuerRef, NetworkPolicySpec, TlsSpec};
 

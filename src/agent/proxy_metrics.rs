@@ -186,8 +186,7 @@ pub fn names() -> Vec<String> {
     let view = View {
         rendered: Some(Layout {
             members: vec!["a:1".into()],
-            previous: vec![],
-            hold: false,
+            ..Layout::default()
         }),
         ..View::default()
     };
@@ -257,7 +256,7 @@ mod tests {
             rendered: Some(Layout {
                 members: members.iter().map(|m| m.to_string()).collect(),
                 previous: previous.iter().map(|m| m.to_string()).collect(),
-                hold: false,
+                ..Layout::default()
             }),
             ..View::default()
         }

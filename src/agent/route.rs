@@ -46,6 +46,10 @@ pub struct RouteArgs {
     /// metrics its stats.
     #[arg(long, default_value = "127.0.0.1:11211")]
     pub memcached: SocketAddr,
+    /// The proxy's zone (its pod's `topology.kubernetes.io/zone` label): with zone-local
+    /// reads, reads ask that zone's members first.
+    #[arg(long, default_value = "")]
+    pub zone: String,
     /// With spec.auth or spec.tls: the agent serves the proxy's clients (front.rs).
     #[command(flatten)]
     pub front: FrontArgs,
@@ -72,8 +76,12 @@ fn sync(view: &Mutex<View>, args: &RouteArgs) -> io::Result<bool> {
     if view.rendered.as_ref() == Some(&layout) {
         return Ok(false);
     }
-    write_atomically(&args.config, &layout.render())?;
-    info!(members = layout.members.len(), "configuration written");
+    write_atomically(&args.config, &layout.render(&args.zone))?;
+    info!(
+        members = layout.members.len(),
+        zones = layout.zones.len(),
+        "configuration written"
+    );
     view.rendered = Some(layout);
     Ok(true)
 }
@@ -82,7 +90,7 @@ fn sync(view: &Mutex<View>, args: &RouteArgs) -> io::Result<bool> {
 fn already_rendered(args: &RouteArgs) -> Option<Layout> {
     let layout = Layout::check(&std::fs::read_to_string(&args.layout).ok()?).ok()?;
     let config = std::fs::read_to_string(&args.config).ok()?;
-    (config == layout.render()).then_some(layout)
+    (config == layout.render(&args.zone)).then_some(layout)
 }
 
 /// Writes the operator's route handlers beside the configuration: memcached loads both at
@@ -191,6 +199,7 @@ mod tests {
             once: false,
             metrics_address: None,
             memcached: "127.0.0.1:11211".parse().unwrap(),
+            zone: String::new(),
             front: FrontArgs::default(),
         }
     }

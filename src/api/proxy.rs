@@ -41,6 +41,13 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = super::bounded_resources)]
     pub resources: Option<Box<ResourceRequirements>>,
+
+    /// true: each zone the members run in (a pod's `topology.kubernetes.io/zone` label, which
+    /// Kubernetes copies from its node) holds a copy of every key. Writes and deletes go to
+    /// every zone; a read goes to the proxy's own zone first and, on a miss, to the others.
+    /// Reads stay in the zone; memory holds as many copies as there are zones.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zone_local_reads: bool,
 }
 
 impl crate::api::MemcachedSpec {
@@ -58,6 +65,7 @@ impl Default for ProxySpec {
             image: None,
             handover_seconds: default_handover_seconds(),
             resources: None,
+            zone_local_reads: false,
         }
     }
 }
@@ -100,6 +108,19 @@ pub struct ProxyStatus {
     /// The members' restarts wait until the proxies have had 5 s to load that layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holding_since: Option<Time>,
+
+    /// With `zoneLocalReads`: the members of the layout by zone, each zone a copy of every
+    /// key. "" is the zone of members whose pods have no zone label.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<ZoneMembers>,
+}
+
+/// The members of the proxy's layout in one zone.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneMembers {
+    pub zone: String,
+    pub members: Vec<String>,
 }
 
 /// A handover from one layout of members to the next.

@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, HTTPGetAction, Lifecycle,
-    LifecycleHandler, PodSpec, PodTemplateSpec, Probe, Service, ServiceSpec, SleepAction,
-    TCPSocketAction, Volume,
+    ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, Service, ServiceSpec, SleepAction, TCPSocketAction, Volume,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -61,6 +61,8 @@ pub const ROUTES_FILE: &str = "routes.lua";
 /// How long a proxy going away keeps serving its connections: kube-proxy drops its endpoint
 /// within a second or two.
 const PRE_STOP_SECONDS: i64 = 5;
+/// The agent's zone, from its pod's label (with zone-local reads).
+const ZONE_ENV: &str = "PROXY_ZONE";
 const LAYOUT_VOLUME: &str = "layout";
 const CONFIG_VOLUME: &str = "config";
 const BINARY: &str = "/memcached-operator";
@@ -290,6 +292,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
     // With monitoring, the agent serves the proxy's metrics where the members' exporters serve
     // theirs, so one ServiceMonitor endpoint and one policy rule cover both.
     let metrics = monitored(mc);
+    let zoned = proxy.zone_local_reads;
     let agent = |name: &str, once: bool| Container {
         name: name.to_string(),
         image: Some(agent_image.to_string()),
@@ -302,6 +305,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             ]
             .into_iter()
             .chain(once.then(|| "--once".to_string()))
+            .chain(zoned.then(|| format!("--zone=$({ZONE_ENV})")))
             .chain((!once).then(|| format!("--memcached=127.0.0.1:{port}")))
             .chain((!once && metrics).then(|| format!("--metrics-address=0.0.0.0:{EXPORTER_PORT}")))
             .chain((!once).then(|| front::agent_args(mc)).into_iter().flatten())
@@ -328,6 +332,19 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
             .chain((!once).then(|| front::mounts(mc)).into_iter().flatten())
             .collect(),
         ),
+        env: zoned.then(|| {
+            vec![EnvVar {
+                name: ZONE_ENV.to_string(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.labels['{}']", super::ZONE_LABEL),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            }]
+        }),
         resources: (!once).then(|| match fronted {
             true => front::agent_resources(),
             false => super::agent::resources(),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::meta::Meta;
 use super::meta::resource_of;
-use crate::resources::{LABEL_INSTANCE, REVISION_LABEL};
+use crate::resources::{LABEL_INSTANCE, REVISION_LABEL, ZONE_LABEL};
 use crate::status::pods::{PodStatusSeen, PodTrouble};
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
@@ -94,6 +94,8 @@ struct PodEntry {
     /// Being deleted: counted for nothing, but its name is taken until it is gone.
     terminating: bool,
     controller: Controller,
+    /// Its zone (`ZONE_LABEL`, copied from its node when it is bound).
+    zone: Option<Box<str>>,
 }
 
 /// What controls a pod, by its controller reference's kind.
@@ -130,6 +132,8 @@ pub struct Member {
     pub not_ready_since: Option<Timestamp>,
     pub revision: Option<String>,
     pub controller: Controller,
+    /// Its zone, as its pod is labelled (`ZONE_LABEL`).
+    pub zone: Option<String>,
 }
 
 /// The pods of one Memcached as the pod watch last reported them.
@@ -178,6 +182,7 @@ impl Index {
                 revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
                 terminating: pod.metadata.deletion_timestamp.is_some(),
                 controller: Controller::of(&pod.metadata),
+                zone: pod.labels().get(ZONE_LABEL).map(|z| z.as_str().into()),
             };
             names.insert(at, entry);
         }
@@ -217,6 +222,7 @@ impl PodIndex {
                     not_ready_since: p.not_ready_since,
                     revision: p.revision.as_deref().map(str::to_string),
                     controller: p.controller,
+                    zone: p.zone.as_deref().map(str::to_string),
                 })
                 .collect()
         })

@@ -51,3 +51,54 @@ pub fn on_loopback_node(name: &str) -> serde_json::Value {
         "tolerations": [{"key": LOOPBACK_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
     })
 }
+
+/// Kept off the zoned nodes by a taint: only pods that tolerate it land there.
+pub const ZONE_TAINT: &str = "memcached-operator.dev/zoned";
+
+/// Creates (or keeps) kwok node `name` in zone `zone` (`topology.kubernetes.io/zone`, which
+/// the API server copies onto the pods bound to it), with pods on `pod_cidr`, tainted with
+/// `ZONE_TAINT` and labelled `ZONE_TAINT=true` for the pods that choose it.
+pub async fn zone_node(
+    client: &Client,
+    name: &str,
+    zone: &str,
+    pod_cidr: &str,
+) -> kube::Result<()> {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "labels": {
+                "type": "kwok", "kubernetes.io/hostname": name,
+                "topology.kubernetes.io/zone": zone, ZONE_TAINT: "true",
+            },
+        },
+        "spec": {
+            "podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
+            "taints": [{"key": ZONE_TAINT, "value": "true", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "100"},
+            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "100"},
+        },
+    }))
+    .expect("a Node");
+    match Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The spec fields that put a Memcached's pods on the zoned nodes: its nodeSelector and
+/// toleration.
+pub fn on_zone_nodes() -> serde_json::Value {
+    serde_json::json!({
+        "nodeSelector": {ZONE_TAINT: "true"},
+        "tolerations": [{"key": ZONE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    })
+}

@@ -5,13 +5,15 @@
 //! proxy are shown on the real node.)
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::SignedDuration;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
+use memcached_operator::resources::ZONE_LABEL;
 use memcached_operator::resources::proxy::{LAYOUT_KEY, Layout};
+use memcached_operator_testkit::kwok::{on_zone_nodes, zone_node};
 use serde_json::json;
 
 use crate::harness::{
@@ -41,7 +43,7 @@ async fn wait_layout(
     let want = Layout {
         members,
         previous,
-        hold: false,
+        ..Layout::default()
     };
     wait_for(what, CONVERGE, || async {
         (layout(config_maps).await? == want).then_some(())
@@ -286,4 +288,118 @@ async fn a_proxy_it_cannot_run_is_refused_naming_the_field() {
         member_pods(&client, &ns, "cache").await.is_empty(),
         "nothing applied"
     );
+}
+
+/// The zone the API server gave pod `name` (from its node, when it was bound).
+fn zone_of(pods: &[Pod], name: &str) -> Option<String> {
+    let pod = pods.iter().find(|p| p.name_any() == name)?;
+    pod.labels().get(ZONE_LABEL).cloned()
+}
+
+#[tokio::test]
+async fn with_zone_local_reads_the_layout_names_the_zone_each_member_runs_in() {
+    let client = admin().await;
+    for (i, zone) in ["zone-a", "zone-b", "zone-c"].into_iter().enumerate() {
+        let name = format!("kwok-{zone}");
+        zone_node(&client, &name, zone, &format!("10.{}.0.0/16", 210 + i))
+            .await
+            .unwrap();
+    }
+    let ns = namespace(&client, "proxy-zones").await;
+    let _op = Operator::start(&client, OperatorOptions::watching(&ns)).await;
+    let mut spec = on_zone_nodes();
+    spec["size"] = json!(3);
+    // One member per node, so each zone has one.
+    spec["spread"] = json!("Required");
+    spec["proxy"] = json!({"enabled": true, "zoneLocalReads": true});
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "cache"}, "spec": spec,
+    }))
+    .unwrap();
+    create(&client, &ns, &mc).await;
+    wait_converged(&client, &ns, "cache", 3).await;
+
+    // Each member's zone is its node's, as the API server copied it onto the pod; the layout
+    // names it, and the status groups the members by it.
+    let pods = member_pods(&client, &ns, "cache").await;
+    let zones: Vec<String> = (0..3)
+        .map(|n| zone_of(&pods, &format!("cache-{n}")).expect("a zone label"))
+        .collect();
+    let mut distinct = zones.clone();
+    distinct.sort();
+    assert_eq!(distinct, ["zone-a", "zone-b", "zone-c"]);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    wait_for("the layout with the members' zones", CONVERGE, || async {
+        let layout = layout(&config_maps).await?;
+        (layout.members == addresses(&ns, 3) && layout.zones == zones).then_some(())
+    })
+    .await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let status = mcs.get("cache").await.unwrap().status.unwrap();
+    let grouped = status.proxy.unwrap().zones;
+    assert_eq!(grouped.len(), 3, "{grouped:?}");
+    for group in &grouped {
+        assert_eq!(group.members.len(), 1, "{grouped:?}");
+        let n = group.members[0]
+            .trim_start_matches("cache-")
+            .parse::<usize>()
+            .unwrap();
+        assert_eq!(group.zone, zones[n]);
+    }
+
+    // The proxies read their own zone from their pods' label, which the API server set too.
+    let proxies = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=memcached-proxy"))
+        .await
+        .unwrap();
+    assert_eq!(proxies.items.len(), 2);
+    for proxy in &proxies.items {
+        assert!(
+            proxy.labels().contains_key(ZONE_LABEL),
+            "{:?}",
+            proxy.labels()
+        );
+        let spec = proxy.spec.as_ref().unwrap();
+        let agent = spec
+            .containers
+            .iter()
+            .find(|c| c.name == "route-agent")
+            .unwrap();
+        assert!(
+            agent
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&"--zone=$(PROXY_ZONE)".to_string())
+        );
+        let env = &agent.env.as_ref().unwrap()[0];
+        let field = &env
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap()
+            .field_path;
+        assert_eq!(field, &format!("metadata.labels['{ZONE_LABEL}']"));
+    }
+
+    // A member found in another zone (as a pod rescheduled there would be): the layout moves it.
+    let moved = zones.iter().find(|z| **z != zones[1]).unwrap().clone();
+    let patch = json!({"metadata": {"labels": {ZONE_LABEL: moved}}});
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch("cache-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for("cache-1 in its new zone", CONVERGE, || async {
+        let layout = layout(&config_maps).await?;
+        (layout.zones[1] == moved && layout.zones[0] == zones[0]).then_some(())
+    })
+    .await;
+    wait_for("the status with two zones", CONVERGE, || async {
+        let grouped = mcs.get("cache").await.ok()?.status?.proxy?.zones;
+        (grouped.len() == 2).then_some(())
+    })
+    .await;
 }

@@ -21,6 +21,7 @@ mod prometheus;
 mod proxy;
 mod proxy_cost;
 mod proxy_security;
+mod proxy_zones;
 mod tls;
 mod users_version;
 mod why_not_ready;

@@ -24,7 +24,7 @@ use crate::{
     restart_counts,
 };
 
-const KEYS: u64 = 10_000;
+pub const KEYS: u64 = 10_000;
 /// The share of the keys that must read back.
 const KEPT: f64 = 0.99;
 
@@ -109,7 +109,7 @@ pub async fn wait_loaded(pods: &[Pod], before: &[u64], started: Instant) -> Dura
 
 /// A plain client given only the proxy's address: writes the keys (unless `write` is false),
 /// reads them back; how many were found.
-async fn through_proxy(ns: &str, ip: &str, write: bool) -> u64 {
+pub async fn through_proxy(ns: &str, ip: &str, write: bool) -> u64 {
     through_proxy_as(ns, ip, write, "value").await
 }
 
@@ -139,7 +139,7 @@ async fn fresh(client: &Client, ns: &str, ip: &str) {
 }
 
 /// A connection to each member of `cache`, by pod name.
-async fn members(client: &Client, ns: &str) -> BTreeMap<String, Connection> {
+pub async fn members(client: &Client, ns: &str) -> BTreeMap<String, Connection> {
     let mut members = BTreeMap::new();
     for pod in member_pods(client, ns, "cache").await {
         let addr = SocketAddr::new(pod_ip(&pod).into(), 11211);
@@ -149,7 +149,7 @@ async fn members(client: &Client, ns: &str) -> BTreeMap<String, Connection> {
 }
 
 /// Items each member holds.
-async fn items(client: &Client, ns: &str) -> BTreeMap<String, u64> {
+pub async fn items(client: &Client, ns: &str) -> BTreeMap<String, u64> {
     let mut held = BTreeMap::new();
     for (name, mut conn) in members(client, ns).await {
         let n = conn.stat("", "curr_items").await.unwrap().parse().unwrap();
@@ -171,13 +171,13 @@ async fn copies(client: &Client, ns: &str) -> u64 {
 
 /// What a reader through the proxy saw.
 #[derive(Debug, Default)]
-struct Read {
-    gets: u64,
-    hits: u64,
-    errors: Vec<String>,
-    slowest: Duration,
+pub struct Read {
+    pub gets: u64,
+    pub hits: u64,
+    pub errors: Vec<String>,
+    pub slowest: Duration,
     /// Connections that closed and were opened again, the request asked again.
-    reconnects: u64,
+    pub reconnects: u64,
 }
 
 /// A request's failure: whether the connection closed (or was reset) rather than answered, and
@@ -186,14 +186,14 @@ type Failed = (bool, String);
 
 /// An application reading the keys through the proxy's address, one after the other, until
 /// stopped; on an error it reconnects.
-struct Reader {
+pub struct Reader {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Read>,
 }
 
 impl Reader {
     /// Reading the values `<values>-N`.
-    fn start(addr: SocketAddr, values: &'static str) -> Reader {
+    pub fn start(addr: SocketAddr, values: &'static str) -> Reader {
         Self::reading(addr, values, false)
     }
 
@@ -251,7 +251,7 @@ impl Reader {
         Reader { stop, task }
     }
 
-    async fn finish(self) -> Read {
+    pub async fn finish(self) -> Read {
         self.stop.send_replace(true);
         self.task.await.unwrap()
     }

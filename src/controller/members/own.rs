@@ -52,6 +52,15 @@ impl Seen {
             .any(|m| m.ready_since.is_some() && members::ordinal(mc, &m.name) == Some(n))
     }
 
+    /// The zone of the member of ordinal `n`, as its pod is labelled.
+    pub fn zone(&self, mc: &Memcached, n: i32) -> Option<String> {
+        let member = self
+            .members
+            .iter()
+            .find(|m| members::ordinal(mc, &m.name) == Some(n));
+        member.and_then(|m| m.zone.clone())
+    }
+
     /// Whether every member is of the current template (none is being updated).
     pub fn all_updated(&self) -> bool {
         self.counts.updated >= self.counts.replicas
@@ -348,6 +357,7 @@ mod tests {
             not_ready_since: None,
             revision: Some(revision.into()),
             controller: Controller::Memcached,
+            zone: None,
         }
     }
 

@@ -275,10 +275,10 @@ async fn sweep_members(ctx: &Context, mc: &Memcached, sweep: &Sweep) {
         let ip = addresses.get(&format!("{name}-{n}")).copied();
         ip.map(|ip| SocketAddr::new(ip, port))
     };
-    let owners: Vec<_> = (0..sweep.layout).map(at).collect();
     for n in &sweep.members {
         let member = format!("{name}-{n}");
-        let place = usize::try_from(*n).ok().filter(|_| *n < sweep.layout);
+        let (in_force, place) = sweep.owners_of(*n);
+        let owners: Vec<_> = in_force.into_iter().map(at).collect();
         let swept = match at(*n) {
             Some(addr) => sweep::sweep(addr, place, &owners, sweep.keep_moved).await,
             None => Err(std::io::Error::other("it has no address")),

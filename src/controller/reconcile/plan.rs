@@ -37,7 +37,9 @@ pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
     let mut blocked = blocked(mc, seen, &desired);
     let ready = |n| seen.members.is_ready(mc, n);
     let updating = !seen.members.all_updated();
-    let proxy = proxy::layout(mc, ready, seen.now).map(|p| p.holding(mc, updating, seen.now));
+    let zone = |n| seen.members.zone(mc, n);
+    let proxy = proxy::layout(mc, ready, seen.now)
+        .map(|p| p.holding(mc, updating, seen.now).in_zones(mc, zone));
     desired.proxy.config_map = proxy
         .as_ref()
         .map(|p| resources::proxy::config_map(mc, &p.layout));

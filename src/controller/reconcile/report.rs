@@ -7,7 +7,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::apply::Applied;
 use super::forget;
 use super::observe::Seen;
-use crate::api::{Memcached, ProxyStatus};
+use crate::api::{Memcached, ProxyStatus, ZoneMembers};
 use crate::controller::autoscale;
 use crate::controller::context::Context;
 use crate::controller::ensure::{StatusPatch, patch_status};
@@ -159,18 +159,20 @@ fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyS
         return None;
     }
     let last = mc.status.as_ref().and_then(|s| s.proxy.clone());
-    let (members, handover, keep, holding_since) = match (&applied.proxy, last) {
+    let (members, handover, keep, holding_since, zones) = match (&applied.proxy, last) {
         (Some(plan), _) => (
             plan.members,
             plan.handover.clone(),
             plan.keep,
             plan.holding_since.clone(),
+            by_zone(mc, &plan.layout.zones),
         ),
         (None, Some(last)) => {
             let keep = mc.spec.size + i32::try_from(last.draining.len()).unwrap_or(0);
-            (last.members, last.handover, keep, last.holding_since)
+            let zones = last.zones;
+            (last.members, last.handover, keep, last.holding_since, zones)
         }
-        (None, None) => (0, None, mc.spec.size, None),
+        (None, None) => (0, None, mc.spec.size, None, Vec::new()),
     };
     let ready_replicas = seen
         .proxy
@@ -187,5 +189,20 @@ fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyS
             .map(|n| format!("{}-{n}", mc.name_any()))
             .collect(),
         holding_since,
+        zones,
     })
+}
+
+/// The layout's members (named by ordinal, with `zones` theirs) grouped by zone, by name.
+fn by_zone(mc: &Memcached, zones: &[String]) -> Vec<ZoneMembers> {
+    let mut grouped: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (n, zone) in zones.iter().enumerate() {
+        let member = format!("{}-{n}", mc.name_any());
+        grouped.entry(zone.as_str()).or_default().push(member);
+    }
+    let zone = |(zone, members): (&str, _)| ZoneMembers {
+        zone: zone.to_string(),
+        members,
+    };
+    grouped.into_iter().map(zone).collect()
 }

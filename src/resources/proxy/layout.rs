@@ -13,13 +13,21 @@ const MAX_ADDRESS: usize = 253 + 6;
 /// What the proxy routes to: the members' addresses, in ordinal order; during a handover, the
 /// layout before the last change too, where reads that miss fall back and deletes also go.
 /// While the members are updated (`hold`), a request no member answered is tried again.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// With zone-local reads (`zones`), each member's zone, in the same order.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
     pub members: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub previous: Vec<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// The zone of each of `members` ("" for a member whose pod has none); empty without
+    /// zone-local reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    /// The zone of each of `previous`, likewise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_zones: Vec<String>,
 }
 
 /// The operator's own route handlers (`route_hold`, `route_deleteall`), loaded with the route
@@ -48,7 +56,21 @@ impl Layout {
             members: addresses(members),
             previous: previous.map(addresses).unwrap_or_default(),
             hold: false,
+            zones: Vec::new(),
+            previous_zones: Vec::new(),
         }
+    }
+
+    /// With zone-local reads (`mc`'s): the layout with each member's zone, as `zone` gives it
+    /// by ordinal (the members are the first so many).
+    pub fn in_zones(mut self, mc: &Memcached, zone: impl Fn(i32) -> Option<String>) -> Self {
+        if !mc.spec.proxy_on().is_some_and(|p| p.zone_local_reads) {
+            return self;
+        }
+        let zones = |n: usize| (0..n as i32).map(|m| zone(m).unwrap_or_default()).collect();
+        self.zones = zones(self.members.len());
+        self.previous_zones = zones(self.previous.len());
+        self
     }
 
     /// The layout in `text`, if it is one memcached can load: JSON of this shape, within
@@ -75,16 +97,32 @@ impl Layout {
         if layout.members.is_empty() && !layout.previous.is_empty() {
             return Err("a previous layout without members".to_string());
         }
+        let zoned = !layout.zones.is_empty();
+        for (list, zones) in [
+            (&layout.members, &layout.zones),
+            (&layout.previous, &layout.previous_zones),
+        ] {
+            if (zoned || !zones.is_empty()) && zones.len() != list.len() {
+                return Err(format!(
+                    "{} zones for {} members: one for each, or none",
+                    zones.len(),
+                    list.len()
+                ));
+            }
+            zones.iter().try_for_each(|z| check_zone(z))?;
+        }
         Ok(layout)
     }
 
-    /// memcached's route configuration (its embedded route library's) for this layout: one
-    /// pool of the members, every command routed to the member its key hashes to. Without
-    /// members every command gets a miss (`route_null`): memcached refuses an empty pool. With
-    /// `hold`, each route is wrapped in `route_hold` (`ROUTES_LIBRARY`).
+    /// memcached's route configuration (its embedded route library's) for this layout, for a
+    /// proxy in zone `local` (with zone-local reads; "" if its pod has none): one pool of the
+    /// members, every command routed to the member its key hashes to; or, with zones, a pool
+    /// of each zone's members (`zoned_routes`). Without members every command gets a miss
+    /// (`route_null`): memcached refuses an empty pool. With `hold`, each route is wrapped in
+    /// `route_hold` (`ROUTES_LIBRARY`).
     /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
     /// written into a Lua string as is.
-    pub fn render(&self) -> String {
+    pub fn render(&self, local: &str) -> String {
         let mut lua = String::from(
             "-- Written by memcached-operator's agent from the layout the operator keeps.\n",
         );
@@ -98,19 +136,53 @@ impl Layout {
             lua.push_str("routes{\n    default = route_null{},\n}\n");
             return lua;
         }
-        let pool = |lua: &mut String, name: &str, members: &[String]| {
+        let pool = |lua: &mut String, name: &str, members: &[&String]| {
             lua.push_str(&format!("    {name} = {{\n        backends = {{\n"));
             for member in members {
                 lua.push_str(&format!("            \"{member}\",\n"));
             }
             lua.push_str("        },\n    },\n");
         };
-        lua.push_str("pools{\n");
-        pool(&mut lua, "members", &self.members);
-        if !self.previous.is_empty() {
-            pool(&mut lua, "previous", &self.previous);
-        }
-        lua.push_str("}\nroutes{\n");
+        let routes = match self.zones.is_empty() {
+            true => {
+                lua.push_str("pools{\n");
+                pool(
+                    &mut lua,
+                    "members",
+                    &self.members.iter().collect::<Vec<_>>(),
+                );
+                if !self.previous.is_empty() {
+                    pool(
+                        &mut lua,
+                        "previous",
+                        &self.previous.iter().collect::<Vec<_>>(),
+                    );
+                }
+                lua.push_str("}\n");
+                Routes {
+                    reads: vec!["members", "previous"]
+                        .into_iter()
+                        .map(String::from)
+                        .collect(),
+                    writes: vec!["members".to_string()],
+                }
+            }
+            false => {
+                lua.push_str("pools{\n");
+                let zoned = self.zoned_pools(local);
+                for (name, zone, members) in &zoned {
+                    lua.push_str(&format!("    -- zone {zone:?}\n"));
+                    pool(&mut lua, name, members);
+                }
+                lua.push_str("}\n");
+                let names = zoned.iter().map(|(name, ..)| name.clone());
+                Routes {
+                    reads: names.clone().collect(),
+                    writes: names.filter(|n| !n.ends_with(PREVIOUS)).collect(),
+                }
+            }
+        };
+        lua.push_str("routes{\n");
         let tries = (f64::from(HOLD_SECONDS) / HOLD_PAUSE) as u32 + 1;
         let held = |route: String| match self.hold {
             true => {
@@ -118,24 +190,79 @@ impl Layout {
             }
             false => route,
         };
-        if !self.previous.is_empty() {
+        let children = |pools: &[String]| {
+            let quoted: Vec<String> = pools.iter().map(|p| format!("\"{p}\"")).collect();
+            format!("children = {{ {} }}", quoted.join(", "))
+        };
+        let reads = routes
+            .reads
+            .iter()
+            .filter(|p| !p.as_str().eq("previous") || !self.previous.is_empty())
+            .cloned()
+            .collect::<Vec<_>>();
+        if reads.len() > 1 {
             lua.push_str("    cmap = {\n");
-            let both = "children = { \"members\", \"previous\" }";
+            let all = children(&reads);
             for read in READS {
-                let route = held(format!("route_failover{{ {both}, miss = true }}"));
+                let route = held(format!("route_failover{{ {all}, miss = true }}"));
                 lua.push_str(&format!("        {read} = {route},\n"));
             }
             for delete in DELETES {
-                let route = held(format!("route_deleteall{{ {both} }}"));
+                let route = held(format!("route_deleteall{{ {all} }}"));
                 lua.push_str(&format!("        {delete} = {route},\n"));
             }
             lua.push_str("    },\n");
         }
-        let route = held("route_direct{ child = \"members\" }".to_string());
-        lua.push_str(&format!("    default = {route},\n}}\n"));
+        let route = match routes.writes.as_slice() {
+            [one] => format!("route_direct{{ child = \"{one}\" }}"),
+            zones => format!("route_zwrite{{ {} }}", children(zones)),
+        };
+        lua.push_str(&format!("    default = {},\n}}\n", held(route)));
         lua
     }
+
+    /// The pools of a zoned layout, in the order a read asks them: the proxy's own zone
+    /// first, then the others by name; each zone's members, then its members of the previous
+    /// layout. (pool name, zone, members)
+    fn zoned_pools(&self, local: &str) -> Vec<(String, &str, Vec<&String>)> {
+        let mut zones: Vec<&str> = self
+            .zones
+            .iter()
+            .chain(&self.previous_zones)
+            .map(String::as_str)
+            .collect();
+        zones.sort_by_key(|z| (*z != local, *z));
+        zones.dedup();
+        fn in_zone<'a>(members: &'a [String], zones: &[String], zone: &str) -> Vec<&'a String> {
+            let zoned = members.iter().zip(zones);
+            zoned.filter(|(_, z)| *z == zone).map(|(m, _)| m).collect()
+        }
+        let mut pools = Vec::new();
+        for (i, zone) in zones.into_iter().enumerate() {
+            for (suffix, members) in [
+                ("", in_zone(&self.members, &self.zones, zone)),
+                (
+                    PREVIOUS,
+                    in_zone(&self.previous, &self.previous_zones, zone),
+                ),
+            ] {
+                if !members.is_empty() {
+                    pools.push((format!("zone{i}{suffix}"), zone, members));
+                }
+            }
+        }
+        pools
+    }
 }
+
+/// The pools reads ask, in order, and those writes go to.
+struct Routes {
+    reads: Vec<String>,
+    writes: Vec<String>,
+}
+
+/// The suffix of a zone's pool of the previous layout.
+const PREVIOUS: &str = "_previous";
 
 /// The member (by its place in a layout of `members`) memcached's proxy sends `key` to: its
 /// pools' defaults, XXH3 of the whole key with seed 0, then the jump hash over the backends
@@ -149,6 +276,22 @@ pub fn owner(key: &[u8], members: usize) -> usize {
         j = ((b + 1) as f64 * ((1_i64 << 31) as f64 / ((hash >> 33) + 1) as f64)) as i64;
     }
     b.max(0) as usize
+}
+
+/// A zone as a label's value may name it (or "", none): it is written into the configuration
+/// only as a comment, but checked all the same.
+fn check_zone(zone: &str) -> Result<(), String> {
+    let inner = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let edge = |b: Option<&u8>| b.is_none_or(u8::is_ascii_alphanumeric);
+    let bytes = zone.as_bytes();
+    match bytes.len() <= 63
+        && bytes.iter().all(|b| inner(*b))
+        && edge(bytes.first())
+        && edge(bytes.last())
+    {
+        true => Ok(()),
+        false => Err(format!("zone {zone:?} is not a label's value")),
+    }
 }
 
 /// A member's address as the layout may hold it (see `Layout::check`).

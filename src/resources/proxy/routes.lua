@@ -76,3 +76,56 @@ function route_deleteall_start(a, ctx, fgen)
     end
     fgen:ready({ a = handles, n = ctx:label(), f = route_deleteall_f })
 end
+
+-- route_zwrite: with zone-local reads, a write sent to the pool of every zone, the proxy's own
+-- first. Its answer is the first zone's that answered (the proxy's own, unless it failed). A
+-- zone that answered otherwise (a cas that matched only the copy the client read, an add where
+-- that zone still had the key, a zone down) loses its copy of the key: a read there then misses
+-- and asks the other zones, instead of finding a value the client was not told of.
+register_route_handlers({ "zwrite" })
+
+function route_zwrite_conf(t, ctx)
+    return t
+end
+
+local function route_zwrite_f(rctx, a)
+    local writes, deletes = a.writes, a.deletes
+    return function(r)
+        rctx:enqueue(r, writes)
+        rctx:wait_cond(#writes, mcp.WAIT_ANY)
+        local answer = nil
+        for x = 1, #writes do
+            local res = rctx:result(writes[x])
+            if res ~= nil and res:ok() then
+                answer = res
+                break
+            end
+            answer = answer or res
+        end
+        if answer == nil then
+            return nil
+        end
+        local stale = {}
+        for x = 1, #writes do
+            local res = rctx:result(writes[x])
+            if res == nil or not res:ok() or res:code() ~= answer:code() then
+                table.insert(stale, deletes[x])
+            end
+        end
+        local key = r:key()
+        if #stale > 0 and key ~= nil and key ~= "" then
+            rctx:enqueue(mcp.request("delete " .. key .. "\r\n"), stale)
+            rctx:wait_cond(#stale, mcp.WAIT_ANY)
+        end
+        return answer
+    end
+end
+
+function route_zwrite_start(a, ctx, fgen)
+    local writes, deletes = {}, {}
+    for _, child in pairs(a.children) do
+        table.insert(writes, fgen:new_handle(child))
+        table.insert(deletes, fgen:new_handle(child))
+    end
+    fgen:ready({ a = { writes = writes, deletes = deletes }, n = ctx:label(), f = route_zwrite_f })
+end

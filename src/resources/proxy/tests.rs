@@ -21,7 +21,7 @@ fn the_layout_is_the_members_addresses_in_ordinal_order() {
             "cache-2.cache.default.svc:11211"
         ]
     );
-    let lua = layout.render();
+    let lua = layout.render("");
     let at = |m: &str| lua.find(&format!("\"{m}\"")).unwrap();
     assert!(at(&layout.members[0]) < at(&layout.members[1]));
     assert!(at(&layout.members[1]) < at(&layout.members[2]));
@@ -30,7 +30,7 @@ fn the_layout_is_the_members_addresses_in_ordinal_order() {
 
 #[test]
 fn no_members_route_every_command_to_a_miss_not_to_an_empty_pool() {
-    let lua = Layout::of(&proxied(0), 0, None).render();
+    let lua = Layout::of(&proxied(0), 0, None).render("");
     assert!(lua.contains("route_null"), "{lua}");
     assert!(!lua.contains("pools{"), "{lua}");
 }
@@ -153,7 +153,7 @@ fn during_a_handover_reads_that_miss_ask_the_previous_layout_and_deletes_go_to_b
     let layout = Layout::of(&mc, 4, Some(3));
     assert_eq!(layout.previous.len(), 3);
     assert_eq!(layout.previous[..], layout.members[..3]);
-    let lua = layout.render();
+    let lua = layout.render("");
     for read in ["get", "gets", "gat", "gats", "mg"] {
         assert!(
             lua.contains(&format!(
@@ -485,9 +485,9 @@ fn a_key_moves_only_to_a_member_added_and_each_member_owns_its_share() {
 #[test]
 fn while_the_members_are_updated_every_route_holds_what_no_member_answered() {
     let mut layout = Layout::of(&proxied(4), 4, Some(3));
-    assert!(!layout.render().contains("route_hold"));
+    assert!(!layout.render("").contains("route_hold"));
     layout.hold = true;
-    let lua = layout.render();
+    let lua = layout.render("");
     let holds = |route: &str| format!("route_hold{{ child = {route}, tries = 21, pause = 0.25 }}");
     assert!(
         lua.contains(&format!(
@@ -509,4 +509,120 @@ fn while_the_members_are_updated_every_route_holds_what_no_member_answered() {
         let registered = format!("register_route_handlers({{ \"{handler}\" }})");
         assert!(ROUTES_LIBRARY.contains(&registered), "{handler}");
     }
+}
+
+fn zoned(size: i32) -> Memcached {
+    let mut mc = proxied(size);
+    mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
+    mc
+}
+
+#[test]
+fn with_zone_local_reads_each_zone_holds_a_copy_and_reads_ask_the_proxys_own_zone_first() {
+    let zones = ["b", "a", "c", "a"];
+    let zone = |n: i32| zones.get(n as usize).map(|z| z.to_string());
+    let layout = Layout::of(&zoned(4), 4, None).in_zones(&zoned(4), zone);
+    assert_eq!(layout.zones, zones);
+    let member = |n: usize| format!("\"{}\"", layout.members[n]);
+    // A proxy in zone a: its own zone's pool first (cache-1 and cache-3), then b, then c.
+    let lua = layout.render("a");
+    let pool = |name: &str| {
+        let at = lua.find(&format!("    {name} = {{")).unwrap();
+        let end = at + lua[at..].find("    },\n").unwrap();
+        lua[at..end].to_string()
+    };
+    assert!(pool("zone0").contains(&member(1)) && pool("zone0").contains(&member(3)));
+    assert!(!pool("zone0").contains(&member(0)), "{lua}");
+    assert!(pool("zone1").contains(&member(0)), "{lua}");
+    assert!(pool("zone2").contains(&member(2)), "{lua}");
+    let all = "children = { \"zone0\", \"zone1\", \"zone2\" }";
+    for read in ["get", "gets", "gat", "gats", "mg"] {
+        let route = format!("{read} = route_failover{{ {all}, miss = true }}");
+        assert!(lua.contains(&route), "{lua}");
+    }
+    for delete in ["delete", "md"] {
+        assert!(
+            lua.contains(&format!("{delete} = route_deleteall{{ {all} }}")),
+            "{lua}"
+        );
+    }
+    assert!(
+        lua.contains(&format!("default = route_zwrite{{ {all} }}")),
+        "{lua}"
+    );
+    // A proxy in zone c asks c first; one whose zone is unknown (or has no members) asks the
+    // zones by name.
+    let in_c = layout.render("c");
+    assert!(in_c.contains("-- zone \"c\"\n    zone0 = {"), "{in_c}");
+    let unknown = layout.render("");
+    assert!(
+        unknown.contains("-- zone \"a\"\n    zone0 = {"),
+        "{unknown}"
+    );
+    assert!(
+        unknown.contains("-- zone \"c\"\n    zone2 = {"),
+        "{unknown}"
+    );
+    // During a handover each zone's previous members are asked after its own; writes go to
+    // the layout's pools alone, deletes to all.
+    let handover = Layout::of(&zoned(4), 4, Some(3)).in_zones(&zoned(4), zone);
+    let lua = handover.render("a");
+    let reads = "children = { \"zone0\", \"zone0_previous\", \"zone1\", \"zone1_previous\", \"zone2\", \"zone2_previous\" }";
+    assert!(
+        lua.contains(&format!("get = route_failover{{ {reads}, miss = true }}")),
+        "{lua}"
+    );
+    assert!(
+        lua.contains(&format!("delete = route_deleteall{{ {reads} }}")),
+        "{lua}"
+    );
+    assert!(
+        lua.contains(&format!("default = route_zwrite{{ {all} }}")),
+        "{lua}"
+    );
+    // One zone: as without zones, one pool.
+    let one = Layout::of(&zoned(2), 2, None).in_zones(&zoned(2), |_| Some("a".into()));
+    assert!(
+        one.render("a")
+            .contains("default = route_direct{ child = \"zone0\" }")
+    );
+    // The agent reads back what the operator writes; zones off, none are written.
+    let text = serde_json::to_string(&handover).unwrap();
+    assert_eq!(Layout::check(&text).unwrap(), handover);
+    let off = Layout::of(&proxied(4), 4, None).in_zones(&proxied(4), zone);
+    assert!(!serde_json::to_string(&off).unwrap().contains("zones"));
+    assert!(ROUTES_LIBRARY.contains("register_route_handlers({ \"zwrite\" })"));
+}
+
+#[test]
+fn the_check_refuses_zones_that_do_not_match_the_members_or_are_no_labels_value() {
+    let members = r#""members": ["a:1", "b:1"]"#;
+    let refused = [
+        (
+            format!("{{{members}, \"zones\": [\"a\"]}}"),
+            "1 zones for 2 members",
+        ),
+        (
+            format!("{{{members}, \"zones\": [\"a\", \"b\"], \"previous\": [\"a:1\"]}}"),
+            "0 zones for 1 members",
+        ),
+        (
+            format!("{{{members}, \"zones\": [\"a\", \"-b\"]}}"),
+            "not a label's value",
+        ),
+        (
+            format!("{{{members}, \"zones\": [\"a\", \"b\\n}}\"]}}"),
+            "not a label's value",
+        ),
+        (
+            format!("{{{members}, \"zones\": [\"a\", \"{}\"]}}", "z".repeat(64)),
+            "not a label's value",
+        ),
+    ];
+    for (text, why) in refused {
+        let error = Layout::check(&text).unwrap_err();
+        assert!(error.contains(why), "{text}: {error}");
+    }
+    let taken = format!("{{{members}, \"zones\": [\"eu-west-1a\", \"\"]}}");
+    assert_eq!(Layout::check(&taken).unwrap().zones, ["eu-west-1a", ""]);
 }

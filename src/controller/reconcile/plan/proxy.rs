@@ -65,6 +65,24 @@ impl ProxyPlan {
     }
 }
 
+impl ProxyPlan {
+    /// With zone-local reads, the layout names each member's zone (`Layout::in_zones`).
+    pub fn in_zones(mut self, mc: &Memcached, zone: impl Fn(i32) -> Option<String>) -> Self {
+        self.layout = self.layout.in_zones(mc, &zone);
+        if let Some(sweep) = self
+            .sweep
+            .as_mut()
+            .filter(|_| !self.layout.zones.is_empty())
+        {
+            let beyond = sweep.members.iter().map(|n| n + 1).max().unwrap_or(0);
+            sweep.zones = (0..sweep.layout.max(beyond))
+                .map(|n| zone(n).unwrap_or_default())
+                .collect();
+        }
+        self
+    }
+}
+
 /// The members swept before a change of layout, against the layout the proxies route by.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
@@ -75,6 +93,22 @@ pub struct Sweep {
     /// The previous layout still serves what misses: a key owned elsewhere is handed to its
     /// owner, not dropped.
     pub keep_moved: bool,
+    /// With zone-local reads, each member's zone by ordinal: a member is swept against its
+    /// zone's members in the layout in force.
+    pub zones: Vec<String>,
+}
+
+impl Sweep {
+    /// The members of the layout in force that `n`'s keys are placed over (with zones, its
+    /// zone's alone), and its place among them (None: outside the layout).
+    pub fn owners_of(&self, n: i32) -> (Vec<i32>, Option<usize>) {
+        let zone = |m: i32| self.zones.get(m as usize);
+        let owners: Vec<i32> = (0..self.layout)
+            .filter(|m| self.zones.is_empty() || zone(*m) == zone(n))
+            .collect();
+        let place = owners.iter().position(|m| *m == n);
+        (owners, place)
+    }
 }
 
 /// How long members the previous layout held stay after the handover ends: the proxies load the
@@ -126,6 +160,7 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
                 .collect(),
             layout: routed,
             keep_moved,
+            zones: Vec::new(),
         })
         .filter(|s| !s.members.is_empty());
     Some(ProxyPlan {
@@ -315,6 +350,45 @@ mod tests {
         let first = layout(&proxied(3, None, now), |n| n < 2, now).unwrap();
         let first = first.holding(&proxied(3, None, now), true, now);
         assert_eq!((first.layout.hold, first.members_wait), (false, None));
+    }
+
+    #[test]
+    fn with_zone_local_reads_the_layout_names_each_members_zone_and_each_is_swept_in_its_own() {
+        let now = Timestamp::now();
+        let zones = ["b", "a", "c", "a"];
+        let zone = |n: i32| zones.get(n as usize).map(|z| z.to_string());
+        let mut mc = proxied(4, Some((3, None)), now);
+        let plain = layout(&mc, all, now).unwrap().in_zones(&mc, zone);
+        assert!(plain.layout.zones.is_empty(), "off by default");
+        assert!(plain.sweep.unwrap().zones.is_empty());
+        mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
+        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, zone);
+        assert_eq!(plan.layout.zones, ["b", "a", "c", "a"]);
+        assert_eq!(plan.layout.previous_zones, ["b", "a", "c"]);
+        // 3 -> 4: cache-3 joins zone a, where cache-1 held every key alone: cache-1 keeps
+        // what zone a's layout in force routes to it (all of it); cache-3 is emptied.
+        let sweep = plan.sweep.unwrap();
+        assert_eq!(sweep.owners_of(1), (vec![1], Some(0)));
+        assert_eq!(sweep.owners_of(0), (vec![0], Some(0)));
+        assert_eq!(sweep.owners_of(3), (vec![1], None));
+        // 4 -> 3 after: cache-3 leaves zone a, whose keys were placed over cache-1 and cache-3.
+        let back = layout(
+            &{
+                let mut mc = proxied(3, Some((4, None)), now);
+                mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
+                mc
+            },
+            all,
+            now,
+        )
+        .unwrap()
+        .in_zones(&mc, zone);
+        let sweep = back.sweep.unwrap();
+        assert_eq!(sweep.owners_of(3), (vec![1, 3], Some(1)));
+        assert_eq!(sweep.owners_of(2), (vec![2], Some(0)));
+        // A member whose pod has no zone label is in the zone "".
+        let unlabelled = layout(&mc, all, now).unwrap().in_zones(&mc, |_| None);
+        assert_eq!(unlabelled.layout.zones, ["", "", "", ""]);
     }
 
     #[test]

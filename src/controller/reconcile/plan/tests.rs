@@ -29,6 +29,7 @@ fn seeing(mc: &Memcached, members: &[&str], there: impl Fn(&str) -> Option<Secre
             not_ready_since: None,
             revision: Some(revision.clone()),
             controller: Controller::Memcached,
+            zone: None,
         })
         .collect();
     Seen {
