@@ -402,4 +402,11 @@ async fn with_zone_local_reads_the_layout_names_the_zone_each_member_runs_in() {
         (grouped.len() == 2).then_some(())
     })
     .await;
+    // The keys move between zones' pools as in a change of members: the members were swept
+    // first (here the fake kubelet's, with no memcached: a Warning names each).
+    let failed = events_with_reason(&client, &ns, "cache", "SweepFailed").await;
+    assert!(
+        !failed.is_empty(),
+        "the members swept before the zones changed"
+    );
 }

@@ -39,7 +39,7 @@ pub fn plan(mc: &Memcached, seen: &Seen, mut desired: Desired) -> Plan {
     let updating = !seen.members.all_updated();
     let zone = |n| seen.members.zone(mc, n);
     let proxy = proxy::layout(mc, ready, seen.now)
-        .map(|p| p.holding(mc, updating, seen.now).in_zones(mc, zone));
+        .map(|p| p.holding(mc, updating, seen.now).in_zones(mc, zone, ready));
     desired.proxy.config_map = proxy
         .as_ref()
         .map(|p| resources::proxy::config_map(mc, &p.layout));

@@ -9,10 +9,13 @@
 //! the members are swept against the layout in force (`controller/sweep.rs`), so that no copy
 //! a key left behind reads back when a later layout routes the key there again.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use kube::ResourceExt;
 
 use crate::api::{Handover, Memcached};
 use crate::resources::proxy::{self, Layout};
@@ -66,17 +69,52 @@ impl ProxyPlan {
 }
 
 impl ProxyPlan {
-    /// With zone-local reads, the layout names each member's zone (`Layout::in_zones`).
-    pub fn in_zones(mut self, mc: &Memcached, zone: impl Fn(i32) -> Option<String>) -> Self {
+    /// With zone-local reads, the layout names each member's zone (`Layout::in_zones`), and
+    /// the sweep places each member's keys over its zone's members in the layout in force.
+    /// A change of zones alone (a member found in another zone, zone-local reads turned on or
+    /// off) moves keys as a change of members does: the members `ready` are swept first.
+    pub fn in_zones(
+        mut self,
+        mc: &Memcached,
+        zone: impl Fn(i32) -> Option<String>,
+        ready: impl Fn(i32) -> bool,
+    ) -> Self {
         self.layout = self.layout.in_zones(mc, &zone);
-        if let Some(sweep) = self
-            .sweep
-            .as_mut()
-            .filter(|_| !self.layout.zones.is_empty())
-        {
+        let last = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
+        let routed = last.map_or(0, |l| l.members);
+        // The zones in force, as the status reports them (none: one pool).
+        let reported: HashMap<&str, &str> = last
+            .into_iter()
+            .flat_map(|l| &l.zones)
+            .flat_map(|z| z.members.iter().map(|m| (m.as_str(), z.zone.as_str())))
+            .collect();
+        let name = mc.name_any();
+        let was = |n: i32| reported.get(format!("{name}-{n}").as_str()).copied();
+        let zoned = !self.layout.zones.is_empty();
+        let zoned_before = !reported.is_empty();
+        let moved = routed > 0
+            && self.members == routed
+            && (zoned != zoned_before
+                || zoned && (0..routed).any(|n| was(n) != Some(&self.layout.zones[n as usize])));
+        if moved && self.sweep.is_none() {
+            self.sweep = Some(Sweep {
+                members: (0..self.keep).filter(|n| ready(*n)).collect(),
+                layout: routed,
+                // During a handover the previous layout still reads from the owners before.
+                keep_moved: !self.layout.previous.is_empty(),
+                zones: Vec::new(),
+            })
+            .filter(|s| !s.members.is_empty());
+        }
+        if let Some(sweep) = self.sweep.as_mut().filter(|_| zoned_before) {
             let beyond = sweep.members.iter().map(|n| n + 1).max().unwrap_or(0);
             sweep.zones = (0..sweep.layout.max(beyond))
-                .map(|n| zone(n).unwrap_or_default())
+                .map(|n| {
+                    was(n)
+                        .map(str::to_string)
+                        .or_else(|| zone(n))
+                        .unwrap_or_default()
+                })
                 .collect();
         }
         self
@@ -178,7 +216,7 @@ pub fn layout(mc: &Memcached, ready: impl Fn(i32) -> bool, now: Timestamp) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ProxySpec, ProxyStatus};
+    use crate::api::{ProxySpec, ProxyStatus, ZoneMembers};
     use crate::fixtures::memcached;
 
     fn proxied(size: i32, last: Option<(i32, Option<(i32, i64)>)>, now: Timestamp) -> Memcached {
@@ -352,17 +390,42 @@ mod tests {
         assert_eq!((first.layout.hold, first.members_wait), (false, None));
     }
 
+    /// `mc` with zone-local reads, its status reporting the layout in force in `zones`.
+    fn in_zones(mut mc: Memcached, zones: &[(&str, &[&str])]) -> Memcached {
+        mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
+        let status = mc
+            .status
+            .get_or_insert_default()
+            .proxy
+            .get_or_insert_default();
+        status.zones = zones
+            .iter()
+            .map(|(zone, members)| ZoneMembers {
+                zone: zone.to_string(),
+                members: members.iter().map(|m| m.to_string()).collect(),
+            })
+            .collect();
+        mc
+    }
+
     #[test]
     fn with_zone_local_reads_the_layout_names_each_members_zone_and_each_is_swept_in_its_own() {
         let now = Timestamp::now();
         let zones = ["b", "a", "c", "a"];
         let zone = |n: i32| zones.get(n as usize).map(|z| z.to_string());
-        let mut mc = proxied(4, Some((3, None)), now);
-        let plain = layout(&mc, all, now).unwrap().in_zones(&mc, zone);
+        let plain = proxied(4, Some((3, None)), now);
+        let plain = layout(&plain, all, now)
+            .unwrap()
+            .in_zones(&plain, zone, all);
         assert!(plain.layout.zones.is_empty(), "off by default");
         assert!(plain.sweep.unwrap().zones.is_empty());
-        mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
-        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, zone);
+        let in_force: &[(&str, &[&str])] = &[
+            ("a", &["cache-1"]),
+            ("b", &["cache-0"]),
+            ("c", &["cache-2"]),
+        ];
+        let mc = in_zones(proxied(4, Some((3, None)), now), in_force);
+        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, zone, all);
         assert_eq!(plan.layout.zones, ["b", "a", "c", "a"]);
         assert_eq!(plan.layout.previous_zones, ["b", "a", "c"]);
         // 3 -> 4: cache-3 joins zone a, where cache-1 held every key alone: cache-1 keeps
@@ -372,23 +435,77 @@ mod tests {
         assert_eq!(sweep.owners_of(0), (vec![0], Some(0)));
         assert_eq!(sweep.owners_of(3), (vec![1], None));
         // 4 -> 3 after: cache-3 leaves zone a, whose keys were placed over cache-1 and cache-3.
-        let back = layout(
-            &{
-                let mut mc = proxied(3, Some((4, None)), now);
-                mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
-                mc
-            },
-            all,
-            now,
-        )
-        .unwrap()
-        .in_zones(&mc, zone);
-        let sweep = back.sweep.unwrap();
+        let four: &[(&str, &[&str])] = &[
+            ("a", &["cache-1", "cache-3"]),
+            ("b", &["cache-0"]),
+            ("c", &["cache-2"]),
+        ];
+        let back = in_zones(proxied(3, Some((4, None)), now), four);
+        let sweep = layout(&back, all, now)
+            .unwrap()
+            .in_zones(&back, zone, all)
+            .sweep
+            .unwrap();
         assert_eq!(sweep.owners_of(3), (vec![1, 3], Some(1)));
         assert_eq!(sweep.owners_of(2), (vec![2], Some(0)));
         // A member whose pod has no zone label is in the zone "".
-        let unlabelled = layout(&mc, all, now).unwrap().in_zones(&mc, |_| None);
+        let unlabelled = layout(&mc, all, now).unwrap().in_zones(&mc, |_| None, all);
         assert_eq!(unlabelled.layout.zones, ["", "", "", ""]);
+    }
+
+    #[test]
+    fn a_change_of_zones_alone_sweeps_the_members_against_the_zones_in_force() {
+        let now = Timestamp::now();
+        let in_force: &[(&str, &[&str])] = &[("a", &["cache-0", "cache-2"]), ("b", &["cache-1"])];
+        let mc = in_zones(proxied(3, Some((3, None)), now), in_force);
+        let same = |n: i32| ["a", "b", "a"].get(n as usize).map(|z| z.to_string());
+        let quiet = layout(&mc, all, now).unwrap().in_zones(&mc, same, all);
+        assert_eq!(quiet.sweep, None, "nothing moved");
+        // cache-2 found in zone b: zone a's keys, placed over cache-0 and cache-2, move.
+        let moved = |n: i32| ["a", "b", "b"].get(n as usize).map(|z| z.to_string());
+        let plan = layout(&mc, all, now)
+            .unwrap()
+            .in_zones(&mc, moved, |n| n != 1);
+        assert_eq!(plan.layout.zones, ["a", "b", "b"]);
+        let sweep = plan.sweep.unwrap();
+        assert_eq!(
+            (sweep.members.clone(), sweep.layout, sweep.keep_moved),
+            (vec![0, 2], 3, false)
+        );
+        assert_eq!(sweep.zones, ["a", "b", "a"], "the zones in force");
+        assert_eq!(sweep.owners_of(2), (vec![0, 2], Some(1)));
+        // Turned on (the layout in force one pool) and off again: swept each time.
+        let mut on = proxied(3, Some((3, None)), now);
+        on.spec.proxy.as_mut().unwrap().zone_local_reads = true;
+        let sweep = layout(&on, all, now)
+            .unwrap()
+            .in_zones(&on, same, all)
+            .sweep
+            .unwrap();
+        assert!(sweep.zones.is_empty(), "against the one pool in force");
+        let mut off = mc.clone();
+        off.spec.proxy.as_mut().unwrap().zone_local_reads = false;
+        let sweep = layout(&off, all, now)
+            .unwrap()
+            .in_zones(&off, same, all)
+            .sweep
+            .unwrap();
+        assert_eq!(sweep.zones, ["a", "b", "a"]);
+        // During a handover, what the previous layout reads is handed to its owner, not lost.
+        let handing = in_zones(proxied(3, Some((3, Some((4, 60)))), now), in_force);
+        let plan = layout(&handing, all, now)
+            .unwrap()
+            .in_zones(&handing, moved, all);
+        assert!(plan.sweep.unwrap().keep_moved);
+        // Nothing routed yet: nothing to sweep.
+        let first = in_zones(proxied(3, None, now), &[]);
+        assert_eq!(
+            layout(&first, all, now)
+                .unwrap()
+                .in_zones(&first, moved, all)
+                .sweep,
+            None
+        );
     }
 
     #[test]
