@@ -117,9 +117,9 @@ impl Layout {
     /// memcached's route configuration (its embedded route library's) for this layout, for a
     /// proxy in zone `local` (with zone-local reads; "" if its pod has none): one pool of the
     /// members, every command routed to the member its key hashes to; or, with zones, a pool
-    /// of each zone's members (`zoned_routes`). Without members every command gets a miss
-    /// (`route_null`): memcached refuses an empty pool. With `hold`, each route is wrapped in
-    /// `route_hold` (`ROUTES_LIBRARY`).
+    /// of each zone's members (`pools`), writes to all of them and reads to the proxy's zone
+    /// first. Without members every command gets a miss (`route_null`): memcached refuses an
+    /// empty pool. With `hold`, each route is wrapped in `route_hold` (`ROUTES_LIBRARY`).
     /// Only called on a checked layout: each address is plain `[a-z0-9.-]+:port`, so it is
     /// written into a Lua string as is.
     pub fn render(&self, local: &str) -> String {
@@ -136,53 +136,19 @@ impl Layout {
             lua.push_str("routes{\n    default = route_null{},\n}\n");
             return lua;
         }
-        let pool = |lua: &mut String, name: &str, members: &[&String]| {
-            lua.push_str(&format!("    {name} = {{\n        backends = {{\n"));
-            for member in members {
+        let pools = self.pools(local);
+        lua.push_str("pools{\n");
+        for pool in &pools {
+            if let Some(zone) = pool.zone {
+                lua.push_str(&format!("    -- zone {zone:?}\n"));
+            }
+            lua.push_str(&format!("    {} = {{\n        backends = {{\n", pool.name));
+            for member in &pool.members {
                 lua.push_str(&format!("            \"{member}\",\n"));
             }
             lua.push_str("        },\n    },\n");
-        };
-        let routes = match self.zones.is_empty() {
-            true => {
-                lua.push_str("pools{\n");
-                pool(
-                    &mut lua,
-                    "members",
-                    &self.members.iter().collect::<Vec<_>>(),
-                );
-                if !self.previous.is_empty() {
-                    pool(
-                        &mut lua,
-                        "previous",
-                        &self.previous.iter().collect::<Vec<_>>(),
-                    );
-                }
-                lua.push_str("}\n");
-                Routes {
-                    reads: vec!["members", "previous"]
-                        .into_iter()
-                        .map(String::from)
-                        .collect(),
-                    writes: vec!["members".to_string()],
-                }
-            }
-            false => {
-                lua.push_str("pools{\n");
-                let zoned = self.zoned_pools(local);
-                for (name, zone, members) in &zoned {
-                    lua.push_str(&format!("    -- zone {zone:?}\n"));
-                    pool(&mut lua, name, members);
-                }
-                lua.push_str("}\n");
-                let names = zoned.iter().map(|(name, ..)| name.clone());
-                Routes {
-                    reads: names.clone().collect(),
-                    writes: names.filter(|n| !n.ends_with(PREVIOUS)).collect(),
-                }
-            }
-        };
-        lua.push_str("routes{\n");
+        }
+        lua.push_str("}\nroutes{\n");
         let tries = (f64::from(HOLD_SECONDS) / HOLD_PAUSE) as u32 + 1;
         let held = |route: String| match self.hold {
             true => {
@@ -190,19 +156,14 @@ impl Layout {
             }
             false => route,
         };
-        let children = |pools: &[String]| {
-            let quoted: Vec<String> = pools.iter().map(|p| format!("\"{p}\"")).collect();
+        let children = |pools: &[&Pool]| {
+            let quoted: Vec<String> = pools.iter().map(|p| format!("\"{}\"", p.name)).collect();
             format!("children = {{ {} }}", quoted.join(", "))
         };
-        let reads = routes
-            .reads
-            .iter()
-            .filter(|p| !p.as_str().eq("previous") || !self.previous.is_empty())
-            .cloned()
-            .collect::<Vec<_>>();
-        if reads.len() > 1 {
+        let all: Vec<&Pool> = pools.iter().collect();
+        if all.len() > 1 {
             lua.push_str("    cmap = {\n");
-            let all = children(&reads);
+            let all = children(&all);
             for read in READS {
                 let route = held(format!("route_failover{{ {all}, miss = true }}"));
                 lua.push_str(&format!("        {read} = {route},\n"));
@@ -213,18 +174,41 @@ impl Layout {
             }
             lua.push_str("    },\n");
         }
-        let route = match routes.writes.as_slice() {
-            [one] => format!("route_direct{{ child = \"{one}\" }}"),
+        let writes: Vec<&Pool> = pools.iter().filter(|p| !p.previous).collect();
+        let route = match writes.as_slice() {
+            [one] => format!("route_direct{{ child = \"{}\" }}", one.name),
             zones => format!("route_zwrite{{ {} }}", children(zones)),
         };
         lua.push_str(&format!("    default = {},\n}}\n", held(route)));
         lua
     }
 
-    /// The pools of a zoned layout, in the order a read asks them: the proxy's own zone
-    /// first, then the others by name; each zone's members, then its members of the previous
-    /// layout. (pool name, zone, members)
-    fn zoned_pools(&self, local: &str) -> Vec<(String, &str, Vec<&String>)> {
+    /// The pools, in the order a read that misses asks them: the members, then the previous
+    /// layout's; with zones, the proxy's own zone first, then the others by name, each
+    /// zone's members and then its members of the previous layout.
+    fn pools<'a>(&'a self, local: &str) -> Vec<Pool<'a>> {
+        fn pool<'a>(name: String, zone: Option<&'a str>, members: Vec<&'a String>) -> Pool<'a> {
+            let previous = name.ends_with("previous");
+            Pool {
+                name,
+                zone,
+                members,
+                previous,
+            }
+        }
+        fn in_zone<'a>(members: &'a [String], zones: &[String], zone: &str) -> Vec<&'a String> {
+            let zoned = members.iter().zip(zones);
+            zoned.filter(|(_, z)| *z == zone).map(|(m, _)| m).collect()
+        }
+        let mut pools = Vec::new();
+        if self.zones.is_empty() {
+            pools.push(pool("members".into(), None, self.members.iter().collect()));
+            pools.push(pool(
+                "previous".into(),
+                None,
+                self.previous.iter().collect(),
+            ));
+        }
         let mut zones: Vec<&str> = self
             .zones
             .iter()
@@ -233,36 +217,26 @@ impl Layout {
             .collect();
         zones.sort_by_key(|z| (*z != local, *z));
         zones.dedup();
-        fn in_zone<'a>(members: &'a [String], zones: &[String], zone: &str) -> Vec<&'a String> {
-            let zoned = members.iter().zip(zones);
-            zoned.filter(|(_, z)| *z == zone).map(|(m, _)| m).collect()
-        }
-        let mut pools = Vec::new();
         for (i, zone) in zones.into_iter().enumerate() {
-            for (suffix, members) in [
-                ("", in_zone(&self.members, &self.zones, zone)),
-                (
-                    PREVIOUS,
-                    in_zone(&self.previous, &self.previous_zones, zone),
-                ),
-            ] {
-                if !members.is_empty() {
-                    pools.push((format!("zone{i}{suffix}"), zone, members));
-                }
-            }
+            let members = in_zone(&self.members, &self.zones, zone);
+            let previous = in_zone(&self.previous, &self.previous_zones, zone);
+            pools.push(pool(format!("zone{i}"), Some(zone), members));
+            pools.push(pool(format!("zone{i}_previous"), Some(zone), previous));
         }
+        pools.retain(|p| !p.members.is_empty());
         pools
     }
 }
 
-/// The pools reads ask, in order, and those writes go to.
-struct Routes {
-    reads: Vec<String>,
-    writes: Vec<String>,
+/// One of the route configuration's pools.
+struct Pool<'a> {
+    name: String,
+    /// With zones, its zone.
+    zone: Option<&'a str>,
+    members: Vec<&'a String>,
+    /// Of the previous layout: reads that miss and deletes go there, writes not.
+    previous: bool,
 }
-
-/// The suffix of a zone's pool of the previous layout.
-const PREVIOUS: &str = "_previous";
 
 /// The member (by its place in a layout of `members`) memcached's proxy sends `key` to: its
 /// pools' defaults, XXH3 of the whole key with seed 0, then the jump hash over the backends

@@ -79,7 +79,6 @@ impl ProxyPlan {
         zone: impl Fn(i32) -> Option<String>,
         ready: impl Fn(i32) -> bool,
     ) -> Self {
-        self.layout = self.layout.in_zones(mc, &zone);
         let last = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
         let routed = last.map_or(0, |l| l.members);
         // The zones in force, as the status reports them (none: one pool).
@@ -90,6 +89,9 @@ impl ProxyPlan {
             .collect();
         let name = mc.name_any();
         let was = |n: i32| reported.get(format!("{name}-{n}").as_str()).copied();
+        // A member's pod recreated has no zone until it is bound: it keeps the one in force.
+        let zone = |n: i32| zone(n).or_else(|| was(n).map(str::to_string));
+        self.layout = self.layout.in_zones(mc, zone);
         let zoned = !self.layout.zones.is_empty();
         let zoned_before = !reported.is_empty();
         let moved = routed > 0
@@ -448,8 +450,11 @@ mod tests {
             .unwrap();
         assert_eq!(sweep.owners_of(3), (vec![1, 3], Some(1)));
         assert_eq!(sweep.owners_of(2), (vec![2], Some(0)));
-        // A member whose pod has no zone label is in the zone "".
-        let unlabelled = layout(&mc, all, now).unwrap().in_zones(&mc, |_| None, all);
+        // A member whose pod has no zone label (nor had one) is in the zone "".
+        let none = in_zones(proxied(4, Some((3, None)), now), &[]);
+        let unlabelled = layout(&none, all, now)
+            .unwrap()
+            .in_zones(&none, |_| None, all);
         assert_eq!(unlabelled.layout.zones, ["", "", "", ""]);
     }
 
@@ -491,6 +496,13 @@ mod tests {
             .sweep
             .unwrap();
         assert_eq!(sweep.zones, ["a", "b", "a"]);
+        // cache-2 recreated, not yet bound: no label, the zone in force kept; nothing moves.
+        let unbound = |n: i32| ["a", "b"].get(n as usize).map(|z| z.to_string());
+        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, unbound, all);
+        assert_eq!(
+            (plan.layout.zones.clone(), plan.sweep),
+            (vec!["a".into(), "b".into(), "a".into()], None)
+        );
         // During a handover, what the previous layout reads is handed to its owner, not lost.
         let handing = in_zones(proxied(3, Some((3, Some((4, 60)))), now), in_force);
         let plan = layout(&handing, all, now)
