@@ -1,6 +1,7 @@
-//! A kwok node whose pods answer on this host: kwok gives pods addresses from their node's
-//! `podCIDR`, and on a loopback network (127.0.0.0/8) a scripted server bound to a pod's address
-//! answers where the operator connects to the real one (the autoscaler's `stats`).
+//! kwok nodes of the tests' own. A loopback node's pods answer on this host: kwok gives pods
+//! addresses from their node's `podCIDR`, and on a loopback network (127.0.0.0/8) a scripted
+//! server bound to a pod's address answers where the operator connects to the real one (the
+//! autoscaler's `stats`). Zoned nodes give their pods zones (the proxy's zone-local reads).
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -17,16 +18,29 @@ pub async fn loopback_node(
     pod_cidr: &str,
     pods: u32,
 ) -> kube::Result<()> {
+    let labels = serde_json::json!({"type": "kwok", "kubernetes.io/hostname": name});
+    fake_node(client, name, labels, (pod_cidr, pods), LOOPBACK_TAINT).await
+}
+
+/// Creates (or keeps) kwok node `name` labelled `labels`, with room for `pods` on `pod_cidr`,
+/// tainted with `taint`.
+async fn fake_node(
+    client: &Client,
+    name: &str,
+    labels: serde_json::Value,
+    (pod_cidr, pods): (&str, u32),
+    taint: &str,
+) -> kube::Result<()> {
     let node: Node = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
             "name": name,
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
-            "labels": {"type": "kwok", "kubernetes.io/hostname": name},
+            "labels": labels,
         },
         "spec": {
             "podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
-            "taints": [{"key": LOOPBACK_TAINT, "value": "true", "effect": "NoSchedule"}],
+            "taints": [{"key": taint, "value": "true", "effect": "NoSchedule"}],
         },
         "status": {
             "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": pods.to_string()},
@@ -64,34 +78,11 @@ pub async fn zone_node(
     zone: &str,
     pod_cidr: &str,
 ) -> kube::Result<()> {
-    let node: Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
-            "labels": {
-                "type": "kwok", "kubernetes.io/hostname": name,
-                "topology.kubernetes.io/zone": zone, ZONE_TAINT: "true",
-            },
-        },
-        "spec": {
-            "podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
-            "taints": [{"key": ZONE_TAINT, "value": "true", "effect": "NoSchedule"}],
-        },
-        "status": {
-            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "100"},
-            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "100"},
-        },
-    }))
-    .expect("a Node");
-    match Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
+    let labels = serde_json::json!({
+        "type": "kwok", "kubernetes.io/hostname": name,
+        "topology.kubernetes.io/zone": zone, ZONE_TAINT: "true",
+    });
+    fake_node(client, name, labels, (pod_cidr, 100), ZONE_TAINT).await
 }
 
 /// The spec fields that put a Memcached's pods on the zoned nodes: its nodeSelector and
