@@ -68,10 +68,9 @@ pub const OWN_LABELS: [&str; 5] = [
     LABEL_PART_OF,
 ];
 const TOPOLOGY_HOSTNAME: &str = "kubernetes.io/hostname";
-const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
-/// A pod's zone: Kubernetes copies its node's `TOPOLOGY_ZONE` label onto it when it is bound
-/// (the PodTopologyLabels admission, on by default since 1.35).
-pub const ZONE_LABEL: &str = TOPOLOGY_ZONE;
+/// A node's zone; Kubernetes copies it onto each pod bound there (the PodTopologyLabels
+/// admission, on by default since 1.35), which is how the proxy learns its members' zones.
+pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Seconds a pod gets to stop after its preStop delay: memcached exits at once on SIGTERM, so
 /// this is margin, and with the default delay it gives Kubernetes' default grace of 30 s.
 const STOP_MARGIN_SECONDS: i64 = 20;

@@ -337,7 +337,7 @@ pub fn deployment(mc: &Memcached, memcached_image: &str, agent_image: &str) -> O
                 name: ZONE_ENV.to_string(),
                 value_from: Some(EnvVarSource {
                     field_ref: Some(ObjectFieldSelector {
-                        field_path: format!("metadata.labels['{}']", super::ZONE_LABEL),
+                        field_path: format!("metadata.labels['{}']", super::TOPOLOGY_ZONE),
                         ..ObjectFieldSelector::default()
                     }),
                     ..EnvVarSource::default()

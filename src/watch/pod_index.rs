@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::meta::Meta;
 use super::meta::resource_of;
-use crate::resources::{LABEL_INSTANCE, REVISION_LABEL, ZONE_LABEL};
+use crate::resources::{LABEL_INSTANCE, REVISION_LABEL, TOPOLOGY_ZONE};
 use crate::status::pods::{PodStatusSeen, PodTrouble};
 use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
@@ -94,7 +94,7 @@ struct PodEntry {
     /// Being deleted: counted for nothing, but its name is taken until it is gone.
     terminating: bool,
     controller: Controller,
-    /// Its zone (`ZONE_LABEL`, copied from its node when it is bound).
+    /// Its zone (`TOPOLOGY_ZONE`, copied from its node when it is bound).
     zone: Option<Box<str>>,
 }
 
@@ -132,7 +132,7 @@ pub struct Member {
     pub not_ready_since: Option<Timestamp>,
     pub revision: Option<String>,
     pub controller: Controller,
-    /// Its zone, as its pod is labelled (`ZONE_LABEL`).
+    /// Its zone, as its pod is labelled (`TOPOLOGY_ZONE`).
     pub zone: Option<String>,
 }
 
@@ -182,7 +182,7 @@ impl Index {
                 revision: pod.labels().get(REVISION_LABEL).map(|r| r.as_str().into()),
                 terminating: pod.metadata.deletion_timestamp.is_some(),
                 controller: Controller::of(&pod.metadata),
-                zone: pod.labels().get(ZONE_LABEL).map(|z| z.as_str().into()),
+                zone: pod.labels().get(TOPOLOGY_ZONE).map(|z| z.as_str().into()),
             };
             names.insert(at, entry);
         }

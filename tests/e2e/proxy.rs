@@ -11,7 +11,7 @@ use k8s_openapi::jiff::SignedDuration;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_operator::api::Memcached;
-use memcached_operator::resources::ZONE_LABEL;
+use memcached_operator::resources::TOPOLOGY_ZONE;
 use memcached_operator::resources::proxy::{LAYOUT_KEY, Layout};
 use memcached_operator_testkit::kwok::{on_zone_nodes, zone_node};
 use serde_json::json;
@@ -293,7 +293,7 @@ async fn a_proxy_it_cannot_run_is_refused_naming_the_field() {
 /// The zone the API server gave pod `name` (from its node, when it was bound).
 fn zone_of(pods: &[Pod], name: &str) -> Option<String> {
     let pod = pods.iter().find(|p| p.name_any() == name)?;
-    pod.labels().get(ZONE_LABEL).cloned()
+    pod.labels().get(TOPOLOGY_ZONE).cloned()
 }
 
 #[tokio::test]
@@ -356,7 +356,7 @@ async fn with_zone_local_reads_the_layout_names_the_zone_each_member_runs_in() {
     assert_eq!(proxies.items.len(), 2);
     for proxy in &proxies.items {
         assert!(
-            proxy.labels().contains_key(ZONE_LABEL),
+            proxy.labels().contains_key(TOPOLOGY_ZONE),
             "{:?}",
             proxy.labels()
         );
@@ -382,12 +382,12 @@ async fn with_zone_local_reads_the_layout_names_the_zone_each_member_runs_in() {
             .as_ref()
             .unwrap()
             .field_path;
-        assert_eq!(field, &format!("metadata.labels['{ZONE_LABEL}']"));
+        assert_eq!(field, &format!("metadata.labels['{TOPOLOGY_ZONE}']"));
     }
 
     // A member found in another zone (as a pod rescheduled there would be): the layout moves it.
     let moved = zones.iter().find(|z| **z != zones[1]).unwrap().clone();
-    let patch = json!({"metadata": {"labels": {ZONE_LABEL: moved}}});
+    let patch = json!({"metadata": {"labels": {TOPOLOGY_ZONE: moved}}});
     Api::<Pod>::namespaced(client.clone(), &ns)
         .patch("cache-1", &PatchParams::default(), &Patch::Merge(&patch))
         .await

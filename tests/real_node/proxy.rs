@@ -272,6 +272,30 @@ impl Reader {
     }
 }
 
+/// Force-deletes member `name` and waits until it is lost (its memcached gone: it serves on
+/// through its preStop, the save and the delay, while the new pod may already be Ready) and
+/// back (a new pod of that name Ready).
+pub async fn force_delete(client: &Client, ns: &str, name: &str) {
+    let members: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lost = members.get(name).await.unwrap().uid();
+    members
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let old = lost.clone().unwrap();
+    wait_for(&format!("{name}'s memcached gone"), CONVERGE, || async {
+        crate::Process::in_pod(&old, "memcached")
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    wait_for(&format!("{name} back"), CONVERGE, || async {
+        let pod = members.get_opt(name).await.ok()??;
+        (pod.uid() != lost && crate::harness::pod_is_ready(&pod)).then_some(())
+    })
+    .await;
+}
+
 /// The proxies' memcached: pid and container restarts, by pod.
 fn processes(pods: &[Pod]) -> BTreeMap<String, (u32, i32)> {
     pods.iter()
@@ -480,27 +504,8 @@ async fn one_address_serves_every_key_through_scaling_and_a_member_lost() {
     // A member lost (force-deleted): its keys fail fast, and it comes back into the layout.
     // The proxies' metrics show it counted bad meanwhile.
     let reader = Reader::start(addr, "value");
-    let members: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let lost = members.get("cache-1").await.unwrap().uid();
     let watch = BackendWatch::start(&pods, &member(1));
-    members
-        .delete("cache-1", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    // Its memcached serves on through its preStop (the save, the delay) while the new cache-1
-    // may already be Ready: the member is lost once that process is gone.
-    let old = lost.clone().unwrap();
-    wait_for("cache-1's memcached gone", CONVERGE, || async {
-        crate::Process::in_pod(&old, "memcached")
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    wait_for("cache-1 back", CONVERGE, || async {
-        let pod = members.get_opt("cache-1").await.ok()??;
-        (pod.uid() != lost && crate::harness::pod_is_ready(&pod)).then_some(())
-    })
-    .await;
+    force_delete(&client, &ns, "cache-1").await;
     // The proxy resolves cache-1's name again once the cluster's DNS (and its cache) answers.
     let ready = Instant::now();
     wait_serving(&pods).await;

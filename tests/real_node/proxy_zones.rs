@@ -12,12 +12,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use memcached_operator::api::Memcached;
-use memcached_operator::resources::ZONE_LABEL;
+use memcached_operator::resources::TOPOLOGY_ZONE;
 use serde_json::json;
 
-use crate::harness::{CONVERGE, admin, pod_is_ready, wait_for};
+use crate::harness::{CONVERGE, admin, wait_for};
 use crate::proxy::{
-    KEYS, Reader, items, loads, members, proxied, proxies, through_proxy, wait_loaded, wait_serving,
+    KEYS, Reader, force_delete, items, loads, members, proxied, proxies, through_proxy,
+    wait_loaded, wait_serving,
 };
 use crate::{RealNode, operator_with_agent, pod_ip, pymemcache, real_namespace};
 
@@ -26,7 +27,7 @@ async fn set_zone<K>(api: &Api<K>, name: &str, zone: Option<&str>)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let patch = json!({"metadata": {"labels": {ZONE_LABEL: zone}}});
+    let patch = json!({"metadata": {"labels": {TOPOLOGY_ZONE: zone}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
@@ -107,22 +108,7 @@ async fn with_zone_local_reads_every_zone_holds_the_keys_and_reads_stay_in_the_p
     // Zone a's member lost (force-deleted; it comes back empty): every read is still a hit,
     // answered by the other zones, none waiting a second.
     let reader = Reader::start(addr, "value");
-    let lost = member_pods.get("cache-0").await.unwrap().uid().unwrap();
-    member_pods
-        .delete("cache-0", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    wait_for("cache-0's memcached gone", CONVERGE, || async {
-        crate::Process::in_pod(&lost, "memcached")
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    wait_for("cache-0 back", CONVERGE, || async {
-        let pod = member_pods.get_opt("cache-0").await.ok()??;
-        (pod.uid().as_deref() != Some(lost.as_str()) && pod_is_ready(&pod)).then_some(())
-    })
-    .await;
+    force_delete(&client, &ns, "cache-0").await;
     wait_serving(&pods).await;
     let read = reader.finish().await;
     println!(
@@ -147,7 +133,7 @@ async fn with_zone_local_reads_every_zone_holds_the_keys_and_reads_stay_in_the_p
     let now = proxies(&client, &ns, 2).await;
     let in_b = now
         .iter()
-        .find(|p| p.labels().get(ZONE_LABEL).map(String::as_str) == Some("zone-b"))
+        .find(|p| p.labels().get(TOPOLOGY_ZONE).map(String::as_str) == Some("zone-b"))
         .expect("a proxy in zone b");
     wait_serving(std::slice::from_ref(in_b)).await;
     let before = hits(&client, &ns).await;

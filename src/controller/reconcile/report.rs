@@ -195,9 +195,10 @@ fn proxy_status(mc: &Memcached, seen: &Seen, applied: &Applied) -> Option<ProxyS
 
 /// The layout's members (named by ordinal, with `zones` theirs) grouped by zone, by name.
 fn by_zone(mc: &Memcached, zones: &[String]) -> Vec<ZoneMembers> {
+    let name = mc.name_any();
     let mut grouped: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
     for (n, zone) in zones.iter().enumerate() {
-        let member = format!("{}-{n}", mc.name_any());
+        let member = format!("{name}-{n}");
         grouped.entry(zone.as_str()).or_default().push(member);
     }
     let zone = |(zone, members): (&str, _)| ZoneMembers {

@@ -30,9 +30,9 @@ pub struct Layout {
     pub previous_zones: Vec<String>,
 }
 
-/// The operator's own route handlers (`route_hold`, `route_deleteall`), loaded with the route
-/// library (`-o proxy_config=routelib:<this file>`): the agent writes it beside the
-/// configuration.
+/// The operator's own route handlers (`route_hold`, `route_deleteall`, `route_zwrite`), loaded
+/// with the route library (`-o proxy_config=routelib:<this file>`): the agent writes it beside
+/// the configuration.
 pub const ROUTES_LIBRARY: &str = include_str!("routes.lua");
 /// How long a request is held for a member that does not answer while the members are
 /// updated: a member restarted in place is out 0.7 to 1.6 s, and the proxy tries a member it
@@ -55,9 +55,7 @@ impl Layout {
         Self {
             members: addresses(members),
             previous: previous.map(addresses).unwrap_or_default(),
-            hold: false,
-            zones: Vec::new(),
-            previous_zones: Vec::new(),
+            ..Self::default()
         }
     }
 

@@ -1,12 +1,22 @@
 -- Written by memcached-operator's agent, loaded with memcached's route library in every worker:
 -- the operator's own route handlers.
---
+
+-- A queue handle for each of `children`, in their order.
+local function handles_of(fgen, children)
+    local handles = {}
+    for _, child in pairs(children) do
+        table.insert(handles, fgen:new_handle(child))
+    end
+    return handles
+end
+
 -- route_hold: while the operator updates the members, a request its child could not get an
 -- answer for (a member restarting: the connection refused or dropped) is sent again every
 -- `pause` seconds, `tries` times in all, so that the client waits for the member instead of
 -- being told SERVER_ERROR. A member's own answers, misses and errors included, are returned as
 -- they are. Each try needs a queue handle of its own: a handle is waited on once a request.
 register_route_handlers({ "hold" })
+
 
 function route_hold_conf(t, ctx)
     return t
@@ -70,11 +80,7 @@ local function route_deleteall_f(rctx, handles)
 end
 
 function route_deleteall_start(a, ctx, fgen)
-    local handles = {}
-    for _, child in pairs(a.children) do
-        table.insert(handles, fgen:new_handle(child))
-    end
-    fgen:ready({ a = handles, n = ctx:label(), f = route_deleteall_f })
+    fgen:ready({ a = handles_of(fgen, a.children), n = ctx:label(), f = route_deleteall_f })
 end
 
 -- route_zwrite: with zone-local reads, a write sent to the pool of every zone, the proxy's own
@@ -122,10 +128,6 @@ local function route_zwrite_f(rctx, a)
 end
 
 function route_zwrite_start(a, ctx, fgen)
-    local writes, deletes = {}, {}
-    for _, child in pairs(a.children) do
-        table.insert(writes, fgen:new_handle(child))
-        table.insert(deletes, fgen:new_handle(child))
-    end
+    local writes, deletes = handles_of(fgen, a.children), handles_of(fgen, a.children)
     fgen:ready({ a = { writes = writes, deletes = deletes }, n = ctx:label(), f = route_zwrite_f })
 end

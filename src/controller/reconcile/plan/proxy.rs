@@ -15,9 +15,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use kube::ResourceExt;
-
 use crate::api::{Handover, Memcached};
+use crate::resources::members;
 use crate::resources::proxy::{self, Layout};
 
 /// What the proxy routes to, as planned.
@@ -66,9 +65,7 @@ impl ProxyPlan {
         self.holding_since = Some(since);
         self
     }
-}
 
-impl ProxyPlan {
     /// With zone-local reads, the layout names each member's zone (`Layout::in_zones`), and
     /// the sweep places each member's keys over its zone's members in the layout in force.
     /// A change of zones alone (a member found in another zone, zone-local reads turned on or
@@ -81,14 +78,14 @@ impl ProxyPlan {
     ) -> Self {
         let last = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
         let routed = last.map_or(0, |l| l.members);
-        // The zones in force, as the status reports them (none: one pool).
-        let reported: HashMap<&str, &str> = last
+        // The zones in force, by ordinal, as the status reports them (none: one pool).
+        let reported: HashMap<i32, &str> = last
             .into_iter()
             .flat_map(|l| &l.zones)
-            .flat_map(|z| z.members.iter().map(|m| (m.as_str(), z.zone.as_str())))
+            .flat_map(|z| z.members.iter().map(move |m| (m, z.zone.as_str())))
+            .filter_map(|(m, zone)| Some((members::ordinal(mc, m)?, zone)))
             .collect();
-        let name = mc.name_any();
-        let was = |n: i32| reported.get(format!("{name}-{n}").as_str()).copied();
+        let was = |n: i32| reported.get(&n).copied();
         // A member's pod recreated has no zone until it is bound: it keeps the one in force.
         let zone = |n: i32| zone(n).or_else(|| was(n).map(str::to_string));
         self.layout = self.layout.in_zones(mc, zone);
