@@ -106,6 +106,10 @@ struct Args {
     /// written beside the results as .apiserver.pprof, for `go tool pprof -top`.
     #[arg(long, default_value_t = 30)]
     profile_seconds: u64,
+    /// Seconds of the API server's CPU profile taken from the first restart's start (0: none);
+    /// written beside the results as .restart.apiserver.pprof.
+    #[arg(long, default_value_t = 0)]
+    restart_profile_seconds: u64,
 }
 
 impl Args {

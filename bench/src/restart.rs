@@ -33,7 +33,8 @@ pub async fn run(
         for &(label, bin) in &binaries {
             op.stop("TERM").await;
             let identity = format!("bench-restart-{label}-{round}");
-            let (next, figures) = once(args, cluster, bin, &identity).await?;
+            let profile = round == 0 && label == "operator";
+            let (next, figures) = once(args, cluster, bin, &identity, profile).await?;
             op = next;
             rounds.push((label, figures));
         }
@@ -74,6 +75,7 @@ async fn once(
     cluster: &Cluster,
     bin: &Path,
     identity: &str,
+    profile: bool,
 ) -> Result<(OperatorProcess, Value)> {
     // Converged means the control plane too: pods of the size change still settling are not
     // what a restart costs.
@@ -82,6 +84,8 @@ async fn once(
     let quiet = quiet.elapsed();
     let t_audit = audit::now();
     let cpu_before = procs::snapshot();
+    let profile = (profile && args.restart_profile_seconds > 0)
+        .then(|| tokio::spawn(cluster.api_server_profile(args.restart_profile_seconds)));
     let started = Instant::now();
     let op = operator::start(cluster, &args.command_for(bin), identity).await?;
     op.wait_health("/readyz", Duration::from_secs(120)).await?;
@@ -90,6 +94,14 @@ async fn once(
     // Let it finish its first pass over every object before counting.
     op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
+    if let Some(profile) = profile {
+        let path = args.out().with_extension("restart.apiserver.pprof");
+        std::fs::write(&path, profile.await??)?;
+        println!(
+            "the API server's CPU profile over the restart: go tool pprof -top {}",
+            path.display()
+        );
+    }
     let writes = cluster.audit_counts(t_audit, audit::now())?;
     let figures = json!({
         "quiet_after_seconds": quiet.as_secs_f64(),
