@@ -8,6 +8,8 @@ pub mod initial_list;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
+pub mod protobuf;
+pub mod protobuf_watch;
 pub mod queue;
 pub mod readiness;
 pub mod relisted;

@@ -47,14 +47,21 @@ impl<'de> Deserialize<'de> for PodMeta {
             status: PodStatusSeen,
         }
         let wire = Wire::deserialize(deserializer)?;
-        let created = wire.metadata.meta.creation_timestamp.as_ref().map(|t| t.0);
-        Ok(Self {
-            trouble: wire.status.trouble(),
-            ip: wire.status.pod_ip,
-            ready_since: wire.status.ready_since(),
-            not_ready_since: wire.status.not_ready_since(created),
-            metadata: wire.metadata.meta,
-        })
+        Ok(Self::of(wire.metadata.meta, &wire.status))
+    }
+}
+
+impl PodMeta {
+    /// What the watch keeps of a pod with this metadata and status, however it was decoded.
+    pub fn of(metadata: ObjectMeta, status: &PodStatusSeen) -> Self {
+        let created = metadata.creation_timestamp.as_ref().map(|t| t.0);
+        Self {
+            trouble: status.trouble(),
+            ip: status.pod_ip,
+            ready_since: status.ready_since(),
+            not_ready_since: status.not_ready_since(created),
+            metadata,
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use crate::api::Memcached;
 use crate::resources;
 use operator_runtime::cache::{self, Cache};
 use operator_runtime::initial_list::InitialList;
+use operator_runtime::protobuf_watch;
 use operator_runtime::readiness::{SyncGate, Unsynced};
 use operator_runtime::watch_namespace::Scope;
 
@@ -208,8 +209,13 @@ impl Watching<'_> {
         let pods = Arc::new(PodIndex::default());
         let mut unsynced = Some(self.caches.watch());
         let index = pods.clone();
-        let watch = watcher(
-            self.scope.api::<PodMeta>(self.client),
+        // In protobuf: the encoding the control plane's own pod watchers share (protobuf_watch).
+        let watch = protobuf_watch::watcher::<PodMeta>(
+            self.client.clone(),
+            self.scope
+                .api::<PodMeta>(self.client)
+                .resource_url()
+                .to_owned(),
             owned_watch_config(self.initial_list),
         )
         .default_backoff()
