@@ -24,9 +24,10 @@ use operator_runtime::lock;
 use operator_runtime::relisted::Relisted;
 
 /// A pod as the pod watch decodes it: the metadata a reconcile reads, and why it is not Ready
-/// (the spec, managedFields and the rest of the status are skipped). Not a metadata-only watch
+/// (the spec, managedFields and the rest of the status are skipped). Decoded from protobuf
+/// (pod_protobuf.rs); the JSON form stays for tests and fixtures. Not a metadata-only watch
 /// (`metadata_api`): at 10,000 pods that cost the API server more CPU than sending whole pods
-/// (docs/performance.md, Restart at 10,000), and the status says why a pod is not Ready.
+/// (docs/performance-history.md, Restart at 10,000), and the status says why a pod is not Ready.
 #[derive(Clone, Debug, Default)]
 pub struct PodMeta {
     pub metadata: ObjectMeta,
