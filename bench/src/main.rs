@@ -124,6 +124,17 @@ impl Args {
     fn command_for(&self, bin: &Path) -> String {
         self.operator.replace("{bin}", &bin.display().to_string())
     }
+
+    /// Writes an API server CPU profile beside the results, under `extension`.
+    fn save_profile(&self, extension: &str, profile: &[u8], over: &str) -> Result<()> {
+        let path = self.out().with_extension(extension);
+        std::fs::write(&path, profile)?;
+        println!(
+            "the API server's CPU profile{over}: go tool pprof -top {}",
+            path.display()
+        );
+        Ok(())
+    }
 }
 
 #[tokio::main]
@@ -318,12 +329,7 @@ async fn run(args: &Args, machine: Value, scenarios: &[&str], cluster: &Cluster)
         let (writes, scaled) = first_writes(cluster, kind, began);
         let parts = breakdown(&changes, &writes, &scaled);
         if let Some(profile) = profile {
-            let path = args.out().with_extension("apiserver.pprof");
-            std::fs::write(&path, profile.await??)?;
-            println!(
-                "the API server's CPU profile: go tool pprof -top {}",
-                path.display()
-            );
+            args.save_profile("apiserver.pprof", &profile.await??, "")?;
         }
         // Settle before the next scenario: status writes for pods still starting are not restart
         // cost. Available, not only ready: with minReadySeconds a pod counts as available some

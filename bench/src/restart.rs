@@ -95,12 +95,11 @@ async fn once(
     op.wait_reconciled(args.crs, Duration::from_secs(300)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     if let Some(profile) = profile {
-        let path = args.out().with_extension("restart.apiserver.pprof");
-        std::fs::write(&path, profile.await??)?;
-        println!(
-            "the API server's CPU profile over the restart: go tool pprof -top {}",
-            path.display()
-        );
+        args.save_profile(
+            "restart.apiserver.pprof",
+            &profile.await??,
+            " over the restart",
+        )?;
     }
     let writes = cluster.audit_counts(t_audit, audit::now())?;
     let figures = json!({
