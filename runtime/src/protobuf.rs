@@ -7,6 +7,7 @@
 
 use kube::core::Status;
 use prost::Message;
+use prost::bytes::Bytes;
 
 /// The prefix of every enveloped protobuf message the API server writes.
 pub(crate) const MAGIC: &[u8] = b"k8s\0";
@@ -17,11 +18,14 @@ pub trait FromProtobuf: Sized {
     fn from_protobuf(message: &[u8]) -> Result<Self, prost::DecodeError>;
 }
 
+// Nested messages are `Bytes`, sliced out of the frame rather than copied: a pod event's
+// message is decoded once, by its kind's `FromProtobuf`.
+
 /// The envelope of an encoded object (`runtime.Unknown`): only its message is read.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct Unknown {
-    #[prost(bytes = "vec", tag = "2")]
-    pub(crate) raw: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub(crate) raw: Bytes,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -34,23 +38,15 @@ pub(crate) struct WatchEvent {
 
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct RawExtension {
-    #[prost(bytes = "vec", tag = "1")]
-    pub(crate) raw: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub(crate) raw: Bytes,
 }
 
-/// Any object's metadata, as a bookmark carries it (every kind's metadata is field 1).
+/// Any object as its metadata (every kind's is field 1): a bookmark's.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct MetadataOnly {
     #[prost(message, optional, tag = "1")]
-    pub(crate) metadata: Option<BookmarkMeta>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub(crate) struct BookmarkMeta {
-    #[prost(string, tag = "6")]
-    pub(crate) resource_version: String,
-    #[prost(map = "string, string", tag = "12")]
-    pub(crate) annotations: std::collections::HashMap<String, String>,
+    pub(crate) metadata: Option<ObjectMetaMessage>,
 }
 
 /// A list: its metadata and its items' messages (decoded one by one).
@@ -58,8 +54,8 @@ pub(crate) struct BookmarkMeta {
 pub(crate) struct List {
     #[prost(message, optional, tag = "1")]
     pub(crate) metadata: Option<ListMeta>,
-    #[prost(bytes = "vec", repeated, tag = "2")]
-    pub(crate) items: Vec<Vec<u8>>,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub(crate) items: Vec<Bytes>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -90,12 +86,14 @@ pub(crate) fn undecodable(
     std::io::Error::new(std::io::ErrorKind::InvalidData, error)
 }
 
-/// The message inside an envelope.
-pub(crate) fn unwrap_envelope(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    let inner = bytes
-        .strip_prefix(MAGIC)
-        .ok_or_else(|| undecodable("not a protobuf envelope (no k8s\\0)"))?;
-    Ok(Unknown::decode(inner).map_err(undecodable)?.raw)
+/// The message inside an envelope (`k8s\\0`, then `runtime.Unknown`).
+pub fn unwrap_envelope(bytes: Bytes) -> std::io::Result<Bytes> {
+    if !bytes.starts_with(MAGIC) {
+        return Err(undecodable("not a protobuf envelope (no k8s\\0)"));
+    }
+    Ok(Unknown::decode(bytes.slice(MAGIC.len()..))
+        .map_err(undecodable)?
+        .raw)
 }
 
 pub(crate) fn status_of(message: StatusMessage) -> Status {
@@ -114,14 +112,14 @@ pub(crate) enum Frame<K> {
     Error(Box<Status>),
 }
 
-pub(crate) fn decode_frame<K: FromProtobuf>(frame: &[u8]) -> std::io::Result<Frame<K>> {
+pub(crate) fn decode_frame<K: FromProtobuf>(frame: Bytes) -> std::io::Result<Frame<K>> {
     let event = WatchEvent::decode(frame).map_err(undecodable)?;
     let raw = event.object.map(|o| o.raw).unwrap_or_default();
-    let message = unwrap_envelope(&raw)?;
+    let message = unwrap_envelope(raw)?;
     decode_event(&event.r#type, &message).map_err(undecodable)
 }
 
-pub(crate) fn decode_event<K: FromProtobuf>(
+fn decode_event<K: FromProtobuf>(
     kind: &str,
     message: &[u8],
 ) -> Result<Frame<K>, prost::DecodeError> {
@@ -134,7 +132,7 @@ pub(crate) fn decode_event<K: FromProtobuf>(
             Frame::Bookmark {
                 initial_end: meta.annotations.get(INITIAL_EVENTS_END).map(String::as_str)
                     == Some("true"),
-                resource_version: meta.resource_version,
+                resource_version: meta.resource_version.unwrap_or_default(),
             }
         }
         _ => Frame::Error(status_of(StatusMessage::decode(message)?).boxed()),

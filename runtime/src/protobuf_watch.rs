@@ -68,8 +68,8 @@ async fn send(
     let code = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
     // A Status in protobuf, as asked; anything else (a proxy's page) as text.
-    let status = unwrap_envelope(&body)
-        .and_then(|m| StatusMessage::decode(m.as_slice()).map_err(undecodable))
+    let status = unwrap_envelope(body.clone())
+        .and_then(|m| StatusMessage::decode(m).map_err(undecodable))
         .map(status_of)
         .unwrap_or_else(|_| Status::failure(&String::from_utf8_lossy(&body), "Unknown"));
     Err(kube::Error::Api(status.with_code(code).boxed()))
@@ -90,8 +90,8 @@ async fn list<K: FromProtobuf>(
         .await?
         .to_bytes();
     let undecodable = |e| kube::Error::ReadEvents(undecodable(e));
-    let message = unwrap_envelope(&body).map_err(kube::Error::ReadEvents)?;
-    let list = List::decode(message.as_slice()).map_err(undecodable)?;
+    let message = unwrap_envelope(body).map_err(kube::Error::ReadEvents)?;
+    let list = List::decode(message).map_err(undecodable)?;
     let items = list
         .items
         .iter()
@@ -119,7 +119,7 @@ async fn watch<K: FromProtobuf + Send + 'static>(
         .new_codec();
     let frames = FramedRead::new(reader, codec).filter_map(|frame| async move {
         match frame {
-            Ok(frame) => Some(decode_frame(&frame).map_err(kube::Error::ReadEvents)),
+            Ok(frame) => Some(decode_frame(frame.freeze()).map_err(kube::Error::ReadEvents)),
             // The server ended the response mid-frame: the watch ends and resumes.
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => None,
             Err(error) => Some(Err(kube::Error::ReadEvents(error))),
@@ -151,6 +151,32 @@ fn watch_params(config: &watcher::Config, initial: bool) -> WatchParams {
         bookmarks: config.bookmarks,
         send_initial_events: initial
             && config.initial_list_strategy == InitialListStrategy::StreamingList,
+    }
+}
+
+/// After an error event: a new list if the server no longer has the version (410 Gone), else
+/// the same state.
+fn after_error<K>(
+    status: Box<Status>,
+    state: State<K>,
+) -> (Option<watcher::Result<Event<K>>>, State<K>) {
+    let next = if status.code == 410 {
+        State::Empty
+    } else {
+        state
+    };
+    (Some(Err(watcher::Error::WatchError(status))), next)
+}
+
+/// A change seen while watching, and the watch resumed from its object's version.
+fn changed<K: Resource>(
+    obj: K,
+    event: fn(K) -> Event<K>,
+    frames: Frames<K>,
+) -> (Option<watcher::Result<Event<K>>>, State<K>) {
+    match obj.resource_version().filter(|v| !v.is_empty()) {
+        Some(version) => (Some(Ok(event(obj))), State::Watching(version, frames)),
+        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
     }
 }
 
@@ -255,14 +281,7 @@ where
                 State::Watching(resource_version, frames),
             ),
             Some(Ok(Frame::Bookmark { .. })) => (None, State::InitialWatch(frames)),
-            Some(Ok(Frame::Error(status))) => {
-                let state = if status.code == 410 {
-                    State::Empty
-                } else {
-                    State::InitialWatch(frames)
-                };
-                (Some(Err(watcher::Error::WatchError(status))), state)
-            }
+            Some(Ok(Frame::Error(status))) => after_error(status, State::InitialWatch(frames)),
             Some(Err(error)) => {
                 logged(&error);
                 (
@@ -283,30 +302,15 @@ where
             }
         }
         State::Watching(resource_version, mut frames) => match frames.next().await {
-            Some(Ok(Frame::Added(obj) | Frame::Modified(obj))) => match obj.resource_version() {
-                Some(version) if !version.is_empty() => (
-                    Some(Ok(Event::Apply(obj))),
-                    State::Watching(version, frames),
-                ),
-                _ => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-            },
-            Some(Ok(Frame::Deleted(obj))) => match obj.resource_version() {
-                Some(version) if !version.is_empty() => (
-                    Some(Ok(Event::Delete(obj))),
-                    State::Watching(version, frames),
-                ),
-                _ => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-            },
+            Some(Ok(Frame::Added(obj) | Frame::Modified(obj))) => {
+                changed(obj, Event::Apply, frames)
+            }
+            Some(Ok(Frame::Deleted(obj))) => changed(obj, Event::Delete, frames),
             Some(Ok(Frame::Bookmark {
                 resource_version, ..
             })) => (None, State::Watching(resource_version, frames)),
             Some(Ok(Frame::Error(status))) => {
-                let state = if status.code == 410 {
-                    State::Empty
-                } else {
-                    State::Watching(resource_version, frames)
-                };
-                (Some(Err(watcher::Error::WatchError(status))), state)
+                after_error(status, State::Watching(resource_version, frames))
             }
             Some(Err(error)) => {
                 logged(&error);
@@ -355,12 +359,7 @@ mod tests {
 
     impl FromProtobuf for ConfigMap {
         fn from_protobuf(message: &[u8]) -> Result<Self, prost::DecodeError> {
-            #[derive(Clone, PartialEq, Message)]
-            struct Wire {
-                #[prost(message, optional, tag = "1")]
-                metadata: Option<ObjectMetaMessage>,
-            }
-            let metadata = Wire::decode(message)?.metadata.unwrap_or_default();
+            let metadata = MetadataOnly::decode(message)?.metadata.unwrap_or_default();
             Ok(ConfigMap {
                 metadata: metadata.into_object_meta(),
                 ..ConfigMap::default()
@@ -386,22 +385,17 @@ mod tests {
 
     fn enveloped(message: impl Message) -> Vec<u8> {
         let unknown = Unknown {
-            raw: message.encode_to_vec(),
+            raw: message.encode_to_vec().into(),
         };
         [MAGIC, &unknown.encode_to_vec()].concat()
-    }
-
-    /// Any object's message: its metadata is field 1.
-    #[derive(Clone, PartialEq, Message)]
-    struct Object {
-        #[prost(message, optional, tag = "1")]
-        metadata: Option<ObjectMetaMessage>,
     }
 
     fn frame(kind: &str, message: Vec<u8>) -> Vec<u8> {
         let event = WatchEvent {
             r#type: kind.into(),
-            object: Some(RawExtension { raw: message }),
+            object: Some(RawExtension {
+                raw: message.into(),
+            }),
         }
         .encode_to_vec();
         [&(event.len() as u32).to_be_bytes()[..], &event].concat()
@@ -410,7 +404,7 @@ mod tests {
     fn event(kind: &str, meta: ObjectMetaMessage) -> Vec<u8> {
         frame(
             kind,
-            enveloped(Object {
+            enveloped(MetadataOnly {
                 metadata: Some(meta),
             }),
         )
@@ -553,7 +547,7 @@ mod tests {
             #[prost(message, optional, tag = "1")]
             metadata: Option<ListMeta>,
             #[prost(message, repeated, tag = "2")]
-            items: Vec<Object>,
+            items: Vec<MetadataOnly>,
         }
         let page = |names: &[&str], version: &str, next: &str| {
             enveloped(ListOf {
@@ -563,7 +557,7 @@ mod tests {
                 }),
                 items: names
                     .iter()
-                    .map(|n| Object {
+                    .map(|n| MetadataOnly {
                         metadata: Some(object(n, "3")),
                     })
                     .collect(),

@@ -139,6 +139,7 @@ impl FromProtobuf for PodMeta {
 mod tests {
     use super::*;
     use crate::status::pods::Cause;
+    use operator_runtime::protobuf::unwrap_envelope;
 
     /// One pod as kube-apiserver 1.35.8 served it in each encoding, at one resourceVersion:
     /// unschedulable, its memcached container waiting in CrashLoopBackOff after an OOM kill.
@@ -146,13 +147,7 @@ mod tests {
     fn a_pod_reads_the_same_from_protobuf_as_from_json() {
         let json: PodMeta = serde_json::from_slice(include_bytes!("testdata/pod.json")).unwrap();
         let envelope = include_bytes!("testdata/pod.pb");
-        // The envelope: k8s\0, then runtime.Unknown whose field 2 is the pod's message.
-        #[derive(Clone, PartialEq, Message)]
-        struct Unknown {
-            #[prost(bytes = "vec", tag = "2")]
-            raw: Vec<u8>,
-        }
-        let message = Unknown::decode(&envelope[4..]).unwrap().raw;
+        let message = unwrap_envelope(envelope[..].into()).unwrap();
         let protobuf = PodMeta::from_protobuf(&message).unwrap();
         assert_eq!(format!("{protobuf:?}"), format!("{json:?}"));
         // No node takes it: that comes first (the container's OOM kill is read below).
@@ -182,7 +177,7 @@ mod tests {
             status: PodStatusSeen,
         }
         let json: Json = serde_json::from_slice(include_bytes!("testdata/pod.json")).unwrap();
-        let status: PodStatusSeen = PodMessage::decode(message.as_slice())
+        let status: PodStatusSeen = PodMessage::decode(message.clone())
             .unwrap()
             .status
             .unwrap()

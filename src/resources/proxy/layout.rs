@@ -185,27 +185,14 @@ impl Layout {
     /// layout's; with zones, the proxy's own zone first, then the others by name, each
     /// zone's members and then its members of the previous layout.
     fn pools<'a>(&'a self, local: &str) -> Vec<Pool<'a>> {
-        fn pool<'a>(name: String, zone: Option<&'a str>, members: Vec<&'a String>) -> Pool<'a> {
-            let previous = name.ends_with("previous");
-            Pool {
-                name,
-                zone,
-                members,
-                previous,
-            }
-        }
         fn in_zone<'a>(members: &'a [String], zones: &[String], zone: &str) -> Vec<&'a String> {
             let zoned = members.iter().zip(zones);
             zoned.filter(|(_, z)| *z == zone).map(|(m, _)| m).collect()
         }
         let mut pools = Vec::new();
         if self.zones.is_empty() {
-            pools.push(pool("members".into(), None, self.members.iter().collect()));
-            pools.push(pool(
-                "previous".into(),
-                None,
-                self.previous.iter().collect(),
-            ));
+            pools.push(Pool::new("members".into(), None, &self.members, false));
+            pools.push(Pool::new("previous".into(), None, &self.previous, true));
         }
         let mut zones: Vec<&str> = self
             .zones
@@ -218,8 +205,13 @@ impl Layout {
         for (i, zone) in zones.into_iter().enumerate() {
             let members = in_zone(&self.members, &self.zones, zone);
             let previous = in_zone(&self.previous, &self.previous_zones, zone);
-            pools.push(pool(format!("zone{i}"), Some(zone), members));
-            pools.push(pool(format!("zone{i}_previous"), Some(zone), previous));
+            pools.push(Pool::new(format!("zone{i}"), Some(zone), members, false));
+            pools.push(Pool::new(
+                format!("zone{i}_previous"),
+                Some(zone),
+                previous,
+                true,
+            ));
         }
         pools.retain(|p| !p.members.is_empty());
         pools
@@ -234,6 +226,23 @@ struct Pool<'a> {
     members: Vec<&'a String>,
     /// Of the previous layout: reads that miss and deletes go there, writes not.
     previous: bool,
+}
+
+impl<'a> Pool<'a> {
+    fn new(
+        name: String,
+        zone: Option<&'a str>,
+        members: impl IntoIterator<Item = &'a String>,
+        previous: bool,
+    ) -> Self {
+        let members = members.into_iter().collect();
+        Self {
+            name,
+            zone,
+            members,
+            previous,
+        }
+    }
 }
 
 /// The member (by its place in a layout of `members`) memcached's proxy sends `key` to: its

@@ -17,7 +17,6 @@ end
 -- they are. Each try needs a queue handle of its own: a handle is waited on once a request.
 register_route_handlers({ "hold" })
 
-
 function route_hold_conf(t, ctx)
     return t
 end

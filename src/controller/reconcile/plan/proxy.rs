@@ -389,6 +389,17 @@ mod tests {
         assert_eq!((first.layout.hold, first.members_wait), (false, None));
     }
 
+    /// The proxy's plan for `mc` (every member ready for the layout), its members in `zone`,
+    /// those `ready` swept.
+    fn zoned(
+        mc: &Memcached,
+        zone: impl Fn(i32) -> Option<String>,
+        ready: impl Fn(i32) -> bool,
+        now: Timestamp,
+    ) -> ProxyPlan {
+        layout(mc, all, now).unwrap().in_zones(mc, zone, ready)
+    }
+
     /// `mc` with zone-local reads, its status reporting the layout in force in `zones`.
     fn in_zones(mut mc: Memcached, zones: &[(&str, &[&str])]) -> Memcached {
         mc.spec.proxy.as_mut().unwrap().zone_local_reads = true;
@@ -413,9 +424,7 @@ mod tests {
         let zones = ["b", "a", "c", "a"];
         let zone = |n: i32| zones.get(n as usize).map(|z| z.to_string());
         let plain = proxied(4, Some((3, None)), now);
-        let plain = layout(&plain, all, now)
-            .unwrap()
-            .in_zones(&plain, zone, all);
+        let plain = zoned(&plain, zone, all, now);
         assert!(plain.layout.zones.is_empty(), "off by default");
         assert!(plain.sweep.unwrap().zones.is_empty());
         let in_force: &[(&str, &[&str])] = &[
@@ -424,7 +433,7 @@ mod tests {
             ("c", &["cache-2"]),
         ];
         let mc = in_zones(proxied(4, Some((3, None)), now), in_force);
-        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, zone, all);
+        let plan = zoned(&mc, zone, all, now);
         assert_eq!(plan.layout.zones, ["b", "a", "c", "a"]);
         assert_eq!(plan.layout.previous_zones, ["b", "a", "c"]);
         // 3 -> 4: cache-3 joins zone a, where cache-1 held every key alone: cache-1 keeps
@@ -440,18 +449,12 @@ mod tests {
             ("c", &["cache-2"]),
         ];
         let back = in_zones(proxied(3, Some((4, None)), now), four);
-        let sweep = layout(&back, all, now)
-            .unwrap()
-            .in_zones(&back, zone, all)
-            .sweep
-            .unwrap();
+        let sweep = zoned(&back, zone, all, now).sweep.unwrap();
         assert_eq!(sweep.owners_of(3), (vec![1, 3], Some(1)));
         assert_eq!(sweep.owners_of(2), (vec![2], Some(0)));
         // A member whose pod has no zone label (nor had one) is in the zone "".
         let none = in_zones(proxied(4, Some((3, None)), now), &[]);
-        let unlabelled = layout(&none, all, now)
-            .unwrap()
-            .in_zones(&none, |_| None, all);
+        let unlabelled = zoned(&none, |_| None, all, now);
         assert_eq!(unlabelled.layout.zones, ["", "", "", ""]);
     }
 
@@ -461,13 +464,11 @@ mod tests {
         let in_force: &[(&str, &[&str])] = &[("a", &["cache-0", "cache-2"]), ("b", &["cache-1"])];
         let mc = in_zones(proxied(3, Some((3, None)), now), in_force);
         let same = |n: i32| ["a", "b", "a"].get(n as usize).map(|z| z.to_string());
-        let quiet = layout(&mc, all, now).unwrap().in_zones(&mc, same, all);
+        let quiet = zoned(&mc, same, all, now);
         assert_eq!(quiet.sweep, None, "nothing moved");
         // cache-2 found in zone b: zone a's keys, placed over cache-0 and cache-2, move.
         let moved = |n: i32| ["a", "b", "b"].get(n as usize).map(|z| z.to_string());
-        let plan = layout(&mc, all, now)
-            .unwrap()
-            .in_zones(&mc, moved, |n| n != 1);
+        let plan = zoned(&mc, moved, |n| n != 1, now);
         assert_eq!(plan.layout.zones, ["a", "b", "b"]);
         let sweep = plan.sweep.unwrap();
         assert_eq!(
@@ -479,42 +480,26 @@ mod tests {
         // Turned on (the layout in force one pool) and off again: swept each time.
         let mut on = proxied(3, Some((3, None)), now);
         on.spec.proxy.as_mut().unwrap().zone_local_reads = true;
-        let sweep = layout(&on, all, now)
-            .unwrap()
-            .in_zones(&on, same, all)
-            .sweep
-            .unwrap();
+        let sweep = zoned(&on, same, all, now).sweep.unwrap();
         assert!(sweep.zones.is_empty(), "against the one pool in force");
         let mut off = mc.clone();
         off.spec.proxy.as_mut().unwrap().zone_local_reads = false;
-        let sweep = layout(&off, all, now)
-            .unwrap()
-            .in_zones(&off, same, all)
-            .sweep
-            .unwrap();
+        let sweep = zoned(&off, same, all, now).sweep.unwrap();
         assert_eq!(sweep.zones, ["a", "b", "a"]);
         // cache-2 recreated, not yet bound: no label, the zone in force kept; nothing moves.
         let unbound = |n: i32| ["a", "b"].get(n as usize).map(|z| z.to_string());
-        let plan = layout(&mc, all, now).unwrap().in_zones(&mc, unbound, all);
+        let plan = zoned(&mc, unbound, all, now);
         assert_eq!(
             (plan.layout.zones.clone(), plan.sweep),
             (vec!["a".into(), "b".into(), "a".into()], None)
         );
         // During a handover, what the previous layout reads is handed to its owner, not lost.
         let handing = in_zones(proxied(3, Some((3, Some((4, 60)))), now), in_force);
-        let plan = layout(&handing, all, now)
-            .unwrap()
-            .in_zones(&handing, moved, all);
+        let plan = zoned(&handing, moved, all, now);
         assert!(plan.sweep.unwrap().keep_moved);
         // Nothing routed yet: nothing to sweep.
         let first = in_zones(proxied(3, None, now), &[]);
-        assert_eq!(
-            layout(&first, all, now)
-                .unwrap()
-                .in_zones(&first, moved, all)
-                .sweep,
-            None
-        );
+        assert_eq!(zoned(&first, moved, all, now).sweep, None);
     }
 
     #[test]
